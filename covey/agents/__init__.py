@@ -1,0 +1,1 @@
+"""The agents: one file per algorithm over a small shared base."""

@@ -1,0 +1,507 @@
+"""The small base every covey agent shares: env handling, seeding, the callback and logging plumbing,
+``predict``, and saving/loading. Algorithms subclass it once and implement ``_setup_model``,
+``learn`` and the pieces of their state that go into a model file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import os
+import random
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.callbacks import (
+    BaseCallback,
+    CallbackList,
+    ConvertCallback,
+    ProgressBarCallback,
+)
+from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.utils import configure_logger, safe_mean
+from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
+
+from covey import serialization
+from covey.networks.actor_critic import POLICY_KINDS
+from covey.spaces import check_action_space, check_observation_space
+from covey.version import __version__
+from covey.wrappers.vec_env import as_vec_env
+
+log = logging.getLogger(__name__)
+
+# Classes a model file may name in policy_kwargs; anything else needs ``custom_objects`` at load.
+_ALLOWED_CLASSES: dict[str, type] = {
+    **{
+        f"torch.nn.{n}": getattr(torch.nn, n)
+        for n in (
+            "Tanh",
+            "ReLU",
+            "ELU",
+            "LeakyReLU",
+            "GELU",
+            "SiLU",
+            "Mish",
+            "Sigmoid",
+            "Softplus",
+            "Identity",
+            "SELU",
+            "CELU",
+        )
+    },
+    **{
+        f"torch.optim.{n}": getattr(torch.optim, n)
+        for n in ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam")
+    },
+}
+
+
+def get_device(device: torch.device | str = "auto") -> torch.device:
+    """``"auto"`` means CUDA when available, else CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+def as_schedule(value: float | Callable[[float], float]) -> Callable[[float], float]:
+    """A constant or a function of the remaining progress (1 at the start, 0 at the end) as a function."""
+    if callable(value):
+        return value
+    constant = float(value)
+    return lambda _progress_remaining: constant
+
+
+def set_random_seed(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class BaseAgent:
+    """learn/predict/save/load shared by covey's agents; see :class:`covey.PPO` for a user's view."""
+
+    agent_name: ClassVar[str] = "Base"
+    supported_action_spaces: ClassVar[tuple[type, ...]] = (
+        spaces.Box,
+        spaces.Discrete,
+        spaces.MultiDiscrete,
+        spaces.MultiBinary,
+    )
+    # Keys of the settings that hold schedules (float or callable of progress remaining).
+    schedule_keys: ClassVar[tuple[str, ...]] = ("learning_rate",)
+
+    def __init__(
+        self,
+        policy: str,
+        env: Any,
+        learning_rate: float | Any,
+        policy_kwargs: dict | None,
+        stats_window_size: int,
+        tensorboard_log: str | None,
+        verbose: int,
+        device: torch.device | str,
+        seed: int | None,
+    ) -> None:
+        if not isinstance(policy, str):
+            raise ValueError(
+                f"policy must be one of {list(POLICY_KINDS)} (custom policy classes are not supported yet), "
+                f"got {policy!r}."
+            )
+        if policy not in POLICY_KINDS:
+            raise ValueError(f"Unknown policy {policy!r}; use one of {list(POLICY_KINDS)}.")
+        self.policy_name = policy
+        self.policy_kwargs = dict(policy_kwargs or {})
+        self.learning_rate = learning_rate
+        self.lr_schedule = as_schedule(learning_rate)
+        self.tensorboard_log = tensorboard_log
+        self.verbose = verbose
+        self.device = get_device(device)
+        self.seed = seed
+        self.stats_window_size = stats_window_size
+        self.num_timesteps = 0
+        self._total_timesteps = 0
+        self._num_timesteps_at_start = 0
+        self._n_updates = 0
+        self._episode_num = 0
+        self._current_progress_remaining = 1.0
+        self.ep_info_buffer: deque = deque(maxlen=stats_window_size)
+        self.ep_success_buffer: deque = deque(maxlen=stats_window_size)
+        self._last_obs: Any = None
+        self._last_episode_starts: np.ndarray | None = None
+        self._logger: Logger | None = None
+        self._custom_logger = False
+        self.start_time = 0.0
+        self.env: VecEnv | None = None
+        self.observation_space: spaces.Space | None = None
+        self.action_space: spaces.Space | None = None
+        self.n_envs = 1
+        if env is not None:
+            self._attach_env(as_vec_env(env))
+
+    # ------------------------------------------------------------------ environment
+    def _attach_env(self, env: VecEnv) -> None:
+        check_observation_space(env.observation_space)
+        check_action_space(env.action_space, self.supported_action_spaces)
+        self.env = env
+        self.observation_space = env.observation_space
+        self.action_space = env.action_space
+        self.n_envs = env.num_envs
+
+    def get_env(self) -> VecEnv | None:
+        return self.env
+
+    def get_vec_normalize_env(self):
+        return unwrap_vec_normalize(self.env) if self.env is not None else None
+
+    def set_env(self, env: Any, force_reset: bool = True) -> None:
+        """Use a new env (same observation and action spaces) for further training."""
+        venv = as_vec_env(env)
+        self._check_spaces(venv.observation_space, venv.action_space)
+        self._attach_env(venv)
+        if force_reset:
+            self._last_obs = None
+
+    def _check_spaces(self, observation_space: spaces.Space, action_space: spaces.Space) -> None:
+        if observation_space != self.observation_space:
+            raise ValueError(
+                f"Observation spaces do not match: the model has {self.observation_space}, "
+                f"the env has {observation_space}. Use an env with the space the model was trained on."
+            )
+        if action_space != self.action_space:
+            raise ValueError(
+                f"Action spaces do not match: the model has {self.action_space}, the env has {action_space}. "
+                "Use an env with the space the model was trained on."
+            )
+
+    # ------------------------------------------------------------------ seeding
+    def set_random_seed(self, seed: int | None = None) -> None:
+        """Seed Python, NumPy, torch, the action space and the env's next reset."""
+        if seed is None:
+            return
+        set_random_seed(seed)
+        if self.action_space is not None:
+            self.action_space.seed(seed)
+        if self.env is not None:
+            try:
+                self.env.seed(seed)
+            except (AttributeError, NotImplementedError):
+                # Some vector envs (e.g. SuperSuit's) have no seed(); they are seeded at reset instead.
+                self._pending_reset_seed = seed
+
+    # ------------------------------------------------------------------ logging and callbacks
+    @property
+    def logger(self) -> Logger:
+        if self._logger is None:
+            self._logger = configure_logger(self.verbose, None, "", True)
+        return self._logger
+
+    def set_logger(self, logger: Logger) -> None:
+        self._logger = logger
+        self._custom_logger = True
+
+    def _init_callback(self, callback: Any, progress_bar: bool) -> BaseCallback:
+        if isinstance(callback, list):
+            callback = CallbackList(callback)
+        if not isinstance(callback, BaseCallback):
+            callback = ConvertCallback(callback)
+        if progress_bar:
+            callback = CallbackList([callback, ProgressBarCallback()])
+        callback.init_callback(self)
+        return callback
+
+    def _setup_learn(
+        self,
+        total_timesteps: int,
+        callback: Any,
+        reset_num_timesteps: bool,
+        tb_log_name: str,
+        progress_bar: bool,
+    ) -> tuple[int, BaseCallback]:
+        if self.env is None:
+            raise ValueError("This model has no env: pass one to the constructor, to load(env=...) or to set_env().")
+        if not isinstance(total_timesteps, (int, np.integer, float)) or total_timesteps < 0:
+            raise ValueError(f"total_timesteps must be a non-negative number, got {total_timesteps!r}.")
+        self.start_time = time.time_ns()
+        if self.ep_info_buffer.maxlen != self.stats_window_size or reset_num_timesteps:
+            self.ep_info_buffer = deque(maxlen=self.stats_window_size)
+            self.ep_success_buffer = deque(maxlen=self.stats_window_size)
+        if reset_num_timesteps:
+            self.num_timesteps = 0
+            self._episode_num = 0
+        else:
+            total_timesteps += self.num_timesteps
+        self._total_timesteps = int(total_timesteps)
+        self._num_timesteps_at_start = self.num_timesteps
+        if reset_num_timesteps or self._last_obs is None:
+            pending = getattr(self, "_pending_reset_seed", None)
+            if pending is not None:
+                self._last_obs = self.env.reset(seed=pending)
+                self._pending_reset_seed = None
+            else:
+                self._last_obs = self.env.reset()
+            self._last_episode_starts = np.ones((self.env.num_envs,), dtype=bool)
+        if not self._custom_logger:
+            self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
+        return self._total_timesteps, self._init_callback(callback, progress_bar)
+
+    def _update_current_progress_remaining(self) -> None:
+        span = max(self._total_timesteps - self._num_timesteps_at_start, 1)
+        self._current_progress_remaining = 1.0 - float(self.num_timesteps - self._num_timesteps_at_start) / span
+
+    def _update_info_buffer(self, infos: list[dict], dones: np.ndarray) -> None:
+        for i, info in enumerate(infos):
+            episode = info.get("episode")
+            if episode is not None:
+                self.ep_info_buffer.append(episode)
+            success = info.get("is_success")
+            if success is not None and dones[i]:
+                self.ep_success_buffer.append(success)
+
+    def _dump_logs(self, iteration: int) -> None:
+        """Record SB3's ``time/*`` and ``rollout/*`` keys and write one row of logs."""
+        elapsed = max((time.time_ns() - self.start_time) / 1e9, 1e-9)
+        fps = int((self.num_timesteps - self._num_timesteps_at_start) / elapsed)
+        logger = self.logger
+        logger.record("time/iterations", iteration, exclude="tensorboard")
+        if self.ep_info_buffer:
+            logger.record("rollout/ep_rew_mean", safe_mean([ep["r"] for ep in self.ep_info_buffer]))
+            logger.record("rollout/ep_len_mean", safe_mean([ep["l"] for ep in self.ep_info_buffer]))
+        if self.ep_success_buffer:
+            logger.record("rollout/success_rate", safe_mean(list(self.ep_success_buffer)))
+        logger.record("time/fps", fps)
+        logger.record("time/time_elapsed", int(elapsed), exclude="tensorboard")
+        logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
+        logger.dump(step=self.num_timesteps)
+
+    # ------------------------------------------------------------------ acting
+    def predict(
+        self,
+        observation: Any,
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """Actions for a single or batched observation, as SB3's ``predict``; returns ``(action, state)``."""
+        if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
+            raise ValueError(
+                "predict() got a tuple (observation, info): Gymnasium's env.reset() returns both. "
+                "Use `obs, info = env.reset()` and pass `obs`."
+            )
+        return self.policy.predict(observation, state, episode_start, deterministic)
+
+    # ------------------------------------------------------------------ parameters and files
+    def _networks(self) -> dict[str, torch.nn.Module]:
+        """Named modules whose state dicts make up the model (subclasses add theirs)."""
+        raise NotImplementedError
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    def _setup_model(self) -> None:
+        raise NotImplementedError
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        """Constructor keyword arguments (JSON-friendly) that rebuild this agent."""
+        raise NotImplementedError
+
+    def get_parameters(self) -> dict[str, dict]:
+        """State dicts of every network and optimizer, by name (SB3's ``get_parameters``)."""
+        params = {name: module.state_dict() for name, module in self._networks().items()}
+        params.update({name: opt.state_dict() for name, opt in self._optimizers().items()})
+        return params
+
+    def set_parameters(
+        self,
+        load_path_or_dict: str | os.PathLike | dict,
+        exact_match: bool = True,
+        device: torch.device | str = "auto",
+    ) -> None:
+        """Load state dicts from a dict (as ``get_parameters`` returns) or from a covey model file."""
+        if isinstance(load_path_or_dict, dict):
+            params = load_path_or_dict
+        else:
+            _, params = serialization.load_model_file(load_path_or_dict, self.device)
+        targets: dict[str, Any] = {**self._networks(), **self._optimizers()}
+        unknown = sorted(set(params) - set(targets))
+        if unknown:
+            raise ValueError(f"Unknown parameter groups {unknown}; this model has {sorted(targets)}.")
+        missing = sorted(set(self._networks()) - set(params))
+        if exact_match and missing:
+            raise ValueError(f"Parameter groups {missing} are missing (pass exact_match=False to load a subset).")
+        for name, state in params.items():
+            target = targets[name]
+            if isinstance(target, torch.nn.Module):
+                try:
+                    target.load_state_dict(state, strict=exact_match)
+                except RuntimeError as err:
+                    raise ValueError(f"Parameters for {name!r} do not fit this model: {err}") from err
+            else:
+                target.load_state_dict(state)
+
+    def save(
+        self,
+        path: str | os.PathLike | io.BufferedIOBase,
+        exclude: list[str] | None = None,
+        include: list[str] | None = None,
+    ) -> None:
+        """Write the model to one ``.zip`` file (suffix added when missing), atomically.
+
+        ``exclude`` names parameter groups (e.g. ``"optimizer"``) to leave out; ``include`` is kept
+        for SB3 compatibility (every group is saved unless excluded).
+        """
+        exclude = set(exclude or [])
+        tensors = {k: v for k, v in self.get_parameters().items() if k not in exclude}
+        settings = {
+            "agent": self.agent_name,
+            "covey_version": __version__,
+            "policy": self.policy_name,
+            "policy_kwargs": _policy_kwargs_to_json(self.policy_kwargs),
+            "hyperparameters": self._hyperparameters_json(),
+            "observation_space": serialization.space_to_json(self.observation_space),
+            "action_space": serialization.space_to_json(self.action_space),
+            "n_envs": self.n_envs,
+            "num_timesteps": self.num_timesteps,
+            "n_updates": self._n_updates,
+            "seed": self.seed,
+        }
+        serialization.save_model_file(path, settings, tensors)
+
+    def _hyperparameters_json(self) -> dict[str, Any]:
+        params = self._hyperparameters()
+        for key in self.schedule_keys:
+            value = params.get(key)
+            if callable(value):
+                # Callables are code: keep the value in force now; pass the schedule again at load.
+                params[key] = {"schedule_value": float(value(self._current_progress_remaining))}
+        return params
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike | io.BufferedIOBase,
+        env: Any = None,
+        device: torch.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ):
+        """Rebuild a saved agent; it predicts exactly as the saved one did.
+
+        ``env`` (optional) must have the saved observation and action spaces. ``custom_objects``
+        replaces saved settings (e.g. a learning-rate schedule, or a custom activation class);
+        ``kwargs`` override hyperparameters. Loading never runs code from the file.
+        """
+        device = get_device(device)
+        settings, tensors = serialization.load_model_file(path, device)
+        if print_system_info:
+            log.info("covey %s, torch %s, numpy %s", __version__, torch.__version__, np.__version__)
+        agent = settings.get("agent")
+        if agent != cls.agent_name:
+            raise serialization.ModelFileError(
+                f"The file holds a {agent} model; load it with covey.{agent}.load instead of {cls.__name__}.load."
+            )
+        custom_objects = dict(custom_objects or {})
+        hyper = dict(settings["hyperparameters"])
+        for key, value in hyper.items():
+            if isinstance(value, dict) and "schedule_value" in value:
+                hyper[key] = value["schedule_value"]
+        policy_kwargs = custom_objects.pop("policy_kwargs", None)
+        if policy_kwargs is None:
+            policy_kwargs = _policy_kwargs_from_json(settings["policy_kwargs"])
+        hyper.update({k: v for k, v in custom_objects.items() if k in hyper})
+        unknown = sorted(set(kwargs) - set(hyper) - {"tensorboard_log", "verbose"})
+        if unknown:
+            raise ValueError(f"Unknown keyword arguments {unknown} for {cls.__name__}.load.")
+        hyper.update(kwargs)
+        observation_space = serialization.space_from_json(settings["observation_space"])
+        action_space = serialization.space_from_json(settings["action_space"])
+        model = cls(
+            policy=settings["policy"],
+            env=None,
+            policy_kwargs=policy_kwargs,
+            device=device,
+            _init_setup_model=False,
+            **hyper,
+        )
+        model.observation_space, model.action_space = observation_space, action_space
+        model.n_envs = settings.get("n_envs", 1)
+        if env is not None:
+            venv = as_vec_env(env)
+            model._check_spaces(venv.observation_space, venv.action_space)
+            model._attach_env(venv)
+            if force_reset:
+                model._last_obs = None
+        model._setup_model()
+        model.set_parameters(tensors, exact_match=True, device=device)
+        model.num_timesteps = int(settings.get("num_timesteps", 0))
+        model._n_updates = int(settings.get("n_updates", 0))
+        return model
+
+
+def _class_name(cls: type) -> str:
+    for name, allowed in _ALLOWED_CLASSES.items():
+        if allowed is cls:
+            return name
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _policy_kwargs_to_json(policy_kwargs: dict) -> dict:
+    out = {}
+    for key, value in policy_kwargs.items():
+        out[key] = {"class": _class_name(value)} if isinstance(value, type) else value
+    try:
+        import json
+
+        json.dumps(out)
+    except TypeError as err:
+        raise ValueError(f"policy_kwargs cannot be saved as JSON ({err}).") from err
+    return out
+
+
+def _policy_kwargs_from_json(data: dict) -> dict:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and set(value) == {"class"}:
+            name = value["class"]
+            if name not in _ALLOWED_CLASSES:
+                raise serialization.ModelFileError(
+                    f"The model was saved with policy_kwargs[{key!r}] = {name}, which covey does not import from "
+                    f"a file. Pass it at load: custom_objects={{'policy_kwargs': {{..., {key!r}: <the class>}}}}."
+                )
+            out[key] = _ALLOWED_CLASSES[name]
+        else:
+            out[key] = value
+    return out
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A dataclass config as a plain dict (shallow: schedules stay callables)."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def warn_batch_size(batch_size: int, buffer_size: int) -> None:
+    """SB3's warning when minibatches do not tile the rollout."""
+    if batch_size > buffer_size:
+        warnings.warn(
+            f"batch_size={batch_size} is larger than the rollout (n_steps * n_envs = {buffer_size}); "
+            f"each epoch uses one minibatch of {buffer_size}. Lower batch_size or raise n_steps.",
+            UserWarning,
+            stacklevel=3,
+        )
+    elif buffer_size % batch_size > 0:
+        warnings.warn(
+            f"batch_size={batch_size} does not divide the rollout (n_steps * n_envs = {buffer_size}): every "
+            f"epoch ends with a truncated minibatch of {buffer_size % batch_size}. "
+            f"Pick n_steps so that n_steps * n_envs is a multiple of batch_size.",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -1,0 +1,407 @@
+"""Proximal Policy Optimization (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) with SB3's API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from stable_baselines3.common.utils import explained_variance
+
+from covey.agents.base import BaseAgent, as_schedule, config_dict, warn_batch_size
+from covey.buffers.rollout import RolloutBatch, RolloutBuffer
+from covey.networks.actor_critic import Actor, Critic, PolicyConfig, build_actor_critic
+from covey.networks.obs import ObsTensor, batch_to_tensor
+
+Schedule = float | Callable[[float], float]
+
+# Observations per forward pass when values and log-probs are computed for a whole rollout.
+_EVAL_CHUNK = 4096
+
+
+@dataclass
+class PPOConfig:
+    """PPO's hyperparameters, named and defaulted as in Stable-Baselines3."""
+
+    learning_rate: Schedule = 3e-4
+    """Adam step size, or a function of the remaining progress (1 -> 0)."""
+    n_steps: int = 2048
+    """Steps collected per env per rollout; the rollout holds n_steps * n_envs samples."""
+    batch_size: int = 64
+    """Minibatch size."""
+    n_epochs: int = 10
+    """Passes over the rollout per update."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda: bias/variance trade-off of the advantage."""
+    clip_range: Schedule = 0.2
+    """Clipping of the probability ratio (or a schedule)."""
+    clip_range_vf: Schedule | None = None
+    """Clipping of the value change around the old value (None: no value clipping)."""
+    normalize_advantage: bool = True
+    """Normalize advantages per minibatch."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    max_grad_norm: float = 0.5
+    """Global gradient norm clip."""
+    target_kl: float | None = None
+    """Stop the epochs early when the approximate KL of a minibatch exceeds 1.5 * target_kl."""
+    stats_window_size: int = 100
+    """Episodes averaged for rollout/ep_rew_mean and rollout/ep_len_mean."""
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"PPO: {name}={getattr(self, name)!r} is invalid: {rule}.")
+
+        need(isinstance(self.n_steps, (int, np.integer)) and self.n_steps >= 1, "n_steps", "it must be an int >= 1")
+        need(isinstance(self.batch_size, (int, np.integer)) and self.batch_size >= 1, "batch_size", "it must be >= 1")
+        need(
+            not (self.normalize_advantage and self.batch_size == 1),
+            "batch_size",
+            "it must be > 1 when normalize_advantage=True (a single advantage cannot be normalized)",
+        )
+        need(isinstance(self.n_epochs, (int, np.integer)) and self.n_epochs >= 1, "n_epochs", "it must be >= 1")
+        need(0.0 <= self.gamma <= 1.0, "gamma", "it must lie in [0, 1]")
+        need(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", "it must lie in [0, 1]")
+        need(callable(self.clip_range) or self.clip_range > 0, "clip_range", "it must be > 0 or a schedule")
+        need(
+            self.clip_range_vf is None or callable(self.clip_range_vf) or self.clip_range_vf > 0,
+            "clip_range_vf",
+            "it must be None, > 0 or a schedule",
+        )
+        need(callable(self.learning_rate) or self.learning_rate > 0, "learning_rate", "it must be > 0 or a schedule")
+        need(self.max_grad_norm > 0, "max_grad_norm", "it must be > 0")
+        need(self.target_kl is None or self.target_kl > 0, "target_kl", "it must be None or > 0")
+        need(self.stats_window_size >= 1, "stats_window_size", "it must be >= 1")
+
+
+def ppo_loss(
+    batch: RolloutBatch,
+    actor: Actor,
+    critic: Critic,
+    clip_range: float,
+    clip_range_vf: float | None,
+    ent_coef: float,
+    vf_coef: float,
+    normalize_advantage: bool,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped PPO objective on one minibatch: ``(loss, detached stats)``."""
+    log_prob, entropy = actor.evaluate(batch.observations, batch.actions)
+    values = critic(batch.observations)
+    # The advantage weights the log-prob; it is data from the buffer and carries no gradient.
+    advantages = batch.advantages.detach()
+    if normalize_advantage and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+    log_ratio = log_prob - batch.old_log_prob
+    ratio = log_ratio.exp()
+    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip_range, 1 + clip_range) * advantages)
+    policy_loss = -surrogate.mean()
+
+    value_error = (batch.returns - values).pow(2)
+    if clip_range_vf is not None:
+        # Pessimistic value clipping: the larger of the clipped and unclipped errors.
+        clipped = batch.old_values + (values - batch.old_values).clamp(-clip_range_vf, clip_range_vf)
+        value_error = torch.max(value_error, (batch.returns - clipped).pow(2))
+    value_loss = value_error.mean()
+    entropy_loss = -entropy.mean()
+
+    loss = policy_loss + ent_coef * entropy_loss + vf_coef * value_loss
+    with torch.no_grad():
+        stats = {
+            "policy_gradient_loss": policy_loss.detach(),
+            "value_loss": value_loss.detach(),
+            "entropy_loss": entropy_loss.detach(),
+            "approx_kl": ((ratio - 1) - log_ratio).mean(),
+            "clip_fraction": ((ratio - 1).abs() > clip_range).float().mean(),
+            "loss": loss.detach(),
+        }
+    return loss, stats
+
+
+class PPO(BaseAgent):
+    """Proximal Policy Optimization with the Stable-Baselines3 interface.
+
+    Constructor arguments, defaults, ``learn``/``predict``/``save``/``load``, callbacks and logger keys
+    follow ``stable_baselines3.PPO``. Actor and critic are separate networks (``model.policy`` is the
+    actor; ``model.critic`` the value network).
+
+    >>> from covey import PPO
+    >>> model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, seed=0).learn(128)
+    >>> model.num_timesteps
+    128
+    """
+
+    agent_name = "PPO"
+    schedule_keys = ("learning_rate", "clip_range", "clip_range_vf")
+
+    def __init__(
+        self,
+        policy: str,
+        env: Any,
+        learning_rate: Schedule = 3e-4,
+        n_steps: int = 2048,
+        batch_size: int = 64,
+        n_epochs: int = 10,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_range: Schedule = 0.2,
+        clip_range_vf: Schedule | None = None,
+        normalize_advantage: bool = True,
+        ent_coef: float = 0.0,
+        vf_coef: float = 0.5,
+        max_grad_norm: float = 0.5,
+        use_sde: bool = False,
+        sde_sample_freq: int = -1,
+        rollout_buffer_class: type | None = None,
+        rollout_buffer_kwargs: dict | None = None,
+        target_kl: float | None = None,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: torch.device | str = "auto",
+        _init_setup_model: bool = True,
+    ) -> None:
+        if use_sde:
+            raise NotImplementedError(
+                "use_sde=True (generalized state-dependent exploration) is not supported by covey."
+            )
+        if rollout_buffer_class is not None or rollout_buffer_kwargs:
+            raise NotImplementedError("Custom rollout buffers are not supported; remove rollout_buffer_class/kwargs.")
+        self.config = PPOConfig(
+            learning_rate=learning_rate,
+            n_steps=n_steps,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            clip_range=clip_range,
+            clip_range_vf=clip_range_vf,
+            normalize_advantage=normalize_advantage,
+            ent_coef=ent_coef,
+            vf_coef=vf_coef,
+            max_grad_norm=max_grad_norm,
+            target_kl=target_kl,
+            stats_window_size=stats_window_size,
+        )
+        self.policy_config = PolicyConfig.from_kwargs(policy_kwargs)
+        super().__init__(
+            policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
+        )
+        # SB3 exposes the hyperparameters as attributes; so does covey (read-only views of the config).
+        for key, value in config_dict(self.config).items():
+            setattr(self, key, value)
+        self.clip_range = as_schedule(clip_range)
+        self.clip_range_vf = as_schedule(clip_range_vf) if clip_range_vf is not None else None
+        if _init_setup_model:
+            self._setup_model()
+
+    def _setup_model(self) -> None:
+        cfg = self.config
+        buffer_size = cfg.n_steps * self.n_envs
+        if cfg.normalize_advantage and buffer_size <= 1:
+            raise ValueError(
+                f"n_steps * n_envs = {buffer_size}: advantage normalization needs at least 2 samples per rollout. "
+                "Raise n_steps or set normalize_advantage=False."
+            )
+        if self.env is not None:
+            warn_batch_size(cfg.batch_size, buffer_size)
+        self.set_random_seed(self.seed)
+        self.actor, self.critic = build_actor_critic(
+            self.policy_name, self.observation_space, self.action_space, self.policy_config
+        )
+        self.actor.to(self.device)
+        self.critic.to(self.device)
+        self.policy = self.actor
+        # Unique parameters of both networks (a shared encoder appears in both modules).
+        params = list({id(p): p for p in [*self.actor.parameters(), *self.critic.parameters()]}.values())
+        self._params = params
+        self.optimizer = self._make_optimizer(params)
+        self.rollout_buffer = RolloutBuffer(
+            cfg.n_steps, self.n_envs, self.observation_space, self.action_space, self.device
+        )
+
+    def _make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        pc = self.policy_config
+        kwargs = dict(pc.optimizer_kwargs)
+        if pc.optimizer_class in (torch.optim.Adam, torch.optim.AdamW):
+            kwargs.setdefault("eps", 1e-5)
+            if "foreach" not in kwargs and "fused" not in kwargs and params:
+                # One fused kernel over all parameters instead of one small op per tensor.
+                kwargs["fused"] = True
+        return pc.optimizer_class(params, lr=self.lr_schedule(1.0), **kwargs)
+
+    def _networks(self) -> dict[str, torch.nn.Module]:
+        return {"actor": self.actor, "critic": self.critic}
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"optimizer": self.optimizer}
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        return config_dict(self.config)
+
+    # ------------------------------------------------------------------ training loop
+    def learn(
+        self,
+        total_timesteps: int,
+        callback: Any = None,
+        log_interval: int = 1,
+        tb_log_name: str = "PPO",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> PPO:
+        """Collect rollouts and update until ``total_timesteps`` env steps (over all envs); returns self."""
+        total_timesteps, callback = self._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        callback.on_training_start(locals(), globals())
+        iteration = 0
+        while self.num_timesteps < total_timesteps:
+            if not self.collect_rollouts(callback):
+                break
+            iteration += 1
+            self._update_current_progress_remaining()
+            if log_interval is not None and iteration % log_interval == 0:
+                self._dump_logs(iteration)
+            self.train()
+        callback.on_training_end()
+        return self
+
+    def collect_rollouts(self, callback) -> bool:
+        """Fill the rollout buffer with ``n_steps`` steps of every env; False when a callback stops training."""
+        buffer, actor, env = self.rollout_buffer, self.actor, self.env
+        space = self.observation_space
+        buffer.reset()
+        actor.set_training_mode(False)
+        callback.on_rollout_start()
+        truncations: list[tuple[int, int, Any]] = []
+        new_obs = self._last_obs
+        for step in range(self.config.n_steps):
+            obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
+            # Acting needs only the actor; values and log-probs come in one pass after the rollout.
+            with torch.inference_mode():
+                actions = actor.act(obs_tensor)
+            clipped_actions = actor.to_env_actions(actions.cpu().numpy())
+            new_obs, rewards, dones, infos = env.step(clipped_actions)
+            self.num_timesteps += env.num_envs
+            callback.update_locals(locals())
+            if not callback.on_step():
+                return False
+            self._update_info_buffer(infos, dones)
+            terminated = dones.copy()
+            for i in np.flatnonzero(dones):
+                final_obs = infos[i].get("terminal_observation")
+                if infos[i].get("TimeLimit.truncated", False) and final_obs is not None:
+                    # A time limit is not a terminal: bootstrap from V(true final observation).
+                    terminated[i] = False
+                    truncations.append((step, int(i), final_obs))
+            buffer.add(obs_tensor, actions, rewards, terminated, dones)
+            self._last_obs = new_obs
+            self._last_episode_starts = dones
+        if buffer.has_nan_observations():
+            raise ValueError(
+                "The env returned NaN observations during this rollout. Find the source with "
+                "stable_baselines3.common.vec_env.VecCheckNan(env, raise_exception=True)."
+            )
+        last_values = self._evaluate_rollout(new_obs, truncations)
+        buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
+        callback.update_locals(locals())
+        callback.on_rollout_end()
+        return True
+
+    @torch.no_grad()
+    def _evaluate_rollout(self, last_obs: Any, truncations: list[tuple[int, int, Any]]) -> np.ndarray:
+        """Values and old log-probs of the whole rollout in batched passes (parameters are unchanged
+        since acting); returns V(last observation) per env and fills the truncation bootstraps."""
+        buffer = self.rollout_buffer
+        obs, actions = buffer.flat_observations(), buffer.flat_actions()
+        n = actions.shape[0]
+        values, log_probs = [], []
+        for start in range(0, n, _EVAL_CHUNK):
+            chunk = _slice(obs, start, start + _EVAL_CHUNK)
+            values.append(self.critic(chunk))
+            log_probs.append(self.actor.evaluate(chunk, actions[start : start + _EVAL_CHUNK])[0])
+        buffer.values = torch.cat(values).reshape(buffer.n_steps, buffer.n_envs)
+        buffer.log_probs = torch.cat(log_probs).reshape(buffer.n_steps, buffer.n_envs)
+        if truncations:
+            finals = _stack_obs([obs_i for _, _, obs_i in truncations])
+            bootstrap = self.critic(batch_to_tensor(finals, self.observation_space, self.device)).cpu().numpy()
+            for (step, env_idx, _), value in zip(truncations, bootstrap):
+                buffer.truncation_values[step, env_idx] = value
+        return self.critic(batch_to_tensor(last_obs, self.observation_space, self.device)).cpu().numpy()
+
+    def train(self) -> None:
+        """Several epochs of minibatch updates on the collected rollout."""
+        cfg = self.config
+        progress = self._current_progress_remaining
+        lr = self.lr_schedule(progress)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        clip_range = self.clip_range(progress)
+        clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
+        self.actor.set_training_mode(True)
+        self.critic.train(True)
+        history: list[dict[str, torch.Tensor]] = []
+        continue_training = True
+        for _ in range(cfg.n_epochs):
+            for batch in self.rollout_buffer.minibatches(cfg.batch_size):
+                loss, stats = ppo_loss(
+                    batch,
+                    self.actor,
+                    self.critic,
+                    clip_range,
+                    clip_range_vf,
+                    cfg.ent_coef,
+                    cfg.vf_coef,
+                    cfg.normalize_advantage,
+                )
+                history.append(stats)
+                if cfg.target_kl is not None and stats["approx_kl"].item() > 1.5 * cfg.target_kl:
+                    continue_training = False
+                    if self.verbose >= 1:
+                        self.logger.info(f"Early stopping: approx_kl {stats['approx_kl'].item():.4f} > 1.5 * target_kl")
+                    break
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
+                self.optimizer.step()
+            self._n_updates += 1
+            if not continue_training:
+                break
+        self._record_train_stats(history, lr, clip_range, clip_range_vf)
+
+    def _record_train_stats(self, history, lr: float, clip_range: float, clip_range_vf: float | None) -> None:
+        buffer = self.rollout_buffer
+        means = {k: torch.stack([h[k] for h in history]).mean().item() for k in history[0]} if history else {}
+        for key, value in means.items():
+            self.logger.record(f"train/{key}", value)
+        self.logger.record(
+            "train/explained_variance",
+            float(explained_variance(buffer.values.flatten().cpu().numpy(), buffer.returns.flatten().cpu().numpy())),
+        )
+        log_std = getattr(self.actor.head, "log_std", None)
+        if log_std is not None:
+            self.logger.record("train/std", log_std.detach().exp().mean().item())
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/clip_range", clip_range)
+        if clip_range_vf is not None:
+            self.logger.record("train/clip_range_vf", clip_range_vf)
+        self.logger.record("train/learning_rate", lr)
+
+
+def _slice(obs: ObsTensor, start: int, stop: int) -> ObsTensor:
+    return {k: v[start:stop] for k, v in obs.items()} if isinstance(obs, dict) else obs[start:stop]
+
+
+def _stack_obs(items: list[Any]) -> Any:
+    if isinstance(items[0], dict):
+        return {k: np.stack([it[k] for it in items]) for k in items[0]}
+    return np.stack(items)

@@ -1,0 +1,162 @@
+"""The on-policy rollout buffer: pre-allocated tensors ``(n_steps, n_envs, ...)``, GAE, minibatches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from covey.buffers.returns import gae
+from covey.networks.encoders import obs_dtype
+from covey.networks.obs import ObsTensor
+
+
+class RolloutBatch(NamedTuple):
+    """One minibatch of flattened agent-steps."""
+
+    observations: ObsTensor
+    actions: torch.Tensor
+    old_values: torch.Tensor
+    old_log_prob: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+def action_storage(space: spaces.Space) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape of one action and the dtype the buffer keeps it in."""
+    if isinstance(space, spaces.Discrete):
+        return (), torch.long
+    if isinstance(space, spaces.MultiDiscrete):
+        return (int(np.prod(space.shape)),), torch.long
+    return (int(np.prod(space.shape)),), torch.float32
+
+
+def _alloc_obs(space: spaces.Space, lead: tuple[int, ...], device) -> ObsTensor:
+    if isinstance(space, spaces.Dict):
+        return {k: _alloc_obs(s, lead, device) for k, s in space.spaces.items()}
+    return torch.zeros((*lead, *space.shape), dtype=obs_dtype(space), device=device)
+
+
+def _flat(x: ObsTensor, n: int) -> ObsTensor:
+    if isinstance(x, dict):
+        return {k: v.reshape(n, *v.shape[2:]) for k, v in x.items()}
+    return x.reshape(n, *x.shape[2:])  # (T, N, ...) -> (T * N, ...)
+
+
+def _index(x: ObsTensor, idx) -> ObsTensor:
+    return {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
+
+
+class RolloutBuffer:
+    """Fixed-size storage for one rollout of ``n_steps`` steps of ``n_envs`` environments.
+
+    Filled step by step with :meth:`add`; values and old log-probabilities are written once for the
+    whole rollout (one batched pass after collection), then :meth:`compute_returns` runs GAE.
+
+    >>> buf = RolloutBuffer(4, 2, spaces.Box(-1, 1, (3,)), spaces.Discrete(2))
+    >>> buf.observations.shape
+    torch.Size([4, 2, 3])
+    """
+
+    def __init__(
+        self,
+        n_steps: int,
+        n_envs: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.n_steps, self.n_envs = n_steps, n_envs
+        self.observation_space = observation_space
+        self.device = torch.device(device)
+        self.observations = _alloc_obs(observation_space, (n_steps, n_envs), device)
+        act_shape, act_dtype = action_storage(action_space)
+        self.actions = torch.zeros((n_steps, n_envs, *act_shape), dtype=act_dtype, device=device)
+        self.rewards = np.zeros((n_steps, n_envs), dtype=np.float32)
+        self.terminated = np.zeros((n_steps, n_envs), dtype=bool)
+        self.dones = np.zeros((n_steps, n_envs), dtype=bool)
+        # Bootstrap values for truncated steps: V(true final observation), filled in after collection.
+        self.truncation_values = np.zeros((n_steps, n_envs), dtype=np.float32)
+        self.values = torch.zeros((n_steps, n_envs), device=device)
+        self.log_probs = torch.zeros((n_steps, n_envs), device=device)
+        self.advantages = torch.zeros((n_steps, n_envs), device=device)
+        self.returns = torch.zeros((n_steps, n_envs), device=device)
+        self.pos = 0
+
+    @property
+    def full(self) -> bool:
+        return self.pos == self.n_steps
+
+    def reset(self) -> None:
+        self.pos = 0
+        self.truncation_values[:] = 0.0
+
+    def add(
+        self,
+        obs: ObsTensor,
+        actions: torch.Tensor,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        dones: np.ndarray,
+    ) -> None:
+        """Store one step of every env: the observation acted on, the action, and what followed."""
+        t = self.pos
+        if isinstance(obs, dict):
+            for key, value in obs.items():
+                self.observations[key][t] = value
+        else:
+            self.observations[t] = obs
+        self.actions[t] = actions.reshape(self.actions.shape[1:])
+        self.rewards[t] = rewards
+        self.terminated[t] = terminated
+        self.dones[t] = dones
+        self.pos += 1
+
+    def flat_observations(self) -> ObsTensor:
+        """All stored observations as one batch ``(n_steps * n_envs, ...)``."""
+        return _flat(self.observations, self.n_steps * self.n_envs)
+
+    def flat_actions(self) -> torch.Tensor:
+        return self.actions.reshape(self.n_steps * self.n_envs, *self.actions.shape[2:])
+
+    def has_nan_observations(self) -> bool:
+        obs = self.observations.values() if isinstance(self.observations, dict) else [self.observations]
+        return any(o.is_floating_point() and bool(torch.isnan(o).any()) for o in obs)
+
+    def compute_returns(self, last_values: np.ndarray, gamma: float, gae_lambda: float) -> None:
+        """GAE over the stored rollout; ``last_values`` is V(observation after the last step) per env."""
+        values = self.values.cpu().numpy().astype(np.float64)
+        next_values = np.empty_like(values)
+        next_values[:-1] = values[1:]
+        next_values[-1] = last_values
+        # After a done the next stored value belongs to a new episode; the real bootstrap for a
+        # truncation is V(final observation), written into truncation_values by the agent.
+        next_values = np.where(self.dones, self.truncation_values, next_values)
+        adv, ret = gae(self.rewards, values, next_values, self.terminated, self.dones, gamma, gae_lambda)
+        self.advantages = torch.as_tensor(adv, dtype=torch.float32, device=self.device)
+        self.returns = torch.as_tensor(ret, dtype=torch.float32, device=self.device)
+
+    def minibatches(self, batch_size: int, generator: torch.Generator | None = None) -> Iterator[RolloutBatch]:
+        """Shuffled minibatches over all ``n_steps * n_envs`` samples (the last one may be smaller).
+
+        When one minibatch holds the whole rollout, its order does not change the gradient: no shuffle.
+        """
+        n = self.n_steps * self.n_envs
+        obs = self.flat_observations()
+        flat = (
+            self.flat_actions(),
+            self.values.reshape(n),
+            self.log_probs.reshape(n),
+            self.advantages.reshape(n),
+            self.returns.reshape(n),
+        )
+        if batch_size >= n:
+            yield RolloutBatch(obs, *flat)
+            return
+        perm = torch.randperm(n, generator=generator, device=self.device)
+        for start in range(0, n, batch_size):
+            idx = perm[start : start + batch_size]
+            yield RolloutBatch(_index(obs, idx), *(x[idx] for x in flat))

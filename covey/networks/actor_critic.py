@@ -1,0 +1,213 @@
+"""The actor (the policy: observations to actions) and the critic (training machinery: values).
+
+They are separate modules; with ``share_features_extractor`` the critic reuses the actor's encoder
+module (its parameters then belong to both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from covey.networks.distributions import make_action_head
+from covey.networks.encoders import make_encoder
+from covey.networks.mlp import mlp, parse_net_arch
+from covey.networks.obs import ObsTensor, obs_to_tensor
+
+POLICY_KINDS = {"MlpPolicy": "mlp", "CnnPolicy": "cnn", "MultiInputPolicy": "multi"}
+
+# SB3 options covey does not implement; they are refused by name rather than silently ignored.
+_UNSUPPORTED = ("use_sde", "use_expln", "squash_output", "full_std", "sde_net_arch")
+
+
+@dataclass
+class PolicyConfig:
+    """The network settings an SB3 user passes as ``policy_kwargs``."""
+
+    net_arch: Any = None
+    """Hidden layer sizes: a list (same sizes, separate weights for actor and critic) or dict(pi=, vf=)."""
+    activation_fn: type[nn.Module] = nn.Tanh
+    """Activation class used between hidden layers."""
+    ortho_init: bool = True
+    """Orthogonal initialization (gains sqrt(2) hidden, 0.01 policy output, 1 value output)."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of Gaussian (Box) policies."""
+    normalize_images: bool = True
+    """Scale uint8 image observations to [0, 1]."""
+    share_features_extractor: bool = True
+    """Actor and critic share the observation encoder (for MlpPolicy the encoder has no weights)."""
+    features_extractor_kwargs: dict = field(default_factory=dict)
+    """``features_dim`` of CnnPolicy's NatureCNN, ``cnn_output_dim`` of MultiInputPolicy's image encoders."""
+    optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam
+    """Optimizer class for actor and critic together."""
+    optimizer_kwargs: dict = field(default_factory=dict)
+    """Extra optimizer arguments (covey's Adam default: ``eps=1e-5`` as in SB3's PPO)."""
+
+    @classmethod
+    def from_kwargs(cls, policy_kwargs: dict | None, **defaults: Any) -> PolicyConfig:
+        kwargs = dict(policy_kwargs or {})
+        for key in _UNSUPPORTED:
+            if kwargs.pop(key, False):
+                raise NotImplementedError(
+                    f"policy_kwargs[{key!r}] (state-dependent exploration / squashing) is not supported by "
+                    "covey's PPO; remove it."
+                )
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(f"Unknown policy_kwargs {unknown}; supported keys are {sorted(names)}.")
+        return cls(**{**defaults, **kwargs})
+
+
+class Actor(nn.Module):
+    """Observations to an action distribution: encoder -> MLP trunk -> action head.
+
+    This is ``model.policy``; it has SB3's ``predict``, ``obs_to_tensor`` and ``set_training_mode``.
+
+    >>> import gymnasium as gym
+    >>> actor, critic = build_actor_critic("MlpPolicy", gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
+    >>> actor.predict(np.zeros(3, dtype=np.float32), deterministic=True)[0].shape
+    ()
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        encoder: nn.Module,
+        hidden: list[int],
+        activation: type[nn.Module],
+        log_std_init: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.encoder = encoder
+        self.trunk = mlp(encoder.out_dim, hidden, activation)
+        self.head = make_action_head(action_space, self.trunk.out_dim, log_std_init)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def forward(self, obs: ObsTensor) -> torch.Tensor:
+        """Distribution parameters (logits or Gaussian means), ``(B, n_params)``."""
+        return self.head(self.trunk(self.encoder(obs)))
+
+    def act(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
+        """Sample (or take the mode of) an action for every observation in the batch."""
+        return self.head.sample(self(obs), deterministic)
+
+    def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities of ``actions`` and entropies, both ``(B,)``."""
+        params = self(obs)
+        return self.head.log_prob(params, actions), self.head.entropy(params)
+
+    def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Clip Box actions to the bounds (the env gets clipped actions; training keeps the sample)."""
+        if isinstance(self.action_space, spaces.Box):
+            actions = np.clip(actions, self.action_space.low, self.action_space.high)
+        return actions.reshape((-1, *self.action_space.shape))
+
+    def obs_to_tensor(self, observation) -> tuple[ObsTensor, bool]:
+        return obs_to_tensor(observation, self.observation_space, self.device)
+
+    def set_training_mode(self, mode: bool) -> None:
+        self.train(mode)
+
+    def predict(
+        self,
+        observation,
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """SB3's ``predict``: a single or batched observation to actions (numpy), and the state (None)."""
+        obs, batched = self.obs_to_tensor(observation)
+        with torch.inference_mode():
+            actions = self.act(obs, deterministic).cpu().numpy()
+        actions = self.to_env_actions(actions)
+        return (actions if batched else actions.squeeze(axis=0)), state
+
+
+class Critic(nn.Module):
+    """Observations to a state value ``(B,)``: encoder -> MLP trunk -> linear value head."""
+
+    def __init__(self, encoder: nn.Module, hidden: list[int], activation: type[nn.Module]) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.trunk = mlp(encoder.out_dim, hidden, activation)
+        self.value_head = nn.Linear(self.trunk.out_dim, 1)
+
+    def forward(self, obs: ObsTensor) -> torch.Tensor:
+        return self.value_head(self.trunk(self.encoder(obs))).squeeze(-1)
+
+
+def policy_kind(policy: str, observation_space: spaces.Space) -> str:
+    """Map an SB3 policy name to an encoder kind, with a clear error for unknown names."""
+    if not isinstance(policy, str) or policy not in POLICY_KINDS:
+        raise ValueError(f"Unknown policy {policy!r}; use one of {list(POLICY_KINDS)}.")
+    kind = POLICY_KINDS[policy]
+    if isinstance(observation_space, spaces.Dict) and kind == "cnn":
+        return "multi"
+    return kind
+
+
+def _ortho_init(module: nn.Module, gain: float) -> None:
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.orthogonal_(m.weight, gain=gain)
+            nn.init.zeros_(m.bias)
+
+
+def build_actor_critic(
+    policy: str,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    config: PolicyConfig | None = None,
+) -> tuple[Actor, Critic]:
+    """Build a PPO-style actor and critic from an SB3 policy name and a :class:`PolicyConfig`."""
+    config = config or PolicyConfig()
+    kind = policy_kind(policy, observation_space)
+    fx = dict(config.features_extractor_kwargs)
+    unknown = set(fx) - {"features_dim", "cnn_output_dim"}
+    if unknown:
+        raise ValueError(
+            f"Unknown features_extractor_kwargs {sorted(unknown)}; covey's encoders take "
+            "'features_dim' (CnnPolicy) and 'cnn_output_dim' (MultiInputPolicy)."
+        )
+
+    def encoder() -> nn.Module:
+        return make_encoder(
+            observation_space,
+            kind,
+            config.normalize_images,
+            features_dim=fx.get("features_dim", 512),
+            cnn_output_dim=fx.get("cnn_output_dim", 256),
+        )
+
+    default = [] if kind == "cnn" else [64, 64]
+    arch = parse_net_arch(config.net_arch, ("pi", "vf"), default)
+    actor_encoder = encoder()
+    critic_encoder = actor_encoder if config.share_features_extractor else encoder()
+    actor = Actor(observation_space, action_space, actor_encoder, arch["pi"], config.activation_fn, config.log_std_init)
+    critic = Critic(critic_encoder, arch["vf"], config.activation_fn)
+    if config.ortho_init:
+        root2 = math.sqrt(2)
+        for module, gain in (
+            (actor.encoder, root2),
+            (critic.encoder, root2),
+            (actor.trunk, root2),
+            (critic.trunk, root2),
+            (actor.head.proj, 0.01),
+            (critic.value_head, 1.0),
+        ):
+            _ortho_init(module, gain)
+    return actor, critic

@@ -1,0 +1,146 @@
+"""Action heads: a linear layer to distribution parameters, plus sampling, log-probabilities and entropy.
+
+Written as plain tensor maths (no ``torch.distributions`` objects) because these run every step.
+Every head maps latent features ``(B, in_dim)`` to parameters with ``forward``; ``sample``,
+``log_prob`` and ``entropy`` take those parameters. ``log_prob`` and ``entropy`` return ``(B,)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gymnasium import spaces
+from torch import nn
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+def _categorical_log_prob(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    log_p = logits.log_softmax(-1)
+    return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+
+def _categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
+    log_p = logits.log_softmax(-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def _categorical_sample(logits: torch.Tensor, deterministic: bool) -> torch.Tensor:
+    if deterministic:
+        return logits.argmax(-1)
+    # Gumbel-max: argmax(logits + Gumbel noise) is a sample from softmax(logits).
+    u = torch.rand_like(logits).clamp_(min=1e-20)
+    return (logits - torch.log(-torch.log(u))).argmax(-1)
+
+
+class CategoricalHead(nn.Module):
+    """Discrete(n, start) actions: logits ``(B, n)``; actions are ``start + index``."""
+
+    def __init__(self, in_dim: int, n: int, start: int = 0) -> None:
+        super().__init__()
+        self.proj = nn.Linear(in_dim, n)
+        self.start = int(start)
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.proj(latent)
+
+    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        return _categorical_sample(logits, deterministic) + self.start
+
+    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return _categorical_log_prob(logits, actions - self.start)
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        return _categorical_entropy(logits)
+
+
+class MultiCategoricalHead(nn.Module):
+    """MultiDiscrete(nvec) actions: independent categoricals, logits concatenated ``(B, sum(nvec))``."""
+
+    def __init__(self, in_dim: int, nvec: list[int], start: list[int] | None = None) -> None:
+        super().__init__()
+        self.nvec = [int(n) for n in nvec]
+        self.start = [int(s) for s in start] if start is not None else [0] * len(self.nvec)
+        self.proj = nn.Linear(in_dim, sum(self.nvec))
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.proj(latent)
+
+    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        parts = logits.split(self.nvec, dim=-1)
+        samples = [_categorical_sample(p, deterministic) + s for p, s in zip(parts, self.start)]
+        return torch.stack(samples, dim=-1)  # (B, k)
+
+    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        parts = logits.split(self.nvec, dim=-1)
+        return sum(_categorical_log_prob(p, actions[..., i] - s) for i, (p, s) in enumerate(zip(parts, self.start)))
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        return sum(_categorical_entropy(p) for p in logits.split(self.nvec, dim=-1))
+
+
+class BernoulliHead(nn.Module):
+    """MultiBinary(n) actions: one logit per bit ``(B, n)``."""
+
+    def __init__(self, in_dim: int, n: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(in_dim, n)
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.proj(latent)
+
+    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if deterministic:
+            return (logits > 0).float()
+        return (torch.rand_like(logits) < torch.sigmoid(logits)).float()
+
+    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return -F.binary_cross_entropy_with_logits(logits, actions.float(), reduction="none").sum(-1)
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        p = torch.sigmoid(logits)
+        return F.binary_cross_entropy_with_logits(logits, p, reduction="none").sum(-1)
+
+
+class DiagGaussianHead(nn.Module):
+    """Box actions: a Gaussian with a state-independent log standard deviation per dimension.
+
+    Parameters are the means ``(B, d)``; ``log_std`` is a learned vector. Samples are not clipped here:
+    the agent clips what it sends to the env and trains on the unclipped sample.
+    """
+
+    def __init__(self, in_dim: int, action_dim: int, log_std_init: float = 0.0) -> None:
+        super().__init__()
+        self.proj = nn.Linear(in_dim, action_dim)
+        self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.proj(latent)
+
+    def sample(self, mean: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if deterministic:
+            return mean
+        return mean + self.log_std.exp() * torch.randn_like(mean)
+
+    def log_prob(self, mean: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        z = (actions - mean) * torch.exp(-self.log_std)
+        return (-0.5 * z.pow(2) - self.log_std - 0.5 * _LOG_2PI).sum(-1)
+
+    def entropy(self, mean: torch.Tensor) -> torch.Tensor:
+        return (0.5 + 0.5 * _LOG_2PI + self.log_std).sum().expand(mean.shape[0])
+
+
+def make_action_head(space: spaces.Space, in_dim: int, log_std_init: float = 0.0) -> nn.Module:
+    """The head for ``space`` (Discrete, MultiDiscrete, MultiBinary or Box)."""
+    if isinstance(space, spaces.Discrete):
+        return CategoricalHead(in_dim, int(space.n), int(space.start))
+    if isinstance(space, spaces.MultiDiscrete):
+        return MultiCategoricalHead(in_dim, list(space.nvec.reshape(-1)), list(space.start.reshape(-1)))
+    if isinstance(space, spaces.MultiBinary):
+        return BernoulliHead(in_dim, int(np.prod(space.shape)))
+    if isinstance(space, spaces.Box):
+        return DiagGaussianHead(in_dim, int(np.prod(space.shape)), log_std_init)
+    raise ValueError(f"Unsupported action space {space}: use Box, Discrete, MultiDiscrete or MultiBinary.")

@@ -1,0 +1,152 @@
+"""Observation encoders: turn one observation space's batch into a flat feature vector.
+
+Every encoder has an ``out_dim`` attribute and maps a batch ``(B, *space.shape)`` (or a dict of such
+batches) to ``(B, out_dim)`` float features.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from covey.spaces import channels_last, check_observation_space, is_image_space
+
+EncoderKind = Literal["mlp", "cnn", "multi"]
+
+
+class FlattenEncoder(nn.Module):
+    """Flattens a Box or MultiBinary observation to floats; uint8 images are scaled to [0, 1]."""
+
+    def __init__(self, space: spaces.Box | spaces.MultiBinary, scale: float | None = None) -> None:
+        super().__init__()
+        self.out_dim = int(np.prod(space.shape))
+        self.scale = scale
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.reshape(obs.shape[0], -1).float()  # (B, out_dim)
+        return x * self.scale if self.scale is not None else x
+
+
+class OneHotEncoder(nn.Module):
+    """One-hot encoding of a Discrete observation, or concatenated one-hots of a MultiDiscrete one."""
+
+    def __init__(self, space: spaces.Discrete | spaces.MultiDiscrete) -> None:
+        super().__init__()
+        if isinstance(space, spaces.Discrete):
+            nvec = np.array([space.n])
+            start = np.array([space.start])
+        else:
+            nvec = space.nvec.reshape(-1)
+            start = np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).reshape(-1)
+        offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]]) - start
+        self.out_dim = int(nvec.sum())
+        self.register_buffer("offsets", torch.as_tensor(offsets, dtype=torch.long), persistent=False)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        idx = obs.long().reshape(obs.shape[0], -1) + self.offsets  # (B, n_components)
+        out = torch.zeros(obs.shape[0], self.out_dim, device=obs.device)
+        return out.scatter_(1, idx, 1.0)  # (B, out_dim)
+
+
+class NatureCNN(nn.Module):
+    """The convolutional encoder of Mnih et al. (2015): 3 conv layers, then a linear layer with ReLU.
+
+    Detects channel-last images (``(H, W, C)``) and permutes them; scales uint8 pixels to [0, 1].
+
+    >>> enc = NatureCNN(spaces.Box(0, 255, (64, 64, 3), np.uint8))
+    >>> enc(torch.zeros(2, 64, 64, 3, dtype=torch.uint8)).shape
+    torch.Size([2, 512])
+    """
+
+    def __init__(self, space: spaces.Box, features_dim: int = 512, normalize_images: bool = True) -> None:
+        super().__init__()
+        if not isinstance(space, spaces.Box) or len(space.shape) != 3:
+            raise ValueError(
+                f"CnnPolicy needs image observations (a Box with 3 dimensions), got {space}. "
+                "Use 'MlpPolicy' for vector observations."
+            )
+        self.channels_last = channels_last(space.shape)
+        c, h, w = (space.shape[2], *space.shape[:2]) if self.channels_last else space.shape
+        self.scale = 1.0 / 255.0 if normalize_images and is_image_space(space) else None
+        self.convs = nn.Sequential(
+            nn.Conv2d(c, 32, kernel_size=8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        try:
+            with torch.no_grad():
+                n_flat = self.convs(torch.zeros(1, c, h, w)).shape[1]
+        except RuntimeError as err:
+            raise ValueError(
+                f"Image observations of shape {space.shape} are too small for the NatureCNN encoder "
+                "(it needs at least 36x36 pixels). Resize the images or use 'MlpPolicy'."
+            ) from err
+        self.linear = nn.Sequential(nn.Linear(n_flat, features_dim), nn.ReLU())
+        self.out_dim = features_dim
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float()
+        if self.scale is not None:
+            x = x * self.scale
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)  # (B, H, W, C) -> (B, C, H, W)
+        return self.linear(self.convs(x))  # (B, features_dim)
+
+
+class DictEncoder(nn.Module):
+    """One encoder per key of a Dict space; their features are concatenated in key order."""
+
+    def __init__(self, encoders: dict[str, nn.Module]) -> None:
+        super().__init__()
+        self.encoders = nn.ModuleDict(encoders)
+        self.out_dim = sum(enc.out_dim for enc in encoders.values())
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([enc(obs[key]) for key, enc in self.encoders.items()], dim=1)  # (B, out_dim)
+
+
+def make_encoder(
+    space: spaces.Space,
+    kind: EncoderKind = "mlp",
+    normalize_images: bool = True,
+    features_dim: int = 512,
+    cnn_output_dim: int = 256,
+) -> nn.Module:
+    """Build the encoder for ``space``.
+
+    ``kind`` follows SB3's policy names: ``"mlp"`` flattens (one-hot for discrete spaces),
+    ``"cnn"`` puts a NatureCNN on an image space, ``"multi"`` encodes each key of a Dict space
+    (NatureCNN with ``cnn_output_dim`` features for image keys, flattening for the rest).
+    """
+    check_observation_space(space)
+    if isinstance(space, spaces.Dict):
+        sub_kind: EncoderKind = "mlp" if kind == "mlp" else "multi"
+        return DictEncoder(
+            {
+                key: make_encoder(sub, sub_kind, normalize_images, cnn_output_dim, cnn_output_dim)
+                for key, sub in space.spaces.items()
+            }
+        )
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        return OneHotEncoder(space)
+    if kind == "cnn" or (kind == "multi" and is_image_space(space)):
+        return NatureCNN(space, features_dim, normalize_images)
+    scale = 1.0 / 255.0 if normalize_images and is_image_space(space) else None
+    return FlattenEncoder(space, scale)
+
+
+def obs_dtype(space: spaces.Space) -> torch.dtype:
+    """The torch dtype covey stores observations of ``space`` in."""
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        return torch.long
+    if isinstance(space, spaces.Box) and space.dtype == np.uint8:
+        return torch.uint8
+    return torch.float32

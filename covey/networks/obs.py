@@ -1,0 +1,75 @@
+"""Observation batches at the boundary: numpy (single or batched) to torch, with clear shape errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from covey.networks.encoders import obs_dtype
+
+ObsTensor = torch.Tensor | dict[str, torch.Tensor]
+
+
+def _is_batched(obs: np.ndarray, space: spaces.Space, name: str) -> bool:
+    shape = tuple(space.shape) if space.shape is not None else ()
+    if obs.shape == shape:
+        return False
+    if obs.shape[1:] == shape and obs.ndim == len(shape) + 1:
+        return True
+    where = f" for key {name!r}" if name else ""
+    raise ValueError(
+        f"Observation has shape {obs.shape}{where}, but the observation space {space} expects a single "
+        f"observation of shape {shape} or a batch of shape (n_envs, {', '.join(map(str, shape))}"
+        f"{',' if len(shape) == 1 else ''}). Check that the env matches the one the model was trained on."
+    )
+
+
+def _check_finite(obs: np.ndarray, name: str) -> None:
+    if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
+        where = f" (key {name!r})" if name else ""
+        raise ValueError(
+            f"Observation{where} contains NaN or inf values; the policy cannot act on them. "
+            "Find the source with stable_baselines3.common.vec_env.VecCheckNan, or clean the observation."
+        )
+
+
+def obs_to_tensor(observation, space: spaces.Space, device: torch.device | str = "cpu") -> tuple[ObsTensor, bool]:
+    """Convert a single or batched observation to a batched tensor (or dict of them).
+
+    Returns the tensor and whether the input was already batched (SB3's ``vectorized_env`` flag).
+    """
+    if isinstance(space, spaces.Dict):
+        if not isinstance(observation, dict):
+            raise ValueError(
+                f"The observation space is a Dict with keys {list(space.spaces)}, but the observation "
+                f"is a {type(observation).__name__}. Pass a dict with those keys."
+            )
+        missing = set(space.spaces) - set(observation)
+        if missing:
+            raise ValueError(f"Observation dict lacks keys {sorted(missing)} of the Dict observation space.")
+        out, batched = {}, None
+        for key, sub in space.spaces.items():
+            out[key], b = _one_to_tensor(observation[key], sub, device, key)
+            if batched is not None and b != batched:
+                raise ValueError("Some keys of the observation dict are batched and others are not.")
+            batched = b
+        return out, bool(batched)
+    return _one_to_tensor(observation, space, device, "")
+
+
+def _one_to_tensor(observation, space: spaces.Space, device, name: str) -> tuple[torch.Tensor, bool]:
+    obs = np.asarray(observation)
+    batched = _is_batched(obs, space, name)
+    _check_finite(obs, name)
+    tensor = torch.as_tensor(obs, dtype=obs_dtype(space), device=device)
+    return (tensor if batched else tensor.unsqueeze(0)), batched
+
+
+def batch_to_tensor(obs, space: spaces.Space, device: torch.device | str = "cpu") -> ObsTensor:
+    """A VecEnv's batched observation to tensors, without shape checks (the hot path)."""
+    if isinstance(space, spaces.Dict):
+        return {
+            key: torch.as_tensor(obs[key], dtype=obs_dtype(sub), device=device) for key, sub in space.spaces.items()
+        }
+    return torch.as_tensor(obs, dtype=obs_dtype(space), device=device)

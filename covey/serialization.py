@@ -1,0 +1,161 @@
+"""covey's model file: one zip holding settings as JSON and tensors that load without running code.
+
+Layout of ``model.zip``:
+- ``covey.json``: format version, agent class name, hyperparameters, spaces, counters;
+- ``tensors.pt``: nested dicts of tensors (state dicts of networks and optimizers), read with
+  ``torch.load(weights_only=True)``, which refuses any pickled object that is not plain data.
+
+Writes are atomic: the zip is written to a temporary file next to the target and renamed over it,
+so a crash or a full disk during ``save`` leaves the previous file as it was.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import pickle
+import tempfile
+import zipfile
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+FORMAT_VERSION = 1
+SETTINGS_ENTRY = "covey.json"
+TENSORS_ENTRY = "tensors.pt"
+
+
+class ModelFileError(ValueError):
+    """A file that is not a loadable covey model (corrupt, truncated, foreign or unsafe)."""
+
+
+def model_path(path: str | os.PathLike) -> pathlib.Path:
+    """SB3's rule: a path without a suffix gets ``.zip``."""
+    path = pathlib.Path(path)
+    return path.with_suffix(".zip") if path.suffix == "" else path
+
+
+def save_model_file(path: str | os.PathLike | io.BufferedIOBase, settings: dict, tensors: dict) -> None:
+    """Write settings and tensors to ``path`` atomically (or to an open binary file object)."""
+    settings = {"format_version": FORMAT_VERSION, **settings}
+    payload = io.BytesIO()
+    torch.save(tensors, payload)
+    if not isinstance(path, (str, os.PathLike)):
+        _write_zip(path, settings, payload.getvalue())
+        return
+    target = model_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _write_zip(f, settings, payload.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        # Never leave a half-written model behind; the previous file (if any) is untouched.
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_zip(f, settings: dict, tensor_bytes: bytes) -> None:
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(SETTINGS_ENTRY, json.dumps(settings, indent=1, sort_keys=True))
+        zf.writestr(TENSORS_ENTRY, tensor_bytes)
+
+
+def load_model_file(
+    path: str | os.PathLike | io.BufferedIOBase, device: torch.device | str = "cpu"
+) -> tuple[dict, dict]:
+    """Read ``(settings, tensors)`` from a covey model file, with clear errors for bad files."""
+    source: Any = path
+    name = "the given file object"
+    if isinstance(path, (str, os.PathLike)):
+        source = pathlib.Path(path)
+        if not source.exists() and model_path(source).exists():
+            source = model_path(source)
+        if not source.exists():
+            raise FileNotFoundError(f"No model file at {str(path)!r} (nor with a .zip suffix).")
+        name = str(source)
+    try:
+        with zipfile.ZipFile(source) as zf:
+            names = set(zf.namelist())
+            if SETTINGS_ENTRY not in names or TENSORS_ENTRY not in names:
+                raise ModelFileError(
+                    f"{name} is a zip file but not a covey model (it lacks {SETTINGS_ENTRY} or {TENSORS_ENTRY}). "
+                    "Stable-Baselines3 model files cannot be loaded; copy weights with set_parameters instead."
+                )
+            settings = json.loads(zf.read(SETTINGS_ENTRY))
+            tensor_bytes = zf.read(TENSORS_ENTRY)
+    except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile) as err:
+        raise ModelFileError(f"{name} is not a readable covey model file (corrupt or truncated zip: {err}).") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ModelFileError(f"{name} has corrupt settings ({SETTINGS_ENTRY}: {err}).") from err
+    except (OSError, RuntimeError) as err:  # CRC errors, bad compressed data
+        raise ModelFileError(f"{name} is corrupt ({err}).") from err
+    version = settings.get("format_version") if isinstance(settings, dict) else None
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ModelFileError(
+            f"{name} has model format version {version!r}; this covey reads versions up to {FORMAT_VERSION}. "
+            "Upgrade covey to load it."
+        )
+    try:
+        tensors = torch.load(io.BytesIO(tensor_bytes), map_location=device, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ModelFileError(
+            f"Refusing to load {name}: its tensors entry contains objects other than tensors and plain data, "
+            "which could run code when unpickled. Only load model files from sources you trust, and "
+            f"re-save this model with covey. (Detail: {str(err).splitlines()[0]})"
+        ) from err
+    except (RuntimeError, EOFError, ValueError) as err:
+        raise ModelFileError(f"{name} has a corrupt tensors entry ({str(err).splitlines()[0]}).") from err
+    if not isinstance(tensors, dict):
+        raise ModelFileError(f"{name} has a tensors entry of type {type(tensors).__name__}; expected a dict.")
+    return settings, tensors
+
+
+def space_to_json(space: spaces.Space) -> dict:
+    """A JSON description of a Box, Discrete, MultiDiscrete, MultiBinary or Dict space."""
+    if isinstance(space, spaces.Box):
+        return {
+            "type": "Box",
+            "low": space.low.tolist(),
+            "high": space.high.tolist(),
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+        }
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, spaces.MultiDiscrete):
+        return {
+            "type": "MultiDiscrete",
+            "nvec": space.nvec.tolist(),
+            "start": space.start.tolist(),
+            "dtype": str(space.dtype),
+        }
+    if isinstance(space, spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
+    if isinstance(space, spaces.Dict):
+        return {"type": "Dict", "spaces": {k: space_to_json(s) for k, s in space.spaces.items()}}
+    raise ValueError(f"Cannot save space {space}: unsupported type.")
+
+
+def space_from_json(data: dict) -> spaces.Space:
+    kind = data.get("type")
+    if kind == "Box":
+        dtype = np.dtype(data["dtype"])
+        return spaces.Box(np.array(data["low"], dtype=dtype), np.array(data["high"], dtype=dtype), dtype=dtype)
+    if kind == "Discrete":
+        return spaces.Discrete(data["n"], start=data.get("start", 0))
+    if kind == "MultiDiscrete":
+        return spaces.MultiDiscrete(data["nvec"], dtype=np.dtype(data["dtype"]), start=data.get("start"))
+    if kind == "MultiBinary":
+        return spaces.MultiBinary(data["n"])
+    if kind == "Dict":
+        return spaces.Dict({k: space_from_json(v) for k, v in data["spaces"].items()})
+    raise ModelFileError(f"Unknown space type {kind!r} in model file.")

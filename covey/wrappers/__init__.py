@@ -1,0 +1,5 @@
+"""Environment adapters: everything a user passes becomes an SB3 VecEnv."""
+
+from covey.wrappers.vec_env import FastVecEnv, GymnasiumVecEnv, as_vec_env
+
+__all__ = ["FastVecEnv", "GymnasiumVecEnv", "as_vec_env"]

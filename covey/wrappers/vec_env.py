@@ -1,0 +1,166 @@
+"""Everything a user may pass as ``env`` becomes an SB3 ``VecEnv``.
+
+covey speaks SB3's VecEnv protocol (so SB3's wrappers, callbacks and ``evaluate_policy`` work), and
+adds two adapters: a lean in-process VecEnv and a view of a Gymnasium vector env.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.env_util import is_wrapped
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
+from stable_baselines3.common.vec_env.util import dict_to_obs
+
+
+class FastVecEnv(DummyVecEnv):
+    """SB3's ``DummyVecEnv`` without the per-step deep copies of infos and observations.
+
+    Semantics are DummyVecEnv's: auto-reset, ``info["terminal_observation"]`` and
+    ``info["TimeLimit.truncated"]``. The info dicts are the ones the envs returned (fresh each step
+    for Gymnasium's envs and wrappers), and observations are copied once out of the buffer.
+    """
+
+    def step_wait(self):
+        infos = []
+        for i, env in enumerate(self.envs):
+            obs, reward, terminated, truncated, info = env.step(self.actions[i])
+            done = terminated or truncated
+            info["TimeLimit.truncated"] = truncated and not terminated
+            if done:
+                info["terminal_observation"] = obs
+                obs, self.reset_infos[i] = env.reset()
+            self._save_obs(i, obs)
+            self.buf_rews[i] = reward
+            self.buf_dones[i] = done
+            infos.append(info)
+        return self._obs_from_buf(), self.buf_rews.copy(), self.buf_dones.copy(), infos
+
+    def _obs_from_buf(self):
+        return dict_to_obs(self.observation_space, {k: v.copy() for k, v in self.buf_obs.items()})
+
+
+class GymnasiumVecEnv(VecEnv):
+    """An SB3 VecEnv view of a ``gymnasium.vector.VectorEnv`` (any autoreset mode).
+
+    Done sub-envs are reset in the same step, their final observation goes to
+    ``info["terminal_observation"]`` and finished episodes get SB3's ``info["episode"]`` statistics.
+    """
+
+    def __init__(self, venv: gym.vector.VectorEnv) -> None:
+        self.venv = venv
+        super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
+        mode = venv.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+        self.same_step = mode == gym.vector.AutoresetMode.SAME_STEP
+        self.render_mode = getattr(venv, "render_mode", None)
+        self._ep_return = np.zeros(self.num_envs)
+        self._ep_length = np.zeros(self.num_envs, dtype=np.int64)
+        self._t0 = time.time()
+        self._actions: np.ndarray | None = None
+
+    def reset(self):
+        seeds = self._seeds if any(s is not None for s in self._seeds) else None
+        options = self._options[0] or None
+        obs, info = self.venv.reset(seed=seeds, options=options)
+        self._reset_seeds()
+        self._reset_options()
+        self._ep_return[:] = 0.0
+        self._ep_length[:] = 0
+        return obs
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = actions
+
+    def step_wait(self):
+        obs, rewards, terminated, truncated, info = self.venv.step(self._actions)
+        dones = np.logical_or(terminated, truncated)
+        self._ep_return += rewards
+        self._ep_length += 1
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        if dones.any():
+            if self.same_step:
+                final_obs = info["final_obs"]
+            else:
+                # Next-step (or disabled) autoreset: the returned observation is the final one; reset now.
+                final_obs = obs
+                reset_obs, _ = self.venv.reset(options={"reset_mask": dones.copy()})
+                obs = _where_envs(dones, reset_obs, obs)
+            for i in np.flatnonzero(dones):
+                infos[i]["terminal_observation"] = _env_slice(final_obs, i)
+                infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+                infos[i]["episode"] = {
+                    "r": float(self._ep_return[i]),
+                    "l": int(self._ep_length[i]),
+                    "t": round(time.time() - self._t0, 6),
+                }
+            self._ep_return[dones] = 0.0
+            self._ep_length[dones] = 0
+        return obs, rewards.astype(np.float32), dones, infos
+
+    def close(self) -> None:
+        self.venv.close()
+
+    def get_attr(self, attr_name: str, indices=None) -> list[Any]:
+        values = self.venv.get_attr(attr_name)
+        return [values[i] for i in self._get_indices(indices)]
+
+    def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
+        self.venv.set_attr(attr_name, value)
+
+    def env_method(self, method_name: str, *method_args, indices=None, **method_kwargs) -> list[Any]:
+        results = self.venv.call(method_name, *method_args, **method_kwargs)
+        return [results[i] for i in self._get_indices(indices)]
+
+    def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
+        return [False for _ in self._get_indices(indices)]
+
+    def get_images(self):
+        return list(self.venv.render() or [])
+
+
+def _env_slice(obs, i: int):
+    if isinstance(obs, dict):
+        return {k: v[i] for k, v in obs.items()}
+    return obs[i]
+
+
+def _where_envs(mask: np.ndarray, a, b):
+    if isinstance(a, dict):
+        return {k: _where_envs(mask, a[k], b[k]) for k in a}
+    shape = (-1,) + (1,) * (np.ndim(a) - 1)
+    return np.where(mask.reshape(shape), a, b)
+
+
+def _monitored(make: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
+    def thunk() -> gym.Env:
+        env = make()
+        return env if is_wrapped(env, Monitor) else Monitor(env)
+
+    return thunk
+
+
+def as_vec_env(env: str | gym.Env | VecEnv | gym.vector.VectorEnv, n_envs: int = 1) -> VecEnv:
+    """Wrap what a user passes as ``env`` into a VecEnv, as SB3 does.
+
+    - an env id: ``n_envs`` copies made with ``gym.make``, each wrapped in SB3's ``Monitor``;
+    - a Gymnasium env: wrapped in ``Monitor`` (unless it is already) and vectorized;
+    - an SB3 VecEnv: used as it is;
+    - a Gymnasium vector env: adapted with :class:`GymnasiumVecEnv`.
+    """
+    if isinstance(env, VecEnv):
+        return env
+    if isinstance(env, str):
+        return FastVecEnv([_monitored(lambda: gym.make(env)) for _ in range(n_envs)])
+    if isinstance(env, gym.vector.VectorEnv):
+        return GymnasiumVecEnv(env)
+    if isinstance(env, gym.Env):
+        return FastVecEnv([_monitored(lambda: env)])
+    raise TypeError(
+        f"env must be a Gymnasium env id, a gymnasium.Env, a gymnasium vector env or an SB3 VecEnv, "
+        f"got {type(env).__name__}. (For PettingZoo envs, use covey's POCA.)"
+    )
