@@ -75,10 +75,37 @@ class PPOConfig:
             "clip_range_vf",
             "it must be None, > 0 or a schedule",
         )
-        need(callable(self.learning_rate) or self.learning_rate > 0, "learning_rate", "it must be > 0 or a schedule")
+        need(callable(self.learning_rate) or self.learning_rate >= 0, "learning_rate", "it must be >= 0 or a schedule")
         need(self.max_grad_norm > 0, "max_grad_norm", "it must be > 0")
         need(self.target_kl is None or self.target_kl > 0, "target_kl", "it must be None or > 0")
         need(self.stats_window_size >= 1, "stats_window_size", "it must be >= 1")
+
+
+def clipped_surrogate_loss(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, clip_range: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped policy objective: ``(loss, approx_kl, clip_fraction)``, the last two detached."""
+    # The advantage weights the log-prob; it must carry no gradient (into the critic or anywhere).
+    advantages = advantages.detach()
+    log_ratio = log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip_range, 1 + clip_range) * advantages)
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clip_fraction = ((ratio - 1).abs() > clip_range).float().mean()
+    return -surrogate.mean(), approx_kl, clip_fraction
+
+
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip_range_vf: float | None
+) -> torch.Tensor:
+    """Squared error of the value against the return, optionally clipped around the old value."""
+    error = (returns - values).pow(2)
+    if clip_range_vf is not None:
+        # Pessimistic value clipping: the larger of the clipped and unclipped errors.
+        clipped = old_values + (values - old_values).clamp(-clip_range_vf, clip_range_vf)
+        error = torch.max(error, (returns - clipped).pow(2))
+    return error.mean()
 
 
 def ppo_loss(
@@ -91,37 +118,24 @@ def ppo_loss(
     vf_coef: float,
     normalize_advantage: bool,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped PPO objective on one minibatch: ``(loss, detached stats)``."""
+    """The PPO objective on one minibatch: ``(loss, detached stats)``."""
     log_prob, entropy = actor.evaluate(batch.observations, batch.actions)
     values = critic(batch.observations)
-    # The advantage weights the log-prob; it is data from the buffer and carries no gradient.
-    advantages = batch.advantages.detach()
+    advantages = batch.advantages
     if normalize_advantage and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
-    log_ratio = log_prob - batch.old_log_prob
-    ratio = log_ratio.exp()
-    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip_range, 1 + clip_range) * advantages)
-    policy_loss = -surrogate.mean()
-
-    value_error = (batch.returns - values).pow(2)
-    if clip_range_vf is not None:
-        # Pessimistic value clipping: the larger of the clipped and unclipped errors.
-        clipped = batch.old_values + (values - batch.old_values).clamp(-clip_range_vf, clip_range_vf)
-        value_error = torch.max(value_error, (batch.returns - clipped).pow(2))
-    value_loss = value_error.mean()
+    policy_loss, approx_kl, clip_fraction = clipped_surrogate_loss(log_prob, batch.old_log_prob, advantages, clip_range)
+    v_loss = value_loss(values, batch.old_values, batch.returns, clip_range_vf)
     entropy_loss = -entropy.mean()
-
-    loss = policy_loss + ent_coef * entropy_loss + vf_coef * value_loss
-    with torch.no_grad():
-        stats = {
-            "policy_gradient_loss": policy_loss.detach(),
-            "value_loss": value_loss.detach(),
-            "entropy_loss": entropy_loss.detach(),
-            "approx_kl": ((ratio - 1) - log_ratio).mean(),
-            "clip_fraction": ((ratio - 1).abs() > clip_range).float().mean(),
-            "loss": loss.detach(),
-        }
+    loss = policy_loss + ent_coef * entropy_loss + vf_coef * v_loss
+    stats = {
+        "policy_gradient_loss": policy_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy_loss": entropy_loss.detach(),
+        "approx_kl": approx_kl,
+        "clip_fraction": clip_fraction,
+        "loss": loss.detach(),
+    }
     return loss, stats
 
 

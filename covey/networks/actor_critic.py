@@ -112,9 +112,10 @@ class Actor(nn.Module):
 
     def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Clip Box actions to the bounds (the env gets clipped actions; training keeps the sample)."""
+        actions = actions.reshape((-1, *self.action_space.shape))
         if isinstance(self.action_space, spaces.Box):
             actions = np.clip(actions, self.action_space.low, self.action_space.high)
-        return actions.reshape((-1, *self.action_space.shape))
+        return actions
 
     def obs_to_tensor(self, observation) -> tuple[ObsTensor, bool]:
         return obs_to_tensor(observation, self.observation_space, self.device)

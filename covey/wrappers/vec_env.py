@@ -17,6 +17,8 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 from stable_baselines3.common.vec_env.util import dict_to_obs
 
+from covey.spaces import check_observation_space
+
 
 class FastVecEnv(DummyVecEnv):
     """SB3's ``DummyVecEnv`` without the per-step deep copies of infos and observations.
@@ -64,9 +66,10 @@ class GymnasiumVecEnv(VecEnv):
         self._actions: np.ndarray | None = None
 
     def reset(self):
-        seeds = self._seeds if any(s is not None for s in self._seeds) else None
+        # VecEnv.seed(s) asks for seeds s, s+1, ...: Gymnasium vector envs take that as one int.
+        seed = self._seeds[0]
         options = self._options[0] or None
-        obs, info = self.venv.reset(seed=seeds, options=options)
+        obs, info = self.venv.reset(seed=seed, options=options)
         self._reset_seeds()
         self._reset_options()
         self._ep_return[:] = 0.0
@@ -154,11 +157,17 @@ def as_vec_env(env: str | gym.Env | VecEnv | gym.vector.VectorEnv, n_envs: int =
     """
     if isinstance(env, VecEnv):
         return env
-    if isinstance(env, str):
-        return FastVecEnv([_monitored(lambda: gym.make(env)) for _ in range(n_envs)])
     if isinstance(env, gym.vector.VectorEnv):
         return GymnasiumVecEnv(env)
+    if isinstance(env, str):
+        env_id = env
+        first = gym.make(env_id)
+        check_observation_space(first.observation_space)
+        makers = [lambda: first] + [lambda: gym.make(env_id) for _ in range(n_envs - 1)]
+        return FastVecEnv([_monitored(make) for make in makers])
     if isinstance(env, gym.Env):
+        # Check before vectorizing: SB3's buffers cannot even be allocated for unsupported spaces.
+        check_observation_space(env.observation_space)
         return FastVecEnv([_monitored(lambda: env)])
     raise TypeError(
         f"env must be a Gymnasium env id, a gymnasium.Env, a gymnasium vector env or an SB3 VecEnv, "

@@ -1,0 +1,31 @@
+"""Every example runs end to end with a tiny budget and prints its result."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize(
+    "script, extra",
+    [
+        ("ppo_cartpole.py", []),
+        ("ppo_lunarlander.py", []),
+        ("ppo_lunarlander.py", ["--continuous"]),
+    ],
+)
+def test_example_runs(script, extra, tmp_path):
+    save = tmp_path / "model.zip"
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), "--timesteps", "2048", "--save", str(save), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "evaluation over" in result.stdout
+    assert save.exists()

@@ -1,0 +1,81 @@
+"""It learns: fixed seeds, small budgets, reward thresholds (marked slow; they run in CI too)."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+
+from covey import PPO
+
+
+class ReachTarget(gym.Env):
+    """Continuous control in its smallest form: output the target you observe.
+
+    Observation: a target in [-1, 1] (new every step). Action in [-1, 1]. Reward: -(action - target)^2.
+    Episodes are truncated after 20 steps. A random policy scores about -12; a perfect one 0.
+    """
+
+    observation_space = spaces.Box(-1, 1, (1,), np.float32)
+    action_space = spaces.Box(-1, 1, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.target = self.np_random.uniform(-1, 1, (1,)).astype(np.float32)
+        return self.target, {}
+
+    def step(self, action):
+        reward = -float(np.sum((np.asarray(action) - self.target) ** 2))
+        self.t += 1
+        self.target = self.np_random.uniform(-1, 1, (1,)).astype(np.float32)
+        return self.target, reward, False, self.t >= 20, {}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_ppo_solves_cartpole_within_100k_steps():
+    """RL-Zoo's CartPole settings, 8 envs: mean deterministic return >= 475 after 100k steps."""
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=0)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        gae_lambda=0.8,
+        gamma=0.98,
+        n_epochs=20,
+        ent_coef=0.0,
+        learning_rate=lambda p: 1e-3 * p,
+        clip_range=lambda p: 0.2 * p,
+        seed=0,
+    )
+    model.learn(100_000)
+    mean, _ = evaluate_policy(model, make_vec_env("CartPole-v1", n_envs=1, seed=100), n_eval_episodes=20)
+    assert mean >= 475
+
+
+@pytest.mark.slow
+def test_ppo_solves_a_tiny_continuous_task():
+    """ReachTarget: from about -12 (random) to better than -0.2 per 20-step episode."""
+    env = make_vec_env(ReachTarget, n_envs=4, seed=0)
+    random_mean, _ = evaluate_policy(
+        PPO("MlpPolicy", env, seed=0),
+        make_vec_env(ReachTarget, n_envs=1, seed=1),
+        n_eval_episodes=20,
+        deterministic=False,
+    )
+    model = PPO("MlpPolicy", env, n_steps=128, batch_size=128, n_epochs=10, learning_rate=1e-3, seed=0)
+    model.learn(30_000)
+    mean, _ = evaluate_policy(model, make_vec_env(ReachTarget, n_envs=1, seed=1), n_eval_episodes=20)
+    assert random_mean < -5
+    assert mean > -0.2

@@ -1,0 +1,304 @@
+"""PPO: gradient isolation of its losses, save/load, determinism, SB3 surface and clear errors."""
+
+import copy
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+
+from covey import PPO
+from covey.agents.ppo import clipped_surrogate_loss, ppo_loss, value_loss
+
+
+def collected(model: PPO) -> PPO:
+    """Fill the model's rollout buffer once (values, log-probs, returns) without training."""
+    _, callback = model._setup_learn(model.n_steps * model.n_envs, None, True, "test", False)
+    assert model.collect_rollouts(callback)
+    return model
+
+
+def grads_of(module: torch.nn.Module, loss: torch.Tensor) -> list[torch.Tensor | None]:
+    params = [p for p in module.parameters() if p.requires_grad]
+    return list(torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True))
+
+
+def nonzero(grads) -> bool:
+    return any(g is not None and bool(g.abs().sum() > 0) for g in grads)
+
+
+# ---------------------------------------------------------------------------- gradient isolation
+@pytest.fixture
+def image_ppo():
+    """A CnnPolicy PPO (the encoder has weights) with a separate critic encoder."""
+    env = make_vec_env(lambda: gym.wrappers.TimeLimit(ImageEnv(), 8), n_envs=2, seed=0)
+    model = PPO("CnnPolicy", env, n_steps=8, batch_size=16, seed=0, policy_kwargs=dict(share_features_extractor=False))
+    return collected(model)
+
+
+class ImageEnv(gym.Env):
+    observation_space = spaces.Box(0, 255, (36, 36, 1), np.uint8)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), float(action), False, False, {}
+
+
+def test_value_loss_reaches_only_the_critic(image_ppo):
+    """Without a shared trunk, the value loss has zero gradient on every actor parameter."""
+    batch = next(image_ppo.rollout_buffer.minibatches(16))
+    loss = value_loss(image_ppo.critic(batch.observations), batch.old_values, batch.returns + 1.0, 0.2)
+    assert nonzero(grads_of(image_ppo.critic, loss))
+    assert not nonzero(grads_of(image_ppo.actor, loss))
+
+
+def test_policy_loss_reaches_only_the_actor(image_ppo):
+    """The clipped surrogate and the entropy have zero gradient on every critic parameter."""
+    batch = next(image_ppo.rollout_buffer.minibatches(16))
+    log_prob, entropy = image_ppo.actor.evaluate(batch.observations, batch.actions)
+    advantages = torch.linspace(-1, 1, len(log_prob))
+    loss = clipped_surrogate_loss(log_prob, batch.old_log_prob, advantages, 0.2)[0] - 0.01 * entropy.mean()
+    assert nonzero(grads_of(image_ppo.actor, loss))
+    assert not nonzero(grads_of(image_ppo.critic, loss))
+
+
+def test_full_loss_with_zero_vf_coef_leaves_critic_untouched(image_ppo):
+    """ppo_loss with vf_coef=0: the critic gets no gradient even though advantages came from it."""
+    batch = next(image_ppo.rollout_buffer.minibatches(16))
+    loss, stats = ppo_loss(batch, image_ppo.actor, image_ppo.critic, 0.2, None, 0.01, 0.0, True)
+    assert not nonzero(grads_of(image_ppo.critic, loss))
+    assert set(stats) >= {"policy_gradient_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction"}
+    assert all(not v.requires_grad for v in stats.values())
+
+
+def test_advantage_is_detached():
+    """An advantage that requires grad receives none from the policy loss."""
+    log_prob = torch.zeros(4, requires_grad=True)
+    advantages = torch.ones(4, requires_grad=True)
+    loss, _, _ = clipped_surrogate_loss(log_prob, torch.zeros(4), advantages, 0.2)
+    loss.backward()
+    assert advantages.grad is None
+    assert log_prob.grad is not None
+
+
+def test_shared_encoder_receives_both_losses():
+    """With share_features_extractor=True (SB3's default) the CNN encoder is one module in both networks."""
+    env = make_vec_env(lambda: gym.wrappers.TimeLimit(ImageEnv(), 8), n_envs=2, seed=0)
+    model = collected(PPO("CnnPolicy", env, n_steps=8, batch_size=16, seed=0))
+    assert model.actor.encoder is model.critic.encoder
+    batch = next(model.rollout_buffer.minibatches(16))
+    loss = value_loss(model.critic(batch.observations), batch.old_values, batch.returns + 1.0, None)
+    assert nonzero(grads_of(model.actor.encoder, loss))
+    assert not nonzero(grads_of(model.actor.head, loss))
+
+
+def test_value_clipping_takes_the_larger_error():
+    """clip_range_vf: the loss is max((R - V)^2, (R - V_clip)^2), computed by hand."""
+    values, old, returns = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]), torch.tensor([2.0, -1.0])
+    # sample 0: unclipped (2-1)^2 = 1, clipped V=0.5 -> (2-0.5)^2 = 2.25 -> 2.25
+    # sample 1: V=0 is inside the clip range: (−1−0)^2 = 1 both ways -> 1
+    assert value_loss(values, old, returns, 0.5).item() == pytest.approx((2.25 + 1.0) / 2)
+    assert value_loss(values, old, returns, None).item() == pytest.approx((1.0 + 1.0) / 2)
+
+
+def test_surrogate_clips_by_hand():
+    """Ratio e^0.5 with positive advantage is clipped at 1.2; with negative advantage it is not."""
+    log_prob, old = torch.tensor([0.5, 0.5]), torch.zeros(2)
+    loss, approx_kl, clip_fraction = clipped_surrogate_loss(log_prob, old, torch.tensor([1.0, -1.0]), 0.2)
+    ratio = np.exp(0.5)
+    # sample 0: min(1.6487*1, 1.2*1) = 1.2; sample 1: min(-1.6487, -1.2) = -1.6487
+    assert loss.item() == pytest.approx(-(1.2 - ratio) / 2, rel=1e-6)
+    assert clip_fraction.item() == 1.0
+    assert approx_kl.item() == pytest.approx((ratio - 1) - 0.5, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------- save, load, determinism
+def test_save_load_predicts_identically(tmp_path):
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, seed=3).learn(128)
+    obs = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
+    path = tmp_path / "ppo_cartpole"
+    model.save(path)
+    assert (tmp_path / "ppo_cartpole.zip").exists()  # suffix added like SB3
+    loaded = PPO.load(path)
+    np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
+    for name, tensor in model.critic.state_dict().items():
+        torch.testing.assert_close(tensor, loaded.critic.state_dict()[name])
+    assert loaded.num_timesteps == 128
+    assert loaded.n_steps == 64 and loaded.batch_size == 32
+
+
+def test_load_with_env_continues_training(tmp_path):
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0).learn(64)
+    model.save(tmp_path / "m.zip")
+    loaded = PPO.load(tmp_path / "m.zip", env=gym.make("CartPole-v1"))
+    loaded.learn(64, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 128
+
+
+def test_schedules_survive_save_as_their_current_value(tmp_path):
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, learning_rate=lambda p: 1e-3 * p, seed=0)
+    model.learn(64)
+    model.save(tmp_path / "m.zip")
+    loaded = PPO.load(tmp_path / "m.zip", custom_objects={"learning_rate": lambda p: 5e-4})
+    assert loaded.lr_schedule(1.0) == 5e-4
+    kept = PPO.load(tmp_path / "m.zip")
+    assert kept.lr_schedule(1.0) == pytest.approx(1e-3 * model._current_progress_remaining)
+
+
+def _run(seed: int) -> tuple[np.ndarray, dict]:
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=2, seed=seed).learn(256)
+    obs = np.linspace(-1, 1, 40, dtype=np.float32).reshape(10, 4)
+    with torch.no_grad():
+        logits = model.actor(torch.as_tensor(obs)).numpy()
+    return logits, copy.deepcopy(model.critic.state_dict())
+
+
+def test_same_seed_gives_identical_results():
+    a, critic_a = _run(7)
+    b, critic_b = _run(7)
+    c, _ = _run(8)
+    np.testing.assert_array_equal(a, b)
+    for k in critic_a:
+        torch.testing.assert_close(critic_a[k], critic_b[k], rtol=0, atol=0)
+    assert not np.array_equal(a, c)
+
+
+# ---------------------------------------------------------------------------- SB3 surface
+def test_callbacks_called_at_sb3_points_and_can_stop_training():
+    class Recorder(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.events = []
+
+        def _on_training_start(self):
+            self.events.append("start")
+
+        def _on_rollout_start(self):
+            self.events.append("rollout_start")
+
+        def _on_step(self):
+            assert {"rewards", "dones", "infos", "new_obs"} <= set(self.locals)
+            self.events.append("step")
+            return self.n_calls < 5
+
+        def _on_rollout_end(self):
+            self.events.append("rollout_end")
+
+        def _on_training_end(self):
+            self.events.append("end")
+
+    cb = Recorder()
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, seed=0)
+    model.learn(1000, callback=cb)
+    assert cb.events == ["start", "rollout_start"] + ["step"] * 5 + ["end"]
+    assert model.num_timesteps == 5
+
+
+def test_logger_writes_sb3_keys(tmp_path):
+    from stable_baselines3.common.logger import configure
+
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, seed=0)
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(64 * 3)
+    header = open(os.path.join(tmp_path, "progress.csv")).readline().strip().split(",")
+    for key in (
+        "rollout/ep_rew_mean",
+        "time/fps",
+        "train/policy_gradient_loss",
+        "train/value_loss",
+        "train/entropy_loss",
+        "train/approx_kl",
+        "train/clip_fraction",
+        "train/explained_variance",
+    ):
+        assert key in header
+
+
+def test_target_kl_stops_epochs_early():
+    model = PPO(
+        "MlpPolicy", "CartPole-v1", n_steps=64, batch_size=16, n_epochs=50, learning_rate=0.05, target_kl=1e-6, seed=0
+    )
+    model.learn(64)  # one rollout, then training stops early: far fewer than 50 epochs
+    model.train()
+    assert model._n_updates < 50
+
+
+# ---------------------------------------------------------------------------- clear errors
+class SpaceEnv(gym.Env):
+    def __init__(self, observation_space, action_space=None):
+        self.observation_space = observation_space
+        self.action_space = action_space or spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        spaces.Graph(spaces.Box(0, 1, (2,)), None),
+        spaces.Sequence(spaces.Discrete(3)),
+        spaces.Text(5),
+        spaces.Tuple((spaces.Discrete(2), spaces.Discrete(2))),
+    ],
+    ids=["graph", "sequence", "text", "tuple"],
+)
+def test_unsupported_observation_space_is_named(space):
+    with pytest.raises(ValueError, match="Unsupported observation space"):
+        PPO("MlpPolicy", SpaceEnv(space))
+
+
+def test_unsupported_action_space_is_named():
+    with pytest.raises(ValueError, match="Unsupported action space"):
+        PPO("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (2,)), spaces.Tuple((spaces.Discrete(2),))))
+
+
+def test_predict_with_wrong_shape_says_what_it_expected():
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32)
+    with pytest.raises(ValueError, match=r"shape \(3,\).*expects a single observation of shape \(4,\)"):
+        model.predict(np.zeros(3, dtype=np.float32))
+    with pytest.raises(ValueError, match="env.reset\\(\\) returns both"):
+        model.predict((np.zeros(4, dtype=np.float32), {}))
+    with pytest.raises(ValueError, match="NaN"):
+        model.predict(np.full(4, np.nan, dtype=np.float32))
+
+
+@pytest.mark.parametrize("n_steps", [0, -5])
+def test_non_positive_n_steps(n_steps):
+    with pytest.raises(ValueError, match="n_steps"):
+        PPO("MlpPolicy", "CartPole-v1", n_steps=n_steps)
+
+
+def test_batch_size_larger_than_rollout_warns_and_uses_the_whole_rollout():
+    with pytest.warns(UserWarning, match="batch_size=512 is larger than the rollout"):
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=512, n_epochs=1, seed=0)
+    model.learn(64)
+    assert model._n_updates == 1
+
+
+def test_bad_hyperparameters_name_the_field():
+    with pytest.raises(ValueError, match="gamma"):
+        PPO("MlpPolicy", "CartPole-v1", gamma=1.5)
+    with pytest.raises(ValueError, match="Unknown policy"):
+        PPO("LstmPolicy", "CartPole-v1")
+    with pytest.raises(ValueError, match="Unknown policy_kwargs"):
+        PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arc=[64]))
+    with pytest.raises(ValueError, match="net_arch"):
+        PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=dict(pi=[64], critic=[64])))
+
+
+def test_load_with_mismatched_env_names_both_spaces(tmp_path):
+    PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(tmp_path / "m.zip")
+    with pytest.raises(ValueError, match=r"Observation spaces do not match.*Box.*\(4,\).*Box.*\(3,\)"):
+        PPO.load(tmp_path / "m.zip", env="Pendulum-v1")

@@ -1,0 +1,188 @@
+"""PPO on every supported observation and action space: it learns (parameters change) and predicts valid actions.
+
+Not the full cross product: every observation space with Discrete actions, every action space with
+Box(4,) observations. Each case trains 64 steps (2 envs x 16 steps x 2 rollouts) on ``SpaceEnv``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from envs import SpaceEnv, image_space
+from gymnasium import spaces
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from covey import PPO
+
+N_ENVS = 2
+BATCH = 5  # size of the batched predict() check
+
+VEC_OBS = spaces.Box(-1, 1, (4,), np.float32)
+DISCRETE_ACTIONS = spaces.Discrete(3)
+
+# (id, policy, observation space), each trained with Discrete(3) actions.
+OBS_CASES = [
+    ("box4", "MlpPolicy", VEC_OBS),
+    ("box2x3-unbounded", "MlpPolicy", spaces.Box(-np.inf, np.inf, (2, 3), np.float32)),
+    ("discrete5", "MlpPolicy", spaces.Discrete(5)),
+    ("discrete3-start2", "MlpPolicy", spaces.Discrete(3, start=2)),
+    ("multidiscrete", "MlpPolicy", spaces.MultiDiscrete([3, 4])),
+    ("multibinary", "MlpPolicy", spaces.MultiBinary(4)),
+    ("image-hwc-cnn", "CnnPolicy", image_space((36, 36, 3))),
+    ("image-chw-cnn", "CnnPolicy", image_space((3, 36, 36))),
+    ("image-hwc-mlp", "MlpPolicy", image_space((36, 36, 3))),
+    (
+        "dict",
+        "MultiInputPolicy",
+        spaces.Dict(
+            {
+                "vec": spaces.Box(-1, 1, (4,), np.float32),
+                "img": image_space((36, 36, 1)),
+                "d": spaces.Discrete(3),
+            }
+        ),
+    ),
+]
+
+# (id, action space), each trained with Box(4,) observations.
+ACTION_CASES = [
+    ("discrete3", spaces.Discrete(3)),
+    ("discrete3-start-1", spaces.Discrete(3, start=-1)),
+    ("multidiscrete", spaces.MultiDiscrete([2, 3])),
+    ("multibinary", spaces.MultiBinary(3)),
+    ("box-symmetric", spaces.Box(-1, 1, (2,), np.float32)),
+    ("box-asymmetric", spaces.Box(low=np.array([0, -2], np.float32), high=np.array([1, 2], np.float32))),
+    # Actions with more than one dimension: the flat head output must be reshaped to the space's shape.
+    ("multidiscrete-2d", spaces.MultiDiscrete([[2, 3], [2, 2]])),
+    ("multibinary-2d", spaces.MultiBinary([2, 2])),
+]
+
+MATRIX = (
+    [pytest.param(policy, obs, DISCRETE_ACTIONS, id=f"obs-{name}") for name, policy, obs in OBS_CASES]
+    + [pytest.param("MlpPolicy", VEC_OBS, act, id=f"act-{name}") for name, act in ACTION_CASES]
+    + [pytest.param("MlpPolicy", VEC_OBS, spaces.Box(-1, 1, (2, 2), np.float32), id="act-box-2x2")]
+)
+
+
+def make_vec_env(obs_space: spaces.Space, action_space: spaces.Space) -> DummyVecEnv:
+    """Two SpaceEnv copies; the second ends its episodes by truncation so both done paths run."""
+    return DummyVecEnv(
+        [lambda i=i: SpaceEnv(obs_space, action_space, episode_length=10, truncate=i == 1) for i in range(N_ENVS)]
+    )
+
+
+def stack(samples: list) -> np.ndarray | dict[str, np.ndarray]:
+    """A batch of observations: one array, or one array per key for Dict spaces."""
+    if isinstance(samples[0], dict):
+        return {key: np.stack([s[key] for s in samples]) for key in samples[0]}
+    return np.stack(samples)
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of a module's state dict (state_dict() returns views of the live tensors)."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def assert_valid_action(action: np.ndarray, space: spaces.Space) -> None:
+    """``action`` is one action of ``space`` as covey's predict returns it (numpy, the space's shape)."""
+    assert isinstance(action, np.ndarray), type(action)
+    assert action.shape == space.shape, (action.shape, space.shape)
+    if isinstance(space, spaces.Box):
+        # covey clips Gaussian samples to the bounds before returning them.
+        assert np.all(action >= space.low) and np.all(action <= space.high), action
+        assert space.contains(action.astype(space.dtype)), action
+    elif isinstance(space, spaces.Discrete):
+        assert action.ndim == 0 and np.issubdtype(action.dtype, np.integer), (action, action.dtype)
+        assert space.start <= int(action) < space.start + space.n, action
+        assert space.contains(action), action
+    elif isinstance(space, spaces.MultiDiscrete):
+        assert np.issubdtype(action.dtype, np.integer), action.dtype
+        assert space.contains(action.astype(space.dtype)), action
+    elif isinstance(space, spaces.MultiBinary):
+        # covey's Bernoulli head returns 0.0/1.0 floats (as SB3 does): check the values, then the space.
+        assert np.all((action == 0) | (action == 1)), action
+        assert space.contains(action.astype(space.dtype)), action
+    else:
+        raise AssertionError(f"unexpected action space {space}")
+
+
+@pytest.mark.parametrize(("policy", "obs_space", "action_space"), MATRIX)
+def test_learn_and_predict(policy: str, obs_space: spaces.Space, action_space: spaces.Space) -> None:
+    env = make_vec_env(obs_space, action_space)
+    model = PPO(policy, env, n_steps=16, batch_size=32, n_epochs=2, seed=0)
+    networks = {"policy": model.policy, "critic": model.critic}
+    before = {name: snapshot(net) for name, net in networks.items()}
+
+    model.learn(64)
+
+    assert model.num_timesteps == 64
+    for name, net in networks.items():
+        after = net.state_dict()
+        assert before[name].keys() == after.keys()
+        changed = [k for k in after if not torch.equal(before[name][k], after[k])]
+        assert changed, f"learn() left every {name} parameter unchanged"
+
+    single_space = SpaceEnv(obs_space, action_space).observation_space
+    single_space.seed(1)
+
+    # One observation -> one action of the space's shape; the deterministic action is repeatable.
+    obs = single_space.sample()
+    action, state = model.predict(obs)
+    assert state is None
+    assert_valid_action(action, action_space)
+    first, _ = model.predict(obs, deterministic=True)
+    second, _ = model.predict(obs, deterministic=True)
+    assert_valid_action(first, action_space)
+    np.testing.assert_array_equal(first, second)
+
+    # A batch of observations (a dict of batches for Dict spaces) -> one action per observation.
+    batch = stack([single_space.sample() for _ in range(BATCH)])
+    for deterministic in (False, True):
+        actions, _ = model.predict(batch, deterministic=deterministic)
+        assert isinstance(actions, np.ndarray)
+        assert actions.shape == (BATCH, *action_space.shape)
+        for a in actions:  # a 1-d batch of Discrete actions iterates as numpy scalars: make them 0-d arrays
+            assert_valid_action(np.asarray(a), action_space)
+
+
+@pytest.mark.parametrize(
+    ("policy", "obs_space", "action_space"),
+    [
+        pytest.param("MlpPolicy", VEC_OBS, spaces.MultiDiscrete([2, 3]), id="box-multidiscrete"),
+        pytest.param("MlpPolicy", spaces.Discrete(5), spaces.Box(-1, 1, (2,), np.float32), id="discrete-box"),
+        pytest.param("MultiInputPolicy", OBS_CASES[-1][2], spaces.Discrete(3, start=-1), id="dict-discrete"),
+    ],
+)
+def test_predict_on_vec_env_reset(policy: str, obs_space: spaces.Space, action_space: spaces.Space) -> None:
+    """predict() takes the VecEnv's own batched observation and returns n_envs actions."""
+    model = PPO(policy, make_vec_env(obs_space, action_space), n_steps=16, batch_size=32, seed=0)
+    obs = model.get_env().reset()
+    for deterministic in (False, True):
+        actions, _ = model.predict(obs, deterministic=deterministic)
+        assert actions.shape == (N_ENVS, *action_space.shape)
+        for a in actions:  # a 1-d batch of Discrete actions iterates as numpy scalars: make them 0-d arrays
+            assert_valid_action(np.asarray(a), action_space)
+
+
+def test_space_env_is_reproducible() -> None:
+    """Same seed, same actions -> same observations and rewards; the two copies of a space do not share RNG."""
+    obs_space, action_space = OBS_CASES[-1][2], spaces.MultiDiscrete([2, 3])
+
+    def rollout(seed: int) -> list:
+        env = SpaceEnv(obs_space, action_space, episode_length=3, truncate=True)
+        out = [env.reset(seed=seed)[0]]
+        for t in range(3):
+            obs, reward, terminated, truncated, _ = env.step(np.array([t % 2, 1]))
+            out.append((obs, reward, terminated, truncated))
+        return out
+
+    a, b, c = rollout(7), rollout(7), rollout(8)
+    for x, y in zip(a[1:], b[1:]):
+        np.testing.assert_array_equal(x[0]["img"], y[0]["img"])
+        assert x[1:] == y[1:]
+    np.testing.assert_array_equal(a[0]["vec"], b[0]["vec"])
+    assert not np.array_equal(a[0]["img"], c[0]["img"])
+    # Rewards follow the first component (1 is MultiDiscrete([2, 3])'s highest first value); the last step truncates.
+    assert [r for _, r, _, _ in a[1:]] == [0.0, 1.0, 0.0]
+    assert [(te, tr) for _, _, te, tr in a[1:]] == [(False, False), (False, False), (False, True)]

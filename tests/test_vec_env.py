@@ -1,0 +1,106 @@
+"""The env adapters: every accepted kind of env becomes an SB3 VecEnv with SB3's done/final-observation rules."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from covey import PPO
+from covey.wrappers import FastVecEnv, GymnasiumVecEnv, as_vec_env
+
+
+class CountEnv(gym.Env):
+    """Observation = steps taken in this episode; reward 1 per step; ends after ``length`` steps."""
+
+    def __init__(self, length: int = 3, truncate: bool = False):
+        self.observation_space = spaces.Box(0, 100, (1,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.length, self.truncate = length, truncate
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t >= self.length
+        return np.array([self.t], np.float32), 1.0, end and not self.truncate, end and self.truncate, {}
+
+
+@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP])
+def test_gymnasium_vector_env_follows_sb3_done_rules(mode):
+    """A done env reports its final observation in infos and has already been reset, in either autoreset mode."""
+    venv = GymnasiumVecEnv(gym.vector.SyncVectorEnv([lambda: CountEnv(3), lambda: CountEnv(2)], autoreset_mode=mode))
+    obs = venv.reset()
+    np.testing.assert_array_equal(obs[:, 0], [0, 0])
+    obs, rew, dones, infos = venv.step(np.zeros(2, dtype=np.int64))
+    np.testing.assert_array_equal(obs[:, 0], [1, 1])
+    obs, rew, dones, infos = venv.step(np.zeros(2, dtype=np.int64))
+    np.testing.assert_array_equal(dones, [False, True])
+    np.testing.assert_array_equal(obs[:, 0], [2, 0])  # env 1 was reset in the same step
+    assert infos[1]["terminal_observation"][0] == 2
+    assert infos[1]["episode"]["r"] == 2.0 and infos[1]["episode"]["l"] == 2
+    assert infos[1]["TimeLimit.truncated"] is False
+    obs, rew, dones, infos = venv.step(np.zeros(2, dtype=np.int64))
+    np.testing.assert_array_equal(dones, [True, False])
+    np.testing.assert_array_equal(obs[:, 0], [0, 1])
+    assert infos[0]["terminal_observation"][0] == 3
+    np.testing.assert_array_equal(rew, [1.0, 1.0])  # the reset env's step is a real step, not a 0-reward filler
+
+
+def test_fast_vec_env_matches_dummy_vec_env():
+    """FastVecEnv returns what SB3's DummyVecEnv returns, step for step."""
+
+    def make():
+        return [lambda: CountEnv(3, truncate=True), lambda: CountEnv(2)]
+
+    fast, dummy = FastVecEnv(make()), DummyVecEnv(make())
+    for a, b in zip([fast.reset()], [dummy.reset()]):
+        np.testing.assert_array_equal(a, b)
+    for _ in range(7):
+        actions = np.zeros(2, dtype=np.int64)
+        for x, y in zip(fast.step(actions)[:3], dummy.step(actions)[:3]):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_as_vec_env_accepts_every_kind_of_env():
+    """Ids, env objects, SB3 VecEnvs and Gymnasium vector envs are accepted; anything else is a clear TypeError."""
+    assert as_vec_env("CartPole-v1").num_envs == 1
+    assert as_vec_env(gym.make("CartPole-v1")).num_envs == 1
+    dummy = DummyVecEnv([lambda: gym.make("CartPole-v1")])
+    assert as_vec_env(dummy) is dummy
+    assert isinstance(as_vec_env(gym.make_vec("CartPole-v1", num_envs=3)), GymnasiumVecEnv)
+    with pytest.raises(TypeError, match="Gymnasium env id"):
+        as_vec_env(42)
+
+
+def test_ppo_trains_on_gymnasium_vector_env():
+    """PPO accepts a Gymnasium vector env and records SB3-style episode statistics from it."""
+    model = PPO("MlpPolicy", gym.make_vec("CartPole-v1", num_envs=4), n_steps=32, batch_size=64, seed=0)
+    model.learn(256)
+    assert model.num_timesteps == 256
+    assert len(model.ep_info_buffer) > 0
+
+
+def test_truncation_bootstraps_from_final_observation():
+    """At a time limit the buffer keeps terminated=False and bootstraps from V(true final observation)."""
+    env = DummyVecEnv([lambda: CountEnv(3, truncate=True), lambda: CountEnv(2)])
+    model = PPO("MlpPolicy", env, n_steps=6, batch_size=12, seed=0)
+    _, callback = model._setup_learn(12, None, True, "test", False)
+    assert model.collect_rollouts(callback)
+    buf = model.rollout_buffer
+    # env 0 is truncated at steps 2 and 5; env 1 terminates at steps 1, 3, 5.
+    np.testing.assert_array_equal(buf.dones[:, 0], [0, 0, 1, 0, 0, 1])
+    np.testing.assert_array_equal(buf.terminated[:, 0], [0] * 6)
+    np.testing.assert_array_equal(buf.terminated[:, 1], [0, 1, 0, 1, 0, 1])
+    with torch.no_grad():
+        v_final = model.critic(torch.tensor([[3.0]])).item()
+    assert buf.truncation_values[2, 0] == pytest.approx(v_final, abs=1e-6)
+    assert buf.truncation_values[5, 0] == pytest.approx(v_final, abs=1e-6)
+    assert buf.truncation_values[1, 1] == 0.0
+    # The return at the truncated step is r + gamma * V(final observation) (lambda-weighted, A = delta there).
+    expected = 1.0 + model.gamma * v_final
+    assert buf.returns[2, 0].item() == pytest.approx(expected, rel=1e-5)
