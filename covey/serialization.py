@@ -107,10 +107,13 @@ def load_model_file(
     try:
         tensors = torch.load(io.BytesIO(tensor_bytes), map_location=device, weights_only=True)
     except pickle.UnpicklingError as err:
+        # weights_only refuses every pickled object that is not tensors and plain data, so a crafted file
+        # never runs code here; it is reported together with plain corruption, which looks the same to it.
+        detail = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line or "operand" in line]
         raise ModelFileError(
-            f"Refusing to load {name}: its tensors entry contains objects other than tensors and plain data, "
-            "which could run code when unpickled. Only load model files from sources you trust, and "
-            f"re-save this model with covey. (Detail: {str(err).splitlines()[0]})"
+            f"Refusing to load {name}: its tensors entry is not a plain tensor file. It is corrupt, or it names "
+            "Python objects that could run code when unpickled, which covey never does. Re-save the model with "
+            f"covey from a trusted source.{f' ({detail[0]})' if detail else ''}"
         ) from err
     except (RuntimeError, EOFError, ValueError) as err:
         raise ModelFileError(f"{name} has a corrupt tensors entry ({str(err).splitlines()[0]}).") from err

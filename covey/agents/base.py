@@ -30,7 +30,7 @@ from stable_baselines3.common.utils import configure_logger, safe_mean
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 
 from covey import serialization
-from covey.networks.actor_critic import POLICY_KINDS
+from covey.networks.actor_critic import policy_name
 from covey.spaces import check_action_space, check_observation_space
 from covey.version import __version__
 from covey.wrappers.vec_env import as_vec_env
@@ -110,14 +110,7 @@ class BaseAgent:
         device: torch.device | str,
         seed: int | None,
     ) -> None:
-        if not isinstance(policy, str):
-            raise ValueError(
-                f"policy must be one of {list(POLICY_KINDS)} (custom policy classes are not supported yet), "
-                f"got {policy!r}."
-            )
-        if policy not in POLICY_KINDS:
-            raise ValueError(f"Unknown policy {policy!r}; use one of {list(POLICY_KINDS)}.")
-        self.policy_name = policy
+        self.policy_name = policy_name(policy)
         self.policy_kwargs = dict(policy_kwargs or {})
         self.learning_rate = learning_rate
         self.lr_schedule = as_schedule(learning_rate)

@@ -17,11 +17,35 @@ from gymnasium import spaces
 from torch import nn
 
 from covey.networks.distributions import make_action_head
-from covey.networks.encoders import make_encoder
+from covey.networks.encoders import ExternalEncoder, make_encoder
 from covey.networks.mlp import mlp, parse_net_arch
 from covey.networks.obs import ObsTensor, obs_to_tensor
 
 POLICY_KINDS = {"MlpPolicy": "mlp", "CnnPolicy": "cnn", "MultiInputPolicy": "multi"}
+
+# SB3 policy classes a script may pass instead of a name (matched by class name, never imported).
+POLICY_CLASS_NAMES = {
+    "MlpPolicy": "MlpPolicy",
+    "ActorCriticPolicy": "MlpPolicy",
+    "CnnPolicy": "CnnPolicy",
+    "ActorCriticCnnPolicy": "CnnPolicy",
+    "MultiInputPolicy": "MultiInputPolicy",
+    "MultiInputActorCriticPolicy": "MultiInputPolicy",
+}
+
+
+def policy_name(policy: str | type) -> str:
+    """An SB3 policy name, or an SB3 policy class standing for one, to covey's policy name."""
+    if isinstance(policy, type) and policy.__name__ in POLICY_CLASS_NAMES:
+        return POLICY_CLASS_NAMES[policy.__name__]
+    if isinstance(policy, str) and policy in POLICY_KINDS:
+        return policy
+    raise ValueError(
+        f"Unknown policy {policy!r}; use one of {list(POLICY_KINDS)} (or SB3's classes of those names). "
+        "Custom policy classes are not supported: customize the networks with policy_kwargs "
+        "(net_arch, activation_fn, features_extractor_class, ...)."
+    )
+
 
 # SB3 options covey does not implement; they are refused by name rather than silently ignored.
 _UNSUPPORTED = ("use_sde", "use_expln", "squash_output", "full_std", "sde_net_arch")
@@ -43,8 +67,11 @@ class PolicyConfig:
     """Scale uint8 image observations to [0, 1]."""
     share_features_extractor: bool = True
     """Actor and critic share the observation encoder (for MlpPolicy the encoder has no weights)."""
+    features_extractor_class: type[nn.Module] | None = None
+    """An SB3 ``BaseFeaturesExtractor`` subclass to use as the observation encoder (None: covey's own)."""
     features_extractor_kwargs: dict = field(default_factory=dict)
-    """``features_dim`` of CnnPolicy's NatureCNN, ``cnn_output_dim`` of MultiInputPolicy's image encoders."""
+    """Arguments of ``features_extractor_class``; for covey's encoders: ``features_dim`` (CnnPolicy's
+    NatureCNN) and ``cnn_output_dim`` (MultiInputPolicy's image encoders)."""
     optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam
     """Optimizer class for actor and critic together."""
     optimizer_kwargs: dict = field(default_factory=dict)
@@ -179,13 +206,15 @@ def build_actor_critic(
     kind = policy_kind(policy, observation_space)
     fx = dict(config.features_extractor_kwargs)
     unknown = set(fx) - {"features_dim", "cnn_output_dim"}
-    if unknown:
+    if config.features_extractor_class is None and unknown:
         raise ValueError(
             f"Unknown features_extractor_kwargs {sorted(unknown)}; covey's encoders take "
             "'features_dim' (CnnPolicy) and 'cnn_output_dim' (MultiInputPolicy)."
         )
 
     def encoder() -> nn.Module:
+        if config.features_extractor_class is not None:
+            return ExternalEncoder(observation_space, config.features_extractor_class, fx, config.normalize_images)
         return make_encoder(
             observation_space,
             kind,
@@ -194,7 +223,9 @@ def build_actor_critic(
             cnn_output_dim=fx.get("cnn_output_dim", 256),
         )
 
-    default = [] if kind == "cnn" else [64, 64]
+    # SB3: a NatureCNN encoder feeds the action and value layers directly; other encoders get [64, 64].
+    extractor = config.features_extractor_class
+    default = [] if kind == "cnn" and (extractor is None or extractor.__name__ == "NatureCNN") else [64, 64]
     arch = parse_net_arch(config.net_arch, ("pi", "vf"), default)
     actor_encoder = encoder()
     critic_encoder = actor_encoder if config.share_features_extractor else encoder()

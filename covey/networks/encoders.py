@@ -113,6 +113,54 @@ class DictEncoder(nn.Module):
         return torch.cat([enc(obs[key]) for key, enc in self.encoders.items()], dim=1)  # (B, out_dim)
 
 
+class _SB3Input(nn.Module):
+    """Turns one observation batch into what an SB3 features extractor expects: floats, one-hot
+    discrete values, images scaled to [0, 1] and channel-first."""
+
+    def __init__(self, space: spaces.Space, normalize_images: bool) -> None:
+        super().__init__()
+        self.one_hot = OneHotEncoder(space) if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)) else None
+        image = isinstance(space, spaces.Box) and len(space.shape) == 3 and is_image_space(space)
+        self.transpose = image and channels_last(space.shape)
+        self.scale = 1.0 / 255.0 if image and normalize_images else None
+        if self.transpose:
+            h, w, c = space.shape
+            space = spaces.Box(0, 255, (c, h, w), np.uint8)
+        self.space = space  # the space the extractor sees
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.one_hot is not None:
+            return self.one_hot(obs)
+        x = obs.float()
+        if self.scale is not None:
+            x = x * self.scale
+        return x.permute(0, 3, 1, 2) if self.transpose else x  # (B, H, W, C) -> (B, C, H, W)
+
+
+class ExternalEncoder(nn.Module):
+    """Runs a Stable-Baselines3 ``BaseFeaturesExtractor`` subclass (``features_extractor_class``).
+
+    The extractor is built as SB3 builds it, ``cls(observation_space, **kwargs)``, and gets the inputs SB3
+    gives it (channel-last images are shown to it channel-first, as SB3's ``VecTransposeImage`` would).
+    """
+
+    def __init__(self, space: spaces.Space, extractor_class: type[nn.Module], kwargs: dict, normalize_images: bool):
+        super().__init__()
+        if isinstance(space, spaces.Dict):
+            self.inputs = nn.ModuleDict({k: _SB3Input(s, normalize_images) for k, s in space.spaces.items()})
+            inner: spaces.Space = spaces.Dict({k: m.space for k, m in self.inputs.items()})
+        else:
+            self.inputs = _SB3Input(space, normalize_images)
+            inner = self.inputs.space
+        self.extractor = extractor_class(inner, **kwargs)
+        self.out_dim = int(self.extractor.features_dim)
+
+    def forward(self, obs) -> torch.Tensor:
+        if isinstance(self.inputs, nn.ModuleDict):
+            return self.extractor({k: m(obs[k]) for k, m in self.inputs.items()})
+        return self.extractor(self.inputs(obs))
+
+
 def make_encoder(
     space: spaces.Space,
     kind: EncoderKind = "mlp",

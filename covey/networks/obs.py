@@ -58,8 +58,20 @@ def obs_to_tensor(observation, space: spaces.Space, device: torch.device | str =
     return _one_to_tensor(observation, space, device, "")
 
 
+def _image_axes(obs: np.ndarray, space: spaces.Space) -> np.ndarray:
+    """An image given in the other channel order than the space's (HWC vs CHW) is transposed to match."""
+    if not (isinstance(space, spaces.Box) and len(space.shape) == 3) or obs.shape[-3:] == space.shape:
+        return obs
+    a, b, c = space.shape
+    if obs.shape[-3:] == (c, a, b):  # CHW given, HWC expected
+        return np.moveaxis(obs, -3, -1)
+    if obs.shape[-3:] == (b, c, a):  # HWC given, CHW expected
+        return np.moveaxis(obs, -1, -3)
+    return obs
+
+
 def _one_to_tensor(observation, space: spaces.Space, device, name: str) -> tuple[torch.Tensor, bool]:
-    obs = np.asarray(observation)
+    obs = _image_axes(np.asarray(observation), space)
     batched = _is_batched(obs, space, name)
     _check_finite(obs, name)
     tensor = torch.as_tensor(obs, dtype=obs_dtype(space), device=device)

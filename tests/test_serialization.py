@@ -1,0 +1,183 @@
+"""The model file: one zip, JSON settings, tensors that load without running code, atomic writes."""
+
+import io
+import json
+import os
+import pickle
+import zipfile
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from covey import PPO, serialization
+from covey.serialization import ModelFileError, space_from_json, space_to_json
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0).learn(64)
+    path = tmp_path / "model.zip"
+    model.save(path)
+    return model, path
+
+
+def test_file_holds_json_settings_and_tensors(saved):
+    _, path = saved
+    with zipfile.ZipFile(path) as zf:
+        assert set(zf.namelist()) == {"covey.json", "tensors.pt"}
+        settings = json.loads(zf.read("covey.json"))
+        tensors = torch.load(io.BytesIO(zf.read("tensors.pt")), weights_only=True)
+    assert settings["format_version"] == serialization.FORMAT_VERSION
+    assert settings["agent"] == "PPO" and settings["hyperparameters"]["n_steps"] == 32
+    assert set(tensors) == {"actor", "critic", "optimizer"}
+
+
+class _Exploit:
+    """Unpickling this object would create a directory: the stand-in for arbitrary code."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+def test_a_file_crafted_to_run_code_is_refused(saved, tmp_path, protocol):
+    _, path = saved
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.zip"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(evil, "w") as dst:
+        dst.writestr("covey.json", src.read("covey.json"))
+        dst.writestr("tensors.pt", _torch_bytes({"actor": _Exploit(str(marker))}, protocol))
+    with pytest.raises(ModelFileError, match="Refusing to load"):
+        PPO.load(evil)
+    assert not marker.exists()
+    # The same bytes, unpickled without covey's guard, would have run the code: the test is real.
+    with zipfile.ZipFile(evil) as zf:
+        torch.load(io.BytesIO(zf.read("tensors.pt")), weights_only=False)
+    assert marker.exists()
+
+
+def _torch_bytes(obj, protocol: int) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf, pickle_protocol=protocol)
+    return buf.getvalue()
+
+
+def test_a_crash_mid_save_keeps_the_previous_file(saved, monkeypatch):
+    model, path = saved
+    before = path.read_bytes()
+
+    def crash(f, settings, tensor_bytes):
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(serialization, "_write_zip", crash)
+    model.learn(32)  # change the weights so a completed save would differ
+    with pytest.raises(OSError, match="No space left"):
+        model.save(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
+    monkeypatch.undo()
+    PPO.load(path)  # still loads
+
+
+def test_a_truncated_file_gives_a_clear_error(saved, tmp_path):
+    _, path = saved
+    data = path.read_bytes()
+    cut = tmp_path / "cut.zip"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFileError, match="corrupt or truncated"):
+        PPO.load(cut)
+
+
+def test_garbage_and_foreign_zips_give_clear_errors(tmp_path):
+    junk = tmp_path / "junk.zip"
+    junk.write_bytes(b"not a zip at all" * 10)
+    with pytest.raises(ModelFileError, match="not a readable covey model"):
+        PPO.load(junk)
+    foreign = tmp_path / "sb3.zip"
+    with zipfile.ZipFile(foreign, "w") as zf:
+        zf.writestr("data", "{}")
+        zf.writestr("policy.pth", b"")
+    with pytest.raises(ModelFileError, match="not a covey model"):
+        PPO.load(foreign)
+    with pytest.raises(FileNotFoundError, match="No model file"):
+        PPO.load(tmp_path / "missing.zip")
+
+
+def test_corrupt_tensor_entry_and_newer_format(saved, tmp_path):
+    _, path = saved
+    with zipfile.ZipFile(path) as src:
+        settings = json.loads(src.read("covey.json"))
+    bad = tmp_path / "bad.zip"
+    with zipfile.ZipFile(bad, "w") as dst:
+        dst.writestr("covey.json", json.dumps(settings))
+        dst.writestr("tensors.pt", b"\x00" * 100)
+    with pytest.raises(ModelFileError, match="not a plain tensor file. It is corrupt"):
+        PPO.load(bad)
+    newer = tmp_path / "newer.zip"
+    with zipfile.ZipFile(newer, "w") as dst:
+        dst.writestr("covey.json", json.dumps({**settings, "format_version": 99}))
+        dst.writestr("tensors.pt", b"")
+    with pytest.raises(ModelFileError, match="format version 99"):
+        PPO.load(newer)
+
+
+def test_save_to_a_file_object_and_exclude(saved, tmp_path):
+    model, _ = saved
+    buf = io.BytesIO()
+    model.save(buf, exclude=["optimizer"])
+    buf.seek(0)
+    settings, tensors = serialization.load_model_file(buf)
+    assert set(tensors) == {"actor", "critic"}
+    buf.seek(0)
+    loaded = PPO.load(buf)
+    obs = np.zeros((3, 4), np.float32)
+    np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
+
+
+def test_wrong_agent_class_is_named(saved):
+    _, path = saved
+
+    class SAC(PPO):
+        agent_name = "SAC"
+
+    with pytest.raises(ModelFileError, match="holds a PPO model"):
+        SAC.load(path)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        spaces.Box(-1, 1, (3,), np.float32),
+        spaces.Box(np.array([0, -np.inf]), np.array([1, np.inf]), dtype=np.float64),
+        spaces.Box(0, 255, (8, 8, 3), np.uint8),
+        spaces.Discrete(4, start=-1),
+        spaces.MultiDiscrete([3, 4]),
+        spaces.MultiBinary(5),
+        spaces.Dict({"a": spaces.Discrete(2), "b": spaces.Box(-1, 1, (2,))}),
+    ],
+)
+def test_spaces_round_trip_through_json(space):
+    assert space_from_json(json.loads(json.dumps(space_to_json(space)))) == space
+
+
+def test_custom_activation_needs_custom_objects(tmp_path):
+    class Swish(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.sigmoid(x)
+
+    model = PPO(
+        "MlpPolicy", gym.make("CartPole-v1"), n_steps=32, batch_size=32, policy_kwargs=dict(activation_fn=Swish)
+    )
+    model.save(tmp_path / "m.zip")
+    with pytest.raises(ModelFileError, match="custom_objects"):
+        PPO.load(tmp_path / "m.zip")
+    loaded = PPO.load(tmp_path / "m.zip", custom_objects={"policy_kwargs": dict(activation_fn=Swish)})
+    obs = np.ones(4, np.float32)
+    assert loaded.predict(obs, deterministic=True)[0] == model.predict(obs, deterministic=True)[0]
