@@ -8,7 +8,7 @@ Importing ``covey`` is cheap: the agents (and torch) load on first use.
 
 from covey.version import __version__
 
-__all__ = ["PPO", "__version__"]
+__all__ = ["PPO", "SAC", "__version__"]
 
 
 def __getattr__(name: str):
@@ -16,4 +16,8 @@ def __getattr__(name: str):
         from covey.agents.ppo import PPO
 
         return PPO
+    if name == "SAC":
+        from covey.agents.sac import SAC
+
+        return SAC
     raise AttributeError(f"module 'covey' has no attribute {name!r}")

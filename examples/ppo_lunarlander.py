@@ -1,6 +1,6 @@
 """Train PPO on LunarLander-v3 (discrete actions by default, --continuous for Box actions).
 
-    python examples/ppo_lunarlander.py                      # 600k steps, a few minutes on 2 cores
+    python examples/ppo_lunarlander.py                      # 1M steps (RL-Zoo settings), about 4 minutes
     python examples/ppo_lunarlander.py --timesteps 5000     # smoke run
 
 Needs Box2D: ``pip install swig box2d`` (included in covey's ``[examples]`` extra).
@@ -19,7 +19,7 @@ from covey import PPO
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--timesteps", type=int, default=600_000)
+    parser.add_argument("--timesteps", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--continuous", action="store_true", help="Box actions instead of 4 discrete ones")
     parser.add_argument("--threads", type=int, default=1)
@@ -32,14 +32,12 @@ def main() -> None:
     model = PPO(
         "MlpPolicy",
         env,
-        n_steps=512,
-        batch_size=256,
+        n_steps=1024,
+        batch_size=64,
         n_epochs=4,
         gamma=0.999,
         gae_lambda=0.98,
         ent_coef=0.01,
-        learning_rate=lambda progress: 1e-3 * progress,
-        policy_kwargs=dict(net_arch=[64, 64]),
         seed=args.seed,
     )
     start = time.perf_counter()

@@ -258,12 +258,12 @@ class BaseAgent:
             if success is not None and dones[i]:
                 self.ep_success_buffer.append(success)
 
-    def _dump_logs(self, iteration: int) -> None:
+    def _dump_logs(self, iteration: int, counter: str = "time/iterations") -> None:
         """Record SB3's ``time/*`` and ``rollout/*`` keys and write one row of logs."""
         elapsed = max((time.time_ns() - self.start_time) / 1e9, 1e-9)
         fps = int((self.num_timesteps - self._num_timesteps_at_start) / elapsed)
         logger = self.logger
-        logger.record("time/iterations", iteration, exclude="tensorboard")
+        logger.record(counter, iteration, exclude="tensorboard")
         if self.ep_info_buffer:
             logger.record("rollout/ep_rew_mean", safe_mean([ep["r"] for ep in self.ep_info_buffer]))
             logger.record("rollout/ep_len_mean", safe_mean([ep["l"] for ep in self.ep_info_buffer]))

@@ -302,8 +302,9 @@ class PPO(BaseAgent):
             obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
             # Acting needs only the actor; values and log-probs come in one pass after the rollout.
             with torch.inference_mode():
-                actions = actor.act(obs_tensor)
-            clipped_actions = actor.to_env_actions(actions.cpu().numpy())
+                action_tensor = actor.act(obs_tensor)
+            actions = action_tensor.cpu().numpy()  # numpy in callbacks' locals, as in SB3
+            clipped_actions = actor.to_env_actions(actions)
             new_obs, rewards, dones, infos = env.step(clipped_actions)
             self.num_timesteps += env.num_envs
             callback.update_locals(locals())
@@ -317,7 +318,7 @@ class PPO(BaseAgent):
                     # A time limit is not a terminal: bootstrap from V(true final observation).
                     terminated[i] = False
                     truncations.append((step, int(i), final_obs))
-            buffer.add(obs_tensor, actions, rewards, terminated, dones)
+            buffer.add(obs_tensor, action_tensor, rewards, terminated, dones)
             self._last_obs = new_obs
             self._last_episode_starts = dones
         if buffer.has_nan_observations():

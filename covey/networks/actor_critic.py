@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from covey.networks.distributions import make_action_head
+from covey.networks.distributions import SquashedGaussianHead, make_action_head
 from covey.networks.encoders import ExternalEncoder, make_encoder
 from covey.networks.mlp import mlp, parse_net_arch
 from covey.networks.obs import ObsTensor, obs_to_tensor
@@ -75,7 +76,9 @@ class PolicyConfig:
     optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam
     """Optimizer class for actor and critic together."""
     optimizer_kwargs: dict = field(default_factory=dict)
-    """Extra optimizer arguments (covey's Adam default: ``eps=1e-5`` as in SB3's PPO)."""
+    """Extra optimizer arguments (covey's Adam default for PPO: ``eps=1e-5`` as in SB3)."""
+    n_critics: int = 2
+    """SAC: number of Q networks (the target takes their minimum)."""
 
     @classmethod
     def from_kwargs(cls, policy_kwargs: dict | None, **defaults: Any) -> PolicyConfig:
@@ -112,17 +115,28 @@ class Actor(nn.Module):
         hidden: list[int],
         activation: type[nn.Module],
         log_std_init: float = 0.0,
+        squashed: bool = False,
     ) -> None:
         super().__init__()
         self.observation_space = observation_space
         self.action_space = action_space
         self.encoder = encoder
         self.trunk = mlp(encoder.out_dim, hidden, activation)
-        self.head = make_action_head(action_space, self.trunk.out_dim, log_std_init)
+        # SAC squashes Box actions into [-1, 1] with tanh and rescales them to the bounds for the env.
+        self.squashed = squashed and isinstance(action_space, spaces.Box)
+        if self.squashed:
+            self.head = SquashedGaussianHead(self.trunk.out_dim, int(np.prod(action_space.shape)))
+        else:
+            self.head = make_action_head(action_space, self.trunk.out_dim, log_std_init)
 
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+    @property
+    def log_std(self) -> torch.nn.Parameter | None:
+        """The state-independent log-std of a Gaussian policy (SB3's ``policy.log_std``), else None."""
+        return getattr(self.head, "log_std", None)
 
     def forward(self, obs: ObsTensor) -> torch.Tensor:
         """Distribution parameters (logits or Gaussian means), ``(B, n_params)``."""
@@ -138,8 +152,12 @@ class Actor(nn.Module):
         return self.head.log_prob(params, actions), self.head.entropy(params)
 
     def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
-        """Clip Box actions to the bounds (the env gets clipped actions; training keeps the sample)."""
+        """Actions as the env takes them: squashed actions rescaled from [-1, 1] to the bounds, other Box
+        actions clipped to the bounds (training keeps the unclipped sample)."""
         actions = actions.reshape((-1, *self.action_space.shape))
+        if self.squashed:
+            low, high = self.action_space.low, self.action_space.high
+            return (low + 0.5 * (actions + 1.0) * (high - low)).astype(self.action_space.dtype)
         if isinstance(self.action_space, spaces.Box):
             actions = np.clip(actions, self.action_space.low, self.action_space.high)
         return actions
@@ -188,22 +206,8 @@ def policy_kind(policy: str, observation_space: spaces.Space) -> str:
     return kind
 
 
-def _ortho_init(module: nn.Module, gain: float) -> None:
-    for m in module.modules():
-        if isinstance(m, (nn.Linear, nn.Conv2d)):
-            nn.init.orthogonal_(m.weight, gain=gain)
-            nn.init.zeros_(m.bias)
-
-
-def build_actor_critic(
-    policy: str,
-    observation_space: spaces.Space,
-    action_space: spaces.Space,
-    config: PolicyConfig | None = None,
-) -> tuple[Actor, Critic]:
-    """Build a PPO-style actor and critic from an SB3 policy name and a :class:`PolicyConfig`."""
-    config = config or PolicyConfig()
-    kind = policy_kind(policy, observation_space)
+def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyConfig) -> Callable[[], nn.Module]:
+    """A function building a fresh observation encoder as ``config`` asks (each call: new weights)."""
     fx = dict(config.features_extractor_kwargs)
     unknown = set(fx) - {"features_dim", "cnn_output_dim"}
     if config.features_extractor_class is None and unknown:
@@ -223,9 +227,31 @@ def build_actor_critic(
             cnn_output_dim=fx.get("cnn_output_dim", 256),
         )
 
+    return encoder
+
+
+def _ortho_init(module: nn.Module, gain: float) -> None:
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.orthogonal_(m.weight, gain=gain)
+            nn.init.zeros_(m.bias)
+
+
+def build_actor_critic(
+    policy: str,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    config: PolicyConfig | None = None,
+) -> tuple[Actor, Critic]:
+    """Build a PPO-style actor and critic from an SB3 policy name and a :class:`PolicyConfig`."""
+    config = config or PolicyConfig()
+    kind = policy_kind(policy, observation_space)
+    encoder = _encoder_factory(kind, observation_space, config)
+
     # SB3: a NatureCNN encoder feeds the action and value layers directly; other encoders get [64, 64].
     extractor = config.features_extractor_class
-    default = [] if kind == "cnn" and (extractor is None or extractor.__name__ == "NatureCNN") else [64, 64]
+    nature_cnn = (extractor is None and kind == "cnn") or (extractor is not None and extractor.__name__ == "NatureCNN")
+    default = [] if nature_cnn else [64, 64]
     arch = parse_net_arch(config.net_arch, ("pi", "vf"), default)
     actor_encoder = encoder()
     critic_encoder = actor_encoder if config.share_features_extractor else encoder()
@@ -242,4 +268,79 @@ def build_actor_critic(
             (critic.value_head, 1.0),
         ):
             _ortho_init(module, gain)
+    return actor, critic
+
+
+class QNetwork(nn.Module):
+    """One Q function. Box actions: ``Q(obs, action) -> (B,)``; Discrete: ``Q(obs) -> (B, n_actions)``."""
+
+    def __init__(
+        self, encoder: nn.Module, action_space: spaces.Space, hidden: list[int], activation: type[nn.Module]
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.discrete = isinstance(action_space, spaces.Discrete)
+        action_dim = 0 if self.discrete else int(np.prod(action_space.shape))
+        self.trunk = mlp(encoder.out_dim + action_dim, hidden, activation)
+        self.out = nn.Linear(self.trunk.out_dim, int(action_space.n) if self.discrete else 1)
+
+    def forward(self, features: torch.Tensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+        x = features if self.discrete else torch.cat([features, actions], dim=-1)  # (B, features + action_dim)
+        q = self.out(self.trunk(x))
+        return q if self.discrete else q.squeeze(-1)
+
+
+class QEnsemble(nn.Module):
+    """``n_critics`` Q networks over one shared critic encoder; outputs are stacked on dim 0.
+
+    Box actions: ``(n_critics, B)``; Discrete actions: ``(n_critics, B, n_actions)``.
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        action_space: spaces.Space,
+        hidden: list[int],
+        activation: type[nn.Module],
+        n_critics: int = 2,
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.qs = nn.ModuleList(
+            QNetwork(_NoEncoder(encoder.out_dim), action_space, hidden, activation) for _ in range(n_critics)
+        )
+
+    def forward(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+        features = self.encoder(obs)
+        return torch.stack([q(features, actions) for q in self.qs])
+
+
+class _NoEncoder(nn.Module):
+    """Placeholder telling a QNetwork its input width; the ensemble encodes once for all its Q networks."""
+
+    def __init__(self, out_dim: int) -> None:
+        super().__init__()
+        self.out_dim = out_dim
+
+
+def build_sac_networks(
+    policy: str,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    config: PolicyConfig,
+) -> tuple[Actor, QEnsemble]:
+    """SAC's actor (tanh-squashed Gaussian for Box, categorical for Discrete) and its Q ensemble."""
+    kind = policy_kind(policy, observation_space)
+    if config.share_features_extractor:
+        raise NotImplementedError(
+            "SAC with share_features_extractor=True is not supported; actor and critics keep their own "
+            "encoders (SB3's default for SAC)."
+        )
+    if config.n_critics < 1:
+        raise ValueError(f"policy_kwargs n_critics={config.n_critics} is invalid: it must be >= 1.")
+    encoder = _encoder_factory(kind, observation_space, config)
+
+    arch = parse_net_arch(config.net_arch, ("pi", "qf"), [256, 256])
+    actor = Actor(observation_space, action_space, encoder(), arch["pi"], config.activation_fn, squashed=True)
+    critic = QEnsemble(encoder(), action_space, arch["qf"], config.activation_fn, config.n_critics)
     return actor, critic

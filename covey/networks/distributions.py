@@ -144,3 +144,42 @@ def make_action_head(space: spaces.Space, in_dim: int, log_std_init: float = 0.0
     if isinstance(space, spaces.Box):
         return DiagGaussianHead(in_dim, int(np.prod(space.shape)), log_std_init)
     raise ValueError(f"Unsupported action space {space}: use Box, Discrete, MultiDiscrete or MultiBinary.")
+
+
+class SquashedGaussianHead(nn.Module):
+    """Box actions for SAC: a Gaussian with state-dependent std, squashed by tanh into [-1, 1].
+
+    ``forward`` returns ``(mean, log_std)`` concatenated ``(B, 2d)``; ``rsample`` draws a
+    reparameterized action in [-1, 1] with its log-probability, including the tanh change of variables
+    ``log p(a) = log N(u) - sum log(1 - tanh(u)^2)``.
+    """
+
+    LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+
+    def __init__(self, in_dim: int, action_dim: int) -> None:
+        super().__init__()
+        self.action_dim = action_dim
+        self.proj = nn.Linear(in_dim, 2 * action_dim)
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.proj(latent)
+
+    def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = params.split(self.action_dim, dim=-1)
+        return mean, log_std.clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+
+    def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        mean, log_std = self._split(params)
+        if deterministic:
+            return torch.tanh(mean)
+        return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
+
+    def rsample(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A differentiable sample in [-1, 1] and its log-probability ``(B,)``."""
+        mean, log_std = self._split(params)
+        noise = torch.randn_like(mean)
+        u = mean + log_std.exp() * noise
+        gauss = (-0.5 * noise.pow(2) - log_std - 0.5 * _LOG_2PI).sum(-1)
+        # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|.
+        correction = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+        return torch.tanh(u), gauss - correction

@@ -1,0 +1,540 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018, https://arxiv.org/abs/1812.05905) with SB3's API, and
+SAC for Discrete actions (Christodoulou 2019, https://arxiv.org/abs/1910.07207), which SB3 lacks."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from covey.agents.base import BaseAgent, config_dict
+from covey.buffers.replay import ReplayBatch, ReplayBuffer
+from covey.networks.actor_critic import PolicyConfig, build_sac_networks
+from covey.networks.obs import batch_to_tensor
+
+Schedule = float | Callable[[float], float]
+
+
+@dataclass
+class SACConfig:
+    """SAC's hyperparameters, named and defaulted as in Stable-Baselines3."""
+
+    learning_rate: Schedule = 3e-4
+    """Adam step size of actor, critics and temperature (or a schedule of the remaining progress)."""
+    buffer_size: int = 1_000_000
+    """Replay capacity in transitions (all envs together)."""
+    learning_starts: int = 100
+    """Env steps of uniformly random actions before learning starts."""
+    batch_size: int = 256
+    """Minibatch size of each gradient step."""
+    tau: float = 0.005
+    """Polyak coefficient of the target critics: target <- (1 - tau) * target + tau * online."""
+    gamma: float = 0.99
+    """Discount factor."""
+    train_freq: Any = 1
+    """Train every n steps (int or (n, "step")) or every n episodes ((n, "episode"))."""
+    gradient_steps: int = 1
+    """Gradient steps after each collection; -1: as many as env steps were collected."""
+    optimize_memory_usage: bool = False
+    """Store each observation once in the replay buffer (next observations are read from the next row)."""
+    ent_coef: str | float = "auto"
+    """Entropy temperature: a float, "auto" (learned from 1.0) or "auto_<init>"."""
+    target_update_interval: int = 1
+    """Update the target critics every this many gradient steps."""
+    target_entropy: str | float = "auto"
+    """Target entropy for the learned temperature; "auto": -dim(A) (Box) or 0.5 * log|A| (Discrete)."""
+    stats_window_size: int = 100
+    """Episodes averaged for rollout/ep_rew_mean."""
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"SAC: {name}={getattr(self, name)!r} is invalid: {rule}.")
+
+        need(self.buffer_size >= 1, "buffer_size", "it must be >= 1")
+        need(self.learning_starts >= 0, "learning_starts", "it must be >= 0")
+        need(self.batch_size >= 1, "batch_size", "it must be >= 1")
+        need(0.0 < self.tau <= 1.0, "tau", "it must lie in (0, 1]")
+        need(0.0 <= self.gamma <= 1.0, "gamma", "it must lie in [0, 1]")
+        need(self.gradient_steps == -1 or self.gradient_steps >= 0, "gradient_steps", "it must be >= 0, or -1")
+        need(self.target_update_interval >= 1, "target_update_interval", "it must be >= 1")
+        need(callable(self.learning_rate) or self.learning_rate >= 0, "learning_rate", "it must be >= 0 or a schedule")
+        ok = isinstance(self.ent_coef, (int, float)) and self.ent_coef >= 0
+        if isinstance(self.ent_coef, str) and self.ent_coef.startswith("auto"):
+            tail = self.ent_coef[len("auto") :]
+            ok = tail == "" or (tail.startswith("_") and _is_positive_float(tail[1:]))
+        need(ok, "ent_coef", 'it must be a float >= 0, "auto" or "auto_<initial value>" such as "auto_0.1"')
+        need(
+            self.target_entropy == "auto" or isinstance(self.target_entropy, (int, float)),
+            "target_entropy",
+            'it must be "auto" or a float',
+        )
+        self.train_freq = _train_freq(self.train_freq)
+
+
+class TrainFreq(NamedTuple):
+    frequency: int
+    unit: str  # "step" or "episode"
+
+
+def _is_positive_float(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
+
+
+def _train_freq(value: Any) -> TrainFreq:
+    if isinstance(value, TrainFreq):
+        return value
+    if isinstance(value, int):
+        value = (value, "step")
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or not isinstance(value[0], int)
+        or value[0] < 1
+        or value[1] not in ("step", "episode")
+    ):
+        raise ValueError(f'SAC: train_freq={value!r} is invalid: use an int >= 1 or (n, "step") / (n, "episode").')
+    return TrainFreq(int(value[0]), str(value[1]))
+
+
+# ---------------------------------------------------------------------------- the maths, as pure functions
+def polyak_update(targets: list[torch.Tensor], sources: list[torch.Tensor], tau: float) -> None:
+    """In place: ``target <- (1 - tau) * target + tau * source`` for every pair, in one foreach op."""
+    with torch.no_grad():
+        torch._foreach_lerp_(targets, sources, tau)
+
+
+def soft_q_target(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    next_q: torch.Tensor,
+    next_log_prob: torch.Tensor,
+    ent_coef: torch.Tensor | float,
+    gamma: float,
+) -> torch.Tensor:
+    """``r + gamma * (1 - terminated) * (min_i Q_i'(s', a') - alpha * log pi(a'|s'))`` for Box actions.
+
+    ``next_q`` is ``(n_critics, B)`` from the target critics at the policy's next action.
+    """
+    next_v = next_q.min(dim=0).values - ent_coef * next_log_prob
+    # Only a true terminal has no future; truncated transitions were stored with terminated = 0.
+    return rewards + gamma * (1.0 - terminated) * next_v
+
+
+def discrete_soft_q_target(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    next_q: torch.Tensor,
+    next_log_probs: torch.Tensor,
+    ent_coef: torch.Tensor | float,
+    gamma: float,
+) -> torch.Tensor:
+    """The Discrete-action target: the exact expectation over next actions instead of a sample.
+
+    ``next_q`` is ``(n_critics, B, n_actions)``, ``next_log_probs`` ``(B, n_actions)``.
+    """
+    probs = next_log_probs.exp()
+    next_v = (probs * (next_q.min(dim=0).values - ent_coef * next_log_probs)).sum(-1)
+    return rewards + gamma * (1.0 - terminated) * next_v
+
+
+def critic_loss(current_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``0.5 * sum_i mean((Q_i - target)^2)`` over the ``n_critics`` rows of ``current_q`` ``(n, B)``."""
+    return 0.5 * (current_q - target.detach()).pow(2).mean(dim=1).sum()
+
+
+def actor_loss(q_pi: torch.Tensor, log_prob: torch.Tensor, ent_coef: torch.Tensor | float) -> torch.Tensor:
+    """``mean(alpha * log pi(a|s) - min_i Q_i(s, a))`` with ``a`` a reparameterized sample (Box)."""
+    return (ent_coef * log_prob - q_pi.min(dim=0).values).mean()
+
+
+def discrete_actor_loss(q: torch.Tensor, log_probs: torch.Tensor, ent_coef: torch.Tensor | float) -> torch.Tensor:
+    """``mean(sum_a pi(a|s) * (alpha * log pi(a|s) - min_i Q_i(s, a)))`` (exact expectation)."""
+    return (log_probs.exp() * (ent_coef * log_probs - q.min(dim=0).values)).sum(-1).mean()
+
+
+def temperature_loss(log_ent_coef: torch.Tensor, log_prob: torch.Tensor, target_entropy: float) -> torch.Tensor:
+    """``-mean(log_alpha * (log pi + target_entropy))``: raises alpha while entropy is below target.
+
+    For Discrete actions pass ``log_prob = sum_a pi(a) log pi(a)`` (minus the entropy) per state.
+    """
+    return -(log_ent_coef * (log_prob + target_entropy).detach()).mean()
+
+
+# ---------------------------------------------------------------------------- the agent
+class SAC(BaseAgent):
+    """Soft Actor-Critic with the Stable-Baselines3 interface, for Box and Discrete actions.
+
+    Constructor arguments, defaults, ``learn``/``predict``/``save``/``load``, callbacks and logger keys
+    follow ``stable_baselines3.SAC``. ``model.policy`` is the actor; ``model.critic`` and
+    ``model.critic_target`` hold the ``n_critics`` Q networks; the temperature lives with the agent.
+
+    >>> from covey import SAC
+    >>> model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=50, seed=0).learn(100)
+    >>> model.num_timesteps
+    100
+    """
+
+    agent_name = "SAC"
+    supported_action_spaces = (spaces.Box, spaces.Discrete)
+
+    def __init__(
+        self,
+        policy: str,
+        env: Any,
+        learning_rate: Schedule = 3e-4,
+        buffer_size: int = 1_000_000,
+        learning_starts: int = 100,
+        batch_size: int = 256,
+        tau: float = 0.005,
+        gamma: float = 0.99,
+        train_freq: int | tuple[int, str] = 1,
+        gradient_steps: int = 1,
+        action_noise: Any = None,
+        replay_buffer_class: type | None = None,
+        replay_buffer_kwargs: dict | None = None,
+        optimize_memory_usage: bool = False,
+        n_steps: int = 1,
+        ent_coef: str | float = "auto",
+        target_update_interval: int = 1,
+        target_entropy: str | float = "auto",
+        use_sde: bool = False,
+        sde_sample_freq: int = -1,
+        use_sde_at_warmup: bool = False,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: torch.device | str = "auto",
+        _init_setup_model: bool = True,
+    ) -> None:
+        if use_sde or use_sde_at_warmup:
+            raise NotImplementedError("use_sde (state-dependent exploration) is not supported by covey's SAC.")
+        if action_noise is not None:
+            raise NotImplementedError("action_noise is not supported by covey's SAC (its policy is stochastic).")
+        if replay_buffer_class is not None or replay_buffer_kwargs:
+            raise NotImplementedError("Custom replay buffers are not supported; remove replay_buffer_class/kwargs.")
+        if n_steps != 1:
+            raise NotImplementedError("n-step returns (n_steps > 1) are not supported by covey's SAC.")
+        self.config = SACConfig(
+            learning_rate=learning_rate,
+            buffer_size=buffer_size,
+            learning_starts=learning_starts,
+            batch_size=batch_size,
+            tau=tau,
+            gamma=gamma,
+            train_freq=train_freq,
+            gradient_steps=gradient_steps,
+            optimize_memory_usage=optimize_memory_usage,
+            ent_coef=ent_coef,
+            target_update_interval=target_update_interval,
+            target_entropy=target_entropy,
+            stats_window_size=stats_window_size,
+        )
+        kwargs = dict(policy_kwargs or {})
+        self.policy_config = PolicyConfig.from_kwargs(
+            kwargs, activation_fn=torch.nn.ReLU, ortho_init=False, share_features_extractor=False
+        )
+        super().__init__(
+            policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
+        )
+        for key, value in config_dict(self.config).items():
+            setattr(self, key, value)
+        self.replay_buffer: ReplayBuffer | None = None
+        if _init_setup_model:
+            self._setup_model()
+
+    def _attach_env(self, env) -> None:
+        if isinstance(env.action_space, spaces.MultiDiscrete | spaces.MultiBinary):
+            raise NotImplementedError(
+                f"SAC does not support the action space {env.action_space}: it supports Box (continuous) and "
+                "Discrete actions. Use PPO for MultiDiscrete and MultiBinary actions."
+            )
+        if isinstance(env.action_space, spaces.Box) and not (
+            np.all(np.isfinite(env.action_space.low)) and np.all(np.isfinite(env.action_space.high))
+        ):
+            raise ValueError(
+                f"SAC needs finite Box action bounds (its tanh-squashed actions are scaled to them), got "
+                f"{env.action_space}. Give the action space finite low/high, e.g. with "
+                "gymnasium.wrappers.RescaleAction or ClipAction."
+            )
+        super()._attach_env(env)
+
+    def _setup_model(self) -> None:
+        cfg = self.config
+        self.set_random_seed(self.seed)
+        self.discrete = isinstance(self.action_space, spaces.Discrete)
+        self.actor, self.critic = build_sac_networks(
+            self.policy_name, self.observation_space, self.action_space, self.policy_config
+        )
+        self.critic_target = build_sac_networks(
+            self.policy_name, self.observation_space, self.action_space, self.policy_config
+        )[1]
+        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.critic_target.requires_grad_(False)
+        for module in (self.actor, self.critic, self.critic_target):
+            module.to(self.device)
+        self.policy = self.actor
+        self._critic_params = list(self.critic.parameters())
+        self._target_params = list(self.critic_target.parameters())
+
+        if cfg.target_entropy == "auto":
+            n = int(self.action_space.n) if self.discrete else int(np.prod(self.action_space.shape))
+            # Box: -dim(A). Discrete: half the maximum entropy log|A| (0.98 * log|A| keeps the policy near
+            # uniform on small action sets, e.g. CartPole's 2 actions).
+            self.target_entropy = 0.5 * math.log(n) if self.discrete else -float(n)
+        else:
+            self.target_entropy = float(cfg.target_entropy)
+        if isinstance(cfg.ent_coef, str):
+            init = float(cfg.ent_coef.split("_")[1]) if "_" in cfg.ent_coef else 1.0
+            self.log_ent_coef = torch.tensor([math.log(init)], device=self.device, requires_grad=True)
+            self.ent_coef_optimizer = self._make_optimizer([self.log_ent_coef])
+            self._fixed_ent_coef = None
+        else:
+            self.log_ent_coef = None
+            self.ent_coef_optimizer = None
+            self._fixed_ent_coef = torch.tensor(float(cfg.ent_coef), device=self.device)
+        self.actor.optimizer = self.actor_optimizer = self._make_optimizer(list(self.actor.parameters()))
+        self.critic.optimizer = self.critic_optimizer = self._make_optimizer(self._critic_params)
+        self.replay_buffer = ReplayBuffer(
+            cfg.buffer_size,
+            self.observation_space,
+            self.action_space,
+            self.n_envs,
+            cfg.optimize_memory_usage,
+            self.device,
+        )
+
+    def _make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        pc = self.policy_config
+        kwargs = dict(pc.optimizer_kwargs)
+        if pc.optimizer_class in (torch.optim.Adam, torch.optim.AdamW) and "foreach" not in kwargs:
+            kwargs.setdefault("fused", True)  # one kernel for all parameters of a network
+        return pc.optimizer_class(params, lr=self.lr_schedule(1.0), **kwargs)
+
+    def _networks(self) -> dict[str, torch.nn.Module]:
+        return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target}
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        opts = {"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer}
+        if self.ent_coef_optimizer is not None:
+            opts["ent_coef_optimizer"] = self.ent_coef_optimizer
+        return opts
+
+    def get_parameters(self) -> dict[str, dict]:
+        params = super().get_parameters()
+        if self.log_ent_coef is not None:
+            params["ent_coef"] = {"log_ent_coef": self.log_ent_coef.detach().clone()}
+        return params
+
+    def set_parameters(self, load_path_or_dict, exact_match: bool = True, device="auto") -> None:
+        if isinstance(load_path_or_dict, dict) and "ent_coef" in load_path_or_dict:
+            params = dict(load_path_or_dict)
+            state = params.pop("ent_coef")
+            if self.log_ent_coef is not None:
+                with torch.no_grad():
+                    self.log_ent_coef.copy_(state["log_ent_coef"])
+            load_path_or_dict = params
+        elif not isinstance(load_path_or_dict, dict):
+            from covey.serialization import load_model_file
+
+            return self.set_parameters(load_model_file(load_path_or_dict, self.device)[1], exact_match, device)
+        super().set_parameters(load_path_or_dict, exact_match, device)
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        params = config_dict(self.config)
+        params["train_freq"] = list(self.config.train_freq)
+        return params
+
+    # ------------------------------------------------------------------ replay buffer files
+    def save_replay_buffer(self, path) -> None:
+        """Write the replay buffer to an ``.npz`` file of plain arrays (no pickle)."""
+        self.replay_buffer.save(path)
+
+    def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
+        """Fill the replay buffer from :meth:`save_replay_buffer`'s file."""
+        self.replay_buffer.load(path)
+
+    # ------------------------------------------------------------------ training loop
+    def learn(
+        self,
+        total_timesteps: int,
+        callback: Any = None,
+        log_interval: int = 4,
+        tb_log_name: str = "SAC",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SAC:
+        """Collect and train until ``total_timesteps`` env steps (over all envs); returns self."""
+        total_timesteps, callback = self._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        callback.on_training_start(locals(), globals())
+        cfg = self.config
+        while self.num_timesteps < total_timesteps:
+            steps, keep_going = self.collect_rollouts(callback, log_interval)
+            if not keep_going:
+                break
+            if self.num_timesteps > 0 and self.num_timesteps > cfg.learning_starts:
+                gradient_steps = cfg.gradient_steps if cfg.gradient_steps >= 0 else steps
+                if gradient_steps > 0:
+                    self.train(gradient_steps, cfg.batch_size)
+        callback.on_training_end()
+        return self
+
+    def collect_rollouts(self, callback, log_interval: int | None) -> tuple[int, bool]:
+        """Step the envs until ``train_freq`` is met; returns (steps per env, whether to continue)."""
+        cfg, env, actor = self.config, self.env, self.actor
+        actor.set_training_mode(False)
+        callback.on_rollout_start()
+        steps = episodes = 0
+        while (steps if cfg.train_freq.unit == "step" else episodes) < cfg.train_freq.frequency:
+            if self.num_timesteps < cfg.learning_starts:
+                env_actions = np.array([self.action_space.sample() for _ in range(env.num_envs)])
+                buffer_actions = self._to_buffer_actions(env_actions)
+            else:
+                obs = batch_to_tensor(self._last_obs, self.observation_space, self.device)
+                with torch.inference_mode():
+                    buffer_actions = actor.act(obs).cpu().numpy()
+                env_actions = actor.to_env_actions(buffer_actions)
+            new_obs, rewards, dones, infos = env.step(env_actions)
+            self.num_timesteps += env.num_envs
+            steps += 1
+            callback.update_locals(locals())
+            if not callback.on_step():
+                return steps, False
+            self._update_info_buffer(infos, dones)
+            self._store_transition(buffer_actions, new_obs, rewards, dones, infos)
+            for _ in np.flatnonzero(dones):
+                episodes += 1
+                self._episode_num += 1
+                if log_interval is not None and self._episode_num % log_interval == 0:
+                    self._dump_logs(self._episode_num, "time/episodes")
+        callback.on_rollout_end()
+        return steps, True
+
+    def _to_buffer_actions(self, env_actions: np.ndarray) -> np.ndarray:
+        """Env actions to what the buffer stores: Box actions rescaled into [-1, 1]."""
+        if self.discrete:
+            return env_actions
+        low, high = self.action_space.low, self.action_space.high
+        return (2.0 * (env_actions - low) / (high - low) - 1.0).reshape(env_actions.shape[0], -1)
+
+    def _store_transition(self, actions, new_obs, rewards, dones, infos) -> None:
+        next_obs = new_obs
+        terminated = dones.copy()
+        for i in np.flatnonzero(dones):
+            final = infos[i].get("terminal_observation")
+            if final is not None:
+                # The true final observation, not the reset one, is the next state of this transition.
+                if next_obs is new_obs:
+                    next_obs = _copy_obs(new_obs)
+                _set_env_obs(next_obs, i, final)
+            if infos[i].get("TimeLimit.truncated", False):
+                terminated[i] = False  # a time limit keeps the bootstrap
+        self.replay_buffer.add(self._last_obs, next_obs, actions, rewards, terminated, dones)
+        self._last_obs = new_obs
+
+    def _ent_coef(self) -> torch.Tensor:
+        return self.log_ent_coef.detach().exp() if self.log_ent_coef is not None else self._fixed_ent_coef
+
+    def train(self, gradient_steps: int, batch_size: int = 256) -> None:
+        """``gradient_steps`` SAC updates: temperature, critics, actor, then the target critics."""
+        lr = self.lr_schedule(self._current_progress_remaining)
+        for opt in self._optimizers().values():
+            for group in opt.param_groups:
+                group["lr"] = lr
+        self.actor.set_training_mode(True)
+        history: dict[str, list[torch.Tensor]] = {}
+        for step in range(gradient_steps):
+            stats = self._gradient_step(self.replay_buffer.sample(batch_size))
+            for key, value in stats.items():
+                history.setdefault(key, []).append(value)
+            if (step + 1) % self.config.target_update_interval == 0:
+                polyak_update(self._target_params, self._critic_params, self.config.tau)
+        self._n_updates += gradient_steps
+        self._update_current_progress_remaining()
+        for key, values in history.items():
+            self.logger.record(f"train/{key}", torch.stack(values).mean().item())
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/learning_rate", lr)
+
+    def _gradient_step(self, batch: ReplayBatch) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        stats: dict[str, torch.Tensor] = {}
+        params = self.actor(batch.observations)
+        if self.discrete:
+            log_probs = params.log_softmax(-1)  # (B, n_actions)
+            log_prob = (log_probs.exp() * log_probs).sum(-1)  # E[log pi] = -entropy, (B,)
+        else:
+            actions_pi, log_prob = self.actor.head.rsample(params)
+
+        # 1) temperature, from the current policy's entropy
+        if self.log_ent_coef is not None:
+            loss = temperature_loss(self.log_ent_coef, log_prob, self.target_entropy)
+            self.ent_coef_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.ent_coef_optimizer.step()
+            stats["ent_coef_loss"] = loss.detach()
+        ent_coef = self._ent_coef()
+        stats["ent_coef"] = ent_coef.reshape(())
+
+        # 2) critics, against the target critics at the policy's next action
+        with torch.no_grad():
+            next_params = self.actor(batch.next_observations)
+            if self.discrete:
+                next_log_probs = next_params.log_softmax(-1)
+                next_q = self.critic_target(batch.next_observations)
+                target = discrete_soft_q_target(
+                    batch.rewards, batch.terminated, next_q, next_log_probs, ent_coef, cfg.gamma
+                )
+            else:
+                next_actions, next_log_prob = self.actor.head.rsample(next_params)
+                next_q = self.critic_target(batch.next_observations, next_actions)
+                target = soft_q_target(batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, cfg.gamma)
+        if self.discrete:
+            q_all = self.critic(batch.observations)  # (n_critics, B, n_actions)
+            index = batch.actions.long().view(1, -1, 1).expand(q_all.shape[0], -1, 1)
+            current_q = q_all.gather(2, index).squeeze(-1)  # (n_critics, B)
+        else:
+            current_q = self.critic(batch.observations, batch.actions)
+        loss = critic_loss(current_q, target)
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.critic_optimizer.step()
+        stats["critic_loss"] = loss.detach()
+        stats["q_mean"] = current_q.detach().mean()
+
+        # 3) actor, against the updated critics; the critics' parameters get no gradient from it
+        self.critic.requires_grad_(False)
+        if self.discrete:
+            loss = discrete_actor_loss(self.critic(batch.observations), log_probs, ent_coef)
+        else:
+            loss = actor_loss(self.critic(batch.observations, actions_pi), log_prob, ent_coef)
+        self.critic.requires_grad_(True)
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.actor_optimizer.step()
+        stats["actor_loss"] = loss.detach()
+        return stats
+
+
+def _copy_obs(obs):
+    return {k: v.copy() for k, v in obs.items()} if isinstance(obs, dict) else obs.copy()
+
+
+def _set_env_obs(obs, i: int, value) -> None:
+    if isinstance(obs, dict):
+        for k in obs:
+            obs[k][i] = value[k]
+    else:
+        obs[i] = value

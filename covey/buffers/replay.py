@@ -1,0 +1,198 @@
+"""The off-policy replay buffer: pre-allocated circular storage ``(capacity, n_envs, ...)``."""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from covey.networks.obs import ObsTensor, batch_to_tensor
+
+
+class ReplayBatch(NamedTuple):
+    """A sampled minibatch of transitions (tensors)."""
+
+    observations: ObsTensor
+    actions: torch.Tensor
+    next_observations: ObsTensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+
+
+def _obs_keys(space: spaces.Space) -> dict[str | None, spaces.Space]:
+    return dict(space.spaces) if isinstance(space, spaces.Dict) else {None: space}
+
+
+class ReplayBuffer:
+    """Transitions of ``n_envs`` envs in a ring of ``buffer_size // n_envs`` rows.
+
+    The bootstrap mask is ``terminated`` (not ``truncated``): a time limit still has a future.
+    ``next_observations`` at an episode end is the true final observation, not the reset one.
+    With ``optimize_memory_usage`` next observations are not stored twice: the next row's observation
+    serves, and the final observations of episode ends are kept aside.
+
+    >>> buf = ReplayBuffer(100, spaces.Box(-1, 1, (3,)), spaces.Box(-1, 1, (2,)), n_envs=2)
+    >>> buf.observations[None].shape
+    (50, 2, 3)
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if buffer_size < n_envs:
+            raise ValueError(f"buffer_size={buffer_size} must be at least n_envs={n_envs}.")
+        self.capacity = buffer_size // n_envs
+        self.n_envs = n_envs
+        self.observation_space, self.action_space = observation_space, action_space
+        self.optimize_memory_usage = optimize_memory_usage
+        self.device = torch.device(device)
+        self.spaces = _obs_keys(observation_space)
+        lead = (self.capacity, n_envs)
+        self.observations = {k: np.zeros((*lead, *s.shape), dtype=s.dtype) for k, s in self.spaces.items()}
+        self.next_observations = (
+            None if optimize_memory_usage else {k: np.zeros_like(v) for k, v in self.observations.items()}
+        )
+        self.final_observations: dict[tuple[int, int], dict] = {}  # (row, env) -> final obs (memory mode)
+        if isinstance(action_space, spaces.Discrete):
+            self.actions = np.zeros(lead, dtype=np.int64)
+        else:
+            self.actions = np.zeros((*lead, int(np.prod(action_space.shape))), dtype=np.float32)
+        self.rewards = np.zeros(lead, dtype=np.float32)
+        self.terminated = np.zeros(lead, dtype=np.float32)
+        self.dones = np.zeros(lead, dtype=bool)
+        self.pos = 0
+        self.full = False
+
+    def size(self) -> int:
+        """Number of stored transitions (all envs)."""
+        return (self.capacity if self.full else self.pos) * self.n_envs
+
+    def add(
+        self,
+        obs,
+        next_obs,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        dones: np.ndarray,
+    ) -> None:
+        """Store one step of every env; ``next_obs`` holds the true final observation where ``dones``."""
+        row = self.pos
+        for key in self.spaces:
+            self.observations[key][row] = obs if key is None else obs[key]
+            if self.next_observations is not None:
+                self.next_observations[key][row] = next_obs if key is None else next_obs[key]
+        if self.optimize_memory_usage:
+            for env in range(self.n_envs):
+                self.final_observations.pop((row, env), None)
+            for env in np.flatnonzero(dones):
+                self.final_observations[(row, int(env))] = {
+                    k: np.array((next_obs if k is None else next_obs[k])[env]) for k in self.spaces
+                }
+        self.actions[row] = np.asarray(actions).reshape(self.actions.shape[1:])
+        self.rewards[row] = rewards
+        self.terminated[row] = terminated
+        self.dones[row] = dones
+        self.pos = (self.pos + 1) % self.capacity
+        self.full = self.full or self.pos == 0
+
+    def sample(self, batch_size: int) -> ReplayBatch:
+        """A uniform minibatch (with replacement) of stored transitions, as tensors."""
+        rows = self._sample_rows(batch_size)
+        envs = np.random.randint(0, self.n_envs, size=batch_size)
+        obs = {k: v[rows, envs] for k, v in self.observations.items()}
+        if self.next_observations is not None:
+            next_obs = {k: v[rows, envs] for k, v in self.next_observations.items()}
+        else:
+            next_rows = (rows + 1) % self.capacity
+            next_obs = {k: v[next_rows, envs] for k, v in self.observations.items()}
+            for i in np.flatnonzero(self.dones[rows, envs]):
+                final = self.final_observations[(int(rows[i]), int(envs[i]))]
+                for k in next_obs:
+                    next_obs[k][i] = final[k]
+        return ReplayBatch(
+            self._to_tensor(obs),
+            torch.as_tensor(self.actions[rows, envs], device=self.device),
+            self._to_tensor(next_obs),
+            torch.as_tensor(self.rewards[rows, envs], device=self.device),
+            torch.as_tensor(self.terminated[rows, envs], device=self.device),
+        )
+
+    def _sample_rows(self, batch_size: int) -> np.ndarray:
+        if self.size() == 0:
+            raise ValueError("Cannot sample from an empty replay buffer.")
+        if not self.optimize_memory_usage:
+            return np.random.randint(0, self.capacity if self.full else self.pos, size=batch_size)
+        # Memory mode: the newest row's next observation is not written yet, so it is never sampled.
+        if self.full:
+            return (np.random.randint(1, self.capacity, size=batch_size) + self.pos) % self.capacity
+        if self.pos < 2:
+            raise ValueError("The replay buffer needs two stored steps before sampling with optimize_memory_usage.")
+        return np.random.randint(0, self.pos - 1, size=batch_size)
+
+    def _to_tensor(self, obs: dict) -> ObsTensor:
+        if None in obs:
+            return batch_to_tensor(obs[None], self.observation_space, self.device)
+        return batch_to_tensor(obs, self.observation_space, self.device)
+
+    # ------------------------------------------------------------------ files (no pickle)
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the buffer to an ``.npz`` file (plain arrays; loads with ``allow_pickle=False``)."""
+        arrays = {
+            "meta": np.array([self.capacity, self.n_envs, self.pos, int(self.full), int(self.optimize_memory_usage)]),
+            "actions": self.actions,
+            "rewards": self.rewards,
+            "terminated": self.terminated,
+            "dones": self.dones,
+        }
+        for key, value in self.observations.items():
+            arrays[f"obs/{key}"] = value
+        if self.next_observations is not None:
+            for key, value in self.next_observations.items():
+                arrays[f"next_obs/{key}"] = value
+        finals = sorted(self.final_observations)
+        arrays["final_index"] = np.array(finals, dtype=np.int64).reshape(-1, 2)
+        for key in self.spaces:
+            arrays[f"final_obs/{key}"] = (
+                np.stack([self.final_observations[i][key] for i in finals])
+                if finals
+                else np.zeros((0, *self.spaces[key].shape), self.spaces[key].dtype)
+            )
+        path = os.fspath(path)
+        tmp = path + ".tmp.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Fill this buffer from a file written by :meth:`save` (shapes must match)."""
+        with np.load(path, allow_pickle=False) as data:
+            capacity, n_envs, pos, full, optimize = (int(x) for x in data["meta"])
+            if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):
+                raise ValueError(
+                    f"Replay buffer file has capacity {capacity} x {n_envs} envs (optimize_memory_usage="
+                    f"{bool(optimize)}); this buffer has {self.capacity} x {self.n_envs} "
+                    f"({self.optimize_memory_usage}). Build the model with the same buffer_size and n_envs."
+                )
+            self.actions[:] = data["actions"]
+            self.rewards[:] = data["rewards"]
+            self.terminated[:] = data["terminated"]
+            self.dones[:] = data["dones"]
+            for key in self.spaces:
+                self.observations[key][:] = data[f"obs/{key}"]
+                if self.next_observations is not None:
+                    self.next_observations[key][:] = data[f"next_obs/{key}"]
+            finals = data["final_index"]
+            stacked = {key: data[f"final_obs/{key}"] for key in self.spaces}
+            self.final_observations = {
+                (int(r), int(e)): {key: stacked[key][i] for key in self.spaces} for i, (r, e) in enumerate(finals)
+            }
+            self.pos, self.full = pos, bool(full)

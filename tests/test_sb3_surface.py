@@ -1,0 +1,851 @@
+"""SB3 user scripts run unchanged on covey when only the import changes to ``from covey import PPO``.
+
+The tests follow Stable-Baselines3's documented user API (docs pages "Examples", "Callbacks",
+"Vectorized Environments", "Custom Policy Network", "Base RL Class"): the calls a user script makes,
+and what it can observe afterwards.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.callbacks import (
+    BaseCallback,
+    CallbackList,
+    CheckpointCallback,
+    EvalCallback,
+    EveryNTimesteps,
+    ProgressBarCallback,
+    StopTrainingOnNoModelImprovement,
+    StopTrainingOnRewardThreshold,
+)
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.logger import configure
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor, NatureCNN
+from stable_baselines3.common.vec_env import (
+    DummyVecEnv,
+    SubprocVecEnv,
+    VecFrameStack,
+    VecNormalize,
+    VecTransposeImage,
+)
+
+from covey import PPO
+
+# Small budgets: one rollout of 32 steps per env, two epochs, minibatches that tile the rollout.
+FAST = dict(n_steps=32, batch_size=32, n_epochs=2, seed=0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small networks run fastest on one thread; restore the caller's setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------- tiny helper envs
+class ImageEnv(gym.Env):
+    """Channel-last uint8 images (36, 36, 3), two actions, episodes of 8 steps; action 1 pays 1."""
+
+    observation_space = spaces.Box(0, 255, (36, 36, 3), np.uint8)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self._t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self.np_random.integers(0, 256, self.observation_space.shape, dtype=np.uint8), {}
+
+    def step(self, action):
+        self._t += 1
+        obs = self.np_random.integers(0, 256, self.observation_space.shape, dtype=np.uint8)
+        return obs, float(action == 1), self._t >= 8, False, {}
+
+
+class ConstantEnv(gym.Env):
+    """Every episode lasts 5 steps and pays 1 per step, whatever the agent does: every evaluation is 5.0."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self._t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self._t += 1
+        return np.zeros(2, np.float32), 1.0, self._t >= 5, False, {}
+
+
+class DictEnv(gym.Env):
+    """Dict observations (a vector and a discrete position), three actions, episodes of 6 steps."""
+
+    observation_space = spaces.Dict(
+        {"vec": spaces.Box(-1.0, 1.0, (3,), np.float32), "pos": spaces.Discrete(4)},
+    )
+    action_space = spaces.Discrete(3)
+
+    def __init__(self) -> None:
+        self._t = 0
+
+    def _obs(self):
+        return {
+            "vec": self.np_random.uniform(-1, 1, 3).astype(np.float32),
+            "pos": int(self.np_random.integers(4)),
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self._t += 1
+        return self._obs(), float(action == 2), self._t >= 6, False, {}
+
+
+class TinyExtractor(BaseFeaturesExtractor):
+    """A user-written SB3 features extractor: Linear + ReLU."""
+
+    def __init__(self, observation_space: spaces.Box, features_dim: int = 16) -> None:
+        super().__init__(observation_space, features_dim)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(int(np.prod(observation_space.shape)), features_dim), torch.nn.ReLU()
+        )
+
+    def forward(self, observations: torch.Tensor) -> torch.Tensor:
+        return self.net(observations)
+
+
+class CountingCallback(BaseCallback):
+    """Counts the SB3 hooks it sees and the timesteps at which ``_on_step`` ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps_seen: list[int] = []
+        self.training_started = False
+        self.training_ended = False
+
+    def _on_training_start(self) -> None:
+        self.training_started = True
+
+    def _on_step(self) -> bool:
+        self.steps_seen.append(self.num_timesteps)
+        return True
+
+    def _on_training_end(self) -> None:
+        self.training_ended = True
+
+
+def linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def cartpole_obs_batch(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-0.2, 0.2, (n, 4)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- 1. the docs' examples
+def test_docs_basic_example_cartpole(tmp_path):
+    """SB3's "Examples" basic usage: learn, step the model's VecEnv, evaluate, save/del/load."""
+    model = PPO("MlpPolicy", "CartPole-v1", verbose=0, n_steps=64, batch_size=64, n_epochs=2, seed=0)
+    model.learn(total_timesteps=128)
+    assert model.num_timesteps == 128
+
+    vec_env = model.get_env()
+    obs = vec_env.reset()
+    assert obs.shape == (1, 4)
+    action, _states = model.predict(obs, deterministic=True)
+    assert _states is None
+    assert action.shape == (1,) and vec_env.action_space.contains(int(action[0]))
+    obs, rewards, dones, info = vec_env.step(action)
+    assert obs.shape == (1, 4) and rewards.shape == (1,) and dones.shape == (1,)
+    assert isinstance(info, list) and len(info) == 1
+
+    mean_reward, std_reward = evaluate_policy(model, model.get_env(), n_eval_episodes=5)
+    assert isinstance(mean_reward, float) and isinstance(std_reward, float)
+    assert 1.0 <= mean_reward <= 500.0 and std_reward >= 0.0
+
+    batch = cartpole_obs_batch(32)
+    before, _ = model.predict(batch, deterministic=True)
+    model.save(tmp_path / "ppo_cartpole")
+    assert (tmp_path / "ppo_cartpole.zip").is_file()
+    del model
+    model = PPO.load(tmp_path / "ppo_cartpole")
+    after, _ = model.predict(batch, deterministic=True)
+    np.testing.assert_array_equal(before, after)
+    assert model.get_env() is None
+    assert model.num_timesteps == 128
+
+
+def test_docs_eval_callback_stops_on_reward_threshold(tmp_path):
+    """EvalCallback + StopTrainingOnRewardThreshold: a threshold reached at once stops training at the
+    first evaluation, after the best model was saved."""
+    eval_env = Monitor(gym.make("CartPole-v1"))
+    callback_on_best = StopTrainingOnRewardThreshold(reward_threshold=0.0, verbose=0)
+    eval_callback = EvalCallback(
+        eval_env,
+        callback_on_new_best=callback_on_best,
+        eval_freq=32,
+        n_eval_episodes=2,
+        best_model_save_path=str(tmp_path),
+        verbose=0,
+    )
+    model = PPO("MlpPolicy", "CartPole-v1", verbose=0, **FAST)
+    model.learn(total_timesteps=10_000, callback=eval_callback)
+    assert model.num_timesteps == 32  # stopped inside the first rollout, at the first evaluation
+    assert eval_callback.best_mean_reward >= 0.0
+    best = tmp_path / "best_model.zip"
+    assert best.is_file()
+    loaded = PPO.load(best)
+    action, _ = loaded.predict(np.zeros(4, np.float32), deterministic=True)
+    assert action.shape == ()
+
+
+def test_docs_vec_normalize_save_load_round_trip(tmp_path):
+    """SB3's "PyBullet: Normalizing input features" pattern, on Pendulum."""
+    vec_env = DummyVecEnv([lambda: gym.make("Pendulum-v1")])
+    vec_env = VecNormalize(vec_env, norm_obs=True, norm_reward=True, clip_obs=10.0)
+    model = PPO("MlpPolicy", vec_env, **FAST)
+    model.learn(total_timesteps=64)
+    assert vec_env.obs_rms.count > 64  # statistics were updated while training
+
+    model_path = str(tmp_path / "ppo_pendulum")
+    stats_path = str(tmp_path / "vec_normalize.pkl")
+    model.save(model_path)
+    vec_env.save(stats_path)
+
+    raw = np.random.default_rng(0).uniform(-1.0, 1.0, (16, 3)).astype(np.float32)
+    normalized = vec_env.normalize_obs(raw)
+    expected, _ = model.predict(normalized, deterministic=True)
+
+    new_env = VecNormalize.load(stats_path, DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+    new_env.training = False
+    new_env.norm_reward = False
+    loaded = PPO.load(model_path, env=new_env)
+
+    np.testing.assert_array_equal(new_env.obs_rms.mean, vec_env.obs_rms.mean)
+    np.testing.assert_array_equal(new_env.normalize_obs(raw), normalized)
+    actions, _ = loaded.predict(new_env.normalize_obs(raw), deterministic=True)
+    np.testing.assert_array_equal(actions, expected)
+    assert loaded.get_vec_normalize_env() is new_env
+    assert loaded.get_env() is new_env
+
+
+# ---------------------------------------------------------------------------- 2. callbacks
+def test_eval_callback_writes_evaluations_npz(tmp_path):
+    eval_env = Monitor(gym.make("CartPole-v1"))
+    eval_callback = EvalCallback(
+        eval_env,
+        eval_freq=32,
+        n_eval_episodes=2,
+        log_path=str(tmp_path / "logs"),
+        best_model_save_path=str(tmp_path / "best"),
+        deterministic=True,
+    )
+    PPO("MlpPolicy", "CartPole-v1", **FAST).learn(128, callback=eval_callback)
+    data = np.load(tmp_path / "logs" / "evaluations.npz")
+    np.testing.assert_array_equal(data["timesteps"], [32, 64, 96, 128])
+    assert data["results"].shape == (4, 2) and data["ep_lengths"].shape == (4, 2)
+    assert eval_callback.best_mean_reward == pytest.approx(data["results"].mean(axis=1).max())
+    assert (tmp_path / "best" / "best_model.zip").is_file()
+
+
+def test_eval_callback_syncs_vec_normalize_statistics():
+    """EvalCallback copies the training VecNormalize statistics into a VecNormalize eval env."""
+    train_env = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+    eval_env = VecNormalize(DummyVecEnv([lambda: Monitor(gym.make("Pendulum-v1"))]), training=False, norm_reward=False)
+    eval_callback = EvalCallback(eval_env, eval_freq=32, n_eval_episodes=1)
+    PPO("MlpPolicy", train_env, **FAST).learn(64, callback=eval_callback)
+    assert eval_callback.n_calls == 64
+    np.testing.assert_array_equal(eval_env.obs_rms.mean, train_env.obs_rms.mean)
+    np.testing.assert_array_equal(eval_env.obs_rms.var, train_env.obs_rms.var)
+
+
+def test_stop_training_on_reward_threshold_alone_in_eval_callback(tmp_path):
+    """The threshold is tested on each new best only: an unreachable one never stops training."""
+    eval_env = Monitor(gym.make("CartPole-v1"))
+    stopper = StopTrainingOnRewardThreshold(reward_threshold=1e9, verbose=0)
+    eval_callback = EvalCallback(eval_env, callback_on_new_best=stopper, eval_freq=32, n_eval_episodes=1)
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST).learn(96, callback=eval_callback)
+    assert model.num_timesteps == 96
+    assert stopper.n_calls >= 1  # called on the first (new best) evaluation
+
+
+def test_stop_training_on_no_model_improvement():
+    """Every evaluation of ConstantEnv is 5.0: after min_evals=1, two evaluations without a new best
+    (more than max_no_improvement_evals=1) stop training at the third evaluation."""
+    stopper = StopTrainingOnNoModelImprovement(max_no_improvement_evals=1, min_evals=1, verbose=0)
+    eval_callback = EvalCallback(
+        Monitor(ConstantEnv()), eval_freq=16, n_eval_episodes=2, callback_after_eval=stopper, verbose=0
+    )
+    model = PPO("MlpPolicy", ConstantEnv(), **FAST)
+    model.learn(total_timesteps=5_000, callback=eval_callback)
+    assert eval_callback.best_mean_reward == 5.0
+    assert stopper.n_calls == 3
+    assert model.num_timesteps == 3 * 16
+
+
+def test_checkpoint_callback_saves_loadable_checkpoints(tmp_path):
+    checkpoint = CheckpointCallback(save_freq=32, save_path=str(tmp_path), name_prefix="rl_model")
+    PPO("MlpPolicy", "CartPole-v1", **FAST).learn(96, callback=checkpoint)
+    names = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*.zip")))
+    assert names == ["rl_model_32_steps.zip", "rl_model_64_steps.zip", "rl_model_96_steps.zip"]
+    loaded = PPO.load(tmp_path / "rl_model_64_steps.zip")
+    assert loaded.num_timesteps == 64
+    assert loaded.predict(np.zeros(4, np.float32))[0].shape == ()
+
+
+def test_checkpoint_callback_saves_vec_normalize(tmp_path):
+    env = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+    checkpoint = CheckpointCallback(save_freq=32, save_path=str(tmp_path), name_prefix="ckpt", save_vecnormalize=True)
+    PPO("MlpPolicy", env, **FAST).learn(64, callback=checkpoint)
+    for steps in (32, 64):
+        assert (tmp_path / f"ckpt_{steps}_steps.zip").is_file()
+        assert (tmp_path / f"ckpt_vecnormalize_{steps}_steps.pkl").is_file()
+    stats = VecNormalize.load(
+        str(tmp_path / "ckpt_vecnormalize_64_steps.pkl"), DummyVecEnv([lambda: gym.make("Pendulum-v1")])
+    )
+    np.testing.assert_allclose(stats.obs_rms.mean, env.obs_rms.mean)
+    PPO.load(tmp_path / "ckpt_64_steps.zip", env=stats)
+
+
+def test_callback_list_calls_every_inner_callback():
+    first, second = CountingCallback(), CountingCallback()
+    PPO("MlpPolicy", "CartPole-v1", **FAST).learn(64, callback=CallbackList([first, second]))
+    for cb in (first, second):
+        assert cb.n_calls == 64 and cb.steps_seen == list(range(1, 65))
+        assert cb.training_started and cb.training_ended
+
+
+def test_plain_list_of_callbacks_is_a_callback_list():
+    first, second = CountingCallback(), CountingCallback()
+    PPO("MlpPolicy", "CartPole-v1", **FAST).learn(32, callback=[first, second])
+    assert first.n_calls == second.n_calls == 32
+
+
+def test_function_callback_is_called_each_step():
+    calls = []
+
+    def on_step(locals_, globals_):
+        calls.append(1)
+        return True
+
+    PPO("MlpPolicy", "CartPole-v1", **FAST).learn(32, callback=on_step)
+    assert len(calls) == 32
+
+
+def test_every_n_timesteps_triggers_its_callback():
+    inner = CountingCallback()
+    PPO("MlpPolicy", "CartPole-v1", **FAST).learn(256, callback=EveryNTimesteps(n_steps=50, callback=inner))
+    assert inner.n_calls == 5
+    assert inner.steps_seen == [50, 100, 150, 200, 250]
+
+
+def test_every_n_timesteps_counts_steps_of_all_envs():
+    inner = CountingCallback()
+    env = make_vec_env("CartPole-v1", n_envs=4, seed=0)
+    PPO("MlpPolicy", env, n_steps=16, batch_size=64, n_epochs=1, seed=0).learn(
+        256, callback=EveryNTimesteps(n_steps=50, callback=inner)
+    )
+    assert inner.steps_seen == [52, 104, 156, 208]
+
+
+def test_progress_bar_callback():
+    progress = ProgressBarCallback()
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST).learn(64, callback=progress)
+    assert model.num_timesteps == 64
+    assert progress.pbar.n == 64 and progress.pbar.total == 64
+
+
+def test_progress_bar_flag():
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST).learn(64, progress_bar=True)
+    assert model.num_timesteps == 64
+
+
+class LocalsCallback(BaseCallback):
+    """Records what a user callback reads from ``self.locals`` every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[dict] = []
+        self.episodes: list[dict] = []
+        self.actions: list = []
+
+    def _on_step(self) -> bool:
+        assert self.training_env is self.model.get_env()
+        assert self.num_timesteps == self.model.num_timesteps
+        rewards, dones, infos = self.locals["rewards"], self.locals["dones"], self.locals["infos"]
+        self.shapes.append(
+            {
+                "rewards": np.asarray(rewards).shape,
+                "dones": np.asarray(dones).shape,
+                "infos": len(infos),
+                "new_obs": np.asarray(self.locals["new_obs"]).shape,
+            }
+        )
+        self.actions.append(self.locals["actions"])
+        self.episodes += [info["episode"] for info in infos if "episode" in info]
+        return True
+
+
+def test_user_callback_reads_rewards_dones_infos_new_obs():
+    env = make_vec_env("CartPole-v1", n_envs=3, seed=0)
+    callback = LocalsCallback()
+    PPO("MlpPolicy", env, n_steps=32, batch_size=96, n_epochs=1, seed=0).learn(96, callback=callback)
+    assert len(callback.shapes) == 32
+    for shapes in callback.shapes:
+        assert shapes == {"rewards": (3,), "dones": (3,), "infos": 3, "new_obs": (3, 4)}
+    # Random CartPole episodes last ~20 steps: some finish, and Monitor reports them in the infos.
+    assert callback.episodes and all({"r", "l", "t"} <= set(ep) for ep in callback.episodes)
+
+
+def test_user_callback_actions_local_is_numpy_like_sb3():
+    """SB3's rollout loop holds ``actions`` as a numpy array of shape (n_envs, *action_shape)."""
+    env = make_vec_env("CartPole-v1", n_envs=3, seed=0)
+    callback = LocalsCallback()
+    PPO("MlpPolicy", env, n_steps=32, batch_size=96, n_epochs=1, seed=0).learn(32 * 3, callback=callback)
+    for actions in callback.actions:
+        assert isinstance(actions, np.ndarray)
+        assert actions.shape == (3,)
+
+
+class StopAfter(BaseCallback):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.training_ended = False
+
+    def _on_step(self) -> bool:
+        return self.n_calls < self.n
+
+    def _on_training_end(self) -> None:
+        self.training_ended = True
+
+
+def test_user_callback_returning_false_stops_training():
+    stopper = StopAfter(5)
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST).learn(10_000, callback=stopper)
+    assert model.num_timesteps == 5
+    assert stopper.n_calls == 5 and stopper.training_ended
+
+
+# ---------------------------------------------------------------------------- 3. VecEnv wrappers
+def test_dummy_vec_env():
+    env = DummyVecEnv([lambda: gym.make("CartPole-v1"), lambda: gym.make("CartPole-v1")])
+    model = PPO("MlpPolicy", env, n_steps=16, batch_size=32, n_epochs=1, seed=0).learn(64)
+    assert model.n_envs == 2 and model.num_timesteps == 64
+    assert model.predict(env.reset())[0].shape == (2,)
+
+
+def test_subproc_vec_env():
+    env = SubprocVecEnv([lambda: gym.make("CartPole-v1") for _ in range(2)], start_method="fork")
+    try:
+        model = PPO("MlpPolicy", env, n_steps=16, batch_size=32, n_epochs=1, seed=0).learn(64)
+        assert model.num_timesteps == 64
+        action, _ = model.predict(env.reset(), deterministic=True)
+        assert action.shape == (2,)
+        obs, rewards, dones, infos = env.step(action)
+        assert obs.shape == (2, 4) and rewards.shape == (2,)
+    finally:
+        env.close()
+
+
+def test_vec_normalize_env():
+    env = VecNormalize(make_vec_env("CartPole-v1", n_envs=2, seed=0))
+    model = PPO("MlpPolicy", env, n_steps=16, batch_size=32, n_epochs=1, seed=0).learn(64)
+    assert model.get_vec_normalize_env() is env
+    assert env.obs_rms.count > 64
+    assert model.predict(env.reset())[0].shape == (2,)
+
+
+def test_vec_frame_stack():
+    env = VecFrameStack(DummyVecEnv([lambda: gym.make("CartPole-v1")]), n_stack=4)
+    model = PPO("MlpPolicy", env, **FAST).learn(64)
+    assert model.observation_space.shape == (16,)
+    assert linears(model.policy)[0].in_features == 16
+    obs = env.reset()
+    assert obs.shape == (1, 16)
+    assert model.predict(obs)[0].shape == (1,)
+
+
+def test_vec_transpose_image_with_cnn_policy():
+    env = VecTransposeImage(DummyVecEnv([ImageEnv]))
+    assert env.observation_space.shape == (3, 36, 36)
+    model = PPO("CnnPolicy", env, n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(32)
+    assert model.observation_space.shape == (3, 36, 36)
+    obs = env.reset()
+    assert obs.shape == (1, 3, 36, 36)
+    assert model.predict(obs)[0].shape == (1,)
+    assert model.predict(obs[0])[0].shape == ()
+
+
+def test_make_vec_env_four_envs():
+    env = make_vec_env("CartPole-v1", n_envs=4, seed=0)
+    model = PPO("MlpPolicy", env, n_steps=16, batch_size=64, n_epochs=1, seed=0).learn(128)
+    assert model.n_envs == 4 and model.num_timesteps == 128
+    assert model.predict(env.reset())[0].shape == (4,)
+
+
+# ---------------------------------------------------------------------------- 4. policy_kwargs
+def test_net_arch_list():
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[32, 16]), **FAST)
+    assert [m.out_features for m in linears(model.policy.trunk)] == [32, 16]
+    assert [m.out_features for m in linears(model.critic.trunk)] == [32, 16]
+    assert model.policy.trunk is not model.critic.trunk  # same sizes, separate weights (SB3 >= 1.8)
+    model.learn(32)
+
+
+def test_net_arch_dict():
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=dict(pi=[32], vf=[64, 8])), **FAST)
+    assert [m.out_features for m in linears(model.policy.trunk)] == [32]
+    assert [m.out_features for m in linears(model.critic.trunk)] == [64, 8]
+    model.learn(32)
+
+
+def test_activation_fn_relu(tmp_path):
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(activation_fn=torch.nn.ReLU), **FAST)
+    for net in (model.policy, model.critic):
+        kinds = {type(m) for m in net.modules()}
+        assert torch.nn.ReLU in kinds and torch.nn.Tanh not in kinds
+    model.learn(32)
+    model.save(tmp_path / "relu")
+    loaded = PPO.load(tmp_path / "relu")
+    assert any(isinstance(m, torch.nn.ReLU) for m in loaded.policy.modules())
+
+
+@pytest.mark.parametrize("ortho_init", [True, False])
+def test_ortho_init(ortho_init):
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(ortho_init=ortho_init), **FAST)
+    head = model.policy.head.proj.weight.detach().numpy()  # (2, 64)
+    first = linears(model.policy.trunk)[0].weight.detach().numpy()  # (64, 4)
+    head_gram = head @ head.T
+    first_gram = first.T @ first
+    if ortho_init:
+        # SB3: gain 0.01 on the action layer, sqrt(2) on the hidden layers.
+        np.testing.assert_allclose(head_gram, 1e-4 * np.eye(2), atol=1e-9)
+        np.testing.assert_allclose(first_gram, 2.0 * np.eye(4), atol=1e-5)
+    else:
+        assert np.linalg.norm(head, axis=1).min() > 0.1
+        assert not np.allclose(first_gram, 2.0 * np.eye(4), atol=1e-2)
+
+
+def test_log_std_init():
+    model = PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(log_std_init=-1.0), **FAST)
+    np.testing.assert_allclose(model.policy.head.log_std.detach().exp().numpy(), [np.exp(-1.0)], rtol=1e-6)
+    # Observable: stochastic actions spread around the deterministic one with std e^-1.
+    obs = np.tile(np.array([1.0, 0.0, 0.0], np.float32), (4000, 1))
+    model.set_random_seed(0)
+    mode, _ = model.predict(obs[:1], deterministic=True)
+    samples, _ = model.predict(obs, deterministic=False)
+    assert samples.shape == (4000, 1)
+    assert np.std(samples - mode) == pytest.approx(np.exp(-1.0), rel=0.05)
+
+
+def test_normalize_images_false_with_cnn_policy():
+    """With normalize_images=False the pixels reach the CNN unscaled: a 1-valued image under False gives
+    what a 255-valued image gives under True (same seed, same initial weights)."""
+    scaled = PPO("CnnPolicy", ImageEnv(), n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    raw = PPO(
+        "CnnPolicy",
+        ImageEnv(),
+        n_steps=16,
+        batch_size=16,
+        n_epochs=1,
+        seed=0,
+        policy_kwargs=dict(normalize_images=False),
+    )
+    ones = np.ones((1, 36, 36, 3), np.uint8)
+    with torch.no_grad():
+        out_raw = raw.policy(raw.policy.obs_to_tensor(ones)[0])
+        out_scaled = scaled.policy(scaled.policy.obs_to_tensor(ones * 255)[0])
+        out_scaled_ones = scaled.policy(scaled.policy.obs_to_tensor(ones)[0])
+    torch.testing.assert_close(out_raw, out_scaled)
+    assert not torch.allclose(out_raw, out_scaled_ones)
+    raw.learn(32)
+    assert raw.num_timesteps == 32
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_share_features_extractor(share):
+    model = PPO(
+        "CnnPolicy",
+        ImageEnv(),
+        n_steps=16,
+        batch_size=16,
+        n_epochs=1,
+        seed=0,
+        policy_kwargs=dict(share_features_extractor=share),
+    )
+    assert (model.policy.encoder is model.critic.encoder) == share
+    actor_ids = {id(p) for p in model.policy.encoder.parameters()}
+    critic_ids = {id(p) for p in model.critic.encoder.parameters()}
+    assert bool(actor_ids & critic_ids) == share
+    model.learn(32)
+
+
+def test_custom_features_extractor_class(tmp_path):
+    policy_kwargs = dict(features_extractor_class=TinyExtractor, features_extractor_kwargs=dict(features_dim=16))
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs, **FAST)
+    extractors = [m for m in model.policy.modules() if isinstance(m, TinyExtractor)]
+    assert len(extractors) == 1 and extractors[0].features_dim == 16
+    assert model.policy.encoder.out_dim == 16
+    assert linears(model.policy.trunk)[0].in_features == 16
+    before = extractors[0].net[0].weight.detach().clone()
+    model.learn(64)
+    assert not torch.equal(before, extractors[0].net[0].weight)  # the extractor is trained
+
+    # covey (on purpose) does not unpickle classes: the custom class is passed again at load.
+    batch = cartpole_obs_batch(16)
+    expected, _ = model.predict(batch, deterministic=True)
+    model.save(tmp_path / "custom")
+    with pytest.raises(Exception, match="custom_objects"):
+        PPO.load(tmp_path / "custom")
+    loaded = PPO.load(tmp_path / "custom", custom_objects={"policy_kwargs": policy_kwargs})
+    np.testing.assert_array_equal(loaded.predict(batch, deterministic=True)[0], expected)
+
+
+def test_sb3_nature_cnn_as_features_extractor_class():
+    policy_kwargs = dict(features_extractor_class=NatureCNN, features_extractor_kwargs=dict(features_dim=32))
+    model = PPO("CnnPolicy", ImageEnv(), n_steps=16, batch_size=16, n_epochs=1, seed=0, policy_kwargs=policy_kwargs)
+    assert any(isinstance(m, NatureCNN) for m in model.policy.modules())
+    assert model.policy.encoder.out_dim == 32
+    assert linears(model.policy.trunk) == []  # SB3: NatureCNN feeds the action layer directly
+    model.learn(32)
+    obs = ImageEnv().reset(seed=0)[0]
+    assert model.predict(obs)[0].shape == ()
+    assert model.predict(obs[None])[0].shape == (1,)
+
+
+def test_nature_cnn_extractor_with_mlp_policy_gets_no_hidden_layers():
+    """SB3 chooses the default net_arch from the extractor class: [] for NatureCNN, whatever the policy name."""
+    model = PPO(
+        "MlpPolicy",
+        ImageEnv(),
+        n_steps=16,
+        batch_size=16,
+        n_epochs=1,
+        seed=0,
+        policy_kwargs=dict(features_extractor_class=NatureCNN),
+    )
+    assert linears(model.policy.trunk) == []
+    assert linears(model.critic.trunk) == []
+
+
+def test_optimizer_class_and_kwargs(tmp_path):
+    policy_kwargs = dict(optimizer_class=torch.optim.RMSprop, optimizer_kwargs=dict(alpha=0.9))
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs, **FAST)
+    assert isinstance(model.optimizer, torch.optim.RMSprop)
+    assert model.optimizer.param_groups[0]["alpha"] == 0.9
+    model.learn(32)
+    model.save(tmp_path / "rms")
+    loaded = PPO.load(tmp_path / "rms")
+    assert isinstance(loaded.optimizer, torch.optim.RMSprop)
+    assert loaded.optimizer.param_groups[0]["alpha"] == 0.9
+
+
+# ---------------------------------------------------------------------------- 5. attributes callbacks touch
+def test_num_timesteps_and_learn_returns_self():
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    assert model.num_timesteps == 0
+    assert model.learn(64) is model
+    assert model.num_timesteps == 64
+    model.learn(32, reset_num_timesteps=False)
+    assert model.num_timesteps == 96
+    model.learn(32)
+    assert model.num_timesteps == 32
+
+
+def test_policy_predict_obs_to_tensor_set_training_mode():
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    batch = cartpole_obs_batch(8)
+    np.testing.assert_array_equal(
+        model.policy.predict(batch, deterministic=True)[0], model.predict(batch, deterministic=True)[0]
+    )
+    tensor, vectorized = model.policy.obs_to_tensor(batch[0])
+    assert isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == (1, 4) and vectorized is False
+    tensor, vectorized = model.policy.obs_to_tensor(batch)
+    assert tuple(tensor.shape) == (8, 4) and vectorized is True
+    model.policy.set_training_mode(False)
+    assert not model.policy.training
+    model.policy.set_training_mode(True)
+    assert model.policy.training
+
+
+def test_get_env_and_set_env():
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST).learn(32)
+    new_env = make_vec_env("CartPole-v1", n_envs=1, seed=1)
+    model.set_env(new_env)
+    assert model.get_env() is new_env
+    model.learn(32)
+    assert model.num_timesteps == 32
+
+
+def test_set_env_with_other_spaces_names_both():
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    pendulum = DummyVecEnv([lambda: gym.make("Pendulum-v1")])
+    with pytest.raises(ValueError) as err:
+        model.set_env(pendulum)
+    assert str(model.observation_space) in str(err.value)
+    assert str(pendulum.observation_space) in str(err.value)
+
+
+def test_set_logger(tmp_path):
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    new_logger = configure(str(tmp_path), ["csv"])
+    model.set_logger(new_logger)
+    assert model.logger is new_logger
+    model.learn(128)
+    assert model.logger is new_logger
+    header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
+    for key in ("train/value_loss", "train/policy_gradient_loss", "train/approx_kl", "time/fps"):
+        assert key in header
+
+
+def test_get_and_set_parameters():
+    model_a = PPO("MlpPolicy", "CartPole-v1", **FAST).learn(64)
+    model_b = PPO("MlpPolicy", "CartPole-v1", **{**FAST, "seed": 1})
+    batch = cartpole_obs_batch(64)
+    with torch.no_grad():
+        logits_a = model_a.policy(model_a.policy.obs_to_tensor(batch)[0])
+        assert not torch.allclose(logits_a, model_b.policy(model_b.policy.obs_to_tensor(batch)[0]))
+    model_b.set_parameters(model_a.get_parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(model_b.policy(model_b.policy.obs_to_tensor(batch)[0]), logits_a, rtol=0, atol=0)
+    np.testing.assert_array_equal(
+        model_b.predict(batch, deterministic=True)[0], model_a.predict(batch, deterministic=True)[0]
+    )
+
+
+def test_get_vec_normalize_env_is_none_without_vec_normalize():
+    assert PPO("MlpPolicy", "CartPole-v1", **FAST).get_vec_normalize_env() is None
+
+
+def test_learning_rate_attribute():
+    model = PPO("MlpPolicy", "CartPole-v1", learning_rate=1e-3, **FAST)
+    assert model.learning_rate == 1e-3
+    model.learn(32)
+    assert model.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+
+
+def test_set_random_seed_makes_sampling_reproducible():
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    batch = cartpole_obs_batch(128)
+    model.set_random_seed(3)
+    first, _ = model.predict(batch, deterministic=False)
+    model.set_random_seed(3)
+    again, _ = model.predict(batch, deterministic=False)
+    model.set_random_seed(4)
+    other, _ = model.predict(batch, deterministic=False)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+
+
+def test_ep_info_buffer_after_learning():
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    assert len(model.ep_info_buffer) == 0
+    model.learn(256)
+    assert len(model.ep_info_buffer) > 0
+    assert all({"r", "l"} <= set(ep) for ep in model.ep_info_buffer)
+    assert all(ep["r"] == ep["l"] for ep in model.ep_info_buffer)  # CartPole pays 1 per step
+
+
+def test_device():
+    model = PPO("MlpPolicy", "CartPole-v1", device="cpu", **FAST)
+    assert model.device == torch.device("cpu")
+    assert all(p.device == model.device for p in model.policy.parameters())
+    auto = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    assert auto.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_tensorboard_log(tmp_path):
+    model = PPO("MlpPolicy", "CartPole-v1", tensorboard_log=str(tmp_path), **FAST)
+    model.learn(64, tb_log_name="first_run")
+    assert glob.glob(str(tmp_path / "first_run_1" / "events.out.tfevents.*"))
+    model.learn(32, tb_log_name="first_run", reset_num_timesteps=False)  # SB3: continues in the same run dir
+    assert not (tmp_path / "first_run_2").exists()
+    model.learn(32, tb_log_name="first_run")
+    assert glob.glob(str(tmp_path / "first_run_2" / "events.out.tfevents.*"))
+
+
+# ---------------------------------------------------------------------------- 6. SB3 policy classes
+def test_sb3_policy_classes(tmp_path):
+    from stable_baselines3.common.policies import ActorCriticPolicy
+    from stable_baselines3.ppo import CnnPolicy, MlpPolicy, MultiInputPolicy
+
+    model = PPO(MlpPolicy, "CartPole-v1", **FAST).learn(32)
+    assert model.predict(np.zeros(4, np.float32))[0].shape == ()
+    model.save(tmp_path / "mlp")
+    assert PPO.load(tmp_path / "mlp").predict(np.zeros(4, np.float32))[0].shape == ()
+
+    PPO(ActorCriticPolicy, "CartPole-v1", **FAST).learn(32)
+    cnn = PPO(CnnPolicy, ImageEnv(), n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    assert any(isinstance(m, torch.nn.Conv2d) for m in cnn.policy.modules())
+    multi = PPO(MultiInputPolicy, DictEnv(), n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(16)
+    assert multi.num_timesteps == 16
+
+
+# ---------------------------------------------------------------------------- 7. predict
+def test_predict_image_in_either_channel_order():
+    model = PPO("CnnPolicy", ImageEnv(), n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(32)
+    rng = np.random.default_rng(0)
+    hwc = rng.integers(0, 256, (8, 36, 36, 3), dtype=np.uint8)
+    chw = np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.policy(model.policy.obs_to_tensor(hwc)[0]), model.policy(model.policy.obs_to_tensor(chw)[0])
+        )
+    np.testing.assert_array_equal(model.predict(hwc, deterministic=True)[0], model.predict(chw, deterministic=True)[0])
+    assert model.predict(hwc[0], deterministic=True)[0] == model.predict(chw[0], deterministic=True)[0]
+    assert model.predict(chw[0])[0].shape == ()
+
+
+def test_predict_dict_observations():
+    model = PPO("MultiInputPolicy", DictEnv(), n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(32)
+    single = {"vec": np.zeros(3, np.float32), "pos": 2}
+    action, _ = model.predict(single, deterministic=True)
+    assert action.shape == () and 0 <= int(action) < 3
+    batched = {"vec": np.zeros((5, 3), np.float32), "pos": np.array([0, 1, 2, 3, 0])}
+    actions, _ = model.predict(batched, deterministic=True)
+    assert actions.shape == (5,)
+    vec_env = model.get_env()
+    assert model.predict(vec_env.reset())[0].shape == (1,)
+
+
+def test_predict_clips_box_actions_to_bounds():
+    model = PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(log_std_init=2.0), **FAST)
+    obs = np.tile(np.array([1.0, 0.0, 0.0], np.float32), (1000, 1))
+    actions, _ = model.predict(obs, deterministic=False)
+    assert actions.shape == (1000, 1)
+    assert actions.min() >= -2.0 and actions.max() <= 2.0
+    assert np.isclose(np.abs(actions), 2.0).mean() > 0.5  # std e^2 ~ 7.4: most samples were clipped
+
+
+@pytest.mark.parametrize(
+    ("env_id", "obs_dim", "action_shape"),
+    [("CartPole-v1", 4, ()), ("Pendulum-v1", 3, (1,))],
+)
+def test_predict_single_and_batched_shapes(env_id, obs_dim, action_shape):
+    model = PPO("MlpPolicy", env_id, **FAST)
+    single = np.zeros(obs_dim, np.float32)
+    action, state = model.predict(single)
+    assert isinstance(action, np.ndarray) and action.shape == action_shape and state is None
+    assert model.predict(np.zeros((7, obs_dim), np.float32))[0].shape == (7, *action_shape)
+    assert model.predict(np.zeros((1, obs_dim), np.float32))[0].shape == (1, *action_shape)
+    assert model.action_space.contains(action if action_shape else int(action))  # the action is a valid env action
