@@ -15,12 +15,14 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
         ("ppo_cartpole.py", []),
         ("ppo_lunarlander.py", []),
         ("ppo_lunarlander.py", ["--continuous"]),
+        ("sac_pendulum.py", []),
+        ("sac_lunarlander_continuous.py", []),
     ],
 )
 def test_example_runs(script, extra, tmp_path):
     save = tmp_path / "model.zip"
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), "--timesteps", "2048", "--save", str(save), *extra],
+        [sys.executable, str(EXAMPLES / script), "--timesteps", "1000", "--save", str(save), *extra],
         capture_output=True,
         text=True,
         timeout=300,

@@ -8,7 +8,7 @@ from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
-from covey import PPO
+from covey import PPO, SAC
 
 
 class ReachTarget(gym.Env):
@@ -79,3 +79,35 @@ def test_ppo_solves_a_tiny_continuous_task():
     mean, _ = evaluate_policy(model, make_vec_env(ReachTarget, n_envs=1, seed=1), n_eval_episodes=20)
     assert random_mean < -5
     assert mean > -0.2
+
+
+@pytest.mark.slow
+def test_sac_reaches_minus_250_on_pendulum_within_20k_steps():
+    """SAC (RL-Zoo's learning rate, 64x64 networks to keep CI short): mean return >= -250 after 20k steps."""
+    model = SAC(
+        "MlpPolicy",
+        make_vec_env("Pendulum-v1", n_envs=1, seed=0),
+        learning_rate=1e-3,
+        policy_kwargs=dict(net_arch=[64, 64]),
+        seed=0,
+    )
+    model.learn(20_000)
+    mean, _ = evaluate_policy(model, make_vec_env("Pendulum-v1", n_envs=1, seed=100), n_eval_episodes=10)
+    assert mean >= -250
+
+
+@pytest.mark.slow
+def test_discrete_sac_reaches_300_on_cartpole_within_50k_steps():
+    """SAC for Discrete actions (exact expectation over actions): mean return >= 300 within 40k steps."""
+    model = SAC(
+        "MlpPolicy",
+        make_vec_env("CartPole-v1", n_envs=1, seed=0),
+        learning_rate=1e-3,
+        learning_starts=1000,
+        buffer_size=50_000,
+        policy_kwargs=dict(net_arch=[64, 64]),
+        seed=0,
+    )
+    model.learn(40_000)
+    mean, _ = evaluate_policy(model, make_vec_env("CartPole-v1", n_envs=1, seed=100), n_eval_episodes=10)
+    assert mean >= 300

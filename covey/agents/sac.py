@@ -469,33 +469,52 @@ class SAC(BaseAgent):
         self.logger.record("train/learning_rate", lr)
 
     def _gradient_step(self, batch: ReplayBatch) -> dict[str, torch.Tensor]:
-        cfg = self.config
+        """One SAC update: temperature, critics, actor (in SB3's order)."""
         stats: dict[str, torch.Tensor] = {}
-        params = self.actor(batch.observations)
-        if self.discrete:
-            log_probs = params.log_softmax(-1)  # (B, n_actions)
-            log_prob = (log_probs.exp() * log_probs).sum(-1)  # E[log pi] = -entropy, (B,)
-        else:
-            actions_pi, log_prob = self.actor.head.rsample(params)
-
-        # 1) temperature, from the current policy's entropy
+        sample = self._policy_sample(batch.observations)
         if self.log_ent_coef is not None:
-            loss = temperature_loss(self.log_ent_coef, log_prob, self.target_entropy)
-            self.ent_coef_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.ent_coef_optimizer.step()
+            loss = self._temperature_objective(sample)
+            self._step(self.ent_coef_optimizer, loss)
             stats["ent_coef_loss"] = loss.detach()
         ent_coef = self._ent_coef()
         stats["ent_coef"] = ent_coef.reshape(())
+        loss, current_q = self._critic_objective(batch, ent_coef)
+        self._step(self.critic_optimizer, loss)
+        stats["critic_loss"] = loss.detach()
+        stats["q_mean"] = current_q.detach().mean()
+        loss = self._actor_objective(batch, sample, ent_coef)
+        self._step(self.actor_optimizer, loss)
+        stats["actor_loss"] = loss.detach()
+        return stats
 
-        # 2) critics, against the target critics at the policy's next action
+    @staticmethod
+    def _step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def _policy_sample(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy at ``obs``: ``(actions, log_prob)`` for Box (a reparameterized sample), and
+        ``(log_probs over all actions, E[log pi])`` for Discrete."""
+        params = self.actor(obs)
+        if self.discrete:
+            log_probs = params.log_softmax(-1)  # (B, n_actions)
+            return log_probs, (log_probs.exp() * log_probs).sum(-1)  # E[log pi] = -entropy, (B,)
+        return self.actor.head.rsample(params)
+
+    def _temperature_objective(self, sample: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Reaches only log(alpha): the policy's log-probability enters detached."""
+        return temperature_loss(self.log_ent_coef, sample[1], self.target_entropy)
+
+    def _critic_objective(self, batch: ReplayBatch, ent_coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Critic loss against the target critics at the policy's next action; reaches only the critics."""
+        cfg = self.config
         with torch.no_grad():
             next_params = self.actor(batch.next_observations)
             if self.discrete:
-                next_log_probs = next_params.log_softmax(-1)
                 next_q = self.critic_target(batch.next_observations)
                 target = discrete_soft_q_target(
-                    batch.rewards, batch.terminated, next_q, next_log_probs, ent_coef, cfg.gamma
+                    batch.rewards, batch.terminated, next_q, next_params.log_softmax(-1), ent_coef, cfg.gamma
                 )
             else:
                 next_actions, next_log_prob = self.actor.head.rsample(next_params)
@@ -507,25 +526,19 @@ class SAC(BaseAgent):
             current_q = q_all.gather(2, index).squeeze(-1)  # (n_critics, B)
         else:
             current_q = self.critic(batch.observations, batch.actions)
-        loss = critic_loss(current_q, target)
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.critic_optimizer.step()
-        stats["critic_loss"] = loss.detach()
-        stats["q_mean"] = current_q.detach().mean()
+        return critic_loss(current_q, target), current_q
 
-        # 3) actor, against the updated critics; the critics' parameters get no gradient from it
+    def _actor_objective(
+        self, batch: ReplayBatch, sample: tuple[torch.Tensor, torch.Tensor], ent_coef: torch.Tensor
+    ) -> torch.Tensor:
+        """Actor loss against the critics; the critics' parameters are left out of its graph."""
         self.critic.requires_grad_(False)
-        if self.discrete:
-            loss = discrete_actor_loss(self.critic(batch.observations), log_probs, ent_coef)
-        else:
-            loss = actor_loss(self.critic(batch.observations, actions_pi), log_prob, ent_coef)
-        self.critic.requires_grad_(True)
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.actor_optimizer.step()
-        stats["actor_loss"] = loss.detach()
-        return stats
+        try:
+            if self.discrete:
+                return discrete_actor_loss(self.critic(batch.observations), sample[0], ent_coef)
+            return actor_loss(self.critic(batch.observations, sample[0]), sample[1], ent_coef)
+        finally:
+            self.critic.requires_grad_(True)
 
 
 def _copy_obs(obs):
