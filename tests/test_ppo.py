@@ -302,3 +302,8 @@ def test_load_with_mismatched_env_names_both_spaces(tmp_path):
     PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(tmp_path / "m.zip")
     with pytest.raises(ValueError, match=r"Observation spaces do not match.*Box.*\(4,\).*Box.*\(3,\)"):
         PPO.load(tmp_path / "m.zip", env="Pendulum-v1")
+
+
+def test_no_env_says_how_to_give_one():
+    with pytest.raises(ValueError, match="needs an env"):
+        PPO("MlpPolicy", None)

@@ -140,6 +140,13 @@ class BaseAgent:
             self._attach_env(as_vec_env(env))
 
     # ------------------------------------------------------------------ environment
+    def _require_spaces(self) -> None:
+        if self.observation_space is None or self.action_space is None:
+            raise ValueError(
+                f"{type(self).__name__} needs an env to build its networks: pass env=... (an env id, a Gymnasium "
+                "env or a VecEnv), or use load() to restore a saved model without one."
+            )
+
     def _attach_env(self, env: VecEnv) -> None:
         check_observation_space(env.observation_space)
         check_action_space(env.action_space, self.supported_action_spaces)

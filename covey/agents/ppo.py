@@ -219,6 +219,7 @@ class PPO(BaseAgent):
             self._setup_model()
 
     def _setup_model(self) -> None:
+        self._require_spaces()
         cfg = self.config
         buffer_size = cfg.n_steps * self.n_envs
         if cfg.normalize_advantage and buffer_size <= 1:

@@ -270,6 +270,7 @@ class SAC(BaseAgent):
         super()._attach_env(env)
 
     def _setup_model(self) -> None:
+        self._require_spaces()
         cfg = self.config
         self.set_random_seed(self.seed)
         self.discrete = isinstance(self.action_space, spaces.Discrete)
@@ -392,7 +393,7 @@ class SAC(BaseAgent):
         return self
 
     def collect_rollouts(self, callback, log_interval: int | None) -> tuple[int, bool]:
-        """Step the envs until ``train_freq`` is met; returns (steps per env, whether to continue)."""
+        """Step the envs until ``train_freq`` is met; returns (env steps of all envs, whether to continue)."""
         cfg, env, actor = self.config, self.env, self.actor
         actor.set_training_mode(False)
         callback.on_rollout_start()
@@ -411,7 +412,7 @@ class SAC(BaseAgent):
             steps += 1
             callback.update_locals(locals())
             if not callback.on_step():
-                return steps, False
+                return steps * env.num_envs, False
             self._update_info_buffer(infos, dones)
             self._store_transition(buffer_actions, new_obs, rewards, dones, infos)
             for _ in np.flatnonzero(dones):
@@ -420,7 +421,7 @@ class SAC(BaseAgent):
                 if log_interval is not None and self._episode_num % log_interval == 0:
                     self._dump_logs(self._episode_num, "time/episodes")
         callback.on_rollout_end()
-        return steps, True
+        return steps * env.num_envs, True
 
     def _to_buffer_actions(self, env_actions: np.ndarray) -> np.ndarray:
         """Env actions to what the buffer stores: Box actions rescaled into [-1, 1]."""
@@ -449,6 +450,7 @@ class SAC(BaseAgent):
 
     def train(self, gradient_steps: int, batch_size: int = 256) -> None:
         """``gradient_steps`` SAC updates: temperature, critics, actor, then the target critics."""
+        self._update_current_progress_remaining()
         lr = self.lr_schedule(self._current_progress_remaining)
         for opt in self._optimizers().values():
             for group in opt.param_groups:
@@ -459,10 +461,10 @@ class SAC(BaseAgent):
             stats = self._gradient_step(self.replay_buffer.sample(batch_size))
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
-            if (step + 1) % self.config.target_update_interval == 0:
+            self._n_updates += 1
+            # The interval counts gradient steps over the whole run, not within one train() call.
+            if self._n_updates % self.config.target_update_interval == 0:
                 polyak_update(self._target_params, self._critic_params, self.config.tau)
-        self._n_updates += gradient_steps
-        self._update_current_progress_remaining()
         for key, values in history.items():
             self.logger.record(f"train/{key}", torch.stack(values).mean().item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
@@ -472,12 +474,13 @@ class SAC(BaseAgent):
         """One SAC update: temperature, critics, actor (in SB3's order)."""
         stats: dict[str, torch.Tensor] = {}
         sample = self._policy_sample(batch.observations)
+        # This step's losses use the temperature from before its update (SB3's order).
+        ent_coef = self._ent_coef()
+        stats["ent_coef"] = ent_coef.reshape(())
         if self.log_ent_coef is not None:
             loss = self._temperature_objective(sample)
             self._step(self.ent_coef_optimizer, loss)
             stats["ent_coef_loss"] = loss.detach()
-        ent_coef = self._ent_coef()
-        stats["ent_coef"] = ent_coef.reshape(())
         loss, current_q = self._critic_objective(batch, ent_coef)
         self._step(self.critic_optimizer, loss)
         stats["critic_loss"] = loss.detach()

@@ -134,7 +134,8 @@ class ReplayBuffer:
             return np.random.randint(0, self.capacity if self.full else self.pos, size=batch_size)
         # Memory mode: the newest row's next observation is not written yet, so it is never sampled.
         if self.full:
-            return (np.random.randint(1, self.capacity, size=batch_size) + self.pos) % self.capacity
+            # Rows pos, pos+1, ..., pos-2 (mod capacity): all but the newest row, pos - 1.
+            return (np.random.randint(0, self.capacity - 1, size=batch_size) + self.pos) % self.capacity
         if self.pos < 2:
             raise ValueError("The replay buffer needs two stored steps before sampling with optimize_memory_usage.")
         return np.random.randint(0, self.pos - 1, size=batch_size)

@@ -149,6 +149,8 @@ class Actor(nn.Module):
     def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities of ``actions`` and entropies, both ``(B,)``."""
         params = self(obs)
+        if hasattr(self.head, "log_prob_entropy"):
+            return self.head.log_prob_entropy(params, actions)
         return self.head.log_prob(params, actions), self.head.entropy(params)
 
     def to_env_actions(self, actions: np.ndarray) -> np.ndarray:

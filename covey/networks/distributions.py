@@ -56,6 +56,12 @@ class CategoricalHead(nn.Module):
     def entropy(self, logits: torch.Tensor) -> torch.Tensor:
         return _categorical_entropy(logits)
 
+    def log_prob_entropy(self, logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both at once, sharing one log-softmax (the training hot path)."""
+        log_p = logits.log_softmax(-1)
+        log_prob = log_p.gather(-1, (actions.long() - self.start).unsqueeze(-1)).squeeze(-1)
+        return log_prob, -(log_p.exp() * log_p).sum(-1)
+
 
 class MultiCategoricalHead(nn.Module):
     """MultiDiscrete(nvec) actions: independent categoricals, logits concatenated ``(B, sum(nvec))``."""

@@ -1,0 +1,329 @@
+"""Side-by-side benchmark of covey against Stable-Baselines3: training time, env throughput, final return.
+
+    python -m benchmarks.compare --suite quick                       # all tasks, 2 seeds, < 15 min on 2 cores
+    python -m benchmarks.compare --suite full --out results.md       # long: hours
+    python -m benchmarks.compare --suite quick --tasks sac_pendulum --seeds 1 --scale 0.1   # smoke run
+
+Both frameworks train in the same process, alternating per seed (covey first on even seeds, SB3 first on
+odd ones), on identical envs, seeds and hyperparameters. Only ``model.learn`` is timed. The machine may
+be shared and noisy: compare the covey/SB3 ratios of one run, not absolute seconds across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium
+import numpy as np
+import stable_baselines3
+import torch
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.vec_env import VecEnv
+
+import covey
+
+FRAMEWORKS: dict[str, dict[str, type]] = {
+    "covey": {"PPO": covey.PPO, "SAC": covey.SAC},
+    "sb3": {"PPO": stable_baselines3.PPO, "SAC": stable_baselines3.SAC},
+}
+N_EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 10_000
+DEFAULT_SEEDS = {"quick": 2, "full": 3}
+SB3_DEFAULTS = {"PPO": {"n_steps": 2048}, "SAC": {"learning_starts": 100, "batch_size": 256}}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One benchmark: an agent on an env, with hyperparameters shared by both frameworks."""
+
+    name: str
+    agent: str
+    """"PPO" or "SAC" (the class is looked up per framework in FRAMEWORKS)."""
+    env_id: str
+    n_envs: int
+    budgets: dict[str, int]
+    """Timesteps per suite ("quick", "full")."""
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    suite_hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-suite additions to ``hyperparameters`` (e.g. a shorter warm-up for the quick suite)."""
+    env_kwargs: dict[str, Any] | None = None
+
+    def kwargs(self, suite: str) -> dict[str, Any]:
+        return {**self.hyperparameters, **self.suite_hyperparameters.get(suite, {})}
+
+    def min_timesteps(self, suite: str) -> int:
+        """The smallest budget in which learning happens: one PPO rollout, or SAC's warm-up plus a batch."""
+        kwargs = {**SB3_DEFAULTS[self.agent], **self.kwargs(suite)}
+        if self.agent == "PPO":
+            return kwargs["n_steps"] * self.n_envs
+        return kwargs["learning_starts"] + kwargs["batch_size"]
+
+    def timesteps(self, suite: str, scale: float) -> int:
+        return max(round(self.budgets[suite] * scale), self.min_timesteps(suite))
+
+
+TASKS = [
+    Task("ppo_cartpole_1env", "PPO", "CartPole-v1", n_envs=1, budgets={"quick": 20_000, "full": 100_000}),
+    Task(
+        "ppo_cartpole_8env",
+        "PPO",
+        "CartPole-v1",
+        n_envs=8,
+        budgets={"quick": 50_000, "full": 100_000},
+        # RL-Zoo settings, with a constant learning rate.
+        hyperparameters=dict(
+            n_steps=32,
+            batch_size=256,
+            gae_lambda=0.8,
+            gamma=0.98,
+            n_epochs=20,
+            ent_coef=0.0,
+            learning_rate=1e-3,
+            clip_range=0.2,
+        ),
+    ),
+    Task(
+        "ppo_lunarlander",
+        "PPO",
+        "LunarLander-v3",
+        n_envs=16,
+        budgets={"quick": 50_000, "full": 1_000_000},
+        hyperparameters=dict(n_steps=1024, batch_size=64, n_epochs=4, gamma=0.999, gae_lambda=0.98, ent_coef=0.01),
+    ),
+    Task(
+        "sac_pendulum",
+        "SAC",
+        "Pendulum-v1",
+        n_envs=1,
+        budgets={"quick": 3_000, "full": 20_000},
+        hyperparameters=dict(learning_rate=1e-3),
+    ),
+    Task(
+        "sac_lunarlander_continuous",
+        "SAC",
+        "LunarLander-v3",
+        n_envs=1,
+        budgets={"quick": 3_000, "full": 300_000},
+        hyperparameters=dict(learning_rate=7.3e-4, batch_size=256, tau=0.01, policy_kwargs=dict(net_arch=[400, 300])),
+        suite_hyperparameters={"quick": dict(learning_starts=1_000), "full": dict(learning_starts=10_000)},
+        env_kwargs=dict(continuous=True),
+    ),
+]
+TASKS_BY_NAME = {task.name: task for task in TASKS}
+
+
+@dataclass
+class RunResult:
+    framework: str
+    seed: int
+    seconds: float
+    timesteps: int
+    eval_return: float
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.timesteps / self.seconds
+
+
+@dataclass
+class TaskResult:
+    task: Task
+    env_steps_per_second: float
+    runs: list[RunResult]
+
+    def timesteps(self) -> str:
+        """Timesteps actually trained (PPO rounds the budget up to whole rollouts)."""
+        return "/".join(f"{steps:,}" for steps in sorted({run.timesteps for run in self.runs}))
+
+    def of(self, framework: str) -> list[RunResult]:
+        return [run for run in self.runs if run.framework == framework]
+
+    def time_ratios(self) -> list[float]:
+        """covey seconds / SB3 seconds, one per seed."""
+        sb3 = {run.seed: run.seconds for run in self.of("sb3")}
+        return [run.seconds / sb3[run.seed] for run in self.of("covey")]
+
+
+def make_env(task: Task, n_envs: int, seed: int) -> VecEnv:
+    return make_vec_env(task.env_id, n_envs, seed=seed, env_kwargs=task.env_kwargs)
+
+
+def measure_env_speed(task: Task, seconds: float, seed: int = 0) -> float:
+    """Env steps per second (n_envs per VecEnv step) of the task's VecEnv stepped with random actions."""
+    env = make_env(task, task.n_envs, seed)
+    env.action_space.seed(seed)
+    env.reset()
+    steps = 0
+    start = time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        env.step(np.array([env.action_space.sample() for _ in range(task.n_envs)]))
+        steps += task.n_envs
+    env.close()
+    return steps / elapsed
+
+
+def measure_training(framework: str, task: Task, suite: str, timesteps: int, seed: int) -> RunResult:
+    """Train one model on a fresh env, timing ``learn`` only, then evaluate it on a separately seeded env."""
+    agent_class = FRAMEWORKS[framework][task.agent]
+    env = make_env(task, task.n_envs, seed)
+    model = agent_class("MlpPolicy", env, seed=seed, verbose=0, **task.kwargs(suite))
+    start = time.perf_counter()
+    model.learn(total_timesteps=timesteps)
+    seconds = time.perf_counter() - start
+    eval_return = measure_return(model, task, seed)
+    env.close()
+    return RunResult(framework, seed, seconds, model.num_timesteps, eval_return)
+
+
+def measure_return(model: Any, task: Task, seed: int) -> float:
+    """Mean return of the deterministic policy over N_EVAL_EPISODES episodes."""
+    eval_env = make_env(task, 1, EVAL_SEED_OFFSET + seed)
+    mean_return, _ = evaluate_policy(model, eval_env, n_eval_episodes=N_EVAL_EPISODES, deterministic=True)
+    eval_env.close()
+    return float(mean_return)
+
+
+def run_task(
+    task: Task, suite: str, seeds: int, scale: float, env_seconds: float, log: Callable[[str], None]
+) -> TaskResult:
+    timesteps = task.timesteps(suite, scale)
+    env_speed = measure_env_speed(task, env_seconds)
+    log(f"[{task.name}] budget {timesteps} timesteps per run; raw env: {env_speed:,.0f} steps/s")
+    runs = []
+    for seed in range(seeds):
+        # Alternate which framework goes first, so slow phases of a noisy machine hit both alike.
+        order = ["covey", "sb3"] if seed % 2 == 0 else ["sb3", "covey"]
+        for framework in order:
+            run = measure_training(framework, task, suite, timesteps, seed)
+            runs.append(run)
+            log(
+                f"[{task.name}] seed {seed} {framework:>5}: {run.seconds:7.1f} s, "
+                f"{run.steps_per_second:8,.0f} steps/s, return {run.eval_return:8.1f}"
+            )
+    return TaskResult(task, env_speed, runs)
+
+
+def median_range(values: Sequence[float], fmt: str) -> str:
+    """``median [min, max]``, or just the value when there is one."""
+    median = format(statistics.median(values), fmt)
+    if len(values) == 1:
+        return median
+    return f"{median} [{format(min(values), fmt)}, {format(max(values), fmt)}]"
+
+
+def format_table(results: Sequence[TaskResult]) -> str:
+    header = [
+        "task",
+        "timesteps",
+        "covey s (median)",
+        "SB3 s (median)",
+        "covey/SB3 time ratio (median [min, max])",
+        "covey steps/s",
+        "SB3 steps/s",
+        "raw env steps/s",
+        "covey return (median [min, max])",
+        "SB3 return (median [min, max])",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    for result in results:
+        covey_runs, sb3_runs = result.of("covey"), result.of("sb3")
+        row = [
+            result.task.name,
+            result.timesteps(),
+            f"{statistics.median(run.seconds for run in covey_runs):.1f}",
+            f"{statistics.median(run.seconds for run in sb3_runs):.1f}",
+            median_range(result.time_ratios(), ".2f"),
+            f"{statistics.median(run.steps_per_second for run in covey_runs):,.0f}",
+            f"{statistics.median(run.steps_per_second for run in sb3_runs):,.0f}",
+            f"{result.env_steps_per_second:,.0f}",
+            median_range([run.eval_return for run in covey_runs], ".1f"),
+            median_range([run.eval_return for run in sb3_runs], ".1f"),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def format_report(
+    results: Sequence[TaskResult],
+    args: argparse.Namespace,
+    command: str,
+    started: datetime.datetime,
+    load_at_start: tuple[float, float, float],
+) -> str:
+    minutes = (datetime.datetime.now().astimezone() - started).total_seconds() / 60
+    load = "/".join(f"{value:.2f}" for value in os.getloadavg())
+    machine = [
+        f"- command: `{command}`",
+        f"- date: {started.isoformat(timespec='seconds')} (took {minutes:.1f} min)",
+        f"- suite: {args.suite}, seeds: {args.seeds}, scale: {args.scale}",
+        f"- cores (os.cpu_count()): {os.cpu_count()}, torch threads: {torch.get_num_threads()}",
+        f"- torch {torch.__version__}, stable-baselines3 {stable_baselines3.__version__}, covey {covey.__version__}, "
+        f"gymnasium {gymnasium.__version__}, numpy {np.__version__}, Python {platform.python_version()}",
+        f"- platform: {platform.platform()}, CUDA available: {torch.cuda.is_available()}",
+        "- load average (1/5/15 min) at start: "
+        + "/".join(f"{value:.2f}" for value in load_at_start)
+        + f", at end: {load}",
+    ]
+    notes = (
+        "Times are wall-clock seconds of `model.learn` only; steps/s = timesteps / those seconds; the ratio is "
+        "the median over seeds of covey seconds / SB3 seconds for the same seed (< 1: covey is faster). Returns "
+        f"are the mean of {N_EVAL_EPISODES} deterministic evaluation episodes per seed. Raw env steps/s: the "
+        "same VecEnv stepped with random actions."
+    )
+    return "\n".join(["# covey vs Stable-Baselines3", "", format_table(results), "", notes, "", *machine, ""])
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=sorted(DEFAULT_SEEDS), default="quick")
+    parser.add_argument("--tasks", default=",".join(TASKS_BY_NAME), help="comma-separated task names")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per task (default: quick 2, full 3)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (set once at start)")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies every budget (clamped so learning runs)")
+    parser.add_argument("--env-seconds", type=float, default=2.0, help="duration of the raw env speed measurement")
+    parser.add_argument("--out", default=None, help="also write the report as markdown to this file")
+    args = parser.parse_args(argv)
+    args.task_list = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    unknown = [name for name in args.task_list if name not in TASKS_BY_NAME]
+    if unknown or not args.task_list:
+        parser.error(f"unknown task(s) {unknown}; choose from {', '.join(TASKS_BY_NAME)}")
+    if args.seeds is None:
+        args.seeds = DEFAULT_SEEDS[args.suite]
+    if args.seeds < 1 or args.threads < 1 or args.scale <= 0 or args.env_seconds <= 0:
+        parser.error("--seeds and --threads must be >= 1, --scale and --env-seconds > 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    command = shlex.join(["python", "-m", "benchmarks.compare", *(sys.argv[1:] if argv is None else argv)])
+    torch.set_num_threads(args.threads)
+    started, load_at_start = datetime.datetime.now().astimezone(), os.getloadavg()
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    results = [
+        run_task(TASKS_BY_NAME[name], args.suite, args.seeds, args.scale, args.env_seconds, log)
+        for name in args.task_list
+    ]
+    report = format_report(results, args, command, started, load_at_start)
+    print(report)
+    if args.out:
+        with open(args.out, "w") as file:
+            file.write(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""The benchmark harness runs end to end on a tiny budget and prints a table row per task (no timing checks)."""
+
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TASKS = ["ppo_cartpole_8env", "sac_pendulum"]
+
+
+def table_rows(output: str) -> dict[str, dict[str, str]]:
+    """The markdown table as {task: {column header: cell}}."""
+    lines = [line for line in output.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    return {row[0]: dict(zip(header, row)) for row in rows}
+
+
+def test_compare_quick_smoke():
+    command = [sys.executable, "-m", "benchmarks.compare", "--suite", "quick", "--tasks", ",".join(TASKS)]
+    result = subprocess.run(
+        [*command, "--seeds", "1", "--scale", "0.02"], capture_output=True, text=True, timeout=180, cwd=REPO
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert sorted(rows) == sorted(TASKS)
+    for task in TASKS:
+        ratio_column = next(column for column in rows[task] if column.startswith("covey/SB3 time ratio"))
+        ratio = float(rows[task][ratio_column].split()[0])
+        assert ratio > 0
+    assert "python -m benchmarks.compare --suite quick" in result.stdout

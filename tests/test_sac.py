@@ -1,0 +1,556 @@
+"""SAC: the maths by hand, target critics, gradient isolation, save/load, SB3 argument semantics, logs, errors."""
+
+import csv
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.logger import configure
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv
+from torch.distributions import Normal, TransformedDistribution
+from torch.distributions.transforms import TanhTransform
+
+from covey import SAC
+from covey.agents.sac import (
+    actor_loss,
+    critic_loss,
+    discrete_actor_loss,
+    discrete_soft_q_target,
+    polyak_update,
+    soft_q_target,
+    temperature_loss,
+)
+from covey.networks.distributions import SquashedGaussianHead
+
+SMALL = dict(learning_starts=50, batch_size=32, seed=0, policy_kwargs=dict(net_arch=[32, 32]))
+
+
+def sac(env, **kwargs) -> SAC:
+    return SAC("MlpPolicy", env, **{**SMALL, **kwargs})
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small networks run fastest on one thread (and do not thrash a busy machine); restore it afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class CounterEnv(gym.Env):
+    """Observation ``[t]`` (steps since reset); episodes of ``length`` steps that end terminated, or truncated
+    (a time limit) with ``truncate=True``. Reward: Box ``-|a - 0.5|``, Discrete ``1`` for action 1."""
+
+    observation_space = spaces.Box(-100.0, 100.0, (1,), np.float32)
+
+    def __init__(self, length: int = 5, discrete: bool = False, truncate: bool = False) -> None:
+        self.length, self.truncate = length, truncate
+        self.action_space = spaces.Discrete(2) if discrete else spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if isinstance(self.action_space, spaces.Discrete):
+            reward = float(int(action) == 1)
+        else:
+            reward = -float(np.abs(np.asarray(action) - 0.5).sum())
+        done = self.t >= self.length
+        return np.array([float(self.t)], np.float32), reward, done and not self.truncate, done and self.truncate, {}
+
+
+class ActionEnv(gym.Env):
+    """An env with a given action space (only its construction matters)."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def __init__(self, action_space: spaces.Space) -> None:
+        self.action_space = action_space
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def params_of(*modules: torch.nn.Module) -> list[torch.Tensor]:
+    return [p for m in modules for p in m.parameters()]
+
+
+def snapshot(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+# ---------------------------------------------------------------------------- the maths by hand
+def test_polyak_update_by_hand():
+    target, source = [torch.tensor([1.0, 2.0]), torch.tensor([10.0])], [torch.tensor([3.0, 6.0]), torch.tensor([0.0])]
+    polyak_update(target, source, 0.1)
+    # 0.9 * 1 + 0.1 * 3 = 1.2; 0.9 * 2 + 0.1 * 6 = 2.4; 0.9 * 10 + 0.1 * 0 = 9.0
+    torch.testing.assert_close(target[0], torch.tensor([1.2, 2.4]))
+    torch.testing.assert_close(target[1], torch.tensor([9.0]))
+    assert source[0].tolist() == [3.0, 6.0]  # the source is not touched
+    polyak_update(target, source, 1.0)  # tau = 1 copies
+    assert target[0].tolist() == [3.0, 6.0] and target[1].tolist() == [0.0]
+
+
+def test_soft_q_target_by_hand():
+    next_q = torch.tensor([[1.0, 5.0], [2.0, 4.0]])  # (n_critics=2, B=2): min over critics = [1.0, 4.0]
+    next_log_prob = torch.tensor([-0.5, 0.2])
+    rewards = torch.tensor([1.0, 1.0])
+    # next V = min Q - alpha * log pi = [1.0 - 0.1 * (-0.5), 4.0 - 0.1 * 0.2] = [1.05, 3.98]
+    # target = r + gamma * (1 - terminated) * V = [1 + 0.9 * 1.05, 1 + 0] = [1.945, 1.0]
+    target = soft_q_target(rewards, torch.tensor([0.0, 1.0]), next_q, next_log_prob, 0.1, 0.9)
+    torch.testing.assert_close(target, torch.tensor([1.945, 1.0]))
+    # A truncated transition is stored with terminated = 0, so it bootstraps: 1 + 0.9 * 3.98 = 4.582.
+    target = soft_q_target(rewards, torch.tensor([0.0, 0.0]), next_q, next_log_prob, 0.1, 0.9)
+    torch.testing.assert_close(target, torch.tensor([1.945, 4.582]))
+    # alpha as a (1,)-tensor, as the agent passes it, gives the same.
+    target = soft_q_target(rewards, torch.tensor([0.0, 1.0]), next_q, next_log_prob, torch.tensor([0.1]), 0.9)
+    torch.testing.assert_close(target, torch.tensor([1.945, 1.0]))
+
+
+def _discrete_example():
+    # (n_critics=2, B=2, n_actions=2); min over critics: state 0 -> [1, 2], state 1 -> [0, 4]
+    q = torch.tensor([[[1.0, 3.0], [0.0, 5.0]], [[2.0, 2.0], [1.0, 4.0]]])
+    # pi(.|s0) = [0.25, 0.75]: log = [-1.3862944, -0.2876821]; pi(.|s1) = [0.5, 0.5]: log = [-0.6931472] * 2
+    log_probs = torch.tensor([[0.25, 0.75], [0.5, 0.5]]).log()
+    return q, log_probs
+
+
+def test_discrete_soft_q_target_by_hand():
+    q, log_probs = _discrete_example()
+    # alpha = 0.5. V(s0) = sum_a p(a) (min Q(a) - alpha log p(a))
+    #   = 0.25 * (1 + 0.5 * 1.3862944) + 0.75 * (2 + 0.5 * 0.2876821) = 0.4232868 + 1.6078808 = 2.0311676
+    # target(s0) = 0.5 + 0.9 * 2.0311676 = 2.3280508; s1 is terminated: target = r = 0.5
+    rewards, terminated = torch.tensor([0.5, 0.5]), torch.tensor([0.0, 1.0])
+    target = discrete_soft_q_target(rewards, terminated, q, log_probs, 0.5, 0.9)
+    torch.testing.assert_close(target, torch.tensor([2.3280508, 0.5]))
+    # Not terminated, V(s1) = 0.5 * (0 + 0.5 * 0.6931472) + 0.5 * (4 + 0.5 * 0.6931472) = 2.3465736
+    # target(s1) = 0.5 + 0.9 * 2.3465736 = 2.6119162
+    target = discrete_soft_q_target(rewards, torch.zeros(2), q, log_probs, 0.5, 0.9)
+    torch.testing.assert_close(target, torch.tensor([2.3280508, 2.6119162]))
+
+
+def test_critic_loss_by_hand_and_target_is_detached():
+    current_q = torch.tensor([[1.0, 2.0], [3.0, 0.0]], requires_grad=True)  # (n_critics=2, B=2)
+    target = torch.tensor([2.0, 2.0], requires_grad=True)
+    # critic 0: errors [-1, 0] -> mse 0.5; critic 1: errors [1, -2] -> mse 2.5; 0.5 * (0.5 + 2.5) = 1.5
+    loss = critic_loss(current_q, target)
+    torch.testing.assert_close(loss, torch.tensor(1.5))
+    loss.backward()
+    # d/dQ_ib of 0.5 * mean_b (Q_ib - y_b)^2 = (Q_ib - y_b) / B
+    torch.testing.assert_close(current_q.grad, torch.tensor([[-0.5, 0.0], [0.5, -1.0]]))
+    assert target.grad is None
+
+
+def test_actor_loss_by_hand():
+    q_pi = torch.tensor([[1.0, 4.0], [2.0, 3.0]])  # min over critics = [1, 3]
+    log_prob = torch.tensor([-1.0, 0.5])
+    # alpha = 0.2: [0.2 * -1 - 1, 0.2 * 0.5 - 3] = [-1.2, -2.9]; mean = -2.05
+    torch.testing.assert_close(actor_loss(q_pi, log_prob, 0.2), torch.tensor(-2.05))
+
+
+def test_discrete_actor_loss_by_hand():
+    q, log_probs = _discrete_example()
+    # alpha = 0.5. s0: 0.25 * (0.5 * -1.3862944 - 1) + 0.75 * (0.5 * -0.2876821 - 2) = -2.0311676
+    #              s1: 0.5 * (0.5 * -0.6931472 - 0) + 0.5 * (0.5 * -0.6931472 - 4) = -2.3465736
+    # mean = -2.1888706
+    torch.testing.assert_close(discrete_actor_loss(q, log_probs, 0.5), torch.tensor(-2.1888706))
+
+
+def test_temperature_loss_sign():
+    target_entropy = -1.0
+    log_alpha = torch.tensor([0.3], requires_grad=True)
+    # Entropy estimate -log pi = [-2, -1], below the target -1: log pi + target = [1, 0] (mean 0.5 > 0).
+    log_prob = torch.tensor([2.0, 1.0], requires_grad=True)
+    loss = temperature_loss(log_alpha, log_prob, target_entropy)
+    torch.testing.assert_close(loss, torch.tensor(-0.15))  # -(0.3 * 0.5)
+    loss.backward()
+    torch.testing.assert_close(log_alpha.grad, torch.tensor([-0.5]))  # d loss / d log_alpha < 0
+    assert log_prob.grad is None  # the policy's log-prob enters detached
+    optimizer = torch.optim.SGD([log_alpha], lr=0.1)
+    optimizer.step()
+    torch.testing.assert_close(log_alpha.detach(), torch.tensor([0.35]))  # 0.3 + 0.1 * 0.5: alpha grows
+    # Entropy above target: log pi + target = [-4, -3] (mean -3.5) -> gradient +3.5, alpha shrinks.
+    log_alpha.grad = None
+    temperature_loss(log_alpha, torch.tensor([-3.0, -2.0]), target_entropy).backward()
+    torch.testing.assert_close(log_alpha.grad, torch.tensor([3.5]))
+
+
+def test_squashed_gaussian_rsample_matches_torch_distributions():
+    head = SquashedGaussianHead(in_dim=4, action_dim=3)
+    gen = torch.Generator().manual_seed(0)
+    mean = torch.empty(64, 3).uniform_(-1.0, 1.0, generator=gen)
+    log_std = torch.empty(64, 3).uniform_(-2.0, 0.0, generator=gen)
+    params = torch.cat([mean, log_std], dim=-1).requires_grad_(True)
+    torch.manual_seed(1)
+    actions, log_prob = head.rsample(params)
+    torch.manual_seed(1)
+    u = mean + log_std.exp() * torch.randn_like(mean)  # the same pre-squash sample
+    tanh = TanhTransform(cache_size=1)
+    reference = TransformedDistribution(Normal(mean, log_std.exp()), [tanh])
+    y = tanh(u)
+    torch.testing.assert_close(actions.detach(), y)
+    assert log_prob.shape == (64,)
+    torch.testing.assert_close(log_prob.detach(), reference.log_prob(y).sum(-1), atol=1e-4, rtol=0)
+    assert bool((actions.abs() < 1).all())
+    # Reparameterized: gradients reach the distribution parameters.
+    (log_prob.sum() + actions.sum()).backward()
+    assert params.grad is not None and bool((params.grad != 0).any())
+
+
+def test_squashed_gaussian_clamps_log_std_and_stays_finite():
+    head = SquashedGaussianHead(in_dim=4, action_dim=1)
+    params = torch.tensor([[0.0, 5.0], [30.0, -1.0], [-30.0, -1.0]])  # log_std 5 is clamped to 2
+    torch.manual_seed(3)
+    actions, log_prob = head.rsample(params)
+    torch.manual_seed(3)
+    noise = torch.randn(3, 1)
+    torch.testing.assert_close(actions[0], torch.tanh(np.exp(2.0) * noise[0]))
+    assert bool(torch.isfinite(log_prob).all())  # tanh(+-30) rounds to +-1 in float32: still finite
+    assert head.sample(params, deterministic=True).tolist() == torch.tanh(params[:, :1]).tolist()
+
+
+# ---------------------------------------------------------------------------- target critics
+def test_train_updates_target_by_polyak_with_tau():
+    model = sac("Pendulum-v1", tau=0.5).learn(100)
+    old_target, old_critic = snapshot(model.critic_target), snapshot(model.critic)
+    assert any(not torch.equal(t, c) for t, c in zip(old_target, old_critic))
+    model.train(gradient_steps=1, batch_size=32)
+    new_critic = snapshot(model.critic)
+    assert any(not torch.equal(a, b) for a, b in zip(old_critic, new_critic))
+    for t_old, t_new, c_new in zip(old_target, model.critic_target.parameters(), new_critic):
+        torch.testing.assert_close(t_new.detach(), 0.5 * t_old + 0.5 * c_new, atol=1e-6, rtol=0)
+
+
+def test_target_update_interval_skips_then_updates():
+    """target_update_interval=2: the target moves on every second gradient step (counted over the run)."""
+    model = sac("Pendulum-v1", tau=0.5, target_update_interval=2).learn(60)
+    assert model._n_updates == 10
+    old_target = snapshot(model.critic_target)
+    model.train(gradient_steps=1, batch_size=32)  # gradient step 11: no update
+    assert all(torch.equal(a, b) for a, b in zip(old_target, model.critic_target.parameters()))
+    model.train(gradient_steps=1, batch_size=32)  # gradient step 12: update
+    for t_old, t_new, c_new in zip(old_target, model.critic_target.parameters(), model.critic.parameters()):
+        torch.testing.assert_close(t_new.detach(), 0.5 * t_old + 0.5 * c_new.detach(), atol=1e-6, rtol=0)
+
+
+def test_target_update_interval_within_one_train_call():
+    model = sac("Pendulum-v1", tau=0.5, target_update_interval=2).learn(60)
+    old_target = snapshot(model.critic_target)
+    model.train(gradient_steps=2, batch_size=32)  # gradient steps 11 and 12: one update, after the second
+    for t_old, t_new, c_new in zip(old_target, model.critic_target.parameters(), model.critic.parameters()):
+        torch.testing.assert_close(t_new.detach(), 0.5 * t_old + 0.5 * c_new.detach(), atol=1e-6, rtol=0)
+
+
+def test_target_critics_move_during_learn_with_update_interval():
+    """With the default gradient_steps=1 (one gradient step per train() call) an interval > 1 still updates."""
+    model = sac("Pendulum-v1", tau=0.5, target_update_interval=2)
+    initial = snapshot(model.critic_target)
+    model.learn(100)  # 50 gradient steps: 25 target updates
+    assert model._n_updates == 50
+    assert any(not torch.equal(a, b) for a, b in zip(initial, model.critic_target.parameters()))
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_critic_objective_regresses_taken_actions_on_target_critics(env_id):
+    model = sac(env_id).learn(100)
+    with torch.no_grad():  # make the target critics clearly differ from the online ones
+        for p in model.critic_target.parameters():
+            p.add_(0.1)
+    np.random.seed(0)
+    b = model.replay_buffer.sample(32)
+    alpha = model._ent_coef()
+    torch.manual_seed(5)
+    loss, current_q = model._critic_objective(b, alpha)
+    torch.manual_seed(5)  # the same next-action noise
+    with torch.no_grad():
+        next_params = model.actor(b.next_observations)
+        if model.discrete:
+            q_all = model.critic(b.observations)  # (2, B, n_actions): Q of the taken actions
+            expected_q = q_all[:, torch.arange(32), b.actions]
+            next_q = model.critic_target(b.next_observations)
+            target = discrete_soft_q_target(
+                b.rewards, b.terminated, next_q, next_params.log_softmax(-1), alpha, model.gamma
+            )
+        else:
+            expected_q = model.critic(b.observations, b.actions)
+            next_actions, next_log_prob = model.actor.head.rsample(next_params)
+            next_q = model.critic_target(b.next_observations, next_actions)
+            target = soft_q_target(b.rewards, b.terminated, next_q, next_log_prob, alpha, model.gamma)
+    assert current_q.shape == (2, 32)
+    torch.testing.assert_close(current_q.detach(), expected_q)
+    torch.testing.assert_close(loss.detach(), critic_loss(expected_q, target))
+
+
+# ---------------------------------------------------------------------------- gradient isolation
+@pytest.fixture(params=["Pendulum-v1", "CartPole-v1"])
+def learned(request):
+    model = sac(request.param).learn(100)
+    np.random.seed(0)
+    return model, model.replay_buffer.sample(32)
+
+
+def clear_grads(model: SAC) -> None:
+    for p in [*params_of(model.actor, model.critic, model.critic_target), model.log_ent_coef]:
+        p.grad = None
+
+
+def has_grad(params) -> bool:
+    return any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in params)
+
+
+def no_grad(params) -> bool:
+    return all(p.grad is None or bool(p.grad.abs().sum() == 0) for p in params)
+
+
+def test_temperature_objective_reaches_only_log_alpha(learned):
+    model, b = learned
+    clear_grads(model)
+    model._temperature_objective(model._policy_sample(b.observations)).backward()
+    assert has_grad([model.log_ent_coef])
+    assert no_grad(params_of(model.actor, model.critic, model.critic_target))
+
+
+def test_critic_objective_reaches_only_the_critics(learned):
+    model, b = learned
+    clear_grads(model)
+    model._critic_objective(b, model._ent_coef())[0].backward()
+    assert has_grad(params_of(model.critic))
+    assert no_grad(params_of(model.actor))
+    assert model.log_ent_coef.grad is None
+    assert all(p.grad is None for p in model.critic_target.parameters())
+
+
+def test_actor_objective_reaches_only_the_actor(learned):
+    model, b = learned
+    clear_grads(model)
+    loss = model._actor_objective(b, model._policy_sample(b.observations), model._ent_coef())
+    loss.backward()
+    assert has_grad(params_of(model.actor))
+    assert all(p.grad is None for p in model.critic.parameters())
+    assert all(p.grad is None for p in model.critic_target.parameters())
+    assert model.log_ent_coef.grad is None
+    assert all(p.requires_grad for p in model.critic.parameters())  # restored after the actor pass
+
+
+def test_gradient_step_critic_update_does_not_move_the_actor(learned):
+    model, b = learned
+    for opt in (model.actor_optimizer, model.ent_coef_optimizer):
+        for group in opt.param_groups:
+            group["lr"] = 0.0
+    actor, critic, log_alpha = snapshot(model.actor), snapshot(model.critic), model.log_ent_coef.detach().clone()
+    model._gradient_step(b)
+    assert all(torch.equal(a, p) for a, p in zip(actor, model.actor.parameters()))
+    assert torch.equal(log_alpha, model.log_ent_coef.detach())
+    assert any(not torch.equal(c, p) for c, p in zip(critic, model.critic.parameters()))
+
+
+def test_gradient_step_actor_update_does_not_move_the_critics(learned):
+    model, b = learned
+    for group in model.critic_optimizer.param_groups:
+        group["lr"] = 0.0
+    actor, critic, target = snapshot(model.actor), snapshot(model.critic), snapshot(model.critic_target)
+    model._gradient_step(b)
+    assert all(torch.equal(c, p) for c, p in zip(critic, model.critic.parameters()))
+    assert all(torch.equal(c, p) for c, p in zip(target, model.critic_target.parameters()))
+    assert any(not torch.equal(a, p) for a, p in zip(actor, model.actor.parameters()))
+
+
+# ---------------------------------------------------------------------------- save / load
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_save_load_predicts_identically(tmp_path, env_id):
+    model = sac(env_id).learn(100)
+    model.save(tmp_path / "sac")
+    loaded = SAC.load(tmp_path / "sac")
+    obs = model.replay_buffer.observations[None][:100, 0]
+    np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
+    with torch.no_grad():
+        t = torch.as_tensor(obs)
+        assert torch.equal(model.actor(t), loaded.actor(t))
+    for name in ("critic", "critic_target"):
+        ours, theirs = getattr(model, name).state_dict(), getattr(loaded, name).state_dict()
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    # The learned temperature survives, still attached to its optimizer.
+    assert model.log_ent_coef.item() != 0.0  # moved from log(1) by training
+    assert torch.equal(loaded.log_ent_coef, model.log_ent_coef)
+    assert loaded.ent_coef_optimizer.param_groups[0]["params"][0] is loaded.log_ent_coef
+    assert loaded.target_entropy == model.target_entropy
+
+
+def test_save_load_keeps_a_fixed_ent_coef(tmp_path):
+    model = sac("Pendulum-v1", ent_coef=0.2, learning_starts=10).learn(20)
+    model.save(tmp_path / "fixed")
+    loaded = SAC.load(tmp_path / "fixed")
+    assert loaded.log_ent_coef is None and loaded.ent_coef_optimizer is None
+    assert loaded._ent_coef().item() == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_replay_buffer_round_trip_and_continued_training(tmp_path, env_id):
+    model = sac(env_id, buffer_size=1000).learn(100)
+    model.save(tmp_path / "sac")
+    model.save_replay_buffer(tmp_path / "replay.npz")
+    loaded = SAC.load(tmp_path / "sac", env=gym.make(env_id))
+    assert loaded.replay_buffer.size() == 0
+    loaded.load_replay_buffer(tmp_path / "replay.npz")
+    ours, theirs = model.replay_buffer, loaded.replay_buffer
+    assert theirs.size() == ours.size() == 100
+    assert (theirs.pos, theirs.full) == (ours.pos, ours.full)
+    np.testing.assert_array_equal(theirs.observations[None], ours.observations[None])
+    np.testing.assert_array_equal(theirs.next_observations[None], ours.next_observations[None])
+    for name in ("actions", "rewards", "terminated", "dones"):
+        np.testing.assert_array_equal(getattr(theirs, name), getattr(ours, name))
+    updates = loaded._n_updates
+    assert loaded.num_timesteps == 100 and updates == 50
+    loaded.learn(100, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 200
+    assert loaded.replay_buffer.size() == 200
+    assert loaded._n_updates == updates + 100
+
+
+# ---------------------------------------------------------------------------- SB3 argument semantics
+def _start(model: SAC, total: int = 1000):
+    _, callback = model._setup_learn(total, None, True, "test", False)
+    return callback
+
+
+def test_train_freq_in_episodes():
+    model = sac(CounterEnv(length=5), train_freq=(2, "episode"), learning_starts=0, gradient_steps=1)
+    assert model.train_freq == (2, "episode")
+    callback = _start(model)
+    assert model.collect_rollouts(callback, None) == (10, True)  # two episodes of 5 steps
+    assert model.num_timesteps == 10 and model._episode_num == 2
+    assert model.collect_rollouts(callback, None) == (10, True)
+    model = sac(CounterEnv(length=5), train_freq=(2, "episode"), learning_starts=0, gradient_steps=1).learn(30)
+    assert model._n_updates == 3  # one train() after each pair of episodes
+
+
+def test_train_freq_in_steps():
+    model = sac(CounterEnv(length=5), train_freq=(3, "step"), learning_starts=0, gradient_steps=2)
+    assert model.collect_rollouts(_start(model), None) == (3, True)
+    model = sac(CounterEnv(length=5), train_freq=3, learning_starts=0, gradient_steps=2).learn(30)
+    assert model._n_updates == 20  # 10 collections of 3 steps, 2 gradient steps each
+
+
+def test_gradient_steps_minus_one_matches_collected_steps():
+    model = sac(CounterEnv(length=5), train_freq=4, gradient_steps=-1, learning_starts=0).learn(40)
+    assert model._n_updates == 40  # 10 collections of 4 env steps, 4 gradient steps each
+    # learning_starts=10: collections end at 4, 8, 12, ..., 40; training starts once past 10: 8 x 4.
+    model = sac(CounterEnv(length=5), train_freq=4, gradient_steps=-1, learning_starts=10).learn(40)
+    assert model._n_updates == 32
+
+
+def test_gradient_steps_minus_one_counts_steps_of_all_envs():
+    env = DummyVecEnv([lambda: Monitor(CounterEnv(length=5)) for _ in range(2)])
+    model = sac(env, train_freq=4, gradient_steps=-1, learning_starts=0).learn(40)
+    # 5 collections of 4 vector steps = 8 env steps each: 8 gradient steps per collection.
+    assert model.num_timesteps == 40
+    assert model._n_updates == 40
+
+
+def test_fixed_ent_coef():
+    model = sac("Pendulum-v1", ent_coef=0.2)
+    assert model.ent_coef_optimizer is None and model.log_ent_coef is None
+    assert "ent_coef_optimizer" not in model.get_parameters()
+    assert model._ent_coef().item() == pytest.approx(0.2)
+    model.learn(100)
+    assert model._ent_coef().item() == pytest.approx(0.2)
+
+
+def test_auto_ent_coef_initial_value():
+    model = sac("Pendulum-v1", ent_coef="auto_0.1")
+    assert model._ent_coef().item() == pytest.approx(0.1)
+    assert model.ent_coef_optimizer is not None
+    assert sac("Pendulum-v1")._ent_coef().item() == pytest.approx(1.0)  # "auto" starts at 1
+
+
+def test_auto_target_entropy():
+    assert sac("Pendulum-v1").target_entropy == -1.0  # -dim(A) = -1
+    assert sac(ActionEnv(spaces.Box(-1.0, 1.0, (2, 3), np.float32))).target_entropy == -6.0
+    assert sac("CartPole-v1").target_entropy == pytest.approx(0.34657359)  # 0.5 * log(2)
+    assert sac(ActionEnv(spaces.Discrete(5))).target_entropy == pytest.approx(0.80471896)  # 0.5 * log(5)
+    assert sac("Pendulum-v1", target_entropy=-3).target_entropy == -3.0
+
+
+@pytest.mark.parametrize("truncate", [False, True], ids=["terminated", "truncated"])
+def test_agent_stores_terminated_only_for_true_terminals(truncate):
+    model = sac(CounterEnv(length=5, truncate=truncate), learning_starts=100).learn(12)
+    rb = model.replay_buffer
+    assert rb.dones[:12, 0].tolist() == [t % 5 == 4 for t in range(12)]
+    assert rb.terminated[:12, 0].tolist() == [float(t % 5 == 4 and not truncate) for t in range(12)]
+    assert rb.next_observations[None][4, 0, 0] == 5.0  # the true final observation ...
+    assert rb.observations[None][5, 0, 0] == 0.0  # ... not the reset one, which starts the next row
+    assert rb.next_observations[None][5, 0, 0] == 1.0
+
+
+# ---------------------------------------------------------------------------- logging
+def test_progress_csv_has_sac_keys(tmp_path):
+    model = sac(CounterEnv(length=20), learning_starts=30)
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(120, log_interval=1)
+    with open(tmp_path / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6  # one row per episode of 20 steps
+    keys = [
+        "train/actor_loss",
+        "train/critic_loss",
+        "train/ent_coef",
+        "train/ent_coef_loss",
+        "train/q_mean",
+        "time/fps",
+        "rollout/ep_rew_mean",
+    ]
+    assert set(keys) <= set(rows[0])
+    last = rows[-1]
+    assert all(last[k] != "" for k in keys)
+    assert float(last["rollout/ep_rew_mean"]) < 0  # Box reward -|a - 0.5| summed over an episode
+    assert float(last["train/ent_coef"]) > 0
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_infinite_box_bounds_are_refused():
+    with pytest.raises(ValueError, match="finite"):
+        sac(ActionEnv(spaces.Box(-np.inf, np.inf, (1,), np.float32)))
+    with pytest.raises(ValueError, match="finite"):
+        sac(ActionEnv(spaces.Box(np.array([-1.0], np.float32), np.array([np.inf], np.float32))))
+
+
+@pytest.mark.parametrize("space", [spaces.MultiDiscrete([2, 3]), spaces.MultiBinary(3)], ids=["md", "mb"])
+def test_unsupported_action_spaces_are_refused(space):
+    with pytest.raises(NotImplementedError, match="Box") as err:
+        sac(ActionEnv(space))
+    assert "Discrete" in str(err.value)
+
+
+def test_use_sde_is_refused():
+    with pytest.raises(NotImplementedError, match="use_sde"):
+        sac("Pendulum-v1", use_sde=True)
+
+
+@pytest.mark.parametrize("ent_coef", ["autox", "auto_", "auto_abc", "auto_0", -1, -0.5])
+def test_invalid_ent_coef_is_refused(ent_coef):
+    with pytest.raises(ValueError, match="ent_coef"):
+        sac("Pendulum-v1", ent_coef=ent_coef)
+
+
+@pytest.mark.parametrize("train_freq", [(1, "minute"), 0, (0, "step"), (1, 2, "step")])
+def test_invalid_train_freq_is_refused(train_freq):
+    with pytest.raises(ValueError, match="train_freq"):
+        sac("Pendulum-v1", train_freq=train_freq)
+
+
+@pytest.mark.parametrize("tau", [0.0, -0.1, 1.5])
+def test_invalid_tau_is_refused(tau):
+    with pytest.raises(ValueError, match="tau"):
+        sac("Pendulum-v1", tau=tau)
