@@ -457,7 +457,7 @@ class SAC(BaseAgent):
                 group["lr"] = lr
         self.actor.set_training_mode(True)
         history: dict[str, list[torch.Tensor]] = {}
-        for step in range(gradient_steps):
+        for _ in range(gradient_steps):
             stats = self._gradient_step(self.replay_buffer.sample(batch_size))
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
