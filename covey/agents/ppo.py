@@ -13,6 +13,7 @@ from stable_baselines3.common.utils import explained_variance
 from covey.agents.base import BaseAgent, as_schedule, config_dict, warn_batch_size
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import Actor, Critic, PolicyConfig, build_actor_critic
+from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.obs import ObsTensor, batch_to_tensor
 
 Schedule = float | Callable[[float], float]
@@ -117,25 +118,45 @@ def ppo_loss(
     ent_coef: float,
     vf_coef: float,
     normalize_advantage: bool,
+    critic_ema: Critic | None = None,
+    ema_coef: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO objective on one minibatch: ``(loss, detached stats)``."""
+    """The PPO objective on one minibatch: ``(loss, detached stats)``.
+
+    With a two-hot value head the value loss is the cross-entropy against two-hot(symlog(return)); its
+    scale does not depend on the reward scale, and value clipping does not apply. ``critic_ema`` adds the
+    EMA regularizer to the value loss.
+    """
     log_prob, entropy = actor.evaluate(batch.observations, batch.actions)
-    values = critic(batch.observations)
+    raw = critic.raw(batch.observations)
+    head = critic.value_head
     advantages = batch.advantages
     if normalize_advantage and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     policy_loss, approx_kl, clip_fraction = clipped_surrogate_loss(log_prob, batch.old_log_prob, advantages, clip_range)
-    v_loss = value_loss(values, batch.old_values, batch.returns, clip_range_vf)
+    if head.distributional:
+        v_loss = head.loss(raw, batch.returns).mean()
+    else:
+        v_loss = value_loss(raw, batch.old_values, batch.returns, clip_range_vf)
+    stats = {}
+    if critic_ema is not None:
+        with torch.no_grad():
+            ema_raw = critic_ema.raw(batch.observations)
+        ema_loss = ema_regularizer(raw, ema_raw, head)
+        stats["critic_ema_loss"] = ema_loss.detach()
+        v_loss = v_loss + ema_coef * ema_loss
     entropy_loss = -entropy.mean()
     loss = policy_loss + ent_coef * entropy_loss + vf_coef * v_loss
-    stats = {
-        "policy_gradient_loss": policy_loss.detach(),
-        "value_loss": v_loss.detach(),
-        "entropy_loss": entropy_loss.detach(),
-        "approx_kl": approx_kl,
-        "clip_fraction": clip_fraction,
-        "loss": loss.detach(),
-    }
+    stats.update(
+        {
+            "policy_gradient_loss": policy_loss.detach(),
+            "value_loss": v_loss.detach(),
+            "entropy_loss": entropy_loss.detach(),
+            "approx_kl": approx_kl,
+            "clip_fraction": clip_fraction,
+            "loss": loss.detach(),
+        }
+    )
     return loss, stats
 
 
@@ -236,6 +257,13 @@ class PPO(BaseAgent):
         self.actor.to(self.device)
         self.critic.to(self.device)
         self.policy = self.actor
+        pc = self.policy_config
+        if pc.value_head == "twohot" and self.clip_range_vf is not None:
+            raise ValueError(
+                "clip_range_vf does not apply to the two-hot value head (its cross-entropy loss is already "
+                "bounded and scale-free); remove clip_range_vf or use value_head='scalar'."
+            )
+        self.critic_ema = CriticEMA(self.critic, pc.critic_ema_decay) if pc.critic_ema_decay is not None else None
         # Unique parameters of both networks (a shared encoder appears in both modules).
         params = list({id(p): p for p in [*self.actor.parameters(), *self.critic.parameters()]}.values())
         self._params = params
@@ -255,7 +283,10 @@ class PPO(BaseAgent):
         return pc.optimizer_class(params, lr=self.lr_schedule(1.0), **kwargs)
 
     def _networks(self) -> dict[str, torch.nn.Module]:
-        return {"actor": self.actor, "critic": self.critic}
+        networks = {"actor": self.actor, "critic": self.critic}
+        if self.critic_ema is not None:
+            networks["critic_ema"] = self.critic_ema.model
+        return networks
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"optimizer": self.optimizer}
@@ -340,11 +371,16 @@ class PPO(BaseAgent):
         buffer = self.rollout_buffer
         obs, actions = buffer.flat_observations(), buffer.flat_actions()
         n = actions.shape[0]
-        values, log_probs = [], []
+        head = self.critic.value_head
+        values, log_probs, entropies = [], [], []
         for start in range(0, n, _EVAL_CHUNK):
             chunk = _slice(obs, start, start + _EVAL_CHUNK)
-            values.append(self.critic(chunk))
+            raw = self.critic.raw(chunk)
+            values.append(head.value(raw))
+            if head.distributional:
+                entropies.append(head.entropy(raw))
             log_probs.append(self.actor.evaluate(chunk, actions[start : start + _EVAL_CHUNK])[0])
+        self._value_entropy = torch.cat(entropies).mean().item() if entropies else None
         buffer.values = torch.cat(values).reshape(buffer.n_steps, buffer.n_envs)
         buffer.log_probs = torch.cat(log_probs).reshape(buffer.n_steps, buffer.n_envs)
         if truncations:
@@ -378,6 +414,8 @@ class PPO(BaseAgent):
                     cfg.ent_coef,
                     cfg.vf_coef,
                     cfg.normalize_advantage,
+                    self.critic_ema.model if self.critic_ema is not None else None,
+                    self.policy_config.critic_ema_coef,
                 )
                 history.append(stats)
                 if cfg.target_kl is not None and stats["approx_kl"].item() > 1.5 * cfg.target_kl:
@@ -389,6 +427,8 @@ class PPO(BaseAgent):
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
                 self.optimizer.step()
+                if self.critic_ema is not None:
+                    self.critic_ema.update()
             self._n_updates += 1
             if not continue_training:
                 break
@@ -403,6 +443,12 @@ class PPO(BaseAgent):
             "train/explained_variance",
             float(explained_variance(buffer.values.flatten().cpu().numpy(), buffer.returns.flatten().cpu().numpy())),
         )
+        values = buffer.values
+        self.logger.record("train/value_mean", values.mean().item())
+        self.logger.record("train/value_std", values.std().item())
+        self.logger.record("train/td_error_abs", buffer.td_error_abs)
+        if self._value_entropy is not None:
+            self.logger.record("train/value_entropy", self._value_entropy)
         log_std = getattr(self.actor.head, "log_std", None)
         if log_std is not None:
             self.logger.record("train/std", log_std.detach().exp().mean().item())

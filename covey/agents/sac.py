@@ -15,6 +15,7 @@ from gymnasium import spaces
 from covey.agents.base import BaseAgent, config_dict
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks
+from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
 from covey.networks.obs import batch_to_tensor
 
 Schedule = float | Callable[[float], float]
@@ -106,12 +107,6 @@ def _train_freq(value: Any) -> TrainFreq:
 
 
 # ---------------------------------------------------------------------------- the maths, as pure functions
-def polyak_update(targets: list[torch.Tensor], sources: list[torch.Tensor], tau: float) -> None:
-    """In place: ``target <- (1 - tau) * target + tau * source`` for every pair, in one foreach op."""
-    with torch.no_grad():
-        torch._foreach_lerp_(targets, sources, tau)
-
-
 def soft_q_target(
     rewards: torch.Tensor,
     terminated: torch.Tensor,
@@ -282,6 +277,8 @@ class SAC(BaseAgent):
         )[1]
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.critic_target.requires_grad_(False)
+        pc = self.policy_config
+        self.critic_ema = CriticEMA(self.critic, pc.critic_ema_decay) if pc.critic_ema_decay is not None else None
         for module in (self.actor, self.critic, self.critic_target):
             module.to(self.device)
         self.policy = self.actor
@@ -323,7 +320,10 @@ class SAC(BaseAgent):
         return pc.optimizer_class(params, lr=self.lr_schedule(1.0), **kwargs)
 
     def _networks(self) -> dict[str, torch.nn.Module]:
-        return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target}
+        networks = {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target}
+        if self.critic_ema is not None:
+            networks["critic_ema"] = self.critic_ema.model
+        return networks
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         opts = {"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer}
@@ -481,10 +481,12 @@ class SAC(BaseAgent):
             loss = self._temperature_objective(sample)
             self._step(self.ent_coef_optimizer, loss)
             stats["ent_coef_loss"] = loss.detach()
-        loss, current_q = self._critic_objective(batch, ent_coef)
+        loss, critic_stats = self._critic_objective(batch, ent_coef)
         self._step(self.critic_optimizer, loss)
+        if self.critic_ema is not None:
+            self.critic_ema.update()
         stats["critic_loss"] = loss.detach()
-        stats["q_mean"] = current_q.detach().mean()
+        stats.update(critic_stats)
         loss = self._actor_objective(batch, sample, ent_coef)
         self._step(self.actor_optimizer, loss)
         stats["actor_loss"] = loss.detach()
@@ -509,8 +511,13 @@ class SAC(BaseAgent):
         """Reaches only log(alpha): the policy's log-probability enters detached."""
         return temperature_loss(self.log_ent_coef, sample[1], self.target_entropy)
 
-    def _critic_objective(self, batch: ReplayBatch, ent_coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Critic loss against the target critics at the policy's next action; reaches only the critics."""
+    def _critic_objective(
+        self, batch: ReplayBatch, ent_coef: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Critic loss against the target critics at the policy's next action; reaches only the critics.
+
+        Returns the loss and detached diagnostics (Q mean/std, mean |TD error|, two-hot entropy).
+        """
         cfg = self.config
         with torch.no_grad():
             next_params = self.actor(batch.next_observations)
@@ -523,13 +530,36 @@ class SAC(BaseAgent):
                 next_actions, next_log_prob = self.actor.head.rsample(next_params)
                 next_q = self.critic_target(batch.next_observations, next_actions)
                 target = soft_q_target(batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, cfg.gamma)
-        if self.discrete:
-            q_all = self.critic(batch.observations)  # (n_critics, B, n_actions)
-            index = batch.actions.long().view(1, -1, 1).expand(q_all.shape[0], -1, 1)
-            current_q = q_all.gather(2, index).squeeze(-1)  # (n_critics, B)
+        head = self.critic.value_head
+        raw = self._raw_q_taken(self.critic, batch)  # (n_critics, B) or (n_critics, B, K)
+        current_q = head.value(raw)  # (n_critics, B)
+        if head.distributional:
+            loss = head.loss(raw, target.expand_as(current_q)).mean(dim=1).sum()
         else:
-            current_q = self.critic(batch.observations, batch.actions)
-        return critic_loss(current_q, target), current_q
+            loss = critic_loss(current_q, target)
+        stats = {}
+        if self.critic_ema is not None:
+            with torch.no_grad():
+                ema_raw = self._raw_q_taken(self.critic_ema.model, batch)
+            ema_loss = ema_regularizer(raw, ema_raw, head)
+            loss = loss + self.policy_config.critic_ema_coef * ema_loss
+            stats["critic_ema_loss"] = ema_loss.detach()
+        with torch.no_grad():
+            stats["q_mean"] = current_q.mean()
+            stats["q_std"] = current_q.std()
+            stats["td_error_abs"] = (current_q - target).abs().mean()
+            if head.distributional:
+                stats["q_entropy"] = head.entropy(raw).mean()
+        return loss, stats
+
+    def _raw_q_taken(self, critic: torch.nn.Module, batch: ReplayBatch) -> torch.Tensor:
+        """The critics' raw outputs at the stored actions: ``(n_critics, B[, K])``."""
+        if not self.discrete:
+            return critic.raw(batch.observations, batch.actions)
+        raw = critic.raw(batch.observations)  # (n_critics, B, n_actions[, K])
+        index = batch.actions.long().view(1, -1, 1, *([1] * (raw.dim() - 3)))
+        index = index.expand(raw.shape[0], -1, 1, *raw.shape[3:])
+        return raw.gather(2, index).squeeze(2)
 
     def _actor_objective(
         self, batch: ReplayBatch, sample: tuple[torch.Tensor, torch.Tensor], ent_coef: torch.Tensor

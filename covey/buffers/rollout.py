@@ -85,6 +85,7 @@ class RolloutBuffer:
         self.advantages = torch.zeros((n_steps, n_envs), device=device)
         self.returns = torch.zeros((n_steps, n_envs), device=device)
         self.pos = 0
+        self.td_error_abs = 0.0
 
     @property
     def full(self) -> bool:
@@ -136,6 +137,9 @@ class RolloutBuffer:
         # truncation is V(final observation), written into truncation_values by the agent.
         next_values = np.where(self.dones, self.truncation_values, next_values)
         adv, ret = gae(self.rewards, values, next_values, self.terminated, self.dones, gamma, gae_lambda)
+        # Diagnostic: mean absolute one-step TD error of the critic over the rollout.
+        td = self.rewards + gamma * next_values * (1.0 - self.terminated) - values
+        self.td_error_abs = float(np.abs(td).mean())
         self.advantages = torch.as_tensor(adv, dtype=torch.float32, device=self.device)
         self.returns = torch.as_tensor(ret, dtype=torch.float32, device=self.device)
 

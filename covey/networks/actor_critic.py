@@ -21,6 +21,7 @@ from covey.networks.distributions import SquashedGaussianHead, make_action_head
 from covey.networks.encoders import ExternalEncoder, make_encoder
 from covey.networks.mlp import mlp, parse_net_arch
 from covey.networks.obs import ObsTensor, obs_to_tensor
+from covey.networks.twohot import ScalarHead, make_value_head
 
 POLICY_KINDS = {"MlpPolicy": "mlp", "CnnPolicy": "cnn", "MultiInputPolicy": "multi"}
 
@@ -79,6 +80,16 @@ class PolicyConfig:
     """Extra optimizer arguments (covey's Adam default for PPO: ``eps=1e-5`` as in SB3)."""
     n_critics: int = 2
     """SAC: number of Q networks (the target takes their minimum)."""
+    value_head: str = "scalar"
+    """Value/Q output: "scalar" (regression) or "twohot" (categorical over symlog buckets, scale-free)."""
+    num_buckets: int = 255
+    """Buckets of the two-hot head."""
+    bucket_range: tuple[float, float] = (-20.0, 20.0)
+    """Range of the two-hot buckets in symlog space."""
+    critic_ema_decay: float | None = None
+    """If set (e.g. 0.98): an EMA copy of the critic regularizes its predictions (never used for targets)."""
+    critic_ema_coef: float = 1.0
+    """Weight of the EMA regularizer in the critic loss."""
 
     @classmethod
     def from_kwargs(cls, policy_kwargs: dict | None, **defaults: Any) -> PolicyConfig:
@@ -186,16 +197,24 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """Observations to a state value ``(B,)``: encoder -> MLP trunk -> linear value head."""
+    """Observations to a state value ``(B,)``: encoder -> MLP trunk -> value head.
 
-    def __init__(self, encoder: nn.Module, hidden: list[int], activation: type[nn.Module]) -> None:
+    ``raw`` gives the head's output (values, or two-hot logits ``(B, K)``); ``forward`` the value.
+    """
+
+    def __init__(
+        self, encoder: nn.Module, hidden: list[int], activation: type[nn.Module], value_head: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.encoder = encoder
         self.trunk = mlp(encoder.out_dim, hidden, activation)
-        self.value_head = nn.Linear(self.trunk.out_dim, 1)
+        self.value_head = value_head if value_head is not None else ScalarHead(self.trunk.out_dim)
+
+    def raw(self, obs: ObsTensor) -> torch.Tensor:
+        return self.value_head(self.trunk(self.encoder(obs)))
 
     def forward(self, obs: ObsTensor) -> torch.Tensor:
-        return self.value_head(self.trunk(self.encoder(obs))).squeeze(-1)
+        return self.value_head.value(self.raw(obs))
 
 
 def policy_kind(policy: str, observation_space: spaces.Space) -> str:
@@ -232,6 +251,11 @@ def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyC
     return encoder
 
 
+def _value_head(hidden: list[int], encoder: nn.Module, n_outputs: int, config: PolicyConfig) -> nn.Module:
+    width = hidden[-1] if hidden else encoder.out_dim
+    return make_value_head(width, n_outputs, config.value_head, config.num_buckets, config.bucket_range)
+
+
 def _ortho_init(module: nn.Module, gain: float) -> None:
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Conv2d)):
@@ -258,7 +282,9 @@ def build_actor_critic(
     actor_encoder = encoder()
     critic_encoder = actor_encoder if config.share_features_extractor else encoder()
     actor = Actor(observation_space, action_space, actor_encoder, arch["pi"], config.activation_fn, config.log_std_init)
-    critic = Critic(critic_encoder, arch["vf"], config.activation_fn)
+    critic = Critic(
+        critic_encoder, arch["vf"], config.activation_fn, _value_head(arch["vf"], critic_encoder, 1, config)
+    )
     if config.ortho_init:
         root2 = math.sqrt(2)
         for module, gain in (
@@ -267,35 +293,45 @@ def build_actor_critic(
             (actor.trunk, root2),
             (critic.trunk, root2),
             (actor.head.proj, 0.01),
-            (critic.value_head, 1.0),
+            (critic.value_head if not critic.value_head.distributional else nn.Identity(), 1.0),
         ):
             _ortho_init(module, gain)
     return actor, critic
 
 
 class QNetwork(nn.Module):
-    """One Q function. Box actions: ``Q(obs, action) -> (B,)``; Discrete: ``Q(obs) -> (B, n_actions)``."""
+    """One Q function. Box actions: ``Q(features, action) -> (B,)``; Discrete: ``Q(features) -> (B, n_actions)``.
+
+    ``forward`` returns the head's raw output (values, or two-hot logits with a trailing bucket axis).
+    """
 
     def __init__(
-        self, encoder: nn.Module, action_space: spaces.Space, hidden: list[int], activation: type[nn.Module]
+        self,
+        in_dim: int,
+        action_space: spaces.Space,
+        hidden: list[int],
+        activation: type[nn.Module],
+        config: PolicyConfig,
     ) -> None:
         super().__init__()
-        self.encoder = encoder
         self.discrete = isinstance(action_space, spaces.Discrete)
         action_dim = 0 if self.discrete else int(np.prod(action_space.shape))
-        self.trunk = mlp(encoder.out_dim + action_dim, hidden, activation)
-        self.out = nn.Linear(self.trunk.out_dim, int(action_space.n) if self.discrete else 1)
+        self.trunk = mlp(in_dim + action_dim, hidden, activation)
+        n_out = int(action_space.n) if self.discrete else 1
+        self.head = make_value_head(
+            self.trunk.out_dim, n_out, config.value_head, config.num_buckets, config.bucket_range
+        )
 
     def forward(self, features: torch.Tensor, actions: torch.Tensor | None = None) -> torch.Tensor:
         x = features if self.discrete else torch.cat([features, actions], dim=-1)  # (B, features + action_dim)
-        q = self.out(self.trunk(x))
-        return q if self.discrete else q.squeeze(-1)
+        return self.head(self.trunk(x))
 
 
 class QEnsemble(nn.Module):
     """``n_critics`` Q networks over one shared critic encoder; outputs are stacked on dim 0.
 
-    Box actions: ``(n_critics, B)``; Discrete actions: ``(n_critics, B, n_actions)``.
+    ``forward`` gives Q values: Box actions ``(n_critics, B)``, Discrete ``(n_critics, B, n_actions)``;
+    ``raw`` the heads' outputs (two-hot logits carry a trailing bucket axis).
     """
 
     def __init__(
@@ -304,25 +340,24 @@ class QEnsemble(nn.Module):
         action_space: spaces.Space,
         hidden: list[int],
         activation: type[nn.Module],
-        n_critics: int = 2,
+        config: PolicyConfig,
     ) -> None:
         super().__init__()
         self.encoder = encoder
         self.qs = nn.ModuleList(
-            QNetwork(_NoEncoder(encoder.out_dim), action_space, hidden, activation) for _ in range(n_critics)
+            QNetwork(encoder.out_dim, action_space, hidden, activation, config) for _ in range(config.n_critics)
         )
 
-    def forward(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def value_head(self) -> nn.Module:
+        return self.qs[0].head
+
+    def raw(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
         features = self.encoder(obs)
         return torch.stack([q(features, actions) for q in self.qs])
 
-
-class _NoEncoder(nn.Module):
-    """Placeholder telling a QNetwork its input width; the ensemble encodes once for all its Q networks."""
-
-    def __init__(self, out_dim: int) -> None:
-        super().__init__()
-        self.out_dim = out_dim
+    def forward(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+        return self.value_head.value(self.raw(obs, actions))
 
 
 def build_sac_networks(
@@ -344,5 +379,5 @@ def build_sac_networks(
 
     arch = parse_net_arch(config.net_arch, ("pi", "qf"), [256, 256])
     actor = Actor(observation_space, action_space, encoder(), arch["pi"], config.activation_fn, squashed=True)
-    critic = QEnsemble(encoder(), action_space, arch["qf"], config.activation_fn, config.n_critics)
+    critic = QEnsemble(encoder(), action_space, arch["qf"], config.activation_fn, config)
     return actor, critic
