@@ -111,3 +111,36 @@ def test_discrete_sac_reaches_300_on_cartpole_within_50k_steps():
     model.learn(40_000)
     mean, _ = evaluate_policy(model, make_vec_env("CartPole-v1", n_envs=1, seed=100), n_eval_episodes=10)
     assert mean >= 300
+
+
+@pytest.mark.slow
+def test_twohot_head_learns_cartpole_with_rewards_times_1000():
+    """With rewards x1000 and no normalization, the two-hot head solves CartPole within the budget the
+    scalar head needs at scale 1 (same settings, 100k steps)."""
+
+    def train(head: str, scale: float) -> float:
+        env = make_vec_env(
+            "CartPole-v1",
+            n_envs=8,
+            seed=0,
+            wrapper_class=lambda e: gym.wrappers.TransformReward(e, lambda r: r * scale),
+        )
+        model = PPO(
+            "MlpPolicy",
+            env,
+            n_steps=32,
+            batch_size=256,
+            gae_lambda=0.95,
+            gamma=0.98,
+            n_epochs=20,
+            ent_coef=0.0,
+            learning_rate=lambda p: 1e-3 * p,
+            clip_range=lambda p: 0.2 * p,
+            policy_kwargs=dict(value_head=head),
+            seed=0,
+        )
+        model.learn(100_000)
+        return evaluate_policy(model, make_vec_env("CartPole-v1", n_envs=1, seed=100), n_eval_episodes=20)[0]
+
+    assert train("scalar", 1.0) >= 475  # the budget the scalar head needs at scale 1
+    assert train("twohot", 1000.0) >= 475
