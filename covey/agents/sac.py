@@ -548,6 +548,8 @@ class SAC(BaseAgent):
             stats["q_mean"] = current_q.mean()
             stats["q_std"] = current_q.std()
             stats["td_error_abs"] = (current_q - target).abs().mean()
+            # 1 - Var(target - Q) / Var(target), over the batch and the critics
+            stats["explained_variance"] = 1.0 - (target - current_q).var() / target.var().clamp_min(1e-8)
             if head.distributional:
                 stats["q_entropy"] = head.entropy(raw).mean()
         return loss, stats
