@@ -63,6 +63,16 @@ _ALLOWED_CLASSES: dict[str, type] = {
 }
 
 
+Schedule = float | Callable[[float], float]
+"""A constant, or a function of the remaining progress (1 at the start of learn, 0 at the end)."""
+
+
+def require(ok: bool, agent: str, name: str, value: Any, rule: str) -> None:
+    """Raise a ValueError naming the hyperparameter, its value and the rule it breaks."""
+    if not ok:
+        raise ValueError(f"{agent}: {name}={value!r} is invalid: {rule}.")
+
+
 def get_device(device: torch.device | str = "auto") -> torch.device:
     """``"auto"`` means CUDA when available, else CPU."""
     if device == "auto":
@@ -296,6 +306,17 @@ class BaseAgent:
                 "Use `obs, info = env.reset()` and pass `obs`."
             )
         return self.policy.predict(observation, state, episode_start, deterministic)
+
+    def _make_optimizer(self, params: list[torch.Tensor], adam_eps: float | None = None) -> torch.optim.Optimizer:
+        """``policy_kwargs``' optimizer over ``params``; Adam is fused (one kernel for all parameters)."""
+        pc = self.policy_config
+        kwargs = dict(pc.optimizer_kwargs)
+        if pc.optimizer_class in (torch.optim.Adam, torch.optim.AdamW):
+            if adam_eps is not None:
+                kwargs.setdefault("eps", adam_eps)
+            if "foreach" not in kwargs and "fused" not in kwargs and params:
+                kwargs["fused"] = True
+        return pc.optimizer_class(params, lr=self.lr_schedule(1.0), **kwargs)
 
     # ------------------------------------------------------------------ parameters and files
     def _networks(self) -> dict[str, torch.nn.Module]:

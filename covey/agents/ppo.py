@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,13 +9,11 @@ import numpy as np
 import torch
 from stable_baselines3.common.utils import explained_variance
 
-from covey.agents.base import BaseAgent, as_schedule, config_dict, warn_batch_size
+from covey.agents.base import BaseAgent, Schedule, as_schedule, config_dict, require, warn_batch_size
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import Actor, Critic, PolicyConfig, build_actor_critic
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.obs import ObsTensor, batch_to_tensor
-
-Schedule = float | Callable[[float], float]
 
 # Observations per forward pass when values and log-probs are computed for a whole rollout.
 _EVAL_CHUNK = 4096
@@ -57,8 +54,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"PPO: {name}={getattr(self, name)!r} is invalid: {rule}.")
+            require(ok, "PPO", name, getattr(self, name), rule)
 
         need(isinstance(self.n_steps, (int, np.integer)) and self.n_steps >= 1, "n_steps", "it must be an int >= 1")
         need(isinstance(self.batch_size, (int, np.integer)) and self.batch_size >= 1, "batch_size", "it must be >= 1")
@@ -267,20 +263,10 @@ class PPO(BaseAgent):
         # Unique parameters of both networks (a shared encoder appears in both modules).
         params = list({id(p): p for p in [*self.actor.parameters(), *self.critic.parameters()]}.values())
         self._params = params
-        self.optimizer = self._make_optimizer(params)
+        self.optimizer = self._make_optimizer(params, adam_eps=1e-5)  # SB3's PPO uses eps=1e-5
         self.rollout_buffer = RolloutBuffer(
             cfg.n_steps, self.n_envs, self.observation_space, self.action_space, self.device
         )
-
-    def _make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        pc = self.policy_config
-        kwargs = dict(pc.optimizer_kwargs)
-        if pc.optimizer_class in (torch.optim.Adam, torch.optim.AdamW):
-            kwargs.setdefault("eps", 1e-5)
-            if "foreach" not in kwargs and "fused" not in kwargs and params:
-                # One fused kernel over all parameters instead of one small op per tensor.
-                kwargs["fused"] = True
-        return pc.optimizer_class(params, lr=self.lr_schedule(1.0), **kwargs)
 
     def _networks(self) -> dict[str, torch.nn.Module]:
         networks = {"actor": self.actor, "critic": self.critic}

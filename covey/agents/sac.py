@@ -4,7 +4,6 @@ SAC for Discrete actions (Christodoulou 2019, https://arxiv.org/abs/1910.07207),
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -12,13 +11,11 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from covey.agents.base import BaseAgent, config_dict
+from covey.agents.base import BaseAgent, Schedule, config_dict, require
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks
 from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
 from covey.networks.obs import batch_to_tensor
-
-Schedule = float | Callable[[float], float]
 
 
 @dataclass
@@ -54,8 +51,7 @@ class SACConfig:
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"SAC: {name}={getattr(self, name)!r} is invalid: {rule}.")
+            require(ok, "SAC", name, getattr(self, name), rule)
 
         need(self.buffer_size >= 1, "buffer_size", "it must be >= 1")
         need(self.learning_starts >= 0, "learning_starts", "it must be >= 0")
@@ -311,13 +307,6 @@ class SAC(BaseAgent):
             cfg.optimize_memory_usage,
             self.device,
         )
-
-    def _make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-        pc = self.policy_config
-        kwargs = dict(pc.optimizer_kwargs)
-        if pc.optimizer_class in (torch.optim.Adam, torch.optim.AdamW) and "foreach" not in kwargs:
-            kwargs.setdefault("fused", True)  # one kernel for all parameters of a network
-        return pc.optimizer_class(params, lr=self.lr_schedule(1.0), **kwargs)
 
     def _networks(self) -> dict[str, torch.nn.Module]:
         networks = {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target}
