@@ -29,3 +29,16 @@ def test_compare_quick_smoke():
         ratio = float(rows[task][ratio_column].split()[0])
         assert ratio > 0
     assert "python -m benchmarks.compare --suite quick" in result.stdout
+
+
+def test_profile_smoke():
+    """The profile attributes the run's time to phases: one row per task, shares that add up to 100%."""
+    command = [sys.executable, "-m", "benchmarks.profile", "--tasks", ",".join(TASKS), "--scale", "0.02"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert sorted(rows) == sorted(TASKS)
+    for task in TASKS:
+        shares = [float(v.rstrip("%")) for k, v in rows[task].items() if v.endswith("%")]
+        assert abs(sum(shares) - 100) <= len(shares)  # rounding of each cell
+        assert float(rows[task]["update"].rstrip("%")) > 0
