@@ -1,6 +1,6 @@
 """Train PPO on LunarLander-v3 (discrete actions by default, --continuous for Box actions).
 
-    python examples/ppo_lunarlander.py                      # 1M steps (RL-Zoo settings), about 4 minutes
+    python examples/ppo_lunarlander.py                      # 1M steps (RL-Zoo settings): 4-9 minutes on 2 cores, solves it (276 with seed 0)
     python examples/ppo_lunarlander.py --timesteps 5000     # smoke run
 
 Needs Box2D: ``pip install swig box2d`` (included in covey's ``[examples]`` extra).
