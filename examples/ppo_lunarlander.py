@@ -1,10 +1,10 @@
 """Train PPO on LunarLander-v3 (discrete actions by default, --continuous for Box actions).
 
-    python examples/ppo_lunarlander.py                      # 1M steps (RL-Zoo settings): 4-9 minutes on 2 cores, solves it (276 with seed 0)
+    python examples/ppo_lunarlander.py                      # 1M steps (RL-Zoo settings), 4-9 min on 2 cores
     python examples/ppo_lunarlander.py --timesteps 5000     # smoke run
 
 Needs Box2D: ``pip install swig box2d`` (included in covey's ``[examples]`` extra).
-A return of 200 counts as solved.
+A return of 200 counts as solved; the default run reaches 276 (seed 0).
 """
 
 import argparse
