@@ -8,7 +8,7 @@ Importing ``covey`` is cheap: the agents (and torch) load on first use.
 
 from covey.version import __version__
 
-__all__ = ["PPO", "SAC", "__version__"]
+__all__ = ["PPO", "POCA", "SAC", "__version__"]
 
 
 def __getattr__(name: str):
@@ -16,6 +16,10 @@ def __getattr__(name: str):
         from covey.agents.ppo import PPO
 
         return PPO
+    if name == "POCA":
+        from covey.agents.poca import POCA
+
+        return POCA
     if name == "SAC":
         from covey.agents.sac import SAC
 

@@ -147,9 +147,26 @@ class BaseAgent:
         self.action_space: spaces.Space | None = None
         self.n_envs = 1
         if env is not None:
-            self._attach_env(as_vec_env(env))
+            self._attach_env(self._wrap_env(env))
 
     # ------------------------------------------------------------------ environment
+    def _wrap_env(self, env: Any) -> Any:
+        """What the user passed as ``env``, as the kind of env this agent steps (an SB3 VecEnv here)."""
+        return as_vec_env(env)
+
+    def _reset_env(self) -> None:
+        """Start fresh episodes in every env copy (seeded as asked) and keep the first observations."""
+        pending = getattr(self, "_pending_reset_seed", None)
+        self._pending_reset_seed = None
+        inner = getattr(self.env, "venv", None)
+        if pending is not None and inner is not None and not isinstance(inner, VecEnv):
+            # A VecEnv without seed() (e.g. SuperSuit's concat_vec_envs_v1): seed the vector env it wraps
+            # through its Gymnasium-style reset(seed=...).
+            self._last_obs, self.env.reset_infos = inner.reset(seed=pending)
+        else:
+            self._last_obs = self.env.reset()
+        self._last_episode_starts = np.ones((self.env.num_envs,), dtype=bool)
+
     def _require_spaces(self) -> None:
         if self.observation_space is None or self.action_space is None:
             raise ValueError(
@@ -173,7 +190,7 @@ class BaseAgent:
 
     def set_env(self, env: Any, force_reset: bool = True) -> None:
         """Use a new env (same observation and action spaces) for further training."""
-        venv = as_vec_env(env)
+        venv = self._wrap_env(env)
         self._check_spaces(venv.observation_space, venv.action_space)
         self._attach_env(venv)
         if force_reset:
@@ -251,13 +268,7 @@ class BaseAgent:
         self._total_timesteps = int(total_timesteps)
         self._num_timesteps_at_start = self.num_timesteps
         if reset_num_timesteps or self._last_obs is None:
-            pending = getattr(self, "_pending_reset_seed", None)
-            if pending is not None:
-                self._last_obs = self.env.reset(seed=pending)
-                self._pending_reset_seed = None
-            else:
-                self._last_obs = self.env.reset()
-            self._last_episode_starts = np.ones((self.env.num_envs,), dtype=bool)
+            self._reset_env()
         if not self._custom_logger:
             self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
         return self._total_timesteps, self._init_callback(callback, progress_bar)
@@ -392,8 +403,16 @@ class BaseAgent:
             "num_timesteps": self.num_timesteps,
             "n_updates": self._n_updates,
             "seed": self.seed,
+            **self._extra_settings(),
         }
         serialization.save_model_file(path, settings, tensors)
+
+    def _extra_settings(self) -> dict[str, Any]:
+        """Agent-specific settings to keep in the model file (JSON)."""
+        return {}
+
+    def _restore_settings(self, settings: dict[str, Any]) -> None:
+        """Read back what :meth:`_extra_settings` saved, before the networks are built."""
 
     def _hyperparameters_json(self) -> dict[str, Any]:
         params = self._hyperparameters()
@@ -455,8 +474,9 @@ class BaseAgent:
         )
         model.observation_space, model.action_space = observation_space, action_space
         model.n_envs = settings.get("n_envs", 1)
+        model._restore_settings(settings)
         if env is not None:
-            venv = as_vec_env(env)
+            venv = model._wrap_env(env)
             model._check_spaces(venv.observation_space, venv.action_space)
             model._attach_env(venv)
             if force_reset:

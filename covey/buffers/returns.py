@@ -39,3 +39,43 @@ def gae(
         running = deltas[t] + decay[t] * running
         advantages[t] = running
     return advantages, advantages + values
+
+
+def group_lambda_returns(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    last_values: np.ndarray,
+    ended: np.ndarray,
+    bootstrap: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> np.ndarray:
+    """MA-POCA's lambda-returns for every agent slot, from the group's centralized value.
+
+    Shapes: ``rewards``, ``ended``, ``bootstrap`` ``(T, N, S)`` (time, env copies, agent slots);
+    ``values`` ``(T, N)``: V of the group state each step; ``last_values`` ``(N,)``: V after the last step.
+
+    ``ended[t]`` marks the last step of an agent's trajectory (it left the group, or the episode ended);
+    there the return is ``r + gamma * bootstrap``, where ``bootstrap`` is 0 only for a true terminal of
+    the whole group, and otherwise the value of the group state that continues (posthumous credit for an
+    agent that left early) or of the final state (truncation). Elsewhere::
+
+        G_t = r_t + gamma * (lam * G_{t+1} + (1 - lam) * V_{t+1})
+
+    and the rollout's last step uses ``G_T = V_T = last_values``. Entries of absent slots are meaningless.
+
+    >>> r = np.ones((2, 1, 1)); v = np.zeros((2, 1)); no = np.zeros((2, 1, 1), bool)
+    >>> group_lambda_returns(r, v, np.zeros(1), no, np.zeros((2, 1, 1)), 0.5, 1.0)[:, 0, 0].tolist()
+    [1.5, 1.0]
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    n_steps = rewards.shape[0]
+    returns = np.zeros_like(rewards)
+    next_return = np.broadcast_to(np.asarray(last_values, dtype=np.float64)[:, None], rewards.shape[1:])
+    for t in reversed(range(n_steps)):
+        next_value = (values[t + 1] if t + 1 < n_steps else last_values)[:, None]  # (N, 1)
+        continuing = rewards[t] + gamma * (lam * next_return + (1.0 - lam) * next_value)
+        # An agent whose trajectory ends here bootstraps from the state it leaves (0 only at a group terminal).
+        returns[t] = np.where(ended[t], rewards[t] + gamma * bootstrap[t], continuing)
+        next_return = returns[t]
+    return returns

@@ -17,6 +17,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from covey.networks.attention import POCACritic
 from covey.networks.distributions import SquashedGaussianHead, make_action_head
 from covey.networks.encoders import ExternalEncoder, make_encoder
 from covey.networks.mlp import mlp, parse_net_arch
@@ -380,4 +381,32 @@ def build_sac_networks(
     arch = parse_net_arch(config.net_arch, ("pi", "qf"), [256, 256])
     actor = Actor(observation_space, action_space, encoder(), arch["pi"], config.activation_fn, squashed=True)
     critic = QEnsemble(encoder(), action_space, arch["qf"], config.activation_fn, config)
+    return actor, critic
+
+
+def build_poca_networks(
+    policy: str,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    config: PolicyConfig,
+    attention_width: int = 128,
+    n_heads: int = 4,
+) -> tuple[Actor, POCACritic]:
+    """MA-POCA's shared actor (one policy for every agent of the group) and its attention critic.
+
+    ``net_arch`` sizes the actor (``pi``, default [128, 128]) and the critic's layers after pooling
+    (``vf``, default [128, 128]).
+    """
+    kind = policy_kind(policy, observation_space)
+    encoder = _encoder_factory(kind, observation_space, config)
+    arch = parse_net_arch(config.net_arch, ("pi", "vf"), [128, 128])
+    actor = Actor(observation_space, action_space, encoder(), arch["pi"], config.activation_fn, config.log_std_init)
+    if config.ortho_init:
+        _ortho_init(actor.trunk, math.sqrt(2))
+        _ortho_init(actor.head.proj, 0.01)
+
+    def value_head(width: int) -> nn.Module:
+        return make_value_head(width, 1, config.value_head, config.num_buckets, config.bucket_range)
+
+    critic = POCACritic(encoder(), action_space, value_head, attention_width, arch["vf"], n_heads, config.activation_fn)
     return actor, critic

@@ -1,0 +1,415 @@
+"""MA-POCA (Cohen et al. 2021, https://arxiv.org/abs/2111.05992): cooperative multi-agent PPO for a
+PettingZoo group, with a centralized attention critic and posthumous credit for agents that leave early."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from stable_baselines3.common.utils import explained_variance
+
+from covey.agents.base import BaseAgent, Schedule, as_schedule, config_dict, require
+from covey.agents.ppo import clipped_surrogate_loss, value_loss
+from covey.buffers.group import GroupBatch, GroupRolloutBuffer
+from covey.networks.actor_critic import Actor, PolicyConfig, build_poca_networks
+from covey.networks.attention import POCACritic
+from covey.networks.encoders import obs_dtype
+from covey.wrappers.group_env import GroupVecEnv, make_group_env
+
+_EVAL_CHUNK = 2048
+
+
+@dataclass
+class POCAConfig:
+    """MA-POCA's hyperparameters (PPO's names; defaults for small cooperative PettingZoo envs)."""
+
+    learning_rate: Schedule = 3e-4
+    """Adam step size (or a schedule of the remaining progress)."""
+    n_steps: int = 256
+    """Steps collected per env copy per rollout (a step of one copy moves all its agents)."""
+    batch_size: int = 256
+    """Minibatch size in group-steps (each carries every agent slot of its copy)."""
+    n_epochs: int = 3
+    """Passes over the rollout per update."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """Lambda of the lambda-returns."""
+    clip_range: Schedule = 0.2
+    """Clipping of the probability ratio, and of value and baseline changes."""
+    normalize_advantage: bool = True
+    """Normalize advantages per minibatch (over present agents)."""
+    ent_coef: float = 5e-3
+    """Entropy bonus coefficient (beta)."""
+    vf_coef: float = 0.5
+    """Weight of the critic losses: loss = policy + vf_coef * (value + baseline_coef * baseline) - beta * H."""
+    baseline_coef: float = 0.5
+    """Weight of the baseline loss relative to the value loss."""
+    max_grad_norm: float = 0.5
+    """Global gradient norm clip."""
+    groupmate_rewards: bool = False
+    """Add the groupmates' rewards of the step to each agent's reward (a team reward)."""
+    stats_window_size: int = 100
+    """Episodes averaged for rollout/ep_rew_mean."""
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            require(ok, "POCA", name, getattr(self, name), rule)
+
+        need(isinstance(self.n_steps, (int, np.integer)) and self.n_steps >= 1, "n_steps", "it must be an int >= 1")
+        need(isinstance(self.batch_size, (int, np.integer)) and self.batch_size >= 1, "batch_size", "it must be >= 1")
+        need(self.n_epochs >= 1, "n_epochs", "it must be >= 1")
+        need(0.0 <= self.gamma <= 1.0, "gamma", "it must lie in [0, 1]")
+        need(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", "it must lie in [0, 1]")
+        need(callable(self.clip_range) or self.clip_range > 0, "clip_range", "it must be > 0 or a schedule")
+        need(callable(self.learning_rate) or self.learning_rate >= 0, "learning_rate", "it must be >= 0 or a schedule")
+        need(self.max_grad_norm > 0, "max_grad_norm", "it must be > 0")
+
+
+class POCA(BaseAgent):
+    """MA-POCA for a cooperative group of agents in a PettingZoo parallel env, with SB3's API.
+
+    The env may be a ParallelEnv instance (one copy), a function returning one (``n_envs`` copies), an
+    AEC env (converted), or a :class:`~covey.wrappers.group_env.GroupVecEnv`. All agents share one policy
+    (``model.policy``); ``model.critic`` is the attention critic. ``total_timesteps`` counts env steps of
+    all copies (one parallel step of one copy = 1); agent-steps are logged beside it (``time/agent_steps``).
+
+    >>> from covey import POCA
+    >>> from covey.envs import EarlyExitEnv
+    >>> model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, seed=0).learn(32)
+    >>> sorted(model.predict(EarlyExitEnv().reset(seed=0)[0], deterministic=True)[0])
+    ['agent_0', 'agent_1', 'agent_2']
+    """
+
+    agent_name = "POCA"
+    schedule_keys = ("learning_rate", "clip_range")
+
+    def __init__(
+        self,
+        policy: str,
+        env: Any,
+        n_envs: int = 1,
+        learning_rate: Schedule = 3e-4,
+        n_steps: int = 256,
+        batch_size: int = 256,
+        n_epochs: int = 3,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_range: Schedule = 0.2,
+        normalize_advantage: bool = True,
+        ent_coef: float = 5e-3,
+        vf_coef: float = 0.5,
+        baseline_coef: float = 0.5,
+        max_grad_norm: float = 0.5,
+        groupmate_rewards: bool = False,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: torch.device | str = "auto",
+        _init_setup_model: bool = True,
+    ) -> None:
+        self.config = POCAConfig(
+            learning_rate=learning_rate,
+            n_steps=n_steps,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            clip_range=clip_range,
+            normalize_advantage=normalize_advantage,
+            ent_coef=ent_coef,
+            vf_coef=vf_coef,
+            baseline_coef=baseline_coef,
+            max_grad_norm=max_grad_norm,
+            groupmate_rewards=groupmate_rewards,
+            stats_window_size=stats_window_size,
+        )
+        kwargs = dict(policy_kwargs or {})
+        self.attention_width = int(kwargs.pop("attention_width", 128))
+        self.attention_heads = int(kwargs.pop("attention_heads", 4))
+        self.policy_config = PolicyConfig.from_kwargs(kwargs, activation_fn=torch.nn.ReLU)
+        self._requested_n_envs = n_envs
+        super().__init__(
+            policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
+        )
+        for key, value in config_dict(self.config).items():
+            setattr(self, key, value)
+        self.clip_range = as_schedule(clip_range)
+        self.agent_ids: list[str] = list(self.env.agent_ids) if self.env is not None else []
+        self.agent_steps = 0
+        if _init_setup_model:
+            self._setup_model()
+
+    # ------------------------------------------------------------------ env plumbing (groups, not VecEnvs)
+    def _wrap_env(self, env: Any) -> GroupVecEnv:
+        return make_group_env(env, getattr(self, "_requested_n_envs", 1))
+
+    def _attach_env(self, env: GroupVecEnv) -> None:
+        self.env = env
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        self.n_envs = env.n_envs
+        self.agent_ids = list(env.agent_ids)
+
+    def _reset_env(self) -> None:
+        self._last_obs, self._last_mask = self.env.reset()
+        self._last_episode_starts = np.ones(self.env.n_envs, dtype=bool)
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        params = config_dict(self.config)
+        params["n_envs"] = self.n_envs
+        return params
+
+    def _extra_settings(self) -> dict[str, Any]:
+        return {"agent_ids": list(self.agent_ids)}  # predict() maps agent ids to slots
+
+    def _restore_settings(self, settings: dict[str, Any]) -> None:
+        self.agent_ids = list(settings.get("agent_ids", []))
+
+    # ------------------------------------------------------------------ model
+    def _setup_model(self) -> None:
+        self._require_spaces()
+        cfg = self.config
+        self.set_random_seed(self.seed)
+        self.actor, self.critic = build_poca_networks(
+            self.policy_name,
+            self.observation_space,
+            self.action_space,
+            self.policy_config,
+            self.attention_width,
+            self.attention_heads,
+        )
+        self.actor.to(self.device)
+        self.critic.to(self.device)
+        self.policy = self.actor
+        self._params = [*self.actor.parameters(), *self.critic.parameters()]
+        self.optimizer = self._make_optimizer(self._params, adam_eps=1e-5)
+        n_slots = len(self.agent_ids) if self.agent_ids else 1
+        self.rollout_buffer = GroupRolloutBuffer(
+            cfg.n_steps, self.n_envs, n_slots, self.observation_space, self.action_space, self.device
+        )
+
+    def _networks(self) -> dict[str, torch.nn.Module]:
+        return {"actor": self.actor, "critic": self.critic}
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"optimizer": self.optimizer}
+
+    # ------------------------------------------------------------------ acting
+    def predict(self, observation: Any, state=None, episode_start=None, deterministic: bool = False):
+        """``{agent: observation}`` -> ``({agent: action}, None)`` for the agents given (a subset is fine).
+
+        An array ``(n_slots, *obs_shape)`` or ``(n_envs, n_slots, *obs_shape)`` gives actions for every slot.
+        """
+        if not isinstance(observation, dict):
+            return self.policy.predict(observation, state, episode_start, deterministic)
+        unknown = [a for a in observation if a not in self.agent_ids]
+        if unknown:
+            raise ValueError(
+                f"predict() got observations for agents {unknown} that are not in this model's group "
+                f"{self.agent_ids}. Pass a dict of the group's agent ids to observations."
+            )
+        if not observation:
+            return {}, state
+        agents = list(observation)
+        batch = np.stack([np.asarray(observation[a]) for a in agents])
+        actions, _ = self.policy.predict(batch, None, None, deterministic)
+        return {a: actions[i] for i, a in enumerate(agents)}, state
+
+    # ------------------------------------------------------------------ training loop
+    def learn(
+        self,
+        total_timesteps: int,
+        callback: Any = None,
+        log_interval: int = 1,
+        tb_log_name: str = "POCA",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> POCA:
+        """Collect group rollouts and update until ``total_timesteps`` env steps (all copies); returns self."""
+        total_timesteps, callback = self._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        if reset_num_timesteps:
+            self.agent_steps = 0
+        callback.on_training_start(locals(), globals())
+        iteration = 0
+        while self.num_timesteps < total_timesteps:
+            if not self.collect_rollouts(callback):
+                break
+            iteration += 1
+            self._update_current_progress_remaining()
+            if log_interval is not None and iteration % log_interval == 0:
+                self._record_group_stats()
+                self._dump_logs(iteration)
+            self.train()
+        callback.on_training_end()
+        return self
+
+    def collect_rollouts(self, callback) -> bool:
+        """Fill the group buffer with ``n_steps`` steps of every copy; False when a callback stops training."""
+        buffer, actor, env = self.rollout_buffer, self.actor, self.env
+        buffer.reset()
+        actor.set_training_mode(False)
+        callback.on_rollout_start()
+        n_envs, n_slots = env.n_envs, env.n_slots
+        dtype = obs_dtype(self.observation_space)
+        for _ in range(self.config.n_steps):
+            obs = torch.as_tensor(self._last_obs, dtype=dtype)  # (E, S, *obs_shape)
+            with torch.inference_mode():
+                action_tensor = actor.act(obs.reshape(n_envs * n_slots, *obs.shape[2:]))  # all slots at once
+            actions = action_tensor.cpu().numpy()
+            env_actions = actor.to_env_actions(actions).reshape(n_envs, n_slots, *self.action_space.shape)
+            present = self._last_mask
+            step = env.step(env_actions)
+            self.num_timesteps += n_envs
+            self.agent_steps += int(present.sum())
+            rewards = step.rewards
+            if self.config.groupmate_rewards:
+                rewards = np.where(present, rewards.sum(axis=1, keepdims=True), 0.0).astype(np.float32)
+            dones = step.env_done
+            infos = step.infos
+            callback.update_locals(locals())
+            if not callback.on_step():
+                return False
+            self._update_info_buffer(infos, dones)
+            # The state after the step that the leavers' bootstrap uses: leavers' final observations plus
+            # the agents still there (none of the new episode's when the copy was reset).
+            staying = step.mask & ~dones[:, None]
+            continuing_present = staying | step.left
+            continuing_obs = np.where(
+                step.left.reshape(*step.left.shape, *([1] * (step.observations.ndim - 2))),
+                step.final_observations,
+                step.observations,
+            )
+            # Only a copy whose every acting agent terminated is a true terminal of the group.
+            group_terminal = dones & ~np.any(step.truncated & present, axis=1)
+            buffer.add(
+                obs,
+                action_tensor,
+                present,
+                rewards,
+                step.left,
+                group_terminal,
+                continuing_obs,
+                continuing_present,
+            )
+            self._last_obs, self._last_mask = step.observations, step.mask
+        last_values = self._evaluate_rollout()
+        buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
+        callback.update_locals(locals())
+        callback.on_rollout_end()
+        return True
+
+    @torch.no_grad()
+    def _evaluate_rollout(self) -> np.ndarray:
+        """Values, continuing values, baselines and old log-probs of the whole rollout in batched passes."""
+        buf, critic = self.rollout_buffer, self.critic
+        obs, actions, present = buf.flat(buf.observations), buf.flat(buf.actions), buf.flat(buf.present)
+        cont_obs, cont_present = buf.flat(buf.continuing_obs), buf.flat(buf.continuing_present)
+        n = present.shape[0]
+        values, cont_values, baselines, log_probs = [], [], [], []
+        for s in range(0, n, _EVAL_CHUNK):
+            sl = slice(s, s + _EVAL_CHUNK)
+            values.append(critic.value(obs[sl], present[sl]))
+            cont_values.append(critic.value(cont_obs[sl], cont_present[sl]))
+            baselines.append(critic.baseline(obs[sl], actions[sl], present[sl]))
+            o, a = obs[sl], actions[sl]
+            lp, _ = self.actor.evaluate(o.reshape(-1, *o.shape[2:]), a.reshape(-1, *a.shape[2:]))
+            log_probs.append(lp.reshape(o.shape[:2]))
+        shape = (buf.n_steps, buf.n_envs)
+        buf.values = torch.cat(values).reshape(shape)
+        buf.continuing_values = torch.cat(cont_values).reshape(shape)
+        buf.baselines = torch.cat(baselines).reshape(*shape, buf.n_slots)
+        buf.log_probs = torch.cat(log_probs).reshape(*shape, buf.n_slots)
+        last_obs = torch.as_tensor(self._last_obs, dtype=obs.dtype)
+        return critic.value(last_obs, torch.as_tensor(self._last_mask)).numpy()
+
+    def train(self) -> None:
+        """Several epochs of minibatch updates of the shared policy and the critic."""
+        cfg = self.config
+        progress = self._current_progress_remaining
+        lr = self.lr_schedule(progress)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        clip_range = self.clip_range(progress)
+        self.actor.set_training_mode(True)
+        self.critic.train(True)
+        history: list[dict[str, torch.Tensor]] = []
+        for _ in range(cfg.n_epochs):
+            for batch in self.rollout_buffer.minibatches(cfg.batch_size):
+                if not bool(batch.present.any()):
+                    continue
+                loss, stats = poca_loss(batch, self.actor, self.critic, clip_range, cfg)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
+                self.optimizer.step()
+                history.append(stats)
+            self._n_updates += 1
+        for key in history[0] if history else []:
+            self.logger.record(f"train/{key}", torch.stack([h[key] for h in history]).mean().item())
+        buf = self.rollout_buffer
+        present = buf.present
+        values = buf.values[:, :, None].expand_as(buf.returns)[present]
+        self.logger.record(
+            "train/explained_variance", float(explained_variance(values.numpy(), buf.returns[present].numpy()))
+        )
+        self.logger.record("train/value_estimate", buf.values.mean().item())
+        self.logger.record("train/baseline_estimate", buf.baselines[present].mean().item())
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/clip_range", clip_range)
+        self.logger.record("train/learning_rate", lr)
+
+    def _record_group_stats(self) -> None:
+        if self.ep_info_buffer:
+            self.logger.record(
+                "rollout/ep_rew_agent_mean", float(np.mean([ep["r_agent"] for ep in self.ep_info_buffer]))
+            )
+        self.logger.record("time/agent_steps", self.agent_steps)
+
+
+def poca_loss(
+    batch: GroupBatch, actor: Actor, critic: POCACritic, clip_range: float, cfg: POCAConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """MA-POCA's objective on a minibatch of group-steps: ``(loss, detached stats)``.
+
+    ``loss = policy + vf_coef * (value + baseline_coef * baseline) - ent_coef * entropy``; the value is
+    trained toward every present agent's lambda-return, the baselines toward their own agent's.
+    """
+    present = batch.present  # (B, S)
+    obs, actions = batch.observations[present], batch.actions[present]  # (n_agent_steps, ...)
+    log_prob, entropy = actor.evaluate(obs, actions)
+    advantages = batch.advantages[present]
+    if cfg.normalize_advantage and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    policy_loss, approx_kl, clip_fraction = clipped_surrogate_loss(
+        log_prob, batch.old_log_prob[present], advantages, clip_range
+    )
+    returns = batch.returns[present]
+    head = critic.value_head
+    raw_value = critic.raw_value(batch.observations, present)  # (B[, K])
+    raw_value = raw_value[:, None].expand(-1, present.shape[1], *raw_value.shape[1:])[present]
+    raw_baseline = critic.raw_baseline(batch.observations, batch.actions, present)[present]
+    if head.distributional:
+        v_loss = head.loss(raw_value, returns).mean()
+        b_loss = head.loss(raw_baseline, returns).mean()
+    else:
+        old_values = batch.old_values[:, None].expand_as(present)[present]
+        v_loss = value_loss(raw_value, old_values, returns, clip_range)
+        b_loss = value_loss(raw_baseline, batch.old_baselines[present], returns, clip_range)
+    entropy_mean = entropy.mean()
+    loss = policy_loss + cfg.vf_coef * (v_loss + cfg.baseline_coef * b_loss) - cfg.ent_coef * entropy_mean
+    stats = {
+        "policy_gradient_loss": policy_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "baseline_loss": b_loss.detach(),
+        "entropy": entropy_mean.detach(),
+        "approx_kl": approx_kl,
+        "clip_fraction": clip_fraction,
+        "loss": loss.detach(),
+    }
+    return loss, stats

@@ -1,0 +1,133 @@
+"""MA-POCA's group rollout buffer: ``(n_steps, n_envs, n_slots, ...)`` with a presence mask."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from covey.buffers.returns import group_lambda_returns
+from covey.buffers.rollout import action_storage
+from covey.networks.encoders import obs_dtype
+
+
+class GroupBatch(NamedTuple):
+    """A minibatch of group-steps; every field is ``(B, n_slots, ...)`` except ``old_values`` ``(B,)``."""
+
+    observations: torch.Tensor
+    actions: torch.Tensor
+    present: torch.Tensor
+    old_log_prob: torch.Tensor
+    old_values: torch.Tensor
+    old_baselines: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+class GroupRolloutBuffer:
+    """One rollout of a group: each step stores every slot's observation and action, which slots were
+    present, their rewards, whose trajectory ended, and the state the group continues from.
+
+    For every agent-step it yields, through the group's arrays, the groupmates' observations and actions
+    and the presence mask the critic needs.
+    """
+
+    def __init__(
+        self,
+        n_steps: int,
+        n_envs: int,
+        n_slots: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.n_steps, self.n_envs, self.n_slots = n_steps, n_envs, n_slots
+        self.device = torch.device(device)
+        lead = (n_steps, n_envs, n_slots)
+        self.observations = torch.zeros((*lead, *observation_space.shape), dtype=obs_dtype(observation_space))
+        act_shape, act_dtype = action_storage(action_space)
+        self.actions = torch.zeros((*lead, *act_shape), dtype=act_dtype)
+        self.present = torch.zeros(lead, dtype=torch.bool)
+        # The state each group continues from after a step where some agents left (their final
+        # observations plus the agents still there): the posthumous bootstrap.
+        self.continuing_obs = torch.zeros_like(self.observations)
+        self.continuing_present = torch.zeros(lead, dtype=torch.bool)
+        self.rewards = np.zeros(lead, dtype=np.float32)
+        self.ended = np.zeros(lead, dtype=bool)
+        self.group_terminal = np.zeros((n_steps, n_envs), dtype=bool)
+        self.values = torch.zeros((n_steps, n_envs))
+        self.continuing_values = torch.zeros((n_steps, n_envs))
+        self.baselines = torch.zeros(lead)
+        self.log_probs = torch.zeros(lead)
+        self.returns = torch.zeros(lead)
+        self.advantages = torch.zeros(lead)
+        self.pos = 0
+
+    def reset(self) -> None:
+        self.pos = 0
+
+    def add(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        present: np.ndarray,
+        rewards: np.ndarray,
+        ended: np.ndarray,
+        group_terminal: np.ndarray,
+        continuing_obs: np.ndarray,
+        continuing_present: np.ndarray,
+    ) -> None:
+        t = self.pos
+        self.observations[t] = obs
+        self.actions[t] = actions.reshape(self.actions.shape[1:])
+        self.present[t] = torch.as_tensor(present)
+        self.rewards[t] = rewards
+        self.ended[t] = ended
+        self.group_terminal[t] = group_terminal
+        self.continuing_obs[t] = torch.as_tensor(continuing_obs)
+        self.continuing_present[t] = torch.as_tensor(continuing_present)
+        self.pos += 1
+
+    def flat(self, x: torch.Tensor) -> torch.Tensor:
+        """``(n_steps, n_envs, ...)`` -> ``(n_steps * n_envs, ...)``: one row per group-step."""
+        return x.reshape(self.n_steps * self.n_envs, *x.shape[2:])
+
+    def compute_returns(self, last_values: np.ndarray, gamma: float, lam: float) -> None:
+        """Lambda-returns from the centralized value and advantages against the per-agent baselines."""
+        # A true terminal of the whole group has no future; any other end of an agent's trajectory
+        # (leaving early while the group goes on, or a time limit) bootstraps from the group it leaves.
+        bootstrap = np.where(self.group_terminal[..., None], 0.0, self.continuing_values.numpy()[..., None])
+        bootstrap = np.broadcast_to(bootstrap, self.rewards.shape)
+        returns = group_lambda_returns(
+            self.rewards, self.values.numpy(), last_values, self.ended, bootstrap, gamma, lam
+        )
+        self.returns = torch.as_tensor(returns, dtype=torch.float32)
+        # The advantage of agent i: its return minus the counterfactual baseline of its own action.
+        self.advantages = (self.returns - self.baselines) * self.present
+
+    def minibatches(self, batch_size: int) -> Iterator[GroupBatch]:
+        """Shuffled minibatches of whole group-steps (all slots of a step stay together)."""
+        n = self.n_steps * self.n_envs
+        fields = [
+            self.flat(x)
+            for x in (
+                self.observations,
+                self.actions,
+                self.present,
+                self.log_probs,
+                self.values,
+                self.baselines,
+                self.advantages,
+                self.returns,
+            )
+        ]
+        if batch_size >= n:
+            yield GroupBatch(*fields)
+            return
+        perm = torch.randperm(n)
+        for start in range(0, n, batch_size):
+            idx = perm[start : start + batch_size]
+            yield GroupBatch(*(x[idx] for x in fields))

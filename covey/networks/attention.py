@@ -1,0 +1,128 @@
+"""Entity attention for groups of agents, and MA-POCA's centralized critic (Cohen et al. 2021,
+https://arxiv.org/abs/2111.05992).
+
+Absent agents (dead, not yet spawned, padding) are an explicit boolean mask: they are left out of
+attention and pooling, and whatever their slots hold is replaced by zeros before encoding, so garbage or
+NaN there cannot leak into the outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gymnasium import spaces
+from torch import nn
+
+from covey.networks.mlp import mlp
+
+
+class ResidualSelfAttention(nn.Module):
+    """Multi-head self-attention over entities with a residual connection and layer norm.
+
+    ``x`` is ``(B, n_entities, h)``; ``present`` ``(B, n_entities)`` marks real entities. Absent ones are
+    never attended to; their own output rows are meaningless (pool with :func:`masked_mean`).
+    """
+
+    def __init__(self, width: int, n_heads: int = 4) -> None:
+        super().__init__()
+        if width % n_heads:
+            raise ValueError(f"attention width {width} must be divisible by n_heads={n_heads}.")
+        self.attention = nn.MultiheadAttention(width, n_heads, batch_first=True)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        ignore = ~present  # (B, n_entities): True = not attended to
+        # A row with no entity at all would attend to nothing (NaN); let it attend to its zeros instead.
+        ignore = ignore & present.any(dim=1, keepdim=True)
+        out, _ = self.attention(x, x, x, key_padding_mask=ignore, need_weights=False)
+        return self.norm(x + out)  # (B, n_entities, h)
+
+
+def masked_mean(x: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """Mean over the present entities: ``(B, n_entities, h)`` -> ``(B, h)`` (zeros when none is present)."""
+    weights = present.unsqueeze(-1).to(x.dtype)  # (B, n_entities, 1)
+    return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+def action_features(actions: torch.Tensor, space: spaces.Space) -> torch.Tensor:
+    """Actions as network inputs ``(..., action_features_dim)``: one-hot for discrete, floats otherwise."""
+    if isinstance(space, spaces.Discrete):
+        return F.one_hot((actions.long() - int(space.start)).clamp(0, int(space.n) - 1), int(space.n)).float()
+    if isinstance(space, spaces.MultiDiscrete):
+        nvec = [int(n) for n in space.nvec.reshape(-1)]
+        idx = actions.long().reshape(*actions.shape[:-1], len(nvec)) - torch.as_tensor(space.start.reshape(-1))
+        return torch.cat([F.one_hot(idx[..., i].clamp(0, n - 1), n).float() for i, n in enumerate(nvec)], dim=-1)
+    return actions.float().reshape(*actions.shape[: actions.dim() - len(space.shape)], -1)
+
+
+def action_features_dim(space: spaces.Space) -> int:
+    if isinstance(space, spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, spaces.MultiDiscrete):
+        return int(space.nvec.sum())
+    return int(np.prod(space.shape))
+
+
+class POCACritic(nn.Module):
+    """One attention network answering two questions about a group of agent slots.
+
+    - ``value(obs, present)``: V of the group from every present agent's observation, ``(B,)``;
+    - ``baseline(obs, actions, present)``: for every agent i, the value given its own observation and
+      its groupmates' observations *and actions*, ``(B, n_slots)``: a counterfactual baseline that
+      marginalizes agent i's own action.
+
+    Observations are ``(B, n_slots, *obs_shape)``, actions ``(B, n_slots, *action_shape)``, ``present``
+    ``(B, n_slots)`` booleans. ``raw_value``/``raw_baseline`` give the value head's raw outputs.
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        action_space: spaces.Space,
+        value_head_fn,
+        width: int = 128,
+        hidden: list[int] | None = None,
+        n_heads: int = 4,
+        activation: type[nn.Module] = nn.ReLU,
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.action_space = action_space
+        self.obs_embedding = nn.Sequential(nn.Linear(encoder.out_dim, width), activation())
+        self.obs_action_embedding = nn.Sequential(
+            nn.Linear(encoder.out_dim + action_features_dim(action_space), width), activation()
+        )
+        self.attention = ResidualSelfAttention(width, n_heads)
+        self.trunk = mlp(width, [width, width] if hidden is None else hidden, activation)
+        self.value_head = value_head_fn(self.trunk.out_dim)
+
+    def _encode(self, obs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        b, n = present.shape
+        shape = (b, n) + (1,) * (obs.dim() - 2)
+        obs = torch.where(present.reshape(shape), obs, torch.zeros((), dtype=obs.dtype))  # absent: zeros, not NaN
+        return self.encoder(obs.reshape(b * n, *obs.shape[2:])).reshape(b, n, -1)  # (B, n_slots, enc)
+
+    def _pool(self, entities: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        return self.value_head(self.trunk(masked_mean(self.attention(entities, present), present)))
+
+    def raw_value(self, obs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        return self._pool(self.obs_embedding(self._encode(obs, present)), present)
+
+    def raw_baseline(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        b, n = present.shape
+        encoded = self._encode(obs, present)  # (B, n, enc)
+        acts = action_features(actions, self.action_space)  # (B, n, A)
+        acts = torch.where(present.unsqueeze(-1), acts, torch.zeros(()))
+        own = self.obs_embedding(encoded)  # (B, n, h)
+        mates = self.obs_action_embedding(torch.cat([encoded, acts], dim=-1))  # (B, n, h)
+        eye = torch.eye(n, dtype=torch.bool, device=present.device)  # (n_i, n_j): entity j of agent i's view
+        entities = torch.where(eye[None, :, :, None], own[:, None], mates[:, None])  # (B, n_i, n_j, h)
+        raw = self._pool(entities.reshape(b * n, n, -1), present.repeat_interleave(n, dim=0))
+        return raw.reshape(b, n, *raw.shape[1:])  # (B, n_slots[, K])
+
+    def value(self, obs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        return self.value_head.value(self.raw_value(obs, present))
+
+    def baseline(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        return self.value_head.value(self.raw_baseline(obs, actions, present))

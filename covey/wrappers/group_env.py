@@ -1,0 +1,225 @@
+"""A vector of PettingZoo parallel envs seen as one group of agent slots: arrays ``(n_envs, n_slots, ...)``.
+
+Every possible agent owns a slot. A boolean presence mask says which slots hold a live agent; absent
+slots (dead, not yet spawned) hold zeros and are masked, never treated as absorbing states. An env copy is
+reset as soon as all its agents are gone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from gymnasium import spaces
+
+from covey.spaces import check_action_space, check_observation_space
+
+
+class GroupStep(NamedTuple):
+    """What one step of every env copy returns (arrays ``(n_envs, n_slots, ...)`` unless said)."""
+
+    observations: np.ndarray
+    """Observations after the step (after auto-reset for finished copies)."""
+    mask: np.ndarray
+    """Which slots hold a live agent after the step."""
+    rewards: np.ndarray
+    """Rewards of the agents that acted (0 elsewhere)."""
+    terminated: np.ndarray
+    truncated: np.ndarray
+    left: np.ndarray
+    """Agents that acted and are gone after the step: their trajectory ends here."""
+    final_observations: np.ndarray
+    """The last observation of every agent that left (zeros elsewhere)."""
+    env_done: np.ndarray
+    """``(n_envs,)``: the copy's episode ended (all agents gone) and the copy was reset."""
+    infos: list[dict[str, Any]]
+    """Per copy: ``{"episode": {"r": group return, "l": length, "r_agent": mean per-agent return}}`` at an end."""
+
+
+def is_parallel_env(env: Any) -> bool:
+    """An env instance (a class, even one with class-level ``possible_agents``, is a way to make one)."""
+    return not isinstance(env, type) and all(hasattr(env, k) for k in ("possible_agents", "step", "reset"))
+
+
+def as_parallel(env: Any) -> Any:
+    """A PettingZoo ParallelEnv as it is; an AEC env converted to parallel."""
+    if not isinstance(env, type) and hasattr(env, "agent_iter"):  # AEC API
+        from pettingzoo.utils.conversions import aec_to_parallel
+
+        return aec_to_parallel(env)
+    if not is_parallel_env(env):
+        raise TypeError(
+            f"Expected a PettingZoo ParallelEnv (or AEC env), or a function returning one; got {type(env).__name__}."
+        )
+    return env
+
+
+def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
+    """The single observation and action space shared by all agents of ``env``, or a clear error."""
+    agents = list(env.possible_agents)
+    if not agents:
+        raise ValueError("The env has no possible_agents: a group needs at least one agent.")
+    obs_spaces = {a: env.observation_space(a) for a in agents}
+    act_spaces = {a: env.action_space(a) for a in agents}
+    for kind, by_agent in (("observation", obs_spaces), ("action", act_spaces)):
+        first = by_agent[agents[0]]
+        odd = [a for a in agents if by_agent[a] != first]
+        if odd:
+            fix = "pad_observations_v0" if kind == "observation" else "pad_action_space_v0"
+            raise ValueError(
+                f"Agents of one group must share one {kind} space, but {agents[0]!r} has {first} and "
+                + ", ".join(f"{a!r} has {by_agent[a]}" for a in odd)
+                + f". Make them equal, e.g. with SuperSuit's {fix}(env)."
+            )
+    check_observation_space(obs_spaces[agents[0]])
+    if isinstance(obs_spaces[agents[0]], spaces.Dict):
+        raise ValueError(
+            f"Dict observation spaces are not supported for groups yet (agents have {obs_spaces[agents[0]]}). "
+            "Flatten them first, e.g. with SuperSuit's flatten_v0 after gymnasium-style flattening of the keys."
+        )
+    check_action_space(act_spaces[agents[0]])
+    return obs_spaces[agents[0]], act_spaces[agents[0]]
+
+
+def _storage_dtype(space: spaces.Space) -> np.dtype:
+    if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
+        return np.dtype(np.float32)
+    return np.dtype(space.dtype)
+
+
+class GroupVecEnv:
+    """``n_envs`` copies of a PettingZoo parallel env, stepped in this process.
+
+    >>> from covey.envs import EarlyExitEnv
+    >>> venv = GroupVecEnv([EarlyExitEnv, EarlyExitEnv])
+    >>> obs, mask = venv.reset(seed=0)
+    >>> obs.shape[:2], mask.all()
+    ((2, 3), np.True_)
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], Any]]) -> None:
+        if not env_fns:
+            raise ValueError("GroupVecEnv needs at least one env function.")
+        self.envs = [as_parallel(fn()) for fn in env_fns]
+        first = self.envs[0]
+        self.observation_space, self.action_space = check_group_spaces(first)
+        self.agent_ids: list[str] = list(first.possible_agents)
+        for env in self.envs[1:]:
+            if list(env.possible_agents) != self.agent_ids:
+                raise ValueError("All env copies must have the same possible_agents.")
+        self.slot = {agent: i for i, agent in enumerate(self.agent_ids)}
+        self.n_envs, self.n_slots = len(self.envs), len(self.agent_ids)
+        self.obs_shape = tuple(self.observation_space.shape)
+        self.obs_dtype = _storage_dtype(self.observation_space)
+        lead = (self.n_envs, self.n_slots)
+        self._obs = np.zeros((*lead, *self.obs_shape), dtype=self.obs_dtype)
+        self._mask = np.zeros(lead, dtype=bool)
+        self._ep_return = np.zeros(lead)
+        self._ep_seen = np.zeros(lead, dtype=bool)
+        self._ep_length = np.zeros(self.n_envs, dtype=np.int64)
+        self._t0 = time.time()
+        self._seed: int | None = None
+
+    # ------------------------------------------------------------------ reset and step
+    def seed(self, seed: int | None = None) -> None:
+        """Seeds for the next reset: copy ``i`` gets ``seed + i``."""
+        self._seed = seed
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Reset every copy; returns ``(observations, mask)``."""
+        seed = self._seed if seed is None else seed
+        self._seed = None
+        for e in range(self.n_envs):
+            self._reset_env(e, None if seed is None else seed + e)
+        return self._obs.copy(), self._mask.copy()
+
+    def _reset_env(self, e: int, seed: int | None) -> None:
+        observations, _ = self.envs[e].reset(seed=seed)
+        if not self.envs[e].agents:
+            raise ValueError(
+                "The env has no agents after reset(): a group needs at least one live agent to act. "
+                "Check the env's reset (and its wrappers)."
+            )
+        self._obs[e] = 0
+        self._mask[e] = False
+        for agent in self.envs[e].agents:
+            self._put(e, agent, observations[agent])
+        self._ep_return[e] = 0.0
+        self._ep_seen[e] = self._mask[e]
+        self._ep_length[e] = 0
+
+    def _put(self, e: int, agent: str, obs: Any) -> None:
+        s = self.slot[agent]
+        self._obs[e, s] = obs
+        self._mask[e, s] = True
+
+    def step(self, actions: np.ndarray) -> GroupStep:
+        """Step every copy with ``actions`` ``(n_envs, n_slots, ...)`` (entries of absent slots are ignored)."""
+        lead = (self.n_envs, self.n_slots)
+        rewards = np.zeros(lead, dtype=np.float32)
+        terminated = np.zeros(lead, dtype=bool)
+        truncated = np.zeros(lead, dtype=bool)
+        left = np.zeros(lead, dtype=bool)
+        final_obs = np.zeros_like(self._obs)
+        env_done = np.zeros(self.n_envs, dtype=bool)
+        infos: list[dict[str, Any]] = [{} for _ in range(self.n_envs)]
+        for e, env in enumerate(self.envs):
+            acting = list(env.agents)
+            action_dict = {agent: actions[e, self.slot[agent]] for agent in acting}
+            observations, rew, term, trunc, _ = env.step(action_dict)
+            self._ep_length[e] += 1
+            still = set(env.agents)
+            for agent in acting:
+                s = self.slot[agent]
+                rewards[e, s] = rew.get(agent, 0.0)
+                terminated[e, s] = bool(term.get(agent, False))
+                truncated[e, s] = bool(trunc.get(agent, False))
+                if agent not in still:
+                    # The agent is gone: keep its last observation for the (posthumous) bootstrap.
+                    left[e, s] = True
+                    final_obs[e, s] = observations.get(agent, self._obs[e, s])
+            self._ep_return[e] += rewards[e]
+            self._obs[e] = 0
+            self._mask[e] = False
+            for agent in env.agents:  # live agents, including ones that just appeared
+                self._put(e, agent, observations[agent])
+            self._ep_seen[e] |= self._mask[e]
+            if not env.agents:
+                env_done[e] = True
+                seen = max(int(self._ep_seen[e].sum()), 1)
+                group_return = float(self._ep_return[e].sum())
+                infos[e]["episode"] = {
+                    "r": group_return,
+                    "l": int(self._ep_length[e]),
+                    "r_agent": group_return / seen,
+                    "t": round(time.time() - self._t0, 6),
+                }
+                self._reset_env(e, None)
+        return GroupStep(
+            self._obs.copy(), self._mask.copy(), rewards, terminated, truncated, left, final_obs, env_done, infos
+        )
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def make_group_env(env: Any, n_envs: int) -> GroupVecEnv:
+    """What a user passes as ``env`` to POCA, as a :class:`GroupVecEnv` of ``n_envs`` copies.
+
+    A function returning a ParallelEnv (or AEC env) is called once per copy; an env instance can only
+    make one copy (pass a function for more); a GroupVecEnv is used as it is.
+    """
+    if isinstance(env, GroupVecEnv):
+        return env
+    if isinstance(env, type) or (callable(env) and not is_parallel_env(env) and not hasattr(env, "agent_iter")):
+        return GroupVecEnv([env] * n_envs)
+    if n_envs != 1:
+        raise ValueError(
+            f"n_envs={n_envs} copies need a function that makes the env, e.g. "
+            "POCA('MlpPolicy', lambda: simple_spread_v3.parallel_env(N=3), n_envs=8); an env instance can "
+            "only be one copy."
+        )
+    return GroupVecEnv([lambda: env])

@@ -1,0 +1,535 @@
+"""GroupVecEnv: PettingZoo parallel envs as arrays ``(n_envs, n_slots, ...)`` with presence masks.
+
+Real PettingZoo envs (MPE simple_spread, SISL multiwalker, butterfly KAZ) are checked against separately
+stepped copies of the same env with the same seeds and actions; a scripted env checks agents that join
+and leave at known steps exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import supersuit
+from gymnasium import spaces
+from mpe2 import simple_adversary_v3, simple_speaker_listener_v4, simple_spread_v3
+from pettingzoo import ParallelEnv
+from pettingzoo.butterfly import knights_archers_zombies_v11
+from pettingzoo.sisl import multiwalker_v9
+
+from covey.envs import EarlyExitEnv
+from covey.wrappers.group_env import GroupStep, GroupVecEnv, as_parallel, check_group_spaces, make_group_env
+
+
+def stack(obs: dict, agents: list[str], shape: tuple[int, ...]) -> np.ndarray:
+    """A dict of per-agent observations as one array in slot order (zeros for absent agents)."""
+    return np.stack([np.asarray(obs[a], np.float32) if a in obs else np.zeros(shape, np.float32) for a in agents])
+
+
+class Reference:
+    """Separately stepped copies of an env, seeded as GroupVecEnv seeds them (copy ``e`` gets ``seed + e``)."""
+
+    def __init__(self, make, n_envs: int, seed: int):
+        self.envs = [make() for _ in range(n_envs)]
+        self.obs = [env.reset(seed=seed + e)[0] for e, env in enumerate(self.envs)]
+
+    def step(self, e: int, actions: np.ndarray, slots: dict[str, int]):
+        env = self.envs[e]
+        return env.step({a: actions[slots[a]] for a in env.agents})
+
+
+# ---------------------------------------------------------------------------------------------- MPE simple_spread
+def test_simple_spread_matches_reference_env_and_auto_resets():
+    """Shapes, rewards, truncation at max_cycles, final observations and auto-reset, step for step."""
+
+    def make():
+        return simple_spread_v3.parallel_env(N=3, max_cycles=25)
+
+    n_envs, seed = 2, 11
+    venv = GroupVecEnv([make] * n_envs)
+    assert venv.agent_ids == ["agent_0", "agent_1", "agent_2"] and venv.n_slots == 3
+    obs, mask = venv.reset(seed=seed)
+    assert obs.shape == (2, 3, 18) and obs.dtype == np.float32
+    assert mask.shape == (2, 3) and mask.all()
+    ref = Reference(make, n_envs, seed)
+    for e in range(n_envs):
+        np.testing.assert_array_equal(obs[e], stack(ref.obs[e], venv.agent_ids, (18,)))
+    assert not np.array_equal(obs[0], obs[1])  # copies get different seeds
+
+    rng = np.random.default_rng(0)
+    returns = np.zeros(n_envs)
+    for t in range(1, 26):
+        actions = rng.integers(0, 5, (n_envs, 3))
+        st = venv.step(actions)
+        assert isinstance(st, GroupStep)
+        assert st.rewards.shape == (2, 3) and st.terminated.shape == st.truncated.shape == st.left.shape == (2, 3)
+        assert st.final_observations.shape == (2, 3, 18) and st.env_done.shape == (2,)
+        for e in range(n_envs):
+            r_obs, r_rew, r_term, r_trunc, _ = ref.step(e, actions[e], venv.slot)
+            expected_rew = np.array([r_rew[a] for a in venv.agent_ids], np.float32)
+            np.testing.assert_allclose(st.rewards[e], expected_rew, rtol=1e-6)
+            returns[e] += sum(r_rew.values())
+            np.testing.assert_array_equal(st.terminated[e], [r_term[a] for a in venv.agent_ids])
+            np.testing.assert_array_equal(st.truncated[e], [r_trunc[a] for a in venv.agent_ids])
+            if t < 25:
+                assert not st.env_done[e] and not st.left[e].any() and st.infos[e] == {}
+                assert st.mask[e].all()
+                np.testing.assert_array_equal(st.observations[e], stack(r_obs, venv.agent_ids, (18,)))
+                assert not st.final_observations[e].any()
+            else:
+                assert st.env_done[e] and st.left[e].all() and st.truncated[e].all() and not st.terminated[e].any()
+                np.testing.assert_array_equal(st.final_observations[e], stack(r_obs, venv.agent_ids, (18,)))
+                episode = st.infos[e]["episode"]
+                assert episode["l"] == 25
+                assert episode["r"] == pytest.approx(returns[e], rel=1e-5)
+                assert episode["r_agent"] == pytest.approx(returns[e] / 3, rel=1e-5)
+                # The copy was reset in the same step: a new episode's observations (the env's own RNG goes on).
+                assert st.mask[e].all()
+                new_obs, _ = ref.envs[e].reset()
+                np.testing.assert_array_equal(st.observations[e], stack(new_obs, venv.agent_ids, (18,)))
+                assert not np.array_equal(st.observations[e], st.final_observations[e])
+    # The next episode counts from zero again.
+    st = venv.step(np.zeros((n_envs, 3), np.int64))
+    assert not st.env_done.any() and st.mask.all()
+    venv.close()
+
+
+# ---------------------------------------------------------------------------------------------- SISL multiwalker
+def test_multiwalker_walkers_leave_early_when_they_fall():
+    """terminate_on_fall=False, remove_on_fall=True: a fallen walker leaves while the others walk on."""
+
+    def make():
+        return multiwalker_v9.parallel_env(n_walkers=3, terminate_on_fall=False, remove_on_fall=True)
+
+    n_envs, seed = 2, 0
+    venv = GroupVecEnv([make] * n_envs)
+    assert isinstance(venv.action_space, spaces.Box) and venv.action_space.shape == (4,)
+    obs, mask = venv.reset(seed=seed)
+    assert obs.shape == (2, 3, 31) and mask.all()
+    ref = Reference(make, n_envs, seed)
+    for e in range(n_envs):
+        np.testing.assert_array_equal(obs[e], stack(ref.obs[e], venv.agent_ids, (31,)))
+
+    rng = np.random.default_rng(0)
+    gone = np.zeros((n_envs, 3), bool)  # left earlier in the current episode
+    left_count = np.zeros((n_envs, 3), int)
+    early_leaves = 0
+    returns = np.zeros(n_envs)
+    episodes_done = np.zeros(n_envs, int)
+    for _ in range(120):
+        actions = rng.uniform(-1, 1, (n_envs, 3, 4)).astype(np.float32)
+        st = venv.step(actions)
+        for e in range(n_envs):
+            r_obs, r_rew, r_term, r_trunc, _ = ref.step(e, actions[e], venv.slot)
+            returns[e] += sum(r_rew.values())
+            acting = ~gone[e]
+            # Only agents that acted report rewards and flags; absent slots report nothing.
+            assert not (st.left[e] & gone[e]).any() and not st.rewards[e][gone[e]].any()
+            for a, s in venv.slot.items():
+                if a in r_rew:
+                    assert st.rewards[e, s] == pytest.approx(r_rew[a], rel=1e-6, abs=1e-6)
+                    assert st.terminated[e, s] == r_term[a]
+            np.testing.assert_array_equal(st.left[e], acting & ~np.isin(venv.agent_ids, ref.envs[e].agents))
+            for s in np.flatnonzero(st.left[e]):
+                a = venv.agent_ids[s]
+                np.testing.assert_array_equal(st.final_observations[e, s], np.asarray(r_obs[a], np.float32))
+                assert np.abs(st.final_observations[e, s]).sum() > 0
+                assert st.terminated[e, s]
+            assert not st.final_observations[e][~st.left[e]].any()
+            left_count[e] += st.left[e]
+            gone[e] |= st.left[e]
+            if st.env_done[e]:
+                assert gone[e].all()
+                assert (left_count[e] == 1).all()  # every walker left exactly once in the episode
+                assert st.infos[e]["episode"]["r"] == pytest.approx(returns[e], rel=1e-5)
+                returns[e], gone[e], left_count[e] = 0.0, False, 0
+                episodes_done[e] += 1
+                r_obs, _ = ref.envs[e].reset()
+                assert st.mask[e].all()
+            else:
+                early_leaves += int(st.left[e].sum())
+                assert st.infos[e] == {}
+                # A walker that left stays masked (and zero) until the copy is reset.
+                np.testing.assert_array_equal(st.mask[e], ~gone[e])
+                assert not st.observations[e][gone[e]].any()
+            live = {a: r_obs[a] for a in ref.envs[e].agents}
+            np.testing.assert_array_equal(st.observations[e], stack(live, venv.agent_ids, (31,)))
+    assert early_leaves > 0, "no walker fell while the others went on: pick another seed"
+    assert episodes_done.sum() > 0, "no episode ended within the budget: raise it"
+
+
+def test_multiwalker_default_terminates_every_walker_when_one_falls():
+    """With the package's defaults one fall ends the episode: all walkers leave in the same step."""
+    venv = GroupVecEnv([lambda: multiwalker_v9.parallel_env(n_walkers=3)])
+    venv.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        st = venv.step(rng.uniform(-1, 1, (1, 3, 4)).astype(np.float32))
+        if st.left.any():
+            assert st.left.all() and st.terminated.all() and st.env_done[0]
+            assert (np.abs(st.final_observations[0]).sum(axis=-1) > 0).all()
+            assert st.mask.all()  # already reset
+            break
+    else:
+        pytest.fail("no walker fell within 200 steps")
+
+
+# ---------------------------------------------------------------------------------------------- butterfly KAZ
+def _make_kaz(**kwargs):
+    return knights_archers_zombies_v11.parallel_env(
+        obs_method="vector", max_cycles=100, spawn_delay=2, line_death=True, **kwargs
+    )
+
+
+def test_knights_archers_zombies_dead_agents_leave():
+    """float64 (27, 5) observations stored as float32; masks follow env.agents; dead agents leave."""
+    n_envs, seed = 2, 0
+    venv = GroupVecEnv([_make_kaz] * n_envs)
+    assert venv.agent_ids == ["archer_0", "archer_1", "knight_0", "knight_1"]
+    assert venv.observation_space.shape == (27, 5) and venv.observation_space.dtype == np.float64
+    obs, mask = venv.reset(seed=seed)
+    assert obs.shape == (2, 4, 27, 5) and obs.dtype == np.float32 and mask.all()
+    ref = Reference(_make_kaz, n_envs, seed)
+
+    rng = np.random.default_rng(0)
+    gone = np.zeros((n_envs, 4), bool)
+    deaths = 0
+    ends = 0
+    for t in range(1, 151):
+        actions = rng.integers(0, 6, (n_envs, 4))
+        st = venv.step(actions)
+        assert st.observations.dtype == np.float32 and st.final_observations.dtype == np.float32
+        for e in range(n_envs):
+            r_obs, r_rew, _, r_trunc, _ = ref.step(e, actions[e], venv.slot)
+            assert not (st.left[e] & gone[e]).any()
+            for s in np.flatnonzero(st.left[e]):
+                a = venv.agent_ids[s]
+                np.testing.assert_allclose(st.final_observations[e, s], r_obs[a], atol=1e-6)
+                assert np.abs(st.final_observations[e, s]).sum() > 0
+            assert not st.final_observations[e][~st.left[e]].any()
+            for a, s in venv.slot.items():
+                assert st.rewards[e, s] == r_rew.get(a, 0.0)
+            gone[e] |= st.left[e]
+            if st.env_done[e]:
+                assert t % 100 == 0  # max_cycles: the survivors are truncated
+                np.testing.assert_array_equal(st.truncated[e], [bool(r_trunc.get(a)) for a in venv.agent_ids])
+                assert st.infos[e]["episode"]["l"] == 100
+                gone[e] = False
+                r_obs, _ = ref.envs[e].reset()
+                ends += 1
+            else:
+                deaths += int(st.left[e].sum())
+                assert st.terminated[e][st.left[e]].all()
+            # The mask is exactly the copy's live agents, and masked slots hold zeros.
+            np.testing.assert_array_equal(st.mask[e], np.isin(venv.agent_ids, venv.envs[e].agents))
+            np.testing.assert_array_equal(st.mask[e], ~gone[e])
+            assert not st.observations[e][~st.mask[e]].any()
+            live = {a: r_obs[a] for a in ref.envs[e].agents}
+            np.testing.assert_allclose(st.observations[e], stack(live, venv.agent_ids, (27, 5)), atol=1e-6)
+    assert deaths > 0, "no agent died within the budget: pick another seed"
+    assert ends == n_envs
+
+
+# ---------------------------------------------------------------------------------------------- scripted env
+class ScriptedEnv(ParallelEnv):
+    """Agents a and b at reset; c appears after step 2; a terminates at step 3; all truncated at ``end``.
+
+    Observation of agent i at time t: ``[i + 1, t, 7]``. Reward: ``10 * (i + 1) + t + action``.
+    """
+
+    metadata = {"name": "scripted_v0", "render_modes": []}
+
+    def __init__(self, end: int = 5):
+        self.possible_agents = ["a", "b", "c"]
+        self.agents: list[str] = []
+        self.end = end
+        self.render_mode = None
+
+    def observation_space(self, agent):
+        return spaces.Box(-100, 100, (3,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def _obs(self, agent):
+        return np.array([self.possible_agents.index(agent) + 1, self.t, 7], np.float32)
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        self.agents = ["a", "b"]
+        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        assert set(actions) == set(self.agents), (sorted(actions), self.agents)  # no actions for absent agents
+        self.t += 1
+        rewards = {a: 10.0 * (self.possible_agents.index(a) + 1) + self.t + int(actions[a]) for a in self.agents}
+        terminations = {a: a == "a" and self.t == 3 for a in self.agents}
+        truncations = {a: self.t >= self.end for a in self.agents}
+        observations = {a: self._obs(a) for a in self.agents}
+        self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
+        if self.t == 2:
+            self.agents.append("c")
+            observations["c"] = self._obs("c")
+        return observations, rewards, terminations, truncations, {a: {} for a in observations}
+
+
+def test_scripted_agents_join_and_leave_at_known_steps():
+    """Mask, flags, rewards, final observations and episode info, exactly, for two copies of different lengths."""
+    ends = (5, 6)
+    venv = GroupVecEnv([lambda end=end: ScriptedEnv(end) for end in ends])
+    obs, mask = venv.reset(seed=3)
+    np.testing.assert_array_equal(mask, [[1, 1, 0], [1, 1, 0]])
+    np.testing.assert_array_equal(obs[0], [[1, 0, 7], [2, 0, 7], [0, 0, 0]])
+    live = {0: ["a", "b"], 1: ["a", "b"]}
+    returns = [0.0, 0.0]
+    for t in range(1, 8):
+        actions = np.array([[(e + s + t) % 3 for s in range(3)] for e in range(2)])
+        st = venv.step(actions)
+        for e, end in enumerate(ends):
+            if t > end:  # copy 0's second episode: t - end steps into it
+                tt = t - end
+                np.testing.assert_array_equal(st.mask[e], [1, 1, tt >= 2])  # c joins again at step 2
+                np.testing.assert_array_equal(st.observations[e, :, 1], [tt, tt, tt if tt >= 2 else 0])
+                assert not st.left[e].any() and not st.env_done[e]
+                continue
+            acting = live[e]
+            expected_rew = np.zeros(3, np.float32)
+            for a in acting:
+                s = venv.slot[a]
+                expected_rew[s] = 10 * (s + 1) + t + actions[e, s]
+            np.testing.assert_array_equal(st.rewards[e], expected_rew)
+            returns[e] += float(expected_rew.sum())
+            expected_term = [t == 3, False, False]
+            np.testing.assert_array_equal(st.terminated[e], expected_term)
+            expected_trunc = [t >= end and a in acting for a in "abc"]
+            np.testing.assert_array_equal(st.truncated[e], expected_trunc)
+            expected_left = np.logical_or(expected_term, expected_trunc)
+            np.testing.assert_array_equal(st.left[e], expected_left)
+            for s in range(3):
+                if expected_left[s]:
+                    np.testing.assert_array_equal(st.final_observations[e, s], [s + 1, t, 7])
+                else:
+                    assert not st.final_observations[e, s].any()
+            live[e] = [a for a in acting if not expected_left["abc".index(a)]] + (["c"] if t == 2 else [])
+            if t < end:
+                assert not st.env_done[e] and st.infos[e] == {}
+                np.testing.assert_array_equal(st.mask[e], [a in live[e] for a in "abc"])
+                for s, a in enumerate("abc"):
+                    expected_obs = [s + 1, t, 7] if a in live[e] else [0, 0, 0]
+                    np.testing.assert_array_equal(st.observations[e, s], expected_obs)
+            else:
+                assert st.env_done[e]
+                episode = st.infos[e]["episode"]
+                assert episode["l"] == end
+                assert episode["r"] == pytest.approx(returns[e])
+                assert episode["r_agent"] == pytest.approx(returns[e] / 3)  # a, b and c took part
+                np.testing.assert_array_equal(st.mask[e], [1, 1, 0])  # reset: a and b again
+                np.testing.assert_array_equal(st.observations[e], [[1, 0, 7], [2, 0, 7], [0, 0, 0]])
+                live[e] = ["a", "b"]
+        if t == 2:  # c's first observation, although c has not acted yet
+            np.testing.assert_array_equal(st.observations[:, 2], [[3, 2, 7], [3, 2, 7]])
+            assert not st.rewards[:, 2].any()
+    # Hand-checked episode return of copy 0 (reward 10 * (i + 1) + t + action, action (s + t) % 3 for e = 0).
+    a_return = (10 + 1 + 1) + (10 + 2 + 2) + (10 + 3 + 0)  # steps 1-3, terminated at 3
+    b_return = (20 + 1 + 2) + (20 + 2 + 0) + (20 + 3 + 1) + (20 + 4 + 2) + (20 + 5 + 0)  # steps 1-5
+    c_return = (30 + 3 + 2) + (30 + 4 + 0) + (30 + 5 + 1)  # steps 3-5
+    assert returns[0] == a_return + b_return + c_return == 264
+
+
+def test_returned_arrays_are_copies():
+    """Stepping again does not change arrays returned earlier."""
+    venv = GroupVecEnv([ScriptedEnv])
+    obs, mask = venv.reset()
+    before = obs.copy(), mask.copy()
+    st = venv.step(np.zeros((1, 3), np.int64))
+    st_obs = st.observations.copy()
+    venv.step(np.zeros((1, 3), np.int64))
+    np.testing.assert_array_equal(obs, before[0])
+    np.testing.assert_array_equal(mask, before[1])
+    np.testing.assert_array_equal(st.observations, st_obs)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def test_heterogeneous_observation_spaces_are_rejected_with_the_fix():
+    with pytest.raises(ValueError, match="observation space") as info:
+        GroupVecEnv([lambda: simple_adversary_v3.parallel_env()])
+    message = str(info.value)
+    assert "'adversary_0'" in message and "'agent_0'" in message and "'agent_1'" in message
+    assert "(8,)" in message and "(10,)" in message
+    assert "pad_observations_v0" in message and "SuperSuit" in message
+    # The suggested fix works.
+    venv = GroupVecEnv([lambda: supersuit.pad_observations_v0(simple_adversary_v3.parallel_env())])
+    obs, mask = venv.reset(seed=0)
+    assert obs.shape == (1, 3, 10) and mask.all()
+
+
+def test_heterogeneous_action_spaces_are_rejected_with_the_fix():
+    def padded_obs():
+        return supersuit.pad_observations_v0(simple_speaker_listener_v4.parallel_env())
+
+    with pytest.raises(ValueError, match="action space") as info:
+        check_group_spaces(padded_obs())
+    message = str(info.value)
+    assert "'speaker_0'" in message and "Discrete(3)" in message
+    assert "'listener_0'" in message and "Discrete(5)" in message
+    assert "pad_action_space_v0" in message
+    venv = GroupVecEnv([lambda: supersuit.pad_action_space_v0(padded_obs())] * 2)
+    assert venv.action_space == spaces.Discrete(5)
+    obs, mask = venv.reset(seed=0)
+    st = venv.step(np.zeros((2, 2), np.int64))
+    assert st.observations.shape == (2, 2, 11) and st.mask.all()
+
+
+class NoAgentsEnv(ScriptedEnv):
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        self.agents = []
+        return {}, {}
+
+
+def test_env_without_agents_after_reset_is_rejected():
+    venv = GroupVecEnv([NoAgentsEnv])
+    with pytest.raises(ValueError, match="no agents after reset"):
+        venv.reset()
+
+
+def test_copies_must_share_possible_agents():
+    with pytest.raises(ValueError, match="same possible_agents"):
+        GroupVecEnv([lambda: simple_spread_v3.parallel_env(N=3), lambda: simple_spread_v3.parallel_env(N=2)])
+
+
+def test_not_an_env_is_a_type_error():
+    with pytest.raises(TypeError, match="ParallelEnv"):
+        GroupVecEnv([lambda: 42])
+    with pytest.raises(ValueError, match="at least one"):
+        GroupVecEnv([])
+
+
+def test_make_group_env_needs_a_function_for_several_copies():
+    env = simple_spread_v3.parallel_env(N=3)
+    with pytest.raises(ValueError, match="function") as info:
+        make_group_env(env, n_envs=2)
+    assert "n_envs=2" in str(info.value)
+    with pytest.raises(ValueError, match="function"):
+        make_group_env(simple_spread_v3.env(N=3), n_envs=2)  # an AEC instance too
+    one = make_group_env(env, n_envs=1)
+    assert one.n_envs == 1 and one.envs[0] is env
+    assert make_group_env(one, n_envs=4) is one  # a GroupVecEnv is used as it is
+    venv = make_group_env(ScriptedEnv, n_envs=3)  # a class is a function that makes the env
+    assert venv.n_envs == 3 and len({id(e) for e in venv.envs}) == 3
+
+
+class ClassLevelAgentsEnv(ScriptedEnv):
+    """possible_agents as a class attribute, as many hand-written PettingZoo envs declare it."""
+
+    possible_agents = ["a", "b", "c"]
+
+    def __init__(self, end: int = 5):
+        super().__init__(end)
+
+
+def test_make_group_env_accepts_a_class_with_class_level_possible_agents():
+    venv = make_group_env(ClassLevelAgentsEnv, n_envs=2)
+    assert venv.n_envs == 2 and all(isinstance(e, ClassLevelAgentsEnv) for e in venv.envs)
+
+
+def test_aec_env_is_converted_to_parallel():
+    """A function returning an AEC env gives the same steps as the package's parallel version."""
+    venv = make_group_env(lambda: simple_spread_v3.env(N=3, max_cycles=5), 2)
+    assert venv.n_envs == 2 and not any(hasattr(e, "agent_iter") for e in venv.envs)
+    par = GroupVecEnv([lambda: simple_spread_v3.parallel_env(N=3, max_cycles=5)] * 2)
+    np.testing.assert_array_equal(venv.reset(seed=4)[0], par.reset(seed=4)[0])
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        actions = rng.integers(0, 5, (2, 3))
+        a, b = venv.step(actions), par.step(actions)
+        for x, y in zip(a[:-1], b[:-1]):
+            np.testing.assert_array_equal(x, y)
+        assert a.env_done.any() == b.env_done.any()
+    assert as_parallel(par.envs[0]) is par.envs[0]
+
+
+class DictObsEnv(ScriptedEnv):
+    def observation_space(self, agent):
+        return spaces.Dict({"x": spaces.Box(-100, 100, (3,), np.float32)})
+
+
+def test_dict_observation_space_is_rejected_clearly():
+    with pytest.raises(ValueError, match="Dict"):
+        GroupVecEnv([DictObsEnv])
+
+
+# ---------------------------------------------------------------------------------------------- seeding, EarlyExit
+def test_early_exit_env_group_return_and_seeding():
+    venv = GroupVecEnv([EarlyExitEnv] * 2)
+    obs0, mask0 = venv.reset(seed=0)
+    obs1, mask1 = venv.reset(seed=0)
+    np.testing.assert_array_equal(obs0, obs1)
+    np.testing.assert_array_equal(mask0, mask1)
+    assert obs0.shape == (2, 3, 5) and mask0.all()
+    # Copy 0: agent_0 presses at once (the best play); copy 1: nobody presses.
+    actions = np.array([[1, 0, 0], [0, 0, 0]])
+    for t in range(1, 9):
+        st = venv.step(actions)
+        if t == 1:
+            np.testing.assert_array_equal(st.left, [[1, 0, 0], [0, 0, 0]])
+            np.testing.assert_array_equal(st.terminated, st.left)
+            np.testing.assert_array_equal(st.mask, [[0, 1, 1], [1, 1, 1]])
+            assert st.final_observations[0, 0, -2] == 1.0  # it saw the switch pressed
+        else:  # from the step after the press, each agent still in the room gets the group's size
+            np.testing.assert_array_equal(st.rewards, [[0, 2, 2], [0, 0, 0]])
+        if t < 8:
+            np.testing.assert_array_equal(st.mask, [[0, 1, 1], [1, 1, 1]])
+            assert not st.env_done.any()
+    assert st.env_done.all()
+    np.testing.assert_array_equal(st.truncated, [[0, 1, 1], [1, 1, 1]])
+    best = EarlyExitEnv().best_group_return
+    episode = st.infos[0]["episode"]
+    assert episode["r"] == best == 27.5 and episode["l"] == 8 and episode["r_agent"] == pytest.approx(best / 3)
+    assert st.infos[1]["episode"]["r"] == 0.0
+    assert st.mask.all()
+
+
+def test_seed_method_and_reset_seed_on_a_random_env():
+    venv = GroupVecEnv([lambda: simple_spread_v3.parallel_env(N=3)] * 2)
+    a, _ = venv.reset(seed=5)
+    b, _ = venv.reset(seed=5)
+    np.testing.assert_array_equal(a, b)
+    venv.seed(5)
+    c, _ = venv.reset()
+    np.testing.assert_array_equal(a, c)
+    d, _ = venv.reset()  # the seed is used once
+    assert not np.array_equal(a, d)
+    e, _ = venv.reset(seed=6)
+    np.testing.assert_array_equal(e[0], a[1])  # copy i gets seed + i
+
+
+# ---------------------------------------------------------------------------------------------- SuperSuit
+def test_supersuit_wrappers_keep_working():
+    # reward_lambda_v0 on a parallel env: rewards (and the group return) are doubled.
+    venv = GroupVecEnv([lambda: supersuit.reward_lambda_v0(EarlyExitEnv(), lambda r: 2 * r)] * 2)
+    venv.reset(seed=0)
+    for _ in range(8):
+        st = venv.step(np.array([[1, 0, 0], [0, 0, 0]]))
+    assert st.env_done.all()
+    assert st.infos[0]["episode"]["r"] == 2 * EarlyExitEnv().best_group_return
+    # normalize_obs_v0 maps KAZ's [-1, 1] observations to [0, 1]: (obs + 1) / 2 for every live agent.
+    plain = GroupVecEnv([lambda: _make_kaz()])
+    normalized = GroupVecEnv([lambda: supersuit.normalize_obs_v0(_make_kaz())])
+    assert normalized.observation_space.low.min() == 0.0
+    p_obs, p_mask = plain.reset(seed=2)
+    n_obs, n_mask = normalized.reset(seed=2)
+    np.testing.assert_allclose(n_obs[p_mask], (p_obs[p_mask] + 1) / 2, atol=1e-6)
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        actions = rng.integers(0, 6, (1, 4))
+        p, n = plain.step(actions), normalized.step(actions)
+        np.testing.assert_array_equal(p.mask, n.mask)
+        np.testing.assert_allclose(n.observations[p.mask], (p.observations[p.mask] + 1) / 2, atol=1e-6)
+    # dtype_v0 to float64: the stored observations stay float32 with the same values.
+    f64 = GroupVecEnv([lambda: supersuit.dtype_v0(simple_spread_v3.parallel_env(N=3), np.float64)])
+    f32 = GroupVecEnv([lambda: simple_spread_v3.parallel_env(N=3)])
+    assert f64.observation_space.dtype == np.float64
+    x, _ = f64.reset(seed=1)
+    y, _ = f32.reset(seed=1)
+    assert x.dtype == np.float32
+    np.testing.assert_array_equal(x, y)
