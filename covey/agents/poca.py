@@ -164,10 +164,12 @@ class POCA(BaseAgent):
         return params
 
     def _extra_settings(self) -> dict[str, Any]:
-        return {"agent_ids": list(self.agent_ids)}  # predict() maps agent ids to slots
+        # predict() maps agent ids to slots; agent_steps keeps counting across save/load.
+        return {"agent_ids": list(self.agent_ids), "agent_steps": self.agent_steps}
 
     def _restore_settings(self, settings: dict[str, Any]) -> None:
         self.agent_ids = list(settings.get("agent_ids", []))
+        self.agent_steps = int(settings.get("agent_steps", 0))
 
     # ------------------------------------------------------------------ model
     def _setup_model(self) -> None:
@@ -205,7 +207,12 @@ class POCA(BaseAgent):
         An array ``(n_slots, *obs_shape)`` or ``(n_envs, n_slots, *obs_shape)`` gives actions for every slot.
         """
         if not isinstance(observation, dict):
-            return self.policy.predict(observation, state, episode_start, deterministic)
+            obs = np.asarray(observation)
+            single = tuple(self.observation_space.shape)
+            if obs.ndim == len(single) + 2:  # (n_envs, n_slots, *obs_shape): flatten the two group axes
+                actions, _ = self.policy.predict(obs.reshape(-1, *single), None, None, deterministic)
+                return actions.reshape(*obs.shape[:2], *actions.shape[1:]), state
+            return self.policy.predict(obs, state, episode_start, deterministic)
         unknown = [a for a in observation if a not in self.agent_ids]
         if unknown:
             raise ValueError(

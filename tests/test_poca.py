@@ -1,0 +1,690 @@
+"""MA-POCA: the attention critic's invariances, gradient isolation of the loss, posthumous credit in the
+returns, the agent's SB3-style API, bad input, and PettingZoo MPE envs (parallel and AEC).
+
+Everything here is small and fast (tiny rollouts, a few updates): this checks wiring and maths, not learning.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from mpe2 import simple_spread_v3
+from pettingzoo import ParallelEnv
+from stable_baselines3.common.logger import configure
+
+from covey import POCA
+from covey.agents.poca import poca_loss
+from covey.agents.ppo import clipped_surrogate_loss, value_loss
+from covey.buffers.group import GroupRolloutBuffer
+from covey.envs import EarlyExitEnv
+from covey.networks.attention import POCACritic, ResidualSelfAttention, masked_mean
+from covey.networks.encoders import FlattenEncoder
+from covey.networks.twohot import make_value_head
+
+OBS_DIM = 5
+N_SLOTS = 4
+BATCH = 8
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+# ============================================================================================ 1. critic invariances
+
+CRITIC_CASES = {
+    "discrete-scalar": (spaces.Discrete(3), "scalar"),
+    "box-scalar": (spaces.Box(-1.0, 1.0, (2,), np.float32), "scalar"),
+    "discrete-twohot": (spaces.Discrete(3), "twohot"),
+    "box-twohot": (spaces.Box(-1.0, 1.0, (2,), np.float32), "twohot"),
+}
+
+
+def make_critic(action_space: spaces.Space, head: str, seed: int = 0) -> POCACritic:
+    torch.manual_seed(seed)
+    critic = POCACritic(
+        FlattenEncoder(spaces.Box(-1.0, 1.0, (OBS_DIM,))), action_space, lambda d: make_value_head(d, 1, head)
+    )
+    if head == "twohot":
+        # The two-hot head starts at zero (every prediction 0): give it weights so outputs depend on inputs.
+        torch.nn.init.normal_(critic.value_head.proj.weight, std=0.05)
+    return critic.eval()
+
+
+def random_actions(action_space: spaces.Space, *lead: int, generator: torch.Generator) -> torch.Tensor:
+    if isinstance(action_space, spaces.Discrete):
+        return torch.randint(0, int(action_space.n), lead, generator=generator)
+    return torch.rand(*lead, *action_space.shape, generator=generator) * 2 - 1
+
+
+def other_action(action_space: spaces.Space, actions: torch.Tensor) -> torch.Tensor:
+    """A different valid action for every entry of ``actions`` (same shape)."""
+    if isinstance(action_space, spaces.Discrete):
+        return (actions + 1) % int(action_space.n)
+    return -actions + 0.5 * torch.sign(actions)  # another point inside [-1, 1], far from the first
+
+
+def group_inputs(action_space: spaces.Space, seed: int = 1):
+    """obs (B, S, OBS_DIM), actions (B, S, ...), present (B, S) with a mix of 1..S agents per row."""
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.rand(BATCH, N_SLOTS, OBS_DIM, generator=g) * 2 - 1
+    actions = random_actions(action_space, BATCH, N_SLOTS, generator=g)
+    present = torch.rand(BATCH, N_SLOTS, generator=g) < 0.6
+    present[0] = True  # all present
+    present[1] = torch.tensor([False, False, True, False])  # one agent
+    present[2] = torch.tensor([True, False, True, False])
+    present[3] = torch.tensor([False, True, True, True])
+    present[:, 0] |= ~present.any(1)  # every row has someone
+    return obs, actions, present
+
+
+def outputs(critic: POCACritic, obs, actions, present):
+    with torch.no_grad():
+        return critic.value(obs, present), critic.baseline(obs, actions, present)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, head: str) -> bool:
+    rtol = 1e-4 if head == "twohot" else 1e-5  # symexp amplifies float32 noise
+    return torch.allclose(a, b, rtol=rtol, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", list(CRITIC_CASES))
+def test_critic_output_shapes_and_finite(case):
+    action_space, head = CRITIC_CASES[case]
+    critic = make_critic(action_space, head)
+    obs, actions, present = group_inputs(action_space)
+    value, baseline = outputs(critic, obs, actions, present)
+    assert value.shape == (BATCH,)
+    assert baseline.shape == (BATCH, N_SLOTS)
+    assert torch.isfinite(value).all() and torch.isfinite(baseline).all()
+    # Not a constant function (the checks below would be vacuous otherwise).
+    assert value.std() > 1e-4
+    assert baseline[present].std() > 1e-4
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("case", list(CRITIC_CASES))
+def test_critic_is_invariant_to_slot_order(case, grad):
+    action_space, head = CRITIC_CASES[case]
+    critic = make_critic(action_space, head)
+    obs, actions, present = group_inputs(action_space)
+    perm = torch.tensor([2, 0, 3, 1])
+    with torch.set_grad_enabled(grad):
+        value = critic.value(obs, present).detach()
+        baseline = critic.baseline(obs, actions, present).detach()
+        value_p = critic.value(obs[:, perm], present[:, perm]).detach()
+        baseline_p = critic.baseline(obs[:, perm], actions[:, perm], present[:, perm]).detach()
+    assert close(value_p, value, head)
+    # The baselines follow their agents: slot k of the permuted group is slot perm[k] of the original.
+    pp = present[:, perm]
+    assert close(baseline_p[pp], baseline[:, perm][pp], head)
+
+
+@pytest.mark.parametrize("case", list(CRITIC_CASES))
+def test_critic_ignores_the_content_of_absent_slots(case):
+    action_space, head = CRITIC_CASES[case]
+    critic = make_critic(action_space, head)
+    obs, actions, present = group_inputs(action_space)
+    absent = ~present
+    obs0 = torch.where(present[..., None], obs, torch.zeros(()))
+    value, baseline = outputs(critic, obs0, actions, present)
+    for fill in (1e6, float("nan"), -float("inf")):
+        obs_g = obs.clone()
+        obs_g[absent] = fill
+        actions_g = actions.clone()
+        if isinstance(action_space, spaces.Discrete):
+            actions_g[absent] = 10**6  # out of range: must not matter
+        else:
+            actions_g[absent] = fill
+        value_g, baseline_g = outputs(critic, obs_g, actions_g, present)
+        assert torch.isfinite(value_g).all() and torch.isfinite(baseline_g[present]).all(), fill
+        assert close(value_g, value, head), fill
+        assert close(baseline_g[present], baseline[present], head), fill
+
+
+@pytest.mark.parametrize("case", list(CRITIC_CASES))
+def test_critic_padding_slots_change_nothing(case):
+    """A group of 2 agents gives the same value and baselines in 2 slots as in 4 slots with 2 absent."""
+    action_space, head = CRITIC_CASES[case]
+    critic = make_critic(action_space, head)
+    obs, actions, _ = group_inputs(action_space)
+    present = torch.zeros(BATCH, N_SLOTS, dtype=torch.bool)
+    present[:, [1, 3]] = True
+    value, baseline = outputs(critic, obs, actions, present)
+    value_2, baseline_2 = outputs(critic, obs[:, [1, 3]], actions[:, [1, 3]], present[:, [1, 3]])
+    assert close(value, value_2, head)
+    assert close(baseline[:, [1, 3]], baseline_2, head)
+
+
+@pytest.mark.parametrize("case", list(CRITIC_CASES))
+def test_critic_one_agent_all_agents_and_empty_rows(case):
+    action_space, head = CRITIC_CASES[case]
+    critic = make_critic(action_space, head)
+    obs, actions, present = group_inputs(action_space)
+    for mask in (
+        torch.zeros_like(present).index_fill_(1, torch.tensor([2]), True),  # one agent (slot 2) everywhere
+        torch.ones_like(present),  # everyone
+    ):
+        value, baseline = outputs(critic, obs, actions, mask)
+        assert torch.isfinite(value).all() and torch.isfinite(baseline).all()
+    # One agent alone: its value in a 1-slot group equals that in a padded group.
+    one = torch.zeros_like(present)
+    one[:, 2] = True
+    v_padded, b_padded = outputs(critic, obs, actions, one)
+    v_alone, b_alone = outputs(critic, obs[:, 2:3], actions[:, 2:3], one[:, 2:3])
+    assert close(v_padded, v_alone, head)
+    assert close(b_padded[:, 2:3], b_alone, head)
+
+    # A row with nobody present: finite, and the other rows are unaffected by it.
+    with_empty = present.clone()
+    with_empty[4] = False
+    value, baseline = outputs(critic, obs, actions, with_empty)
+    assert torch.isfinite(value).all() and torch.isfinite(baseline).all()
+    keep = torch.arange(BATCH) != 4
+    v_rest, b_rest = outputs(critic, obs[keep], actions[keep], with_empty[keep])
+    assert close(value[keep], v_rest, head)
+    assert close(baseline[keep], b_rest, head)
+    # ... also with grad enabled (the slow attention path) and in training mode.
+    critic.train()
+    value_t = critic.value(obs, with_empty)
+    baseline_t = critic.baseline(obs, actions, with_empty)
+    assert torch.isfinite(value_t).all() and torch.isfinite(baseline_t).all()
+    (value_t.sum() + baseline_t.sum()).backward()
+    assert all(torch.isfinite(p.grad).all() for p in critic.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("case", list(CRITIC_CASES))
+def test_baseline_marginalizes_own_action_but_not_groupmates(case):
+    action_space, head = CRITIC_CASES[case]
+    critic = make_critic(action_space, head)
+    obs, actions, present = group_inputs(action_space)
+    _, baseline = outputs(critic, obs, actions, present)
+    for i in range(N_SLOTS):
+        changed = actions.clone()
+        changed[:, i] = other_action(action_space, actions[:, i])
+        _, baseline_c = outputs(critic, obs, changed, present)
+        rows = present[:, i]
+        # Agent i's own action does not enter its baseline ...
+        assert close(baseline_c[rows, i], baseline[rows, i], head), i
+        # ... but it enters every groupmate's baseline (for some sample).
+        for j in range(N_SLOTS):
+            both = rows & present[:, j]
+            if j != i and both.any():
+                diff = (baseline_c[both, j] - baseline[both, j]).abs().max()
+                assert diff > 1e-6, (i, j)
+    # And the value does not depend on actions at all (it takes none).
+
+
+def test_value_depends_on_every_present_agent():
+    critic = make_critic(spaces.Discrete(3), "scalar")
+    obs, actions, present = group_inputs(spaces.Discrete(3))
+    value, _ = outputs(critic, obs, actions, present)
+    for s in range(N_SLOTS):
+        changed = obs.clone()
+        changed[:, s] = -changed[:, s]
+        value_c, _ = outputs(critic, changed, actions, present)
+        assert (value_c - value)[present[:, s]].abs().max() > 1e-6
+        assert close(value_c[~present[:, s]], value[~present[:, s]], "scalar")
+
+
+def test_masked_mean_and_attention_ignore_absent_entities():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(3, 4, 8, generator=g)
+    present = torch.tensor([[True, False, True, False], [True, True, True, True], [False] * 4])
+    mean = masked_mean(x, present)
+    torch.testing.assert_close(mean[0], (x[0, 0] + x[0, 2]) / 2)
+    torch.testing.assert_close(mean[1], x[1].mean(0))
+    torch.testing.assert_close(mean[2], torch.zeros(8))  # nobody: zeros
+
+    torch.manual_seed(0)
+    attention = ResidualSelfAttention(8, 2).eval()
+    garbage = x.clone()
+    garbage[~present] = 1e4
+    with torch.no_grad():
+        out, out_g = attention(x, present), attention(garbage, present)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[present], out_g[present])
+    with pytest.raises(ValueError, match="divisible"):
+        ResidualSelfAttention(10, 4)
+
+
+# ============================================================================================ 2. gradient isolation
+
+
+@pytest.fixture(scope="module")
+def rollout_model():
+    torch.set_num_threads(1)
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0)
+    _, cb = model._setup_learn(32, None, True, "t", False)
+    assert model.collect_rollouts(cb)
+    return model
+
+
+def grads(loss: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor | None]:
+    return list(torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True))
+
+
+def no_gradient(gs) -> bool:
+    return all(g is None or not g.any() for g in gs)
+
+
+def some_gradient(gs) -> bool:
+    return any(g is not None and bool(g.abs().sum() > 0) for g in gs)
+
+
+def test_actor_and_critic_share_no_parameters(rollout_model):
+    actor_ids = {id(p) for p in rollout_model.actor.parameters()}
+    critic_ids = {id(p) for p in rollout_model.critic.parameters()}
+    assert actor_ids and critic_ids and not actor_ids & critic_ids
+    assert len(rollout_model._params) == len(actor_ids) + len(critic_ids)
+
+
+def test_critic_losses_reach_only_the_critic(rollout_model):
+    model = rollout_model
+    actor, critic = model.actor, model.critic
+    batch = next(model.rollout_buffer.minibatches(32))
+    present = batch.present
+    assert present.any()
+    clip = model.clip_range(1.0)
+    returns = batch.returns[present]
+    raw_value = critic.raw_value(batch.observations, present)
+    raw_value = raw_value[:, None].expand(-1, present.shape[1])[present]
+    old_values = batch.old_values[:, None].expand_as(present)[present]
+    v_loss = value_loss(raw_value, old_values, returns, clip)
+    raw_baseline = critic.raw_baseline(batch.observations, batch.actions, present)[present]
+    b_loss = value_loss(raw_baseline, batch.old_baselines[present], returns, clip)
+    for loss in (v_loss, b_loss):
+        assert no_gradient(grads(loss, list(actor.parameters())))
+        assert some_gradient(grads(loss, list(critic.parameters())))
+
+
+def test_policy_loss_reaches_only_the_actor(rollout_model):
+    model = rollout_model
+    actor, critic = model.actor, model.critic
+    batch = next(model.rollout_buffer.minibatches(32))
+    present = batch.present
+    log_prob, entropy = actor.evaluate(batch.observations[present], batch.actions[present])
+    advantages = batch.advantages[present]
+    assert advantages.abs().sum() > 0
+    policy_loss, _, _ = clipped_surrogate_loss(log_prob, batch.old_log_prob[present], advantages, 0.2)
+    for loss in (policy_loss, entropy.mean()):
+        assert no_gradient(grads(loss, list(critic.parameters())))
+        assert some_gradient(grads(loss, list(actor.parameters())))
+
+
+def test_poca_loss_without_critic_weight_leaves_the_critic_alone(rollout_model):
+    model = rollout_model
+    buf = model.rollout_buffer
+    for t in (buf.advantages, buf.returns, buf.values, buf.baselines, buf.continuing_values, buf.log_probs):
+        assert not t.requires_grad
+    batch = next(buf.minibatches(32))
+    assert not batch.advantages.requires_grad and not batch.returns.requires_grad
+    critic_params, actor_params = list(model.critic.parameters()), list(model.actor.parameters())
+
+    cfg0 = dataclasses.replace(model.config, vf_coef=0.0)
+    loss0, stats0 = poca_loss(batch, model.actor, model.critic, 0.2, cfg0)
+    assert no_gradient(grads(loss0, critic_params))
+    assert some_gradient(grads(loss0, actor_params))
+    assert all(not v.requires_grad for v in stats0.values())
+
+    loss, stats = poca_loss(batch, model.actor, model.critic, 0.2, model.config)
+    assert some_gradient(grads(loss, critic_params)) and some_gradient(grads(loss, actor_params))
+    assert set(stats) >= {"policy_gradient_loss", "value_loss", "baseline_loss", "entropy", "approx_kl"}
+    # First update of a rollout: the policy has not moved yet.
+    assert stats["approx_kl"].abs() < 1e-5 and stats["clip_fraction"] == 0
+
+
+def test_rollout_buffer_is_consistent_with_the_critic(rollout_model):
+    """The stored values and baselines are the critic's outputs on the stored group-steps."""
+    model = rollout_model
+    buf = model.rollout_buffer
+    with torch.no_grad():
+        values = model.critic.value(buf.flat(buf.observations), buf.flat(buf.present))
+        baselines = model.critic.baseline(buf.flat(buf.observations), buf.flat(buf.actions), buf.flat(buf.present))
+    torch.testing.assert_close(buf.flat(buf.values), values, rtol=1e-5, atol=1e-5)
+    present = buf.flat(buf.present)
+    torch.testing.assert_close(buf.flat(buf.baselines)[present], baselines[present], rtol=1e-5, atol=1e-5)
+    assert (buf.advantages[~buf.present] == 0).all()
+    torch.testing.assert_close(buf.advantages[buf.present], (buf.returns - buf.baselines)[buf.present])
+
+
+# ============================================================================================ 3. posthumous credit
+
+GAMMA, LAM = 0.9, 0.8
+
+
+def hand_built_buffer(group_terminal_at_end: bool) -> GroupRolloutBuffer:
+    """One env, 3 slots, T=3: agent 0 presses and leaves at t=0; agents 1 and 2 stay until t=2, where the
+    episode ends (a group terminal, or a time limit)."""
+    obs_space = spaces.Box(0.0, 1.0, (5,), np.float32)
+    buf = GroupRolloutBuffer(3, 1, 3, obs_space, spaces.Discrete(2))
+    present = np.array([[True, True, True], [False, True, True], [False, True, True]])
+    rewards = np.array([[0.5, 1.0, 0.0], [0.0, 2.0, 1.0], [0.0, 3.0, 0.0]], np.float32)
+    ended = np.array([[True, False, False], [False, False, False], [False, True, True]])
+    terminal = [False, False, group_terminal_at_end]
+    obs = torch.zeros(1, 3, 5)
+    for t in range(3):
+        buf.add(
+            obs,
+            torch.zeros(3, dtype=torch.long),
+            present[t][None],
+            rewards[t][None],
+            ended[t][None],
+            np.array([terminal[t]]),
+            obs.numpy(),
+            (present[t] | ended[t])[None],
+        )
+    buf.values = torch.tensor([[1.0], [2.0], [4.0]])
+    buf.continuing_values = torch.tensor([[2.0], [5.0], [7.0]])
+    buf.baselines = torch.tensor([[[0.1, 0.2, 0.3]], [[9.0, 0.4, 0.5]], [[9.0, 0.6, 0.7]]])
+    buf.compute_returns(np.array([10.0]), GAMMA, LAM)
+    return buf
+
+
+def test_leaver_is_credited_with_the_group_it_leaves():
+    buf = hand_built_buffer(group_terminal_at_end=True)
+    ret = buf.returns[:, 0].numpy()
+    # Agent 0 left at t=0 while the group went on: r + gamma * V(continuing group) = 0.5 + 0.9 * 2 = 2.3 (not 0.5).
+    assert ret[0, 0] == pytest.approx(2.3)
+    # Agents 1, 2 end at t=2 with a group terminal: no bootstrap (r only), then lambda-returns backwards:
+    # agent 1: G2 = 3; G1 = 2 + 0.9 * (0.8 * 3 + 0.2 * 4) = 4.88; G0 = 1 + 0.9 * (0.8 * 4.88 + 0.2 * 2) = 4.8736
+    # agent 2: G2 = 0; G1 = 1 + 0.9 * (0 + 0.8) = 1.72;          G0 = 0 + 0.9 * (0.8 * 1.72 + 0.4) = 1.5984
+    np.testing.assert_allclose(ret[:, 1], [4.8736, 4.88, 3.0], rtol=1e-6)
+    np.testing.assert_allclose(ret[:, 2], [1.5984, 1.72, 0.0], rtol=1e-6, atol=1e-7)
+
+
+def test_time_limit_bootstraps_from_the_final_group_state():
+    buf = hand_built_buffer(group_terminal_at_end=False)
+    ret = buf.returns[:, 0].numpy()
+    assert ret[0, 0] == pytest.approx(2.3)
+    # Truncation: r + gamma * continuing value 7: agent 1 3 + 6.3 = 9.3, agent 2 0 + 6.3 = 6.3.
+    np.testing.assert_allclose(ret[2, 1:], [9.3, 6.3], rtol=1e-6)
+    # G1 of agent 1 = 2 + 0.9 * (0.8 * 9.3 + 0.2 * 4) = 2 + 0.9 * 8.24 = 9.416
+    assert ret[1, 1] == pytest.approx(9.416)
+
+
+def test_group_terminal_at_the_leavers_step_cuts_its_bootstrap():
+    buf = hand_built_buffer(group_terminal_at_end=True)
+    buf.group_terminal[0, 0] = True
+    buf.compute_returns(np.array([10.0]), GAMMA, LAM)
+    assert buf.returns[0, 0, 0].item() == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_advantages_are_returns_minus_baselines_on_present_slots(terminal):
+    buf = hand_built_buffer(group_terminal_at_end=terminal)
+    present = buf.present
+    torch.testing.assert_close(buf.advantages[present], (buf.returns - buf.baselines)[present])
+    assert (buf.advantages[~present] == 0).all()  # agent 0 at t=1, 2 (baseline 9 there is ignored)
+    assert buf.advantages[0, 0, 0].item() == pytest.approx(2.3 - 0.1)
+    assert not buf.advantages.requires_grad and buf.advantages.dtype == torch.float32
+
+
+def test_posthumous_credit_in_a_collected_rollout():
+    """A scripted policy: agent_0 presses at the first step of each episode, nobody else ever presses."""
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, gamma=0.9, seed=0)
+
+    def scripted_act(obs, deterministic=False):
+        return ((obs[:, 0] == 1.0) & (obs[:, -1] == 1.0)).long()  # agent_0 and time left = 1 (first step)
+
+    model.actor.act = scripted_act
+    _, cb = model._setup_learn(32, None, True, "t", False)
+    assert model.collect_rollouts(cb)
+    buf = model.rollout_buffer
+    t_left = np.arange(16) % 8 == 0  # episodes of 8 steps, agent_0 leaves at their first step
+    tl = torch.as_tensor(t_left)
+    assert buf.ended[t_left, :, 0].all() and not buf.ended[~t_left, :, 0].any()
+    assert buf.present[tl, :, 0].all() and not buf.present[~tl, :, 0].any()
+    assert not buf.group_terminal.any()  # the only other ends are time limits
+    assert buf.continuing_present[tl].all()  # the leaver plus both stayers
+    leaver_reward = buf.rewards[t_left, :, 0]
+    assert (leaver_reward <= 0).all()  # pressing pays nothing (or a cost) to the presser itself
+    assert (buf.rewards[~t_left][:, :, 1:] == 2).all()  # the stayers are paid 2 each step after the press
+    with torch.no_grad():
+        cont = model.critic.value(buf.continuing_obs[tl].reshape(-1, 3, 5), buf.continuing_present[tl].reshape(-1, 3))
+    torch.testing.assert_close(buf.continuing_values[tl].reshape(-1), cont, rtol=1e-5, atol=1e-5)
+    expected = buf.rewards[t_left, :, 0] + 0.9 * buf.continuing_values[tl].numpy()
+    np.testing.assert_allclose(buf.returns[tl, :, 0].numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert (np.abs(buf.returns[tl, :, 0].numpy() - leaver_reward) > 1e-4).all()  # a bootstrap, not just r
+    # The stayers end at the time limit (t = 7, 15) and bootstrap from their final group state.
+    t_end = np.arange(16) % 8 == 7
+    te = torch.as_tensor(t_end)
+    assert buf.ended[t_end, :, 1:].all()
+    expected_end = buf.rewards[t_end][:, :, 1:] + 0.9 * buf.continuing_values[te].numpy()[:, :, None]
+    np.testing.assert_allclose(buf.returns[te][:, :, 1:].numpy(), expected_end, rtol=1e-5, atol=1e-6)
+
+
+# ============================================================================================ 4. the agent's API
+
+
+@pytest.fixture(scope="module")
+def learned():
+    torch.set_num_threads(1)
+    return POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0).learn(64)
+
+
+def test_learn_returns_self_and_counts_env_and_agent_steps():
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0)
+    assert model.learn(64) is model
+    assert model.num_timesteps == 64
+    assert model.num_timesteps < model.agent_steps <= 3 * model.num_timesteps
+    assert model.agent_ids == ["agent_0", "agent_1", "agent_2"]
+    # One rollout: agent_steps is exactly the number of present slots it stored.
+    model.learn(32)
+    assert model.num_timesteps == 32
+    assert model.agent_steps == int(model.rollout_buffer.present.sum())
+
+
+def test_predict_dict_subset_and_array(learned):
+    env = EarlyExitEnv()
+    obs, _ = env.reset(seed=0)
+    actions, state = learned.predict(obs)
+    assert state is None
+    assert set(actions) == set(obs)
+    assert all(env.action_space(a).contains(int(act)) for a, act in actions.items())
+    subset = {"agent_2": obs["agent_2"], "agent_0": obs["agent_0"]}
+    sub_actions, _ = learned.predict(subset, deterministic=True)
+    assert list(sub_actions) == ["agent_2", "agent_0"]
+    full, _ = learned.predict(obs, deterministic=True)
+    assert all(sub_actions[a] == full[a] for a in subset)
+    one, _ = learned.predict({"agent_1": obs["agent_1"]}, deterministic=True)
+    assert list(one) == ["agent_1"] and one["agent_1"] == full["agent_1"]
+    with pytest.raises(ValueError, match="agent_9"):
+        learned.predict({"agent_0": obs["agent_0"], "agent_9": obs["agent_0"]})
+    stacked = np.stack([obs[a] for a in learned.agent_ids])
+    arr, _ = learned.predict(stacked, deterministic=True)
+    assert arr.shape == (3,)
+    assert [int(a) for a in arr] == [int(full[a]) for a in learned.agent_ids]
+
+
+def test_predict_array_of_env_copies(learned):
+    obs, _ = EarlyExitEnv().reset(seed=0)
+    stacked = np.stack([obs[a] for a in learned.agent_ids])
+    actions, _ = learned.predict(np.stack([stacked, stacked]), deterministic=True)
+    assert actions.shape == (2, 3)
+
+
+def test_save_load_round_trip(learned, tmp_path):
+    path = tmp_path / "poca.zip"
+    learned.save(path)
+    loaded = POCA.load(path)
+    assert loaded.agent_ids == learned.agent_ids
+    assert loaded.num_timesteps == learned.num_timesteps
+    env = EarlyExitEnv()
+    obs, _ = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        a1, _ = learned.predict(obs, deterministic=True)
+        a2, _ = loaded.predict(obs, deterministic=True)
+        assert a1 == a2
+        obs = {a: np.clip(o + rng.normal(0, 0.3, o.shape), 0, 1).astype(np.float32) for a, o in obs.items()}
+    for name, module in learned._networks().items():
+        for (k, v1), v2 in zip(module.state_dict().items(), loaded._networks()[name].state_dict().values()):
+            torch.testing.assert_close(v1, v2, msg=f"{name}.{k}")
+    with pytest.raises(ValueError, match="agent_7"):
+        loaded.predict({"agent_7": obs["agent_0"]})
+
+
+def test_load_with_env_continues_training(learned, tmp_path):
+    path = tmp_path / "poca.zip"
+    learned.save(path)
+    loaded = POCA.load(path, env=EarlyExitEnv)
+    assert loaded.n_envs == 2 and loaded.agent_ids == learned.agent_ids
+    assert loaded.learn(32, reset_num_timesteps=False) is loaded
+    assert loaded.num_timesteps == learned.num_timesteps + 32
+    for p in loaded._params:
+        assert torch.isfinite(p).all()
+
+
+def test_agent_steps_survive_save_and_load(learned, tmp_path):
+    path = tmp_path / "poca.zip"
+    learned.save(path)
+    loaded = POCA.load(path, env=EarlyExitEnv)
+    loaded.learn(32, reset_num_timesteps=False)
+    assert loaded.agent_steps >= learned.agent_steps + 32
+    assert loaded.num_timesteps <= loaded.agent_steps <= 3 * loaded.num_timesteps
+
+
+def test_same_seed_same_parameters():
+    def run():
+        return POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=3).learn(64)
+
+    a, b = run(), run()
+    for p, q in zip(a._params, b._params, strict=True):
+        assert torch.equal(p, q)
+    c = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=4).learn(64)
+    assert any(not torch.equal(p, q) for p, q in zip(a._params, c._params, strict=True))
+
+
+def test_logger_keys(tmp_path):
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0)
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(96)  # three rollouts: the train/ keys of the first two updates are written
+    with open(tmp_path / "progress.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3
+    keys = [
+        "rollout/ep_rew_mean",
+        "rollout/ep_rew_agent_mean",
+        "time/agent_steps",
+        "train/policy_gradient_loss",
+        "train/value_loss",
+        "train/baseline_loss",
+        "train/value_estimate",
+        "train/baseline_estimate",
+        "train/entropy",
+        "train/approx_kl",
+        "train/clip_fraction",
+        "train/explained_variance",
+    ]
+    last = rows[-1]
+    missing = [k for k in keys if k not in last]
+    assert not missing
+    for k in keys:
+        assert np.isfinite(float(last[k])), k
+    assert int(last["time/agent_steps"]) == model.agent_steps
+    assert int(last["time/total_timesteps"]) == 96
+
+
+# ============================================================================================ 5. bad input
+
+
+class HeterogeneousEnv(ParallelEnv):
+    metadata = {"name": "heterogeneous_v0"}
+
+    def __init__(self):
+        self.possible_agents = ["a", "b"]
+        self.agents = []
+
+    def observation_space(self, agent):
+        return spaces.Box(-1.0, 1.0, (3 if agent == "a" else 4,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        return {a: self.observation_space(a).sample() for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        raise AssertionError("never stepped")
+
+
+class NoAgentsEnv(ParallelEnv):
+    metadata = {"name": "no_agents_v0"}
+
+    def __init__(self):
+        self.possible_agents = ["a", "b"]
+        self.agents = []
+
+    def observation_space(self, agent):
+        return spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.agents = []
+        return {}, {}
+
+    def step(self, actions):
+        raise AssertionError("never stepped")
+
+
+def test_env_instance_with_several_copies_asks_for_a_function():
+    with pytest.raises(ValueError, match="function"):
+        POCA("MlpPolicy", EarlyExitEnv(), n_envs=2)
+    model = POCA("MlpPolicy", EarlyExitEnv(), n_envs=1, n_steps=8, batch_size=8, seed=0)  # one copy is fine
+    assert model.n_envs == 1
+
+
+def test_heterogeneous_group_points_to_padding():
+    with pytest.raises(ValueError, match="pad_observations_v0"):
+        POCA("MlpPolicy", HeterogeneousEnv, n_envs=2)
+    with pytest.raises(ValueError, match="pad_observations_v0"):
+        POCA("MlpPolicy", HeterogeneousEnv())
+
+
+def test_env_without_agents_after_reset():
+    with pytest.raises(ValueError, match="no agents after reset"):
+        POCA("MlpPolicy", NoAgentsEnv, n_steps=8, batch_size=8).learn(8)
+
+
+def test_not_a_pettingzoo_env():
+    with pytest.raises(TypeError, match="ParallelEnv"):
+        POCA("MlpPolicy", object())
+
+
+# ============================================================================================ 6. MPE simple_spread
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: simple_spread_v3.parallel_env(N=3, max_cycles=25),
+        lambda: simple_spread_v3.env(N=3, max_cycles=25),
+    ],
+    ids=["parallel", "aec"],
+)
+def test_simple_spread(make):
+    model = POCA("MlpPolicy", make, n_envs=2, n_steps=32, seed=0).learn(128)
+    assert model.num_timesteps == 128
+    assert model.agent_steps == 3 * 128  # nobody leaves simple_spread early
+    assert model.agent_ids == ["agent_0", "agent_1", "agent_2"]
+    assert len(model.ep_info_buffer) > 0  # 25-step episodes ended and were recorded
+    env = simple_spread_v3.parallel_env(N=3, max_cycles=25)
+    obs, _ = env.reset(seed=1)
+    actions, _ = model.predict(obs, deterministic=True)
+    assert set(actions) == set(obs)
+    env.step(actions)
+    for p in model._params:
+        assert torch.isfinite(p).all()
