@@ -122,6 +122,11 @@ class GroupVecEnv:
         self._t0 = time.time()
         self._seed: int | None = None
 
+    @property
+    def num_envs(self) -> int:
+        """SB3's name for the number of env copies (callbacks read it)."""
+        return self.n_envs
+
     # ------------------------------------------------------------------ reset and step
     def seed(self, seed: int | None = None) -> None:
         """Seeds for the next reset: copy ``i`` gets ``seed + i``."""

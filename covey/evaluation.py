@@ -1,0 +1,55 @@
+"""Scoring a trained group: the multi-agent counterpart of SB3's ``evaluate_policy``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from covey.wrappers.group_env import as_parallel
+
+
+def evaluate_group(
+    model: Any | None,
+    make_env: Callable[[], Any],
+    n_eval_episodes: int = 10,
+    deterministic: bool = True,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Play ``n_eval_episodes`` episodes of a PettingZoo env with ``model.predict`` on a dict of agent
+    observations (or uniformly random actions when ``model`` is None).
+
+    Returns the mean and standard deviation of the group return (sum over agents) and the mean per-agent
+    return (group return / agents that took part), and the mean episode length.
+
+    >>> from covey.envs import EarlyExitEnv
+    >>> sorted(evaluate_group(None, EarlyExitEnv, n_eval_episodes=2))
+    ['agent_return', 'episode_length', 'group_return', 'group_return_std']
+    """
+    env = as_parallel(make_env())
+    group, per_agent, lengths = [], [], []
+    for episode in range(n_eval_episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        for i, agent in enumerate(env.possible_agents):
+            env.action_space(agent).seed(seed + 1000 * episode + i)
+        seen, total, length = set(env.agents), 0.0, 0
+        while env.agents:
+            if model is None:
+                actions = {a: env.action_space(a).sample() for a in env.agents}
+            else:
+                actions, _ = model.predict({a: obs[a] for a in env.agents}, deterministic=deterministic)
+            obs, rewards, _, _, _ = env.step(actions)
+            total += float(sum(rewards.values()))
+            seen |= set(env.agents)
+            length += 1
+        group.append(total)
+        per_agent.append(total / max(len(seen), 1))
+        lengths.append(length)
+    env.close()
+    return {
+        "group_return": np.mean(group),
+        "group_return_std": np.std(group),
+        "agent_return": np.mean(per_agent),
+        "episode_length": np.mean(lengths),
+    }
