@@ -533,3 +533,26 @@ def test_supersuit_wrappers_keep_working():
     y, _ = f32.reset(seed=1)
     assert x.dtype == np.float32
     np.testing.assert_array_equal(x, y)
+
+
+def test_subprocess_copies_step_exactly_like_in_process_ones():
+    """SubprocGroupVecEnv (one worker process per copy) returns what GroupVecEnv returns, step for step."""
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    def make():
+        return simple_spread_v3.parallel_env(N=3, max_cycles=5)
+
+    workers, local = SubprocGroupVecEnv([make] * 2), GroupVecEnv([make] * 2)
+    try:
+        for x, y in zip(workers.reset(seed=3), local.reset(seed=3)):
+            np.testing.assert_array_equal(x, y)
+        rng = np.random.default_rng(0)
+        for _ in range(12):  # crosses two auto-resets
+            actions = rng.integers(0, 5, (2, 3))
+            a, b = workers.step(actions), local.step(actions)
+            for name in a._fields[:-1]:
+                np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+            assert [i.get("episode", {}).get("l") for i in a.infos] == [i.get("episode", {}).get("l") for i in b.infos]
+        assert workers.num_envs == 2 and workers.agent_ids == local.agent_ids
+    finally:
+        workers.close()

@@ -17,7 +17,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from covey.networks.attention import POCACritic
+from covey.networks.attention import EntityEncoder, POCACritic
 from covey.networks.distributions import SquashedGaussianHead, make_action_head
 from covey.networks.encoders import ExternalEncoder, make_encoder
 from covey.networks.mlp import mlp, parse_net_arch
@@ -91,6 +91,8 @@ class PolicyConfig:
     """If set (e.g. 0.98): an EMA copy of the critic regularizes its predictions (never used for targets)."""
     critic_ema_coef: float = 1.0
     """Weight of the EMA regularizer in the critic loss."""
+    entity_encoder: bool = False
+    """Encode 2-D Box observations (n_entities, n_features) with entity attention instead of flattening."""
 
     @classmethod
     def from_kwargs(cls, policy_kwargs: dict | None, **defaults: Any) -> PolicyConfig:
@@ -239,6 +241,8 @@ def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyC
         )
 
     def encoder() -> nn.Module:
+        if config.entity_encoder:
+            return EntityEncoder(observation_space, fx.get("features_dim", 64))
         if config.features_extractor_class is not None:
             return ExternalEncoder(observation_space, config.features_extractor_class, fx, config.normalize_images)
         return make_encoder(

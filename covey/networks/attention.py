@@ -45,6 +45,32 @@ def masked_mean(x: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
     return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
+class EntityEncoder(nn.Module):
+    """Encodes an observation that is a list of entities, a Box ``(n_entities, n_features)`` such as KAZ's
+    vector state: each entity is embedded, entities attend to each other, and the present ones are
+    pooled. All-zero rows are padding (absent entities).
+
+    >>> enc = EntityEncoder(spaces.Box(-1, 1, (27, 5)))
+    >>> enc(torch.zeros(2, 27, 5)).shape
+    torch.Size([2, 64])
+    """
+
+    def __init__(self, space: spaces.Box, width: int = 64, n_heads: int = 4) -> None:
+        super().__init__()
+        if not isinstance(space, spaces.Box) or len(space.shape) != 2:
+            raise ValueError(
+                f"entity_encoder needs observations that are a 2-D Box (n_entities, n_features), got {space}."
+            )
+        self.embedding = nn.Sequential(nn.Linear(space.shape[1], width), nn.ReLU())
+        self.attention = ResidualSelfAttention(width, n_heads)
+        self.out_dim = width
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float()  # (B, n_entities, n_features)
+        present = x.abs().sum(-1) > 0  # (B, n_entities): zero rows are padding
+        return masked_mean(self.attention(self.embedding(x), present), present)  # (B, width)
+
+
 def action_features(actions: torch.Tensor, space: spaces.Space) -> torch.Tensor:
     """Actions as network inputs ``(..., action_features_dim)``: one-hot for discrete, floats otherwise."""
     if isinstance(space, spaces.Discrete):

@@ -228,3 +228,80 @@ def make_group_env(env: Any, n_envs: int) -> GroupVecEnv:
             "only be one copy."
         )
     return GroupVecEnv([lambda: env])
+
+
+def _worker(remote, parent_remote, env_fn_wrapper) -> None:
+    """Runs one env copy in a worker process, answering ("reset", seed), ("step", actions), ("close", None)."""
+    parent_remote.close()
+    venv = GroupVecEnv([env_fn_wrapper.var])
+    try:
+        while True:
+            command, data = remote.recv()
+            if command == "reset":
+                remote.send(venv.reset(seed=data))
+            elif command == "step":
+                remote.send(venv.step(data[None]))
+            elif command == "close":
+                venv.close()
+                break
+    except (KeyboardInterrupt, EOFError):
+        pass
+    finally:
+        remote.close()
+
+
+class SubprocGroupVecEnv(GroupVecEnv):
+    """Like :class:`GroupVecEnv`, with each env copy in its own worker process (for slow envs).
+
+    >>> venv = SubprocGroupVecEnv([EarlyExitEnv] * 2)  # doctest: +SKIP
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], start_method: str | None = None) -> None:
+        import multiprocessing as mp
+
+        from stable_baselines3.common.vec_env.base_vec_env import CloudpickleWrapper
+
+        if not env_fns:
+            raise ValueError("SubprocGroupVecEnv needs at least one env function.")
+        probe = as_parallel(env_fns[0]())
+        self.observation_space, self.action_space = check_group_spaces(probe)
+        self.agent_ids = list(probe.possible_agents)
+        probe.close()
+        self.slot = {agent: i for i, agent in enumerate(self.agent_ids)}
+        self.n_envs, self.n_slots = len(env_fns), len(self.agent_ids)
+        self.obs_shape = tuple(self.observation_space.shape)
+        self.obs_dtype = _storage_dtype(self.observation_space)
+        self._seed = None
+        ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"))
+        self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(self.n_envs)])
+        self.processes = []
+        for work_remote, remote, fn in zip(work_remotes, self.remotes, env_fns):
+            process = ctx.Process(target=_worker, args=(work_remote, remote, CloudpickleWrapper(fn)), daemon=True)
+            process.start()
+            self.processes.append(process)
+            work_remote.close()
+        self.closed = False
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        seed = self._seed if seed is None else seed
+        self._seed = None
+        for e, remote in enumerate(self.remotes):
+            remote.send(("reset", None if seed is None else seed + e))
+        results = [remote.recv() for remote in self.remotes]
+        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+
+    def step(self, actions: np.ndarray) -> GroupStep:
+        for e, remote in enumerate(self.remotes):
+            remote.send(("step", actions[e]))
+        steps = [remote.recv() for remote in self.remotes]
+        fields = [np.concatenate([getattr(s, name) for s in steps]) for name in GroupStep._fields[:-1]]
+        return GroupStep(*fields, [info for s in steps for info in s.infos])
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        for remote in self.remotes:
+            remote.send(("close", None))
+        for process in self.processes:
+            process.join()
+        self.closed = True

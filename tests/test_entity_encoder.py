@@ -1,0 +1,41 @@
+"""The entity encoder for observations that are lists of entities (KAZ's vector state)."""
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from covey.networks.attention import EntityEncoder
+
+
+@pytest.fixture
+def encoder():
+    torch.manual_seed(0)
+    return EntityEncoder(spaces.Box(-1, 1, (6, 3), np.float32), width=16, n_heads=2).eval()
+
+
+def test_order_of_entities_does_not_matter(encoder):
+    x = torch.randn(4, 6, 3)
+    perm = torch.tensor([3, 1, 5, 0, 2, 4])
+    torch.testing.assert_close(encoder(x), encoder(x[:, perm]), atol=1e-6, rtol=1e-5)
+
+
+def test_zero_rows_are_padding(encoder):
+    x = torch.randn(4, 6, 3)
+    x[:, 4:] = 0.0  # two padding entities
+    trimmed = EntityEncoder(spaces.Box(-1, 1, (4, 3), np.float32), width=16, n_heads=2).eval()
+    trimmed.load_state_dict(encoder.state_dict())
+    torch.testing.assert_close(encoder(x), trimmed(x[:, :4]), atol=1e-6, rtol=1e-5)
+    assert torch.isfinite(encoder(torch.zeros(2, 6, 3))).all()  # no entity at all: finite
+
+
+def test_entities_change_the_output(encoder):
+    x = torch.randn(2, 6, 3)
+    y = x.clone()
+    y[:, 0] += 1.0
+    assert not torch.allclose(encoder(x), encoder(y))
+
+
+def test_wrong_space_is_refused():
+    with pytest.raises(ValueError, match="2-D Box"):
+        EntityEncoder(spaces.Box(-1, 1, (6,), np.float32))
