@@ -170,3 +170,28 @@ def test_diagnostics_are_logged(tmp_path):
         "train/value_entropy",
     ):
         assert key in header
+
+
+def test_poca_uses_the_twohot_head_and_the_ema(tmp_path):
+    """POCA: the two-hot head serves value and baselines, and the EMA copy follows the critic and is saved."""
+    from covey import POCA
+    from covey.envs import EarlyExitEnv
+
+    model = POCA(
+        "MlpPolicy",
+        EarlyExitEnv,
+        n_envs=2,
+        n_steps=16,
+        batch_size=32,
+        seed=0,
+        policy_kwargs=dict(value_head="twohot", critic_ema_decay=0.9),
+    )
+    assert model.critic.value_head.distributional
+    before = [p.clone() for p in model.critic_ema.model.parameters()]
+    model.learn(64)
+    assert any(not torch.equal(p, q) for p, q in zip(model.critic_ema.model.parameters(), before))
+    assert all(not p.requires_grad for p in model.critic_ema.model.parameters())
+    model.save(tmp_path / "poca.zip")
+    loaded = POCA.load(tmp_path / "poca.zip")
+    for p, q in zip(loaded.critic_ema.model.parameters(), model.critic_ema.model.parameters()):
+        torch.testing.assert_close(p, q)

@@ -15,6 +15,7 @@ from covey.agents.ppo import clipped_surrogate_loss, value_loss
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
 from covey.networks.actor_critic import Actor, PolicyConfig, build_poca_networks
 from covey.networks.attention import POCACritic
+from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import obs_dtype
 from covey.wrappers.group_env import GroupVecEnv, make_group_env
 
@@ -187,6 +188,8 @@ class POCA(BaseAgent):
         self.actor.to(self.device)
         self.critic.to(self.device)
         self.policy = self.actor
+        pc = self.policy_config
+        self.critic_ema = CriticEMA(self.critic, pc.critic_ema_decay) if pc.critic_ema_decay is not None else None
         self._params = [*self.actor.parameters(), *self.critic.parameters()]
         self.optimizer = self._make_optimizer(self._params, adam_eps=1e-5)
         n_slots = len(self.agent_ids) if self.agent_ids else 1
@@ -195,7 +198,10 @@ class POCA(BaseAgent):
         )
 
     def _networks(self) -> dict[str, torch.nn.Module]:
-        return {"actor": self.actor, "critic": self.critic}
+        networks = {"actor": self.actor, "critic": self.critic}
+        if self.critic_ema is not None:
+            networks["critic_ema"] = self.critic_ema.model
+        return networks
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"optimizer": self.optimizer}
@@ -350,11 +356,16 @@ class POCA(BaseAgent):
             for batch in self.rollout_buffer.minibatches(cfg.batch_size):
                 if not bool(batch.present.any()):
                     continue
-                loss, stats = poca_loss(batch, self.actor, self.critic, clip_range, cfg)
+                ema = self.critic_ema.model if self.critic_ema is not None else None
+                loss, stats = poca_loss(
+                    batch, self.actor, self.critic, clip_range, cfg, ema, self.policy_config.critic_ema_coef
+                )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
                 self.optimizer.step()
+                if self.critic_ema is not None:
+                    self.critic_ema.update()
                 history.append(stats)
             self._n_updates += 1
         for key in history[0] if history else []:
@@ -380,7 +391,13 @@ class POCA(BaseAgent):
 
 
 def poca_loss(
-    batch: GroupBatch, actor: Actor, critic: POCACritic, clip_range: float, cfg: POCAConfig
+    batch: GroupBatch,
+    actor: Actor,
+    critic: POCACritic,
+    clip_range: float,
+    cfg: POCAConfig,
+    critic_ema: POCACritic | None = None,
+    ema_coef: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """MA-POCA's objective on a minibatch of group-steps: ``(loss, detached stats)``.
 
@@ -409,8 +426,18 @@ def poca_loss(
         v_loss = value_loss(raw_value, old_values, returns, clip_range)
         b_loss = value_loss(raw_baseline, batch.old_baselines[present], returns, clip_range)
     entropy_mean = entropy.mean()
+    stats = {}
+    if critic_ema is not None:
+        # The EMA copy pulls both of the critic's answers toward its own (it is never used for targets).
+        with torch.no_grad():
+            ema_value = critic_ema.raw_value(batch.observations, present)
+            ema_value = ema_value[:, None].expand(-1, present.shape[1], *ema_value.shape[1:])[present]
+            ema_baseline = critic_ema.raw_baseline(batch.observations, batch.actions, present)[present]
+        ema_loss = ema_regularizer(raw_value, ema_value, head) + ema_regularizer(raw_baseline, ema_baseline, head)
+        stats["critic_ema_loss"] = ema_loss.detach()
+        v_loss = v_loss + ema_coef * ema_loss
     loss = policy_loss + cfg.vf_coef * (v_loss + cfg.baseline_coef * b_loss) - cfg.ent_coef * entropy_mean
-    stats = {
+    stats |= {
         "policy_gradient_loss": policy_loss.detach(),
         "value_loss": v_loss.detach(),
         "baseline_loss": b_loss.detach(),
