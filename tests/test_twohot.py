@@ -191,6 +191,13 @@ def test_poca_uses_the_twohot_head_and_the_ema(tmp_path):
     model.learn(64)
     assert any(not torch.equal(p, q) for p, q in zip(model.critic_ema.model.parameters(), before))
     assert all(not p.requires_grad for p in model.critic_ema.model.parameters())
+    from stable_baselines3.common.logger import configure
+
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(64)
+    header = open(tmp_path / "progress.csv").readline().strip().split(",")
+    for key in ("train/explained_variance", "train/td_error_abs", "train/value_std", "train/value_entropy"):
+        assert key in header
     model.save(tmp_path / "poca.zip")
     loaded = POCA.load(tmp_path / "poca.zip")
     for p, q in zip(loaded.critic_ema.model.parameters(), model.critic_ema.model.parameters()):

@@ -324,16 +324,21 @@ class POCA(BaseAgent):
         obs, actions, present = buf.flat(buf.observations), buf.flat(buf.actions), buf.flat(buf.present)
         cont_obs, cont_present = buf.flat(buf.continuing_obs), buf.flat(buf.continuing_present)
         n = present.shape[0]
-        values, cont_values, baselines, log_probs = [], [], [], []
+        head = critic.value_head
+        values, cont_values, baselines, log_probs, entropies = [], [], [], [], []
         for s in range(0, n, _EVAL_CHUNK):
             sl = slice(s, s + _EVAL_CHUNK)
-            values.append(critic.value(obs[sl], present[sl]))
+            raw = critic.raw_value(obs[sl], present[sl])
+            values.append(head.value(raw))
+            if head.distributional:
+                entropies.append(head.entropy(raw))
             cont_values.append(critic.value(cont_obs[sl], cont_present[sl]))
             baselines.append(critic.baseline(obs[sl], actions[sl], present[sl]))
             o, a = obs[sl], actions[sl]
             lp, _ = self.actor.evaluate(o.reshape(-1, *o.shape[2:]), a.reshape(-1, *a.shape[2:]))
             log_probs.append(lp.reshape(o.shape[:2]))
         shape = (buf.n_steps, buf.n_envs)
+        self._value_entropy = torch.cat(entropies).mean().item() if entropies else None
         buf.values = torch.cat(values).reshape(shape)
         buf.continuing_values = torch.cat(cont_values).reshape(shape)
         buf.baselines = torch.cat(baselines).reshape(*shape, buf.n_slots)
@@ -377,6 +382,10 @@ class POCA(BaseAgent):
             "train/explained_variance", float(explained_variance(values.numpy(), buf.returns[present].numpy()))
         )
         self.logger.record("train/value_estimate", buf.values.mean().item())
+        self.logger.record("train/value_std", buf.values.std().item())
+        self.logger.record("train/td_error_abs", buf.td_error_abs)
+        if self._value_entropy is not None:
+            self.logger.record("train/value_entropy", self._value_entropy)
         self.logger.record("train/baseline_estimate", buf.baselines[present].mean().item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/clip_range", clip_range)

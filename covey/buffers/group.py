@@ -65,6 +65,7 @@ class GroupRolloutBuffer:
         self.returns = torch.zeros(lead)
         self.advantages = torch.zeros(lead)
         self.pos = 0
+        self.td_error_abs = 0.0
 
     def reset(self) -> None:
         self.pos = 0
@@ -105,6 +106,13 @@ class GroupRolloutBuffer:
             self.rewards, self.values.numpy(), last_values, self.ended, bootstrap, gamma, lam
         )
         self.returns = torch.as_tensor(returns, dtype=torch.float32)
+        # Diagnostic: mean absolute one-step TD error of the group value over present agent-steps.
+        values = self.values.numpy()
+        next_values = np.concatenate([values[1:], np.asarray(last_values)[None]], axis=0)[..., None]
+        next_values = np.where(self.ended, bootstrap, next_values)
+        td = self.rewards + gamma * next_values - values[..., None]
+        present = self.present.numpy()
+        self.td_error_abs = float(np.abs(td[present]).mean()) if present.any() else 0.0
         # The advantage of agent i: its return minus the counterfactual baseline of its own action.
         self.advantages = (self.returns - self.baselines) * self.present
 
