@@ -25,6 +25,7 @@ from covey.envs import EarlyExitEnv
 from covey.networks.attention import POCACritic, ResidualSelfAttention, masked_mean
 from covey.networks.encoders import FlattenEncoder
 from covey.networks.twohot import make_value_head
+from covey.wrappers.group_env import GroupVecEnv
 
 OBS_DIM = 5
 N_SLOTS = 4
@@ -688,3 +689,35 @@ def test_simple_spread(make):
     env.step(actions)
     for p in model._params:
         assert torch.isfinite(p).all()
+
+
+class _RenamedGroup:
+    """simple_spread's spaces under other agent names: another group (it never needs to step)."""
+
+    def __init__(self):
+        self.inner = simple_spread_v3.parallel_env(N=3)
+        self.possible_agents = [f"robot_{i}" for i in range(3)]
+
+    def observation_space(self, agent):
+        return self.inner.observation_space("agent_0")
+
+    def action_space(self, agent):
+        return self.inner.action_space("agent_0")
+
+    def reset(self, seed=None, options=None):
+        raise AssertionError("not reached")
+
+    def step(self, actions):
+        raise AssertionError("not reached")
+
+
+def test_load_with_another_group_is_refused(tmp_path):
+    POCA("MlpPolicy", lambda: simple_spread_v3.parallel_env(N=3), n_steps=8, seed=0).save(tmp_path / "m.zip")
+    with pytest.raises(ValueError, match=r"robot_0.*not this model's group.*agent_0"):
+        POCA.load(tmp_path / "m.zip", env=_RenamedGroup)
+
+
+def test_set_env_with_another_number_of_copies_is_refused():
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=8, seed=0)
+    with pytest.raises(ValueError, match="2 copies"):
+        model.set_env(GroupVecEnv([EarlyExitEnv] * 3))

@@ -192,6 +192,11 @@ class BaseAgent:
         """Use a new env (same observation and action spaces) for further training."""
         venv = self._wrap_env(env)
         self._check_spaces(venv.observation_space, venv.action_space)
+        if venv.num_envs != self.n_envs:
+            raise ValueError(
+                f"The new env has {venv.num_envs} copies, the model's buffers were built for {self.n_envs}. "
+                f"Use an env with {self.n_envs} copies, or save the model and load it with the new env."
+            )
         self._attach_env(venv)
         if force_reset:
             self._last_obs = None

@@ -150,6 +150,12 @@ class POCA(BaseAgent):
         return make_group_env(env, getattr(self, "_requested_n_envs", 1))
 
     def _attach_env(self, env: GroupVecEnv) -> None:
+        known = getattr(self, "agent_ids", None)
+        if known and list(env.agent_ids) != known:
+            raise ValueError(
+                f"The env's agents {list(env.agent_ids)} are not this model's group {known}; "
+                "use an env with the same possible_agents."
+            )
         self.env = env
         self.observation_space, self.action_space = env.observation_space, env.action_space
         self.n_envs = env.n_envs
