@@ -42,3 +42,13 @@ def test_profile_smoke():
         shares = [float(v.rstrip("%")) for k, v in rows[task].items() if v.endswith("%")]
         assert abs(sum(shares) - 100) <= len(shares)  # rounding of each cell
         assert float(rows[task]["update"].rstrip("%")) > 0
+
+
+def test_poca_vs_supersuit_smoke():
+    """Both learners run on simple_spread and the table has a row for each (no timing checks)."""
+    command = [sys.executable, "-m", "benchmarks.poca_vs_supersuit", "--timesteps", "1024", "--seeds", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert {"covey POCA", "SB3 PPO + SuperSuit", "uniform random"} <= set(rows)
+    assert float(rows["covey POCA"]["seconds (median)"]) > 0
