@@ -7,11 +7,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
 from stable_baselines3.common.utils import explained_variance
 
 from covey.agents.base import BaseAgent, Schedule, as_schedule, config_dict, require, warn_batch_size
+from covey.agents.recurrent import RecurrentRollout
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
-from covey.networks.actor_critic import Actor, Critic, PolicyConfig, build_actor_critic
+from covey.networks.actor_critic import Actor, Critic, PolicyConfig, build_actor_critic, memory_settings
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.obs import ObsTensor, batch_to_tensor
 
@@ -125,7 +127,42 @@ def ppo_loss(
     """
     log_prob, entropy = actor.evaluate(batch.observations, batch.actions)
     raw = critic.raw(batch.observations)
-    head = critic.value_head
+    ema_raw = None
+    if critic_ema is not None:
+        with torch.no_grad():
+            ema_raw = critic_ema.raw(batch.observations)
+    return ppo_objective(
+        log_prob,
+        entropy,
+        raw,
+        critic.value_head,
+        batch,
+        clip_range,
+        clip_range_vf,
+        ent_coef,
+        vf_coef,
+        normalize_advantage,
+        ema_raw,
+        ema_coef,
+    )
+
+
+def ppo_objective(
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor,
+    raw: torch.Tensor,
+    head: torch.nn.Module,
+    batch: RolloutBatch,
+    clip_range: float,
+    clip_range_vf: float | None,
+    ent_coef: float,
+    vf_coef: float,
+    normalize_advantage: bool,
+    ema_raw: torch.Tensor | None = None,
+    ema_coef: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO loss from the networks' outputs on a batch of samples (shared by feed-forward and
+    recurrent training): ``(loss, detached stats)``."""
     advantages = batch.advantages
     if normalize_advantage and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -135,9 +172,7 @@ def ppo_loss(
     else:
         v_loss = value_loss(raw, batch.old_values, batch.returns, clip_range_vf)
     stats = {}
-    if critic_ema is not None:
-        with torch.no_grad():
-            ema_raw = critic_ema.raw(batch.observations)
+    if ema_raw is not None:
         ema_loss = ema_regularizer(raw, ema_raw, head)
         stats["critic_ema_loss"] = ema_loss.detach()
         v_loss = v_loss + ema_coef * ema_loss
@@ -267,6 +302,14 @@ class PPO(BaseAgent):
         self.rollout_buffer = RolloutBuffer(
             cfg.n_steps, self.n_envs, self.observation_space, self.action_space, self.device
         )
+        memory = memory_settings(self.policy_name, pc)
+        self.recurrent: RecurrentRollout | None = None
+        if memory is not None:
+            if isinstance(self.observation_space, spaces.Dict):
+                raise NotImplementedError("Recurrent memory with Dict observations is not supported yet.")
+            self.recurrent = RecurrentRollout(
+                self.actor, self.critic, cfg.n_steps, self.n_envs, int(memory["sequence_length"])
+            )
 
     def _networks(self) -> dict[str, torch.nn.Module]:
         networks = {"actor": self.actor, "critic": self.critic}
@@ -319,8 +362,11 @@ class PPO(BaseAgent):
         for step in range(self.config.n_steps):
             obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
             # Acting needs only the actor; values and log-probs come in one pass after the rollout.
-            with torch.inference_mode():
-                action_tensor = actor.act(obs_tensor)
+            if self.recurrent is not None:
+                action_tensor = self.recurrent.act(actor, obs_tensor, self._last_episode_starts, step)
+            else:
+                with torch.inference_mode():
+                    action_tensor = actor.act(obs_tensor)
             actions = action_tensor.cpu().numpy()  # numpy in callbacks' locals, as in SB3
             clipped_actions = actor.to_env_actions(actions)
             new_obs, rewards, dones, infos = env.step(clipped_actions)
@@ -355,6 +401,17 @@ class PPO(BaseAgent):
         """Values and old log-probs of the whole rollout in batched passes (parameters are unchanged
         since acting); returns V(last observation) per env and fills the truncation bootstraps."""
         buffer = self.rollout_buffer
+        if self.recurrent is not None:
+            last_values, self._value_entropy = self.recurrent.evaluate(
+                self.actor,
+                self.critic,
+                buffer,
+                last_obs,
+                self._last_episode_starts,
+                truncations,
+                self.observation_space,
+            )
+            return last_values
         obs, actions = buffer.flat_observations(), buffer.flat_actions()
         n = actions.shape[0]
         head = self.critic.value_head
@@ -389,20 +446,40 @@ class PPO(BaseAgent):
         self.critic.train(True)
         history: list[dict[str, torch.Tensor]] = []
         continue_training = True
+        ema = self.critic_ema.model if self.critic_ema is not None else None
         for _ in range(cfg.n_epochs):
-            for batch in self.rollout_buffer.minibatches(cfg.batch_size):
-                loss, stats = ppo_loss(
-                    batch,
-                    self.actor,
-                    self.critic,
-                    clip_range,
-                    clip_range_vf,
-                    cfg.ent_coef,
-                    cfg.vf_coef,
-                    cfg.normalize_advantage,
-                    self.critic_ema.model if self.critic_ema is not None else None,
-                    self.policy_config.critic_ema_coef,
-                )
+            for batch in self._minibatches():
+                if self.recurrent is not None:
+                    log_prob, entropy, raw, ema_raw, flat = self.recurrent.outputs(
+                        self.actor, self.critic, ema, self.rollout_buffer, batch
+                    )
+                    loss, stats = ppo_objective(
+                        log_prob,
+                        entropy,
+                        raw,
+                        self.critic.value_head,
+                        flat,
+                        clip_range,
+                        clip_range_vf,
+                        cfg.ent_coef,
+                        cfg.vf_coef,
+                        cfg.normalize_advantage,
+                        ema_raw,
+                        self.policy_config.critic_ema_coef,
+                    )
+                else:
+                    loss, stats = ppo_loss(
+                        batch,
+                        self.actor,
+                        self.critic,
+                        clip_range,
+                        clip_range_vf,
+                        cfg.ent_coef,
+                        cfg.vf_coef,
+                        cfg.normalize_advantage,
+                        ema,
+                        self.policy_config.critic_ema_coef,
+                    )
                 history.append(stats)
                 if cfg.target_kl is not None and stats["approx_kl"].item() > 1.5 * cfg.target_kl:
                     continue_training = False
@@ -419,6 +496,17 @@ class PPO(BaseAgent):
             if not continue_training:
                 break
         self._record_train_stats(history, lr, clip_range, clip_range_vf)
+
+    def _minibatches(self):
+        """Minibatches of samples, or of whole sequences for a recurrent policy."""
+        if self.recurrent is not None:
+            return self.recurrent.minibatches(self.config.batch_size)
+        return self.rollout_buffer.minibatches(self.config.batch_size)
+
+    def _reset_env(self) -> None:
+        super()._reset_env()
+        if self.recurrent is not None:
+            self.recurrent.reset_memories(self.actor, self.critic)
 
     def _record_train_stats(self, history, lr: float, clip_range: float, clip_range_vf: float | None) -> None:
         buffer = self.rollout_buffer

@@ -20,11 +20,14 @@ from torch import nn
 from covey.networks.attention import EntityEncoder, POCACritic
 from covey.networks.distributions import SquashedGaussianHead, make_action_head
 from covey.networks.encoders import ExternalEncoder, make_encoder
+from covey.networks.memory import Memory, State
 from covey.networks.mlp import mlp, parse_net_arch
 from covey.networks.obs import ObsTensor, obs_to_tensor
 from covey.networks.twohot import ScalarHead, make_value_head
 
 POLICY_KINDS = {"MlpPolicy": "mlp", "CnnPolicy": "cnn", "MultiInputPolicy": "multi"}
+# SB3-contrib's RecurrentPPO names: the same encoders with recurrent memory in actor and critic.
+LSTM_POLICIES = {"MlpLstmPolicy": "MlpPolicy", "CnnLstmPolicy": "CnnPolicy", "MultiInputLstmPolicy": "MultiInputPolicy"}
 
 # SB3 policy classes a script may pass instead of a name (matched by class name, never imported).
 POLICY_CLASS_NAMES = {
@@ -41,7 +44,7 @@ def policy_name(policy: str | type) -> str:
     """An SB3 policy name, or an SB3 policy class standing for one, to covey's policy name."""
     if isinstance(policy, type) and policy.__name__ in POLICY_CLASS_NAMES:
         return POLICY_CLASS_NAMES[policy.__name__]
-    if isinstance(policy, str) and policy in POLICY_KINDS:
+    if isinstance(policy, str) and (policy in POLICY_KINDS or policy in LSTM_POLICIES):
         return policy
     raise ValueError(
         f"Unknown policy {policy!r}; use one of {list(POLICY_KINDS)} (or SB3's classes of those names). "
@@ -91,6 +94,9 @@ class PolicyConfig:
     """If set (e.g. 0.98): an EMA copy of the critic regularizes its predictions (never used for targets)."""
     critic_ema_coef: float = 1.0
     """Weight of the EMA regularizer in the critic loss."""
+    memory: dict | None = None
+    """Recurrent memory in actor and critic (each its own): dict(hidden_size=128, sequence_length=16,
+    kind="lstm" | "gru"); set by the *LstmPolicy names."""
     entity_encoder: bool = False
     """Encode 2-D Box observations (n_entities, n_features) with entity attention instead of flattening."""
 
@@ -130,12 +136,14 @@ class Actor(nn.Module):
         activation: type[nn.Module],
         log_std_init: float = 0.0,
         squashed: bool = False,
+        memory: Memory | None = None,
     ) -> None:
         super().__init__()
         self.observation_space = observation_space
         self.action_space = action_space
         self.encoder = encoder
-        self.trunk = mlp(encoder.out_dim, hidden, activation)
+        self.memory = memory
+        self.trunk = mlp(memory.out_dim if memory is not None else encoder.out_dim, hidden, activation)
         # SAC squashes Box actions into [-1, 1] with tanh and rescales them to the bounds for the env.
         self.squashed = squashed and isinstance(action_space, spaces.Box)
         if self.squashed:
@@ -160,12 +168,27 @@ class Actor(nn.Module):
         """Sample (or take the mode of) an action for every observation in the batch."""
         return self.head.sample(self(obs), deterministic)
 
-    def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probabilities of ``actions`` and entropies, both ``(B,)``."""
-        params = self(obs)
+    # -- recurrent actors: the memory sits between the encoder and the trunk
+    def forward_step(self, obs: ObsTensor, state: State, episode_starts: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """Distribution parameters for one step of a batch, and the next memory."""
+        latent, state = self.memory.step(self.encoder(obs), state, episode_starts)
+        return self.head(self.trunk(latent)), state
+
+    def forward_sequences(self, obs: torch.Tensor, state: State, valid: torch.Tensor) -> torch.Tensor:
+        """Distribution parameters ``(S, L, n_params)`` for observations ``(S, L, ...)`` from ``state``."""
+        s, length = valid.shape
+        features = self.encoder(obs.reshape(s * length, *obs.shape[2:])).reshape(s, length, -1)
+        return self.head(self.trunk(self.memory.sequences(features, state, valid)))
+
+    def evaluate_params(self, params: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities and entropies from distribution parameters."""
         if hasattr(self.head, "log_prob_entropy"):
             return self.head.log_prob_entropy(params, actions)
         return self.head.log_prob(params, actions), self.head.entropy(params)
+
+    def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities of ``actions`` and entropies, both ``(B,)``."""
+        return self.evaluate_params(self(obs), actions)
 
     def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Actions as the env takes them: squashed actions rescaled from [-1, 1] to the bounds, other Box
@@ -191,12 +214,50 @@ class Actor(nn.Module):
         episode_start: np.ndarray | None = None,
         deterministic: bool = False,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
-        """SB3's ``predict``: a single or batched observation to actions (numpy), and the state (None)."""
+        """SB3's ``predict``: a single or batched observation to actions (numpy), and the state.
+
+        Recurrent actors take and return SB3-contrib's ``state`` (a tuple of ``(1, n_envs, hidden)`` arrays;
+        None means a fresh memory) and ``episode_start`` (rows whose memory is reset first).
+        """
         obs, batched = self.obs_to_tensor(observation)
+        if self.memory is not None:
+            return self._predict_recurrent(obs, batched, state, episode_start, deterministic)
         with torch.inference_mode():
             actions = self.act(obs, deterministic).cpu().numpy()
         actions = self.to_env_actions(actions)
         return (actions if batched else actions.squeeze(axis=0)), state
+
+    def _predict_recurrent(self, obs, batched: bool, state, episode_start, deterministic: bool):
+        batch = (next(iter(obs.values())) if isinstance(obs, dict) else obs).shape[0]
+        if state is None:
+            state_t = self.memory.initial_state(batch, self.device)
+        else:
+            _check_state(state, self.memory, batch)
+            state_t = tuple(torch.as_tensor(np.asarray(s), dtype=torch.float32, device=self.device) for s in state)
+        starts = np.zeros(batch, dtype=bool) if episode_start is None else np.asarray(episode_start, dtype=bool)
+        if starts.shape != (batch,):
+            raise ValueError(f"episode_start must have shape ({batch},), got {starts.shape}.")
+        with torch.inference_mode():
+            params, state_t = self.forward_step(obs, state_t, torch.as_tensor(starts, device=self.device))
+            actions = self.head.sample(params, deterministic).cpu().numpy()
+        actions = self.to_env_actions(actions)
+        new_state = tuple(s.cpu().numpy() for s in state_t)
+        return (actions if batched else actions.squeeze(axis=0)), new_state
+
+
+def _check_state(state, memory: Memory, batch: int) -> None:
+    expected = (1, batch, memory.hidden_size)
+    if not isinstance(state, (tuple, list)) or len(state) != memory.n_state:
+        raise ValueError(
+            f"state must be a tuple of {memory.n_state} arrays of shape {expected} (as predict() returned it), "
+            f"got {type(state).__name__} of length {len(state) if isinstance(state, (tuple, list)) else '?'}."
+        )
+    for s in state:
+        if tuple(np.shape(s)) != expected:
+            raise ValueError(
+                f"state arrays must have shape {expected} (1 layer, {batch} observations, {memory.hidden_size} "
+                f"units), got {tuple(np.shape(s))}. Pass the state predict() returned for the same number of envs."
+            )
 
 
 class Critic(nn.Module):
@@ -206,15 +267,32 @@ class Critic(nn.Module):
     """
 
     def __init__(
-        self, encoder: nn.Module, hidden: list[int], activation: type[nn.Module], value_head: nn.Module | None = None
+        self,
+        encoder: nn.Module,
+        hidden: list[int],
+        activation: type[nn.Module],
+        value_head: nn.Module | None = None,
+        memory: Memory | None = None,
     ) -> None:
         super().__init__()
         self.encoder = encoder
-        self.trunk = mlp(encoder.out_dim, hidden, activation)
+        self.memory = memory
+        self.trunk = mlp(memory.out_dim if memory is not None else encoder.out_dim, hidden, activation)
         self.value_head = value_head if value_head is not None else ScalarHead(self.trunk.out_dim)
 
     def raw(self, obs: ObsTensor) -> torch.Tensor:
         return self.value_head(self.trunk(self.encoder(obs)))
+
+    def raw_step(self, obs: ObsTensor, state: State, episode_starts: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """Recurrent critics: the head's raw output for one step of a batch, and the next memory."""
+        latent, state = self.memory.step(self.encoder(obs), state, episode_starts)
+        return self.value_head(self.trunk(latent)), state
+
+    def raw_sequences(self, obs: torch.Tensor, state: State, valid: torch.Tensor) -> torch.Tensor:
+        """Recurrent critics: raw outputs ``(S, L[, K])`` for observations ``(S, L, ...)`` from ``state``."""
+        s, length = valid.shape
+        features = self.encoder(obs.reshape(s * length, *obs.shape[2:])).reshape(s, length, -1)
+        return self.value_head(self.trunk(self.memory.sequences(features, state, valid)))
 
     def forward(self, obs: ObsTensor) -> torch.Tensor:
         return self.value_head.value(self.raw(obs))
@@ -222,6 +300,7 @@ class Critic(nn.Module):
 
 def policy_kind(policy: str, observation_space: spaces.Space) -> str:
     """Map an SB3 policy name to an encoder kind, with a clear error for unknown names."""
+    policy = LSTM_POLICIES.get(policy, policy)
     if not isinstance(policy, str) or policy not in POLICY_KINDS:
         raise ValueError(f"Unknown policy {policy!r}; use one of {list(POLICY_KINDS)}.")
     kind = POLICY_KINDS[policy]
@@ -256,9 +335,26 @@ def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyC
     return encoder
 
 
-def _value_head(hidden: list[int], encoder: nn.Module, n_outputs: int, config: PolicyConfig) -> nn.Module:
-    width = hidden[-1] if hidden else encoder.out_dim
-    return make_value_head(width, n_outputs, config.value_head, config.num_buckets, config.bucket_range)
+MEMORY_DEFAULTS = {"hidden_size": 128, "sequence_length": 16, "kind": "lstm"}
+
+
+def memory_settings(policy: str, config: PolicyConfig) -> dict | None:
+    """The recurrent memory asked for by a *LstmPolicy name or ``policy_kwargs['memory']`` (None: none)."""
+    if config.memory is None and policy not in LSTM_POLICIES:
+        return None
+    settings = {**MEMORY_DEFAULTS, **(config.memory or {})}
+    unknown = set(settings) - set(MEMORY_DEFAULTS)
+    if unknown:
+        raise ValueError(f"Unknown memory settings {sorted(unknown)}; use {sorted(MEMORY_DEFAULTS)}.")
+    if int(settings["sequence_length"]) < 1 or int(settings["hidden_size"]) < 1:
+        raise ValueError(f"memory needs sequence_length >= 1 and hidden_size >= 1, got {settings}.")
+    return settings
+
+
+def _memory(encoder: nn.Module, settings: dict | None) -> Memory | None:
+    if settings is None:
+        return None
+    return Memory(encoder.out_dim, int(settings["hidden_size"]), settings["kind"])
 
 
 def _ortho_init(module: nn.Module, gain: float) -> None:
@@ -286,9 +382,27 @@ def build_actor_critic(
     arch = parse_net_arch(config.net_arch, ("pi", "vf"), default)
     actor_encoder = encoder()
     critic_encoder = actor_encoder if config.share_features_extractor else encoder()
-    actor = Actor(observation_space, action_space, actor_encoder, arch["pi"], config.activation_fn, config.log_std_init)
+    memory = memory_settings(policy, config)
+    # Actor and critic keep separate memories.
+    actor = Actor(
+        observation_space,
+        action_space,
+        actor_encoder,
+        arch["pi"],
+        config.activation_fn,
+        config.log_std_init,
+        memory=_memory(actor_encoder, memory),
+    )
+    critic_memory = _memory(critic_encoder, memory)
+    width = critic_memory.out_dim if critic_memory is not None else critic_encoder.out_dim
     critic = Critic(
-        critic_encoder, arch["vf"], config.activation_fn, _value_head(arch["vf"], critic_encoder, 1, config)
+        critic_encoder,
+        arch["vf"],
+        config.activation_fn,
+        make_value_head(
+            arch["vf"][-1] if arch["vf"] else width, 1, config.value_head, config.num_buckets, config.bucket_range
+        ),
+        memory=critic_memory,
     )
     if config.ortho_init:
         root2 = math.sqrt(2)

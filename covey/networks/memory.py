@@ -1,0 +1,58 @@
+"""Recurrent memory (LSTM or GRU) between an encoder and a trunk, stepped one observation at a time while
+acting and run over fixed-length sequences while training.
+
+States are tuples of tensors ``(1, B, hidden)``: ``(h, c)`` for an LSTM, ``(h,)`` for a GRU (the shape
+SB3-contrib's RecurrentPPO uses, with one layer).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+State = tuple[torch.Tensor, ...]
+
+
+class Memory(nn.Module):
+    """One recurrent layer. ``step`` resets the state of rows that start an episode; ``sequences`` runs
+    ``(S, L)`` sequences from given initial states and leaves the state untouched on padding steps, so a
+    sequence padded at the front starts its real steps from exactly its recorded memory."""
+
+    def __init__(self, in_dim: int, hidden_size: int = 128, kind: Literal["lstm", "gru"] = "lstm") -> None:
+        super().__init__()
+        if kind not in ("lstm", "gru"):
+            raise ValueError(f"memory kind {kind!r} is unknown; use 'lstm' or 'gru'.")
+        self.kind, self.hidden_size, self.out_dim = kind, hidden_size, hidden_size
+        self.cell = nn.LSTMCell(in_dim, hidden_size) if kind == "lstm" else nn.GRUCell(in_dim, hidden_size)
+
+    @property
+    def n_state(self) -> int:
+        return 2 if self.kind == "lstm" else 1
+
+    def initial_state(self, batch: int, device: torch.device | str = "cpu") -> State:
+        return tuple(torch.zeros(1, batch, self.hidden_size, device=device) for _ in range(self.n_state))
+
+    def _cell(self, x: torch.Tensor, state: State) -> State:
+        if self.kind == "lstm":
+            h, c = self.cell(x, (state[0][0], state[1][0]))
+            return h.unsqueeze(0), c.unsqueeze(0)
+        return (self.cell(x, state[0][0]).unsqueeze(0),)
+
+    def step(self, x: torch.Tensor, state: State, episode_starts: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """One step for a batch ``(B, in_dim)``: the memory of rows with ``episode_starts`` is reset first."""
+        keep = (~episode_starts).to(x.dtype).view(1, -1, 1)  # (1, B, 1)
+        state = self._cell(x, tuple(s * keep for s in state))
+        return state[0][0], state  # (B, hidden)
+
+    def sequences(self, x: torch.Tensor, state: State, valid: torch.Tensor) -> torch.Tensor:
+        """Run ``x`` ``(S, L, in_dim)`` from ``state`` (one per sequence); padding steps (``valid`` False)
+        keep the state as it is. Returns the outputs ``(S, L, hidden)`` (meaningless on padding)."""
+        outputs = []
+        for t in range(x.shape[1]):
+            new = self._cell(x[:, t], state)
+            keep = valid[:, t].view(1, -1, 1)
+            state = tuple(torch.where(keep, n, s) for n, s in zip(new, state))
+            outputs.append(state[0][0])
+        return torch.stack(outputs, dim=1)  # (S, L, hidden)

@@ -1,0 +1,143 @@
+"""Recurrent PPO: sequences cut by hand, memories recorded at sequence starts, SB3-contrib's predict."""
+
+import numpy as np
+import pytest
+import torch
+from stable_baselines3.common.env_util import make_vec_env
+
+from covey import PPO
+from covey.buffers.sequences import cut_sequences
+from covey.envs import RememberCueEnv
+
+
+def test_sequences_that_divide_the_length():
+    """One env, 4 steps, one episode, L=2: two full sequences, no padding."""
+    index, valid = cut_sequences(np.array([[1], [0], [0], [0]], bool), 2)
+    assert index.tolist() == [[0, 1], [2, 3]]
+    assert valid.all()
+
+
+def test_sequences_that_do_not_divide_are_padded_at_the_front():
+    """Two envs (time-major flat index t * 2 + n), 5 steps, L=3.
+
+    env 0: episodes [0, 3) and [3, 5): 3 steps -> [0, 2, 4]; 2 steps -> [-1, 6, 8]
+    env 1: one segment of 5 steps -> [-1, 1, 3] (padded first) and [5, 7, 9]
+    """
+    starts = np.zeros((5, 2), bool)
+    starts[3, 0] = True
+    index, valid = cut_sequences(starts, 3)
+    assert index.tolist() == [[0, 2, 4], [-1, 6, 8], [-1, 1, 3], [5, 7, 9]]
+    assert valid.tolist() == [[1, 1, 1], [0, 1, 1], [0, 1, 1], [1, 1, 1]]
+
+
+def test_every_step_appears_once():
+    rng = np.random.default_rng(0)
+    starts = rng.random((37, 3)) < 0.2
+    index, valid = cut_sequences(starts, 5)
+    assert sorted(index[valid].tolist()) == list(range(37 * 3))
+    assert np.all(valid[:, -1])  # only the front is ever padded
+
+
+@pytest.fixture
+def collected():
+    env = make_vec_env(lambda: RememberCueEnv(delay=2), n_envs=3, seed=0)
+    model = PPO(
+        "MlpLstmPolicy",
+        env,
+        n_steps=20,
+        batch_size=20,
+        seed=0,
+        policy_kwargs=dict(memory=dict(hidden_size=8, sequence_length=4)),
+    )
+    model.learn(60)  # a few rollouts so memories are carried across rollout boundaries
+    _, callback = model._setup_learn(60, None, False, "test", False)
+    assert model.collect_rollouts(callback)
+    return model
+
+
+def test_recorded_critic_memories_equal_a_step_by_step_run(collected):
+    """The critic's memory recorded before each step equals running the critic step by step from the memory it
+    had at the start of the rollout, resetting at episode starts."""
+    rec = collected.recurrent
+    buf = collected.rollout_buffer
+    critic = collected.critic
+    state = tuple(s.clone() for s in rec._start_critic_state)
+    with torch.no_grad():
+        for t in range(rec.n_steps):
+            keep = torch.as_tensor(~rec.episode_starts[t], dtype=torch.float32).view(1, -1, 1)
+            state = tuple(s * keep for s in state)
+            torch.testing.assert_close(rec.critic_states[t], torch.stack([s[0] for s in state], dim=1))
+            _, state = critic.raw_step(buf.observations[t], state, torch.zeros(rec.n_envs, dtype=torch.bool))
+
+
+def test_old_log_probs_from_sequences_equal_the_acting_ones(collected):
+    """Old log-probs computed over training sequences match the actor stepped through the rollout: the first
+    epoch starts at ratio 1."""
+    rec, buf, actor = collected.recurrent, collected.rollout_buffer, collected.actor
+    state = None
+    with torch.no_grad():
+        for t in range(rec.n_steps):
+            if t == 0:
+                state = tuple(rec.actor_states[0][:, i].unsqueeze(0) for i in range(rec.actor_states.shape[2]))
+            keep = torch.as_tensor(~rec.episode_starts[t], dtype=torch.float32).view(1, -1, 1)
+            state = tuple(s * keep for s in state)
+            params, state = actor.forward_step(buf.observations[t], state, torch.zeros(rec.n_envs, dtype=torch.bool))
+            log_prob, _ = actor.evaluate_params(params, buf.actions[t])
+            torch.testing.assert_close(buf.log_probs[t], log_prob, rtol=1e-5, atol=1e-6)
+    # and the padded sequences start from the recorded memory of their first real step
+    rows = np.arange(len(rec.index))
+    first = rec.index[rows, rec.valid.argmax(axis=1)]
+    init = rec._initial_states(rec.actor_states, rows)
+    flat = rec.actor_states.reshape(-1, *rec.actor_states.shape[2:])
+    torch.testing.assert_close(init[0][0], flat[torch.as_tensor(first)][:, 0])
+
+
+def test_predict_follows_sb3_contrib(tmp_path):
+    model = PPO(
+        "MlpLstmPolicy",
+        RememberCueEnv(),
+        n_steps=16,
+        batch_size=16,
+        seed=0,
+        policy_kwargs=dict(memory=dict(hidden_size=8, sequence_length=4)),
+    )
+    obs = np.array([1.0, 0.0], np.float32)
+    action, state = model.predict(obs)
+    assert np.shape(action) == () and len(state) == 2 and state[0].shape == (1, 1, 8)
+    # the state moves; episode_start resets it to a fresh memory
+    _, moved = model.predict(obs, state=state, episode_start=np.array([False]))
+    assert not np.allclose(moved[0], state[0])
+    _, fresh = model.predict(obs, state=moved, episode_start=np.array([True]))
+    np.testing.assert_allclose(fresh[0], state[0], rtol=1e-6, atol=1e-6)
+    # batched: one memory per row
+    actions, batched = model.predict(np.stack([obs, obs, obs]))
+    assert actions.shape == (3,) and batched[0].shape == (1, 3, 8)
+    with pytest.raises(ValueError, match=r"shape \(1, 3, 8\)"):
+        model.predict(np.stack([obs, obs, obs]), state=state)
+    with pytest.raises(ValueError, match="tuple of 2 arrays"):
+        model.predict(obs, state=state[0])
+    # save/load keeps the memory settings and predicts the same
+    model.save(tmp_path / "r.zip")
+    loaded = PPO.load(tmp_path / "r.zip")
+    assert loaded.actor.memory.hidden_size == 8 and loaded.recurrent.sequence_length == 4
+    a1, s1 = model.predict(obs, state=state, deterministic=True)
+    a2, s2 = loaded.predict(obs, state=state, deterministic=True)
+    assert a1 == a2
+    np.testing.assert_allclose(s1[0], s2[0])
+
+
+def test_gru_memory_and_separate_critic_memory():
+    model = PPO(
+        "MlpPolicy",
+        RememberCueEnv(),
+        n_steps=16,
+        batch_size=16,
+        seed=0,
+        policy_kwargs=dict(memory=dict(hidden_size=8, sequence_length=4, kind="gru")),
+    )
+    assert model.actor.memory.kind == "gru" and model.critic.memory is not model.actor.memory
+    model.learn(32)
+    _, state = model.predict(np.zeros(2, np.float32))
+    assert len(state) == 1
+    with pytest.raises(ValueError, match="Unknown memory settings"):
+        PPO("MlpPolicy", RememberCueEnv(), policy_kwargs=dict(memory=dict(size=8)))
