@@ -323,6 +323,24 @@ class BaseAgent:
             )
         return self.policy.predict(observation, state, episode_start, deterministic)
 
+    def _update_learning_rate(self) -> float:
+        """Set every optimizer's step size from the schedule at the current progress; returns it."""
+        lr = self.lr_schedule(self._current_progress_remaining)
+        for optimizer in self._optimizers().values():
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        return lr
+
+    def _optimizer_step(self, loss: torch.Tensor, max_grad_norm: float) -> None:
+        """One step of the single optimizer over ``self._params``: clip the global gradient norm, step, and
+        move the critic's EMA copy (if any) after it."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self._params, max_grad_norm, foreach=True)
+        self.optimizer.step()
+        if getattr(self, "critic_ema", None) is not None:
+            self.critic_ema.update()
+
     def _make_optimizer(self, params: list[torch.Tensor], adam_eps: float | None = None) -> torch.optim.Optimizer:
         """``policy_kwargs``' optimizer over ``params``; Adam is fused (one kernel for all parameters)."""
         pc = self.policy_config

@@ -356,9 +356,7 @@ class POCA(BaseAgent):
         """Several epochs of minibatch updates of the shared policy and the critic."""
         cfg = self.config
         progress = self._current_progress_remaining
-        lr = self.lr_schedule(progress)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = self._update_learning_rate()
         clip_range = self.clip_range(progress)
         self.actor.set_training_mode(True)
         self.critic.train(True)
@@ -371,12 +369,7 @@ class POCA(BaseAgent):
                 loss, stats = poca_loss(
                     batch, self.actor, self.critic, clip_range, cfg, ema, self.policy_config.critic_ema_coef
                 )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
-                self.optimizer.step()
-                if self.critic_ema is not None:
-                    self.critic_ema.update()
+                self._optimizer_step(loss, cfg.max_grad_norm)
                 history.append(stats)
             self._n_updates += 1
         for key in history[0] if history else []:

@@ -437,9 +437,7 @@ class PPO(BaseAgent):
         """Several epochs of minibatch updates on the collected rollout."""
         cfg = self.config
         progress = self._current_progress_remaining
-        lr = self.lr_schedule(progress)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = self._update_learning_rate()
         clip_range = self.clip_range(progress)
         clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
         self.actor.set_training_mode(True)
@@ -486,12 +484,7 @@ class PPO(BaseAgent):
                     if self.verbose >= 1:
                         self.logger.info(f"Early stopping: approx_kl {stats['approx_kl'].item():.4f} > 1.5 * target_kl")
                     break
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
-                self.optimizer.step()
-                if self.critic_ema is not None:
-                    self.critic_ema.update()
+                self._optimizer_step(loss, cfg.max_grad_norm)
             self._n_updates += 1
             if not continue_training:
                 break

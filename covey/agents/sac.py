@@ -440,10 +440,7 @@ class SAC(BaseAgent):
     def train(self, gradient_steps: int, batch_size: int = 256) -> None:
         """``gradient_steps`` SAC updates: temperature, critics, actor, then the target critics."""
         self._update_current_progress_remaining()
-        lr = self.lr_schedule(self._current_progress_remaining)
-        for opt in self._optimizers().values():
-            for group in opt.param_groups:
-                group["lr"] = lr
+        lr = self._update_learning_rate()
         self.actor.set_training_mode(True)
         history: dict[str, list[torch.Tensor]] = {}
         for _ in range(gradient_steps):

@@ -171,14 +171,12 @@ class Actor(nn.Module):
     # -- recurrent actors: the memory sits between the encoder and the trunk
     def forward_step(self, obs: ObsTensor, state: State, episode_starts: torch.Tensor) -> tuple[torch.Tensor, State]:
         """Distribution parameters for one step of a batch, and the next memory."""
-        latent, state = self.memory.step(self.encoder(obs), state, episode_starts)
+        latent, state = self.memory.encode_step(self.encoder, obs, state, episode_starts)
         return self.head(self.trunk(latent)), state
 
     def forward_sequences(self, obs: torch.Tensor, state: State, valid: torch.Tensor) -> torch.Tensor:
         """Distribution parameters ``(S, L, n_params)`` for observations ``(S, L, ...)`` from ``state``."""
-        s, length = valid.shape
-        features = self.encoder(obs.reshape(s * length, *obs.shape[2:])).reshape(s, length, -1)
-        return self.head(self.trunk(self.memory.sequences(features, state, valid)))
+        return self.head(self.trunk(self.memory.encode_sequences(self.encoder, obs, state, valid)))
 
     def evaluate_params(self, params: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities and entropies from distribution parameters."""
@@ -285,14 +283,12 @@ class Critic(nn.Module):
 
     def raw_step(self, obs: ObsTensor, state: State, episode_starts: torch.Tensor) -> tuple[torch.Tensor, State]:
         """Recurrent critics: the head's raw output for one step of a batch, and the next memory."""
-        latent, state = self.memory.step(self.encoder(obs), state, episode_starts)
+        latent, state = self.memory.encode_step(self.encoder, obs, state, episode_starts)
         return self.value_head(self.trunk(latent)), state
 
     def raw_sequences(self, obs: torch.Tensor, state: State, valid: torch.Tensor) -> torch.Tensor:
         """Recurrent critics: raw outputs ``(S, L[, K])`` for observations ``(S, L, ...)`` from ``state``."""
-        s, length = valid.shape
-        features = self.encoder(obs.reshape(s * length, *obs.shape[2:])).reshape(s, length, -1)
-        return self.value_head(self.trunk(self.memory.sequences(features, state, valid)))
+        return self.value_head(self.trunk(self.memory.encode_sequences(self.encoder, obs, state, valid)))
 
     def forward(self, obs: ObsTensor) -> torch.Tensor:
         return self.value_head.value(self.raw(obs))

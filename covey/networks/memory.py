@@ -46,6 +46,20 @@ class Memory(nn.Module):
         state = self._cell(x, tuple(s * keep for s in state))
         return state[0][0], state  # (B, hidden)
 
+    def encode_step(
+        self, encoder: nn.Module, obs, state: State, episode_starts: torch.Tensor
+    ) -> tuple[torch.Tensor, State]:
+        """``encoder`` then one memory step: latent features ``(B, hidden)`` and the next memory."""
+        return self.step(encoder(obs), state, episode_starts)
+
+    def encode_sequences(
+        self, encoder: nn.Module, obs: torch.Tensor, state: State, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """``encoder`` on observations ``(S, L, ...)`` then the memory over the sequences: ``(S, L, hidden)``."""
+        s, length = valid.shape
+        features = encoder(obs.reshape(s * length, *obs.shape[2:])).reshape(s, length, -1)
+        return self.sequences(features, state, valid)
+
     def sequences(self, x: torch.Tensor, state: State, valid: torch.Tensor) -> torch.Tensor:
         """Run ``x`` ``(S, L, in_dim)`` from ``state`` (one per sequence); padding steps (``valid`` False)
         keep the state as it is. Returns the outputs ``(S, L, hidden)`` (meaningless on padding)."""
