@@ -114,9 +114,9 @@ def test_learn_and_predict(policy: str, obs_space: spaces.Space, action_space: s
     networks = {"policy": model.policy, "critic": model.critic}
     before = {name: snapshot(net) for name, net in networks.items()}
 
-    model.learn(64)
+    model.learn(256)
 
-    assert model.num_timesteps == 64
+    assert model.num_timesteps == 256
     for name, net in networks.items():
         after = net.state_dict()
         assert before[name].keys() == after.keys()
