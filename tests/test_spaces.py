@@ -1,7 +1,7 @@
 """PPO on every supported observation and action space: it learns (parameters change) and predicts valid actions.
 
 Not the full cross product: every observation space with Discrete actions, every action space with
-Box(4,) observations. Each case trains 64 steps (2 envs x 16 steps x 2 rollouts) on ``SpaceEnv``.
+Box(4,) observations. Each case trains 256 steps (2 envs x 16 steps x 8 rollouts) on ``SpaceEnv``.
 """
 
 from __future__ import annotations
