@@ -1,11 +1,11 @@
 """MA-POCA with continuous actions on SISL's multiwalker: walkers carry a package, and a walker that falls
 leaves the episode while the others go on (``remove_on_fall=True, terminate_on_fall=False``).
 
-    python examples/poca_multiwalker.py                    # 100k env steps, several minutes on 2 cores
+    python examples/poca_multiwalker.py                    # 100k env steps, about 2 minutes on 2 cores
     python examples/poca_multiwalker.py --timesteps 2000   # smoke run
 
-Multiwalker needs millions of steps to walk well; this budget shows the team learning to stay up and
-push the package forward, compared with random play.
+Multiwalker needs millions of steps to walk well; this budget shows the team doing better than random
+play: with seed 0 the group return is -5720 against -8428 for random actions (5 episodes each).
 """
 
 import argparse
