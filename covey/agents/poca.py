@@ -4,14 +4,14 @@ PettingZoo group, with a centralized attention critic and posthumous credit for 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from stable_baselines3.common.utils import explained_variance
 
-from covey.agents.base import BaseAgent, Schedule, as_schedule, config_dict, require
-from covey.agents.ppo import clipped_surrogate_loss, value_loss
+from covey.agents.base import BaseAgent, Schedule, as_schedule, config_dict
+from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, value_loss
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
 from covey.networks.actor_critic import Actor, PolicyConfig, build_poca_networks
 from covey.networks.attention import POCACritic
@@ -23,50 +23,23 @@ _EVAL_CHUNK = 2048
 
 
 @dataclass
-class POCAConfig:
-    """MA-POCA's hyperparameters (PPO's names; defaults for small cooperative PettingZoo envs)."""
+class POCAConfig(OnPolicyConfig):
+    """MA-POCA's hyperparameters: PPO's names, with defaults for small cooperative PettingZoo envs."""
 
-    learning_rate: Schedule = 3e-4
-    """Adam step size (or a schedule of the remaining progress)."""
+    agent: ClassVar[str] = "POCA"
+
     n_steps: int = 256
     """Steps collected per env copy per rollout (a step of one copy moves all its agents)."""
     batch_size: int = 256
     """Minibatch size in group-steps (each carries every agent slot of its copy)."""
     n_epochs: int = 3
     """Passes over the rollout per update."""
-    gamma: float = 0.99
-    """Discount factor."""
-    gae_lambda: float = 0.95
-    """Lambda of the lambda-returns."""
-    clip_range: Schedule = 0.2
-    """Clipping of the probability ratio, and of value and baseline changes."""
-    normalize_advantage: bool = True
-    """Normalize advantages per minibatch (over present agents)."""
     ent_coef: float = 5e-3
     """Entropy bonus coefficient (beta)."""
-    vf_coef: float = 0.5
-    """Weight of the critic losses: loss = policy + vf_coef * (value + baseline_coef * baseline) - beta * H."""
     baseline_coef: float = 0.5
-    """Weight of the baseline loss relative to the value loss."""
-    max_grad_norm: float = 0.5
-    """Global gradient norm clip."""
+    """Weight of the baseline loss: loss = policy + vf_coef * (value + baseline_coef * baseline) - beta * H."""
     groupmate_rewards: bool = False
     """Add the groupmates' rewards of the step to each agent's reward (a team reward)."""
-    stats_window_size: int = 100
-    """Episodes averaged for rollout/ep_rew_mean."""
-
-    def __post_init__(self) -> None:
-        def need(ok: bool, name: str, rule: str) -> None:
-            require(ok, "POCA", name, getattr(self, name), rule)
-
-        need(isinstance(self.n_steps, (int, np.integer)) and self.n_steps >= 1, "n_steps", "it must be an int >= 1")
-        need(isinstance(self.batch_size, (int, np.integer)) and self.batch_size >= 1, "batch_size", "it must be >= 1")
-        need(self.n_epochs >= 1, "n_epochs", "it must be >= 1")
-        need(0.0 <= self.gamma <= 1.0, "gamma", "it must lie in [0, 1]")
-        need(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", "it must lie in [0, 1]")
-        need(callable(self.clip_range) or self.clip_range > 0, "clip_range", "it must be > 0 or a schedule")
-        need(callable(self.learning_rate) or self.learning_rate >= 0, "learning_rate", "it must be >= 0 or a schedule")
-        need(self.max_grad_norm > 0, "max_grad_norm", "it must be > 0")
 
 
 class POCA(BaseAgent):

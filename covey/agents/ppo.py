@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -22,13 +22,15 @@ _EVAL_CHUNK = 4096
 
 
 @dataclass
-class PPOConfig:
-    """PPO's hyperparameters, named and defaulted as in Stable-Baselines3."""
+class OnPolicyConfig:
+    """Hyperparameters shared by the on-policy agents (PPO, POCA), named and defaulted as in SB3's PPO."""
+
+    agent: ClassVar[str] = "PPO"
 
     learning_rate: Schedule = 3e-4
     """Adam step size, or a function of the remaining progress (1 -> 0)."""
     n_steps: int = 2048
-    """Steps collected per env per rollout; the rollout holds n_steps * n_envs samples."""
+    """Steps collected per env (copy) per rollout; the rollout holds n_steps * n_envs steps."""
     batch_size: int = 64
     """Minibatch size."""
     n_epochs: int = 10
@@ -36,11 +38,9 @@ class PPOConfig:
     gamma: float = 0.99
     """Discount factor."""
     gae_lambda: float = 0.95
-    """GAE lambda: bias/variance trade-off of the advantage."""
+    """GAE lambda (the lambda of the lambda-returns): bias/variance trade-off of the advantage."""
     clip_range: Schedule = 0.2
     """Clipping of the probability ratio (or a schedule)."""
-    clip_range_vf: Schedule | None = None
-    """Clipping of the value change around the old value (None: no value clipping)."""
     normalize_advantage: bool = True
     """Normalize advantages per minibatch."""
     ent_coef: float = 0.0
@@ -49,15 +49,14 @@ class PPOConfig:
     """Value loss coefficient."""
     max_grad_norm: float = 0.5
     """Global gradient norm clip."""
-    target_kl: float | None = None
-    """Stop the epochs early when the approximate KL of a minibatch exceeds 1.5 * target_kl."""
     stats_window_size: int = 100
     """Episodes averaged for rollout/ep_rew_mean and rollout/ep_len_mean."""
 
-    def __post_init__(self) -> None:
-        def need(ok: bool, name: str, rule: str) -> None:
-            require(ok, "PPO", name, getattr(self, name), rule)
+    def need(self, ok: bool, name: str, rule: str) -> None:
+        require(ok, self.agent, name, getattr(self, name), rule)
 
+    def __post_init__(self) -> None:
+        need = self.need
         need(isinstance(self.n_steps, (int, np.integer)) and self.n_steps >= 1, "n_steps", "it must be an int >= 1")
         need(isinstance(self.batch_size, (int, np.integer)) and self.batch_size >= 1, "batch_size", "it must be >= 1")
         need(
@@ -69,15 +68,28 @@ class PPOConfig:
         need(0.0 <= self.gamma <= 1.0, "gamma", "it must lie in [0, 1]")
         need(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", "it must lie in [0, 1]")
         need(callable(self.clip_range) or self.clip_range > 0, "clip_range", "it must be > 0 or a schedule")
-        need(
+        need(callable(self.learning_rate) or self.learning_rate >= 0, "learning_rate", "it must be >= 0 or a schedule")
+        need(self.max_grad_norm > 0, "max_grad_norm", "it must be > 0")
+        need(self.stats_window_size >= 1, "stats_window_size", "it must be >= 1")
+
+
+@dataclass
+class PPOConfig(OnPolicyConfig):
+    """PPO's hyperparameters, named and defaulted as in Stable-Baselines3."""
+
+    clip_range_vf: Schedule | None = None
+    """Clipping of the value change around the old value (None: no value clipping)."""
+    target_kl: float | None = None
+    """Stop the epochs early when the approximate KL of a minibatch exceeds 1.5 * target_kl."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.need(
             self.clip_range_vf is None or callable(self.clip_range_vf) or self.clip_range_vf > 0,
             "clip_range_vf",
             "it must be None, > 0 or a schedule",
         )
-        need(callable(self.learning_rate) or self.learning_rate >= 0, "learning_rate", "it must be >= 0 or a schedule")
-        need(self.max_grad_norm > 0, "max_grad_norm", "it must be > 0")
-        need(self.target_kl is None or self.target_kl > 0, "target_kl", "it must be None or > 0")
-        need(self.stats_window_size >= 1, "stats_window_size", "it must be >= 1")
+        self.need(self.target_kl is None or self.target_kl > 0, "target_kl", "it must be None or > 0")
 
 
 def clipped_surrogate_loss(
