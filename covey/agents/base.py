@@ -278,6 +278,33 @@ class BaseAgent:
             self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
         return self._total_timesteps, self._init_callback(callback, progress_bar)
 
+    def _learn_on_policy(
+        self,
+        total_timesteps: int,
+        callback: Any,
+        log_interval: int | None,
+        tb_log_name: str,
+        reset_num_timesteps: bool,
+        progress_bar: bool,
+    ):
+        """The on-policy loop (PPO, POCA): collect a rollout, log, update; until the budget is spent or a
+        callback stops training. Returns self."""
+        total_timesteps, callback = self._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        callback.on_training_start(locals(), globals())
+        iteration = 0
+        while self.num_timesteps < total_timesteps:
+            if not self.collect_rollouts(callback):
+                break
+            iteration += 1
+            self._update_current_progress_remaining()
+            if log_interval is not None and iteration % log_interval == 0:
+                self._dump_logs(iteration)
+            self.train()
+        callback.on_training_end()
+        return self
+
     def _update_current_progress_remaining(self) -> None:
         span = max(self._total_timesteps - self._num_timesteps_at_start, 1)
         self._current_progress_remaining = 1.0 - float(self.num_timesteps - self._num_timesteps_at_start) / span

@@ -222,24 +222,11 @@ class POCA(BaseAgent):
         progress_bar: bool = False,
     ) -> POCA:
         """Collect group rollouts and update until ``total_timesteps`` env steps (all copies); returns self."""
-        total_timesteps, callback = self._setup_learn(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
-        )
         if reset_num_timesteps:
             self.agent_steps = 0
-        callback.on_training_start(locals(), globals())
-        iteration = 0
-        while self.num_timesteps < total_timesteps:
-            if not self.collect_rollouts(callback):
-                break
-            iteration += 1
-            self._update_current_progress_remaining()
-            if log_interval is not None and iteration % log_interval == 0:
-                self._record_group_stats()
-                self._dump_logs(iteration)
-            self.train()
-        callback.on_training_end()
-        return self
+        return self._learn_on_policy(
+            total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar
+        )
 
     def collect_rollouts(self, callback) -> bool:
         """Fill the group buffer with ``n_steps`` steps of every copy; False when a callback stops training."""
@@ -362,6 +349,10 @@ class POCA(BaseAgent):
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/clip_range", clip_range)
         self.logger.record("train/learning_rate", lr)
+
+    def _dump_logs(self, iteration: int, counter: str = "time/iterations") -> None:
+        self._record_group_stats()
+        super()._dump_logs(iteration, counter)
 
     def _record_group_stats(self) -> None:
         if self.ep_info_buffer:

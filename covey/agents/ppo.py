@@ -346,21 +346,9 @@ class PPO(BaseAgent):
         progress_bar: bool = False,
     ) -> PPO:
         """Collect rollouts and update until ``total_timesteps`` env steps (over all envs); returns self."""
-        total_timesteps, callback = self._setup_learn(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        return self._learn_on_policy(
+            total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar
         )
-        callback.on_training_start(locals(), globals())
-        iteration = 0
-        while self.num_timesteps < total_timesteps:
-            if not self.collect_rollouts(callback):
-                break
-            iteration += 1
-            self._update_current_progress_remaining()
-            if log_interval is not None and iteration % log_interval == 0:
-                self._dump_logs(iteration)
-            self.train()
-        callback.on_training_end()
-        return self
 
     def collect_rollouts(self, callback) -> bool:
         """Fill the rollout buffer with ``n_steps`` steps of every env; False when a callback stops training."""
