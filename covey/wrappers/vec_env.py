@@ -109,6 +109,8 @@ class GymnasiumVecEnv(VecEnv):
         self.venv.close()
 
     def get_attr(self, attr_name: str, indices=None) -> list[Any]:
+        if attr_name == "render_mode":  # native vector envs (e.g. CartPoleVectorEnv) keep it on themselves
+            return [getattr(self.venv, "render_mode", None) for _ in self._get_indices(indices)]
         values = self.venv.get_attr(attr_name)
         return [values[i] for i in self._get_indices(indices)]
 
