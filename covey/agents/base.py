@@ -391,8 +391,13 @@ class BaseAgent:
         raise NotImplementedError
 
     def _hyperparameters(self) -> dict[str, Any]:
-        """Constructor keyword arguments (JSON-friendly) that rebuild this agent."""
-        raise NotImplementedError
+        """Constructor keyword arguments (JSON-friendly) that rebuild this agent: its config's fields."""
+        return config_dict(self.config)
+
+    def _expose_config(self) -> None:
+        """SB3 exposes the hyperparameters as attributes (``model.n_steps``, ...); so does covey."""
+        for key, value in config_dict(self.config).items():
+            setattr(self, key, value)
 
     def get_parameters(self) -> dict[str, dict]:
         """State dicts of every network and optimizer, by name (SB3's ``get_parameters``)."""

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from stable_baselines3.common.utils import explained_variance
 
-from covey.agents.base import BaseAgent, Schedule, as_schedule, config_dict
+from covey.agents.base import BaseAgent, Schedule, as_schedule
 from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, value_loss
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
 from covey.networks.actor_critic import Actor, PolicyConfig, build_poca_networks
@@ -110,8 +110,7 @@ class POCA(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
-        for key, value in config_dict(self.config).items():
-            setattr(self, key, value)
+        self._expose_config()
         self.clip_range = as_schedule(clip_range)
         self.agent_ids: list[str] = list(self.env.agent_ids) if self.env is not None else []
         self.agent_steps = 0
@@ -139,7 +138,7 @@ class POCA(BaseAgent):
         self._last_episode_starts = np.ones(self.env.n_envs, dtype=bool)
 
     def _hyperparameters(self) -> dict[str, Any]:
-        params = config_dict(self.config)
+        params = super()._hyperparameters()
         params["n_envs"] = self.n_envs
         return params
 

@@ -10,7 +10,7 @@ import torch
 from gymnasium import spaces
 from stable_baselines3.common.utils import explained_variance
 
-from covey.agents.base import BaseAgent, Schedule, as_schedule, config_dict, require, warn_batch_size
+from covey.agents.base import BaseAgent, Schedule, as_schedule, require, warn_batch_size
 from covey.agents.recurrent import RecurrentRollout
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import Actor, Critic, PolicyConfig, build_actor_critic, memory_settings
@@ -274,9 +274,7 @@ class PPO(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
-        # SB3 exposes the hyperparameters as attributes; so does covey (read-only views of the config).
-        for key, value in config_dict(self.config).items():
-            setattr(self, key, value)
+        self._expose_config()
         self.clip_range = as_schedule(clip_range)
         self.clip_range_vf = as_schedule(clip_range_vf) if clip_range_vf is not None else None
         if _init_setup_model:
@@ -331,9 +329,6 @@ class PPO(BaseAgent):
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"optimizer": self.optimizer}
-
-    def _hyperparameters(self) -> dict[str, Any]:
-        return config_dict(self.config)
 
     # ------------------------------------------------------------------ training loop
     def learn(

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from covey.agents.base import BaseAgent, Schedule, config_dict, require
+from covey.agents.base import BaseAgent, Schedule, require
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks
 from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
@@ -238,8 +238,7 @@ class SAC(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
-        for key, value in config_dict(self.config).items():
-            setattr(self, key, value)
+        self._expose_config()
         self.replay_buffer: ReplayBuffer | None = None
         if _init_setup_model:
             self._setup_model()
@@ -341,7 +340,7 @@ class SAC(BaseAgent):
         super().set_parameters(load_path_or_dict, exact_match, device)
 
     def _hyperparameters(self) -> dict[str, Any]:
-        params = config_dict(self.config)
+        params = super()._hyperparameters()
         params["train_freq"] = list(self.config.train_freq)
         return params
 
