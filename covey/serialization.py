@@ -69,10 +69,16 @@ def _write_zip(f, settings: dict, tensor_bytes: bytes) -> None:
         zf.writestr(TENSORS_ENTRY, tensor_bytes)
 
 
-def load_model_file(
-    path: str | os.PathLike | io.BufferedIOBase, device: torch.device | str = "cpu"
-) -> tuple[dict, dict]:
-    """Read ``(settings, tensors)`` from a covey model file, with clear errors for bad files."""
+def read_settings(path: str | os.PathLike | io.BufferedIOBase) -> dict:
+    """Only the settings (``covey.json``) of a model file, e.g. to see which agent saved it."""
+    settings = _read_entries(path)[1]
+    if hasattr(path, "seek"):
+        path.seek(0)
+    return settings
+
+
+def _read_entries(path: str | os.PathLike | io.BufferedIOBase) -> tuple[str, dict, bytes]:
+    """``(name, settings, tensor bytes)`` of a model file, after checking its structure and version."""
     source: Any = path
     name = "the given file object"
     if isinstance(path, (str, os.PathLike)):
@@ -104,6 +110,14 @@ def load_model_file(
             f"{name} has model format version {version!r}; this covey reads versions up to {FORMAT_VERSION}. "
             "Upgrade covey to load it."
         )
+    return name, settings, tensor_bytes
+
+
+def load_model_file(
+    path: str | os.PathLike | io.BufferedIOBase, device: torch.device | str = "cpu"
+) -> tuple[dict, dict]:
+    """Read ``(settings, tensors)`` from a covey model file, with clear errors for bad files."""
+    name, settings, tensor_bytes = _read_entries(path)
     try:
         tensors = torch.load(io.BytesIO(tensor_bytes), map_location=device, weights_only=True)
     except pickle.UnpicklingError as err:
