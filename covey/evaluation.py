@@ -34,11 +34,16 @@ def evaluate_group(
         for i, agent in enumerate(env.possible_agents):
             env.action_space(agent).seed(seed + 1000 * episode + i)
         seen, total, length = set(env.agents), 0.0, 0
+        state, previous = None, set()  # a recurrent model's memories; agents that acted last step
         while env.agents:
             if model is None:
                 actions = {a: env.action_space(a).sample() for a in env.agents}
             else:
-                actions, _ = model.predict({a: obs[a] for a in env.agents}, deterministic=deterministic)
+                starts = {a: a not in previous for a in env.agents}  # new episode or a newly joined agent
+                actions, state = model.predict(
+                    {a: obs[a] for a in env.agents}, state=state, episode_start=starts, deterministic=deterministic
+                )
+            previous = set(env.agents)
             obs, rewards, _, _, _ = env.step(actions)
             total += float(sum(rewards.values()))
             seen |= set(env.agents)

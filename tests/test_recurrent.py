@@ -85,9 +85,10 @@ def test_old_log_probs_from_sequences_equal_the_acting_ones(collected):
             log_prob, _ = actor.evaluate_params(params, buf.actions[t])
             torch.testing.assert_close(buf.log_probs[t], log_prob, rtol=1e-5, atol=1e-6)
     # and the padded sequences start from the recorded memory of their first real step
-    rows = np.arange(len(rec.index))
-    first = rec.index[rows, rec.valid.argmax(axis=1)]
-    init = rec._initial_states(rec.actor_states, rows)
+    seq = rec.sequences
+    rows = np.arange(seq.n_sequences)
+    first = seq.index[rows, seq.valid.argmax(axis=1)]
+    init = seq.initial_states(rec.actor_states, rows)
     flat = rec.actor_states.reshape(-1, *rec.actor_states.shape[2:])
     torch.testing.assert_close(init[0][0], flat[torch.as_tensor(first)][:, 0])
 

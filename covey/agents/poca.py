@@ -12,8 +12,9 @@ from stable_baselines3.common.utils import explained_variance
 
 from covey.agents.base import BaseAgent, Schedule, as_schedule
 from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, value_loss
+from covey.agents.recurrent import GroupRecurrentRollout
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
-from covey.networks.actor_critic import Actor, PolicyConfig, build_poca_networks
+from covey.networks.actor_critic import Actor, PolicyConfig, build_poca_networks, check_state, memory_settings
 from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import obs_dtype
@@ -136,6 +137,10 @@ class POCA(BaseAgent):
     def _reset_env(self) -> None:
         self._last_obs, self._last_mask = self.env.reset()
         self._last_episode_starts = np.ones(self.env.n_envs, dtype=bool)
+        # Where an agent's trajectory starts (recurrent actors reset their memory there).
+        self._last_slot_starts = np.ones(self._last_mask.shape, dtype=bool)
+        if getattr(self, "recurrent", None) is not None:
+            self.recurrent.reset_memories(self.actor, self.critic)
 
     def _hyperparameters(self) -> dict[str, Any]:
         params = super()._hyperparameters()
@@ -174,6 +179,12 @@ class POCA(BaseAgent):
         self.rollout_buffer = GroupRolloutBuffer(
             cfg.n_steps, self.n_envs, n_slots, self.observation_space, self.action_space, self.device
         )
+        memory = memory_settings(self.policy_name, pc)
+        self.recurrent = None
+        if memory is not None:
+            self.recurrent = GroupRecurrentRollout(
+                self.actor, self.critic, cfg.n_steps, self.n_envs, n_slots, int(memory["sequence_length"])
+            )
 
     def _networks(self) -> dict[str, torch.nn.Module]:
         networks = {"actor": self.actor, "critic": self.critic}
@@ -186,15 +197,24 @@ class POCA(BaseAgent):
 
     # ------------------------------------------------------------------ acting
     def predict(self, observation: Any, state=None, episode_start=None, deterministic: bool = False):
-        """``{agent: observation}`` -> ``({agent: action}, None)`` for the agents given (a subset is fine).
+        """``{agent: observation}`` -> ``({agent: action}, state)`` for the agents given (a subset is fine).
 
         An array ``(n_slots, *obs_shape)`` or ``(n_envs, n_slots, *obs_shape)`` gives actions for every slot.
+        A recurrent policy (``"MlpLstmPolicy"`` or ``policy_kwargs=dict(memory=...)``) takes and returns
+        SB3-contrib's ``state``: one memory row per slot of the group (``(1, n_slots, hidden)`` arrays, in
+        ``model.agent_ids`` order; ``(1, n_envs * n_slots, hidden)`` for the 3-D array form; None: fresh).
+        ``episode_start`` resets memories first: a bool for all, ``{agent: bool}`` (e.g. an agent that just
+        joined), or an array over the given observations' rows. Others pass ``state`` through.
         """
         if not isinstance(observation, dict):
             obs = np.asarray(observation)
             single = tuple(self.observation_space.shape)
             if obs.ndim == len(single) + 2:  # (n_envs, n_slots, *obs_shape): flatten the two group axes
-                actions, _ = self.policy.predict(obs.reshape(-1, *single), None, None, deterministic)
+                starts = episode_start
+                if starts is not None:  # per copy (n_envs,) or per slot (n_envs, n_slots)
+                    starts = np.asarray(starts, dtype=bool)
+                    starts = np.array(np.broadcast_to(starts.reshape(len(starts), -1), obs.shape[:2])).reshape(-1)
+                actions, state = self.policy.predict(obs.reshape(-1, *single), state, starts, deterministic)
                 return actions.reshape(*obs.shape[:2], *actions.shape[1:]), state
             return self.policy.predict(obs, state, episode_start, deterministic)
         unknown = [a for a in observation if a not in self.agent_ids]
@@ -207,7 +227,24 @@ class POCA(BaseAgent):
             return {}, state
         agents = list(observation)
         batch = np.stack([np.asarray(observation[a]) for a in agents])
-        actions, _ = self.policy.predict(batch, None, None, deterministic)
+        if self.actor.memory is None:
+            actions, _ = self.policy.predict(batch, None, None, deterministic)
+            return {a: actions[i] for i, a in enumerate(agents)}, state
+        # Recurrent: each agent reads and advances its own slot's memory; the other slots keep theirs.
+        memory, n_slots = self.actor.memory, len(self.agent_ids)
+        if state is None:
+            state = tuple(np.zeros((1, n_slots, memory.hidden_size), np.float32) for _ in range(memory.n_state))
+        check_state(state, memory, n_slots)
+        slots = [self.agent_ids.index(a) for a in agents]
+        if isinstance(episode_start, dict):
+            starts = np.array([bool(episode_start.get(a, False)) for a in agents])
+        else:
+            starts = np.array(np.broadcast_to(False if episode_start is None else episode_start, (len(agents),)))
+        own = tuple(np.asarray(s)[:, slots] for s in state)
+        actions, own = self.policy.predict(batch, own, starts, deterministic)
+        state = tuple(np.array(s, dtype=np.float32) for s in state)
+        for full, new in zip(state, own):
+            full[:, slots] = new
         return {a: actions[i] for i, a in enumerate(agents)}, state
 
     # ------------------------------------------------------------------ training loop
@@ -235,10 +272,16 @@ class POCA(BaseAgent):
         callback.on_rollout_start()
         n_envs, n_slots = env.n_envs, env.n_slots
         dtype = obs_dtype(self.observation_space)
-        for _ in range(self.config.n_steps):
+        for t in range(self.config.n_steps):
             obs = torch.as_tensor(self._last_obs, dtype=dtype)  # (E, S, *obs_shape)
-            with torch.inference_mode():
-                action_tensor = actor.act(obs.reshape(n_envs * n_slots, *obs.shape[2:]))  # all slots at once
+            flat_obs = obs.reshape(n_envs * n_slots, *obs.shape[2:])  # all slots at once
+            if self.recurrent is not None:
+                action_tensor = self.recurrent.act(
+                    actor, flat_obs, self._last_episode_starts, self._last_slot_starts, t
+                )
+            else:
+                with torch.inference_mode():
+                    action_tensor = actor.act(flat_obs)
             actions = action_tensor.cpu().numpy()
             env_actions = actor.to_env_actions(actions).reshape(n_envs, n_slots, *self.action_space.shape)
             present = self._last_mask
@@ -275,7 +318,10 @@ class POCA(BaseAgent):
                 continuing_obs,
                 continuing_present,
             )
-            self._last_obs, self._last_mask = step.observations, step.mask
+            # A slot's trajectory goes on only where its agent acted in this step of the same episode: an agent
+            # that joins (or comes back after leaving) starts with a fresh memory.
+            self._last_slot_starts = ~present | dones[:, None]
+            self._last_obs, self._last_mask, self._last_episode_starts = step.observations, step.mask, dones
         last_values = self._evaluate_rollout()
         buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
         callback.update_locals(locals())
@@ -286,6 +332,17 @@ class POCA(BaseAgent):
     def _evaluate_rollout(self) -> np.ndarray:
         """Values, continuing values, baselines and old log-probs of the whole rollout in batched passes."""
         buf, critic = self.rollout_buffer, self.critic
+        if self.recurrent is not None:
+            last_values, self._value_entropy = self.recurrent.evaluate(
+                self.actor,
+                critic,
+                buf,
+                torch.as_tensor(self._last_obs, dtype=buf.observations.dtype),
+                torch.as_tensor(self._last_mask),
+                self._last_episode_starts,
+                _chunked,
+            )
+            return last_values
         obs, actions, present = buf.flat(buf.observations), buf.flat(buf.actions), buf.flat(buf.present)
         cont_obs, cont_present = buf.flat(buf.continuing_obs), buf.flat(buf.continuing_present)
         n = present.shape[0]
@@ -320,13 +377,25 @@ class POCA(BaseAgent):
         self.actor.set_training_mode(True)
         self.critic.train(True)
         history: list[dict[str, torch.Tensor]] = []
+        ema = self.critic_ema.model if self.critic_ema is not None else None
+        ema_coef = self.policy_config.critic_ema_coef
         for _ in range(cfg.n_epochs):
-            for batch in self.rollout_buffer.minibatches(cfg.batch_size):
+            if self.recurrent is not None:
+                batches = (
+                    self.recurrent.outputs(self.actor, self.critic, ema, self.rollout_buffer, rows)
+                    for rows in self.recurrent.minibatches(cfg.batch_size)
+                )
+            else:
+                batches = (
+                    poca_outputs(batch, self.actor, self.critic, ema)
+                    for batch in self.rollout_buffer.minibatches(cfg.batch_size)
+                )
+            for log_prob, entropy, raw_value, raw_baseline, ema_raw, batch in batches:
                 if not bool(batch.present.any()):
                     continue
-                ema = self.critic_ema.model if self.critic_ema is not None else None
-                loss, stats = poca_loss(
-                    batch, self.actor, self.critic, clip_range, cfg, ema, self.policy_config.critic_ema_coef
+                head = self.critic.value_head
+                loss, stats = poca_objective(
+                    log_prob, entropy, raw_value, raw_baseline, head, batch, clip_range, cfg, ema_raw, ema_coef
                 )
                 self._optimizer_step(loss, cfg.max_grad_norm)
                 history.append(stats)
@@ -370,14 +439,50 @@ def poca_loss(
     critic_ema: POCACritic | None = None,
     ema_coef: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """MA-POCA's objective on a minibatch of group-steps: ``(loss, detached stats)``.
+    """MA-POCA's objective on a minibatch of group-steps (feed-forward networks): ``(loss, detached stats)``."""
+    log_prob, entropy, raw_value, raw_baseline, ema_raw, batch = poca_outputs(batch, actor, critic, critic_ema)
+    return poca_objective(
+        log_prob, entropy, raw_value, raw_baseline, critic.value_head, batch, clip_range, cfg, ema_raw, ema_coef
+    )
+
+
+def poca_outputs(batch: GroupBatch, actor: Actor, critic: POCACritic, critic_ema: POCACritic | None = None):
+    """The feed-forward networks' outputs on a minibatch: log-probs and entropies of the present agents,
+    raw values ``(B[, K])``, raw baselines ``(B, n_slots[, K])``, the EMA critic's (or None), the batch."""
+    present = batch.present  # (B, S)
+    log_prob, entropy = actor.evaluate(batch.observations[present], batch.actions[present])
+    raw_value = critic.raw_value(batch.observations, present)
+    raw_baseline = critic.raw_baseline(batch.observations, batch.actions, present)
+    ema_raw = None
+    if critic_ema is not None:
+        with torch.no_grad():
+            ema_raw = (
+                critic_ema.raw_value(batch.observations, present),
+                critic_ema.raw_baseline(batch.observations, batch.actions, present),
+            )
+    return log_prob, entropy, raw_value, raw_baseline, ema_raw, batch
+
+
+def poca_objective(
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor,
+    raw_value: torch.Tensor,
+    raw_baseline: torch.Tensor,
+    head: torch.nn.Module,
+    batch: GroupBatch,
+    clip_range: float,
+    cfg: POCAConfig,
+    ema_raw: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ema_coef: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """MA-POCA's loss from the networks' outputs on ``B`` group-steps (shared by feed-forward and recurrent
+    training): ``(loss, detached stats)``.
 
     ``loss = policy + vf_coef * (value + baseline_coef * baseline) - ent_coef * entropy``; the value is
     trained toward every present agent's lambda-return, the baselines toward their own agent's.
+    ``log_prob``/``entropy`` are over the present agent-steps (``batch.present`` order).
     """
     present = batch.present  # (B, S)
-    obs, actions = batch.observations[present], batch.actions[present]  # (n_agent_steps, ...)
-    log_prob, entropy = actor.evaluate(obs, actions)
     advantages = batch.advantages[present]
     if cfg.normalize_advantage and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -385,10 +490,11 @@ def poca_loss(
         log_prob, batch.old_log_prob[present], advantages, clip_range
     )
     returns = batch.returns[present]
-    head = critic.value_head
-    raw_value = critic.raw_value(batch.observations, present)  # (B[, K])
-    raw_value = raw_value[:, None].expand(-1, present.shape[1], *raw_value.shape[1:])[present]
-    raw_baseline = critic.raw_baseline(batch.observations, batch.actions, present)[present]
+
+    def per_agent(raw: torch.Tensor) -> torch.Tensor:  # the group's value, once per present agent
+        return raw[:, None].expand(-1, present.shape[1], *raw.shape[1:])[present]
+
+    raw_value, raw_baseline = per_agent(raw_value), raw_baseline[present]
     if head.distributional:
         v_loss = head.loss(raw_value, returns).mean()
         b_loss = head.loss(raw_baseline, returns).mean()
@@ -398,12 +504,9 @@ def poca_loss(
         b_loss = value_loss(raw_baseline, batch.old_baselines[present], returns, clip_range)
     entropy_mean = entropy.mean()
     stats = {}
-    if critic_ema is not None:
+    if ema_raw is not None:
         # The EMA copy pulls both of the critic's answers toward its own (it is never used for targets).
-        with torch.no_grad():
-            ema_value = critic_ema.raw_value(batch.observations, present)
-            ema_value = ema_value[:, None].expand(-1, present.shape[1], *ema_value.shape[1:])[present]
-            ema_baseline = critic_ema.raw_baseline(batch.observations, batch.actions, present)[present]
+        ema_value, ema_baseline = per_agent(ema_raw[0]), ema_raw[1][present]
         ema_loss = ema_regularizer(raw_value, ema_value, head) + ema_regularizer(raw_baseline, ema_baseline, head)
         stats["critic_ema_loss"] = ema_loss.detach()
         v_loss = v_loss + ema_coef * ema_loss
@@ -418,3 +521,9 @@ def poca_loss(
         "loss": loss.detach(),
     }
     return loss, stats
+
+
+def _chunked(fn, *tensors: torch.Tensor) -> torch.Tensor:
+    """``fn`` over the first axis of ``tensors`` in chunks (bounded memory for the attention), concatenated."""
+    n = tensors[0].shape[0]
+    return torch.cat([fn(*(x[s : s + _EVAL_CHUNK] for x in tensors)) for s in range(0, n, _EVAL_CHUNK)])

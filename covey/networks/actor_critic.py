@@ -174,9 +174,12 @@ class Actor(nn.Module):
         latent, state = self.memory.encode_step(self.encoder, obs, state, episode_starts)
         return self.head(self.trunk(latent)), state
 
-    def forward_sequences(self, obs: torch.Tensor, state: State, valid: torch.Tensor) -> torch.Tensor:
-        """Distribution parameters ``(S, L, n_params)`` for observations ``(S, L, ...)`` from ``state``."""
-        return self.head(self.trunk(self.memory.encode_sequences(self.encoder, obs, state, valid)))
+    def forward_sequences(
+        self, obs: torch.Tensor, state: State, valid: torch.Tensor, resets: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Distribution parameters ``(S, L, n_params)`` for observations ``(S, L, ...)`` from ``state``
+        (``resets`` ``(S, L)``: where a new trajectory starts inside a sequence, see :meth:`Memory.sequences`)."""
+        return self.head(self.trunk(self.memory.encode_sequences(self.encoder, obs, state, valid, resets)))
 
     def evaluate_params(self, params: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities and entropies from distribution parameters."""
@@ -230,7 +233,7 @@ class Actor(nn.Module):
         if state is None:
             state_t = self.memory.initial_state(batch, self.device)
         else:
-            _check_state(state, self.memory, batch)
+            check_state(state, self.memory, batch)
             state_t = tuple(torch.as_tensor(np.asarray(s), dtype=torch.float32, device=self.device) for s in state)
         starts = np.zeros(batch, dtype=bool) if episode_start is None else np.asarray(episode_start, dtype=bool)
         if starts.shape != (batch,):
@@ -243,7 +246,7 @@ class Actor(nn.Module):
         return (actions if batched else actions.squeeze(axis=0)), new_state
 
 
-def _check_state(state, memory: Memory, batch: int) -> None:
+def check_state(state, memory: Memory, batch: int) -> None:
     expected = (1, batch, memory.hidden_size)
     if not isinstance(state, (tuple, list)) or len(state) != memory.n_state:
         raise ValueError(
@@ -514,7 +517,17 @@ def build_poca_networks(
     kind = policy_kind(policy, observation_space)
     encoder = _encoder_factory(kind, observation_space, config)
     arch = parse_net_arch(config.net_arch, ("pi", "vf"), [128, 128])
-    actor = Actor(observation_space, action_space, encoder(), arch["pi"], config.activation_fn, config.log_std_init)
+    memory = memory_settings(policy, config)  # the actor's memory per agent, the critic's per group
+    actor_encoder = encoder()
+    actor = Actor(
+        observation_space,
+        action_space,
+        actor_encoder,
+        arch["pi"],
+        config.activation_fn,
+        config.log_std_init,
+        memory=_memory(actor_encoder, memory),
+    )
     if config.ortho_init:
         _ortho_init(actor.trunk, math.sqrt(2))
         _ortho_init(actor.head.proj, 0.01)
@@ -522,5 +535,8 @@ def build_poca_networks(
     def value_head(width: int) -> nn.Module:
         return make_value_head(width, 1, config.value_head, config.num_buckets, config.bucket_range)
 
-    critic = POCACritic(encoder(), action_space, value_head, attention_width, arch["vf"], n_heads, config.activation_fn)
+    critic_memory = None if memory is None else Memory(attention_width, int(memory["hidden_size"]), memory["kind"])
+    critic = POCACritic(
+        encoder(), action_space, value_head, attention_width, arch["vf"], n_heads, config.activation_fn, critic_memory
+    )
     return actor, critic

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from gymnasium import spaces
 from torch import nn
 
+from covey.networks.memory import Memory, State
 from covey.networks.mlp import mlp
 
 
@@ -100,6 +101,10 @@ class POCACritic(nn.Module):
 
     Observations are ``(B, n_slots, *obs_shape)``, actions ``(B, n_slots, *action_shape)``, ``present``
     ``(B, n_slots)`` booleans. ``raw_value``/``raw_baseline`` give the value head's raw outputs.
+
+    With ``memory`` the critic is recurrent after pooling: the value path advances the group's memory
+    (one per env copy) and the baselines read the same memory without advancing it
+    (:meth:`raw_sequences`; step by step through :meth:`pooled_value`, :meth:`read` and :meth:`head`).
     """
 
     def __init__(
@@ -111,6 +116,7 @@ class POCACritic(nn.Module):
         hidden: list[int] | None = None,
         n_heads: int = 4,
         activation: type[nn.Module] = nn.ReLU,
+        memory: Memory | None = None,
     ) -> None:
         super().__init__()
         self.encoder = encoder
@@ -120,7 +126,9 @@ class POCACritic(nn.Module):
             nn.Linear(encoder.out_dim + action_features_dim(action_space), width), activation()
         )
         self.attention = ResidualSelfAttention(width, n_heads)
-        self.trunk = mlp(width, [width, width] if hidden is None else hidden, activation)
+        self.memory = memory
+        trunk_in = width if memory is None else memory.out_dim
+        self.trunk = mlp(trunk_in, [width, width] if hidden is None else hidden, activation)
         self.value_head = value_head_fn(self.trunk.out_dim)
 
     def _encode(self, obs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
@@ -130,12 +138,18 @@ class POCACritic(nn.Module):
         return self.encoder(obs.reshape(b * n, *obs.shape[2:])).reshape(b, n, -1)  # (B, n_slots, enc)
 
     def _pool(self, entities: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
-        return self.value_head(self.trunk(masked_mean(self.attention(entities, present), present)))
+        return masked_mean(self.attention(entities, present), present)
 
-    def raw_value(self, obs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        """Pooled features (or memory outputs) to the value head's raw output."""
+        return self.value_head(self.trunk(features))
+
+    def pooled_value(self, obs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """The group's pooled features for the value, ``(B, width)``."""
         return self._pool(self.obs_embedding(self._encode(obs, present)), present)
 
-    def raw_baseline(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    def pooled_baseline(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """Every agent's pooled features for its baseline, ``(B, n_slots, width)``."""
         b, n = present.shape
         encoded = self._encode(obs, present)  # (B, n, enc)
         acts = action_features(actions, self.action_space)  # (B, n, A)
@@ -144,11 +158,53 @@ class POCACritic(nn.Module):
         mates = self.obs_action_embedding(torch.cat([encoded, acts], dim=-1))  # (B, n, h)
         eye = torch.eye(n, dtype=torch.bool, device=present.device)  # (n_i, n_j): entity j of agent i's view
         entities = torch.where(eye[None, :, :, None], own[:, None], mates[:, None])  # (B, n_i, n_j, h)
-        raw = self._pool(entities.reshape(b * n, n, -1), present.repeat_interleave(n, dim=0))
-        return raw.reshape(b, n, *raw.shape[1:])  # (B, n_slots[, K])
+        pooled = self._pool(entities.reshape(b * n, n, -1), present.repeat_interleave(n, dim=0))
+        return pooled.reshape(b, n, -1)
+
+    def read(self, features: torch.Tensor, state: State) -> torch.Tensor:
+        """Recurrent critics: the raw output for pooled ``features`` ``(B, width)`` or ``(B, n, width)``
+        from the memory ``state`` (each ``(1, B, hidden)``), without advancing the memory."""
+        if features.dim() == 3:  # every agent's baseline reads its group's memory
+            n = features.shape[1]
+            state = tuple(s.repeat_interleave(n, dim=1) for s in state)
+            out = self.memory.read(features.reshape(-1, features.shape[-1]), state)
+            raw = self.head(out)
+            return raw.reshape(features.shape[0], n, *raw.shape[1:])
+        return self.head(self.memory.read(features, state))
+
+    def raw_sequences(
+        self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor, state: State, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Recurrent critics on sequences of group-steps ``(S, L, n_slots, ...)`` from ``state`` (one memory
+        per sequence): raw values ``(S, L[, K])`` (the value path advances the memory) and raw baselines
+        ``(S, L, n_slots[, K])`` (each reads the memory its step started from)."""
+        s, length, n = present.shape
+
+        def flat(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(s * length, *x.shape[2:])
+
+        # Absent slots and padding steps: an all-absent step pools to zeros and is masked out of the losses.
+        pooled_value = self.pooled_value(flat(obs), flat(present)).reshape(s, length, -1)
+        pooled_baseline = self.pooled_baseline(flat(obs), flat(actions), flat(present))
+        started, finished = self.memory.run(pooled_value, state, valid)
+        raw_value = self.head(finished[0])
+        raw_baseline = self.read(pooled_baseline, tuple(flat(x)[None] for x in started))
+        return raw_value, raw_baseline.reshape(s, length, *raw_baseline.shape[1:])
+
+    def raw_value(self, obs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        self._no_memory("raw_value")
+        return self.head(self.pooled_value(obs, present))
+
+    def raw_baseline(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        self._no_memory("raw_baseline")
+        return self.head(self.pooled_baseline(obs, actions, present))  # (B, n_slots[, K])
 
     def value(self, obs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         return self.value_head.value(self.raw_value(obs, present))
 
     def baseline(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         return self.value_head.value(self.raw_baseline(obs, actions, present))
+
+    def _no_memory(self, name: str) -> None:
+        if self.memory is not None:
+            raise RuntimeError(f"POCACritic.{name} has no memory state; a recurrent critic runs raw_sequences.")

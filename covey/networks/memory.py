@@ -53,20 +53,50 @@ class Memory(nn.Module):
         return self.step(encoder(obs), state, episode_starts)
 
     def encode_sequences(
-        self, encoder: nn.Module, obs: torch.Tensor, state: State, valid: torch.Tensor
+        self,
+        encoder: nn.Module,
+        obs: torch.Tensor,
+        state: State,
+        valid: torch.Tensor,
+        resets: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``encoder`` on observations ``(S, L, ...)`` then the memory over the sequences: ``(S, L, hidden)``."""
         s, length = valid.shape
         features = encoder(obs.reshape(s * length, *obs.shape[2:])).reshape(s, length, -1)
-        return self.sequences(features, state, valid)
+        return self.sequences(features, state, valid, resets)
 
-    def sequences(self, x: torch.Tensor, state: State, valid: torch.Tensor) -> torch.Tensor:
+    def read(self, x: torch.Tensor, state: State) -> torch.Tensor:
+        """The output ``(B, hidden)`` of one step from ``state`` without keeping the new state: for a head
+        that reads the memory another input drives (MA-POCA's baselines read the value path's memory)."""
+        return self._cell(x, state)[0][0]
+
+    def sequences(
+        self, x: torch.Tensor, state: State, valid: torch.Tensor, resets: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Run ``x`` ``(S, L, in_dim)`` from ``state`` (one per sequence); padding steps (``valid`` False)
-        keep the state as it is. Returns the outputs ``(S, L, hidden)`` (meaningless on padding)."""
-        outputs = []
+        keep the state as it is; ``resets`` ``(S, L)`` (optional) zeroes the state before the steps where a
+        new trajectory starts inside a sequence. Returns the outputs ``(S, L, hidden)`` (meaningless on
+        padding)."""
+        return self.run(x, state, valid, resets)[1][0]
+
+    def run(
+        self, x: torch.Tensor, state: State, valid: torch.Tensor, resets: torch.Tensor | None = None
+    ) -> tuple[State, State]:
+        """:meth:`sequences` keeping every state: ``(started, finished)``, each a tuple of ``(S, L, hidden)``
+        tensors: the state each step started from (after its reset) and the state after it (its output
+        is ``finished[0]``)."""
+        started, finished = [], []
         for t in range(x.shape[1]):
+            if resets is not None:
+                keep = (~resets[:, t]).to(x.dtype).view(1, -1, 1)
+                state = tuple(s * keep for s in state)
+            started.append(state)
             new = self._cell(x[:, t], state)
             keep = valid[:, t].view(1, -1, 1)
             state = tuple(torch.where(keep, n, s) for n, s in zip(new, state))
-            outputs.append(state[0][0])
-        return torch.stack(outputs, dim=1)  # (S, L, hidden)
+            finished.append(state)
+
+        def stack(states: list[State]) -> State:
+            return tuple(torch.stack([s[i][0] for s in states], dim=1) for i in range(self.n_state))
+
+        return stack(started), stack(finished)
