@@ -1,0 +1,406 @@
+"""ONNX export of a trained actor: the policy alone (the critic is training machinery), as a graph that maps
+raw observations to the deterministic env action exactly as ``model.predict(obs, deterministic=True)``
+returns it.
+
+The graph is the actor's own modules (encoder, memory, trunk, action head) composed in a small wrapper, so
+it takes the same path as ``predict``: discrete actions are the argmax (plus the space's ``start``),
+MultiBinary bits are thresholded at probability 0.5, PPO's Gaussian mean is clipped to the action bounds,
+SAC's squashed mean is rescaled from [-1, 1] to the bounds.
+
+Graph inputs (batch dimension dynamic):
+
+- Box observations: ``float32`` (``uint8`` for uint8 images, scaled inside the graph as covey's encoder does);
+  Discrete and MultiDiscrete: ``int64``; MultiBinary: ``int8`` (the dtypes the env gives, or float32 for Box);
+- a Dict observation: one input per key, named after the key;
+- recurrent actors also take ``state_h`` (and ``state_c`` for an LSTM), each ``(1, batch, hidden)``, and
+  ``episode_start`` (``bool``, ``(batch,)``), and return ``next_state_h`` (and ``next_state_c``), the
+  state ``predict(obs, state, episode_start)`` returns.
+
+The output is ``action``: ``int64`` for Discrete and MultiDiscrete, ``float32`` otherwise, shaped
+``(batch, *action_space.shape)``.
+
+>>> from covey import PPO
+>>> from covey.export import export_onnx
+>>> model = PPO("MlpPolicy", "CartPole-v1").learn(2048)  # doctest: +SKIP
+>>> export_onnx(model, "cartpole.onnx")["verified"]  # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+import os
+import pathlib
+import tempfile
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from covey.version import __version__
+
+OPSET = 18
+"""ONNX opset of exported graphs: the one torch's torch.export-based exporter implements its operators in
+(others go through ONNX's version converter); onnxruntime reads it from version 1.14 on."""
+
+CONTINUOUS_ATOL = 1e-5
+"""Largest difference between the ONNX graph's and ``predict``'s continuous actions (and memory states)
+that verification accepts."""
+
+_INSTALL_HINT = 'pip install "covey[export]"'
+
+
+def _require(module: str, purpose: str) -> Any:
+    try:
+        return __import__(module)
+    except ImportError as err:
+        raise ImportError(f"{purpose} needs the {module!r} package, which is not installed: {_INSTALL_HINT}") from err
+
+
+def _input_dtype(space: spaces.Space) -> np.dtype:
+    """The dtype a graph input takes for observations of ``space`` (what the env gives, float32 for Box)."""
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        return np.dtype(np.int64)
+    if isinstance(space, spaces.MultiBinary):
+        return np.dtype(np.int8)
+    if isinstance(space, spaces.Box) and space.dtype == np.uint8:
+        return np.dtype(np.uint8)
+    return np.dtype(np.float32)
+
+
+def _input_shape(space: spaces.Space) -> tuple[int, ...]:
+    return tuple(int(d) for d in space.shape) if space.shape is not None else ()
+
+
+class ExportedActor(nn.Module):
+    """An actor's deterministic ``predict`` as one traceable module: raw observation tensors (and, for a
+    recurrent actor, the memory and episode starts) to env actions (and the next memory).
+
+    Observation tensors come positionally: one for a plain space, one per key (in the space's key order)
+    for a Dict space. Used by :func:`export_onnx`; it holds the actor's modules, not copies.
+    """
+
+    def __init__(self, actor: nn.Module) -> None:
+        super().__init__()
+        self.actor = actor
+        space = actor.observation_space
+        self.keys: list[str] | None = list(space.spaces) if isinstance(space, spaces.Dict) else None
+        self.action_shape = tuple(int(d) for d in actor.action_space.shape or ())
+        self.recurrent = actor.memory is not None
+        self.n_state = actor.memory.n_state if self.recurrent else 0
+        action_space = actor.action_space
+        # Box actions: SAC's squashed actions are rescaled to the bounds, PPO's Gaussian mean is clipped to them
+        # (np.clip against infinite bounds is the identity, so only finite bounds are applied).
+        self.rescale = bool(actor.squashed)
+        self.clip = isinstance(action_space, spaces.Box) and not actor.squashed
+        if isinstance(action_space, spaces.Box):
+            low = np.asarray(action_space.low, dtype=np.float32).reshape(-1)
+            high = np.asarray(action_space.high, dtype=np.float32).reshape(-1)
+            self.clip_low = self.clip and bool(np.isfinite(low).any())
+            self.clip_high = self.clip and bool(np.isfinite(high).any())
+            self.register_buffer("low", torch.as_tensor(low), persistent=False)
+            self.register_buffer("high", torch.as_tensor(high), persistent=False)
+
+    @property
+    def n_obs_inputs(self) -> int:
+        return len(self.keys) if self.keys is not None else 1
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        n_obs = self.n_obs_inputs
+        obs = dict(zip(self.keys, inputs[:n_obs])) if self.keys is not None else inputs[0]
+        if self.recurrent:
+            state = tuple(inputs[n_obs : n_obs + self.n_state])
+            episode_start = inputs[n_obs + self.n_state]
+            params, next_state = self.actor.forward_step(obs, state, episode_start)
+        else:
+            params, next_state = self.actor(obs), ()
+        action = self.actor.head.sample(params, deterministic=True)
+        action = self._to_env_actions(action)
+        return (action, *next_state) if self.recurrent else action
+
+    def _to_env_actions(self, action: torch.Tensor) -> torch.Tensor:
+        """``Actor.to_env_actions`` in torch: the same arithmetic in the same order, on float32."""
+        if self.rescale:
+            action = self.low + 0.5 * (action + 1.0) * (self.high - self.low)
+        elif self.clip:
+            if self.clip_low:
+                action = torch.maximum(action, self.low)
+            if self.clip_high:
+                action = torch.minimum(action, self.high)
+        return action.reshape(-1, *self.action_shape)  # (B, *action_space.shape)
+
+
+def _names(actor: nn.Module) -> tuple[list[str], list[str]]:
+    """Graph input and output names."""
+    space = actor.observation_space
+    inputs = list(space.spaces) if isinstance(space, spaces.Dict) else ["obs"]
+    outputs = ["action"]
+    if actor.memory is not None:
+        suffixes = ["h", "c"][: actor.memory.n_state]
+        inputs += [f"state_{s}" for s in suffixes] + ["episode_start"]
+        outputs += [f"next_state_{s}" for s in suffixes]
+    return inputs, outputs
+
+
+def _obs_spaces(space: spaces.Space) -> list[spaces.Space]:
+    return list(space.spaces.values()) if isinstance(space, spaces.Dict) else [space]
+
+
+def _example_inputs(actor: nn.Module, batch: int) -> tuple[torch.Tensor, ...]:
+    """Zeros of the graph's input shapes and dtypes (batch > 1: torch.export specializes sizes 0 and 1)."""
+    args = [
+        torch.from_numpy(np.zeros((batch, *_input_shape(s)), dtype=_input_dtype(s)))
+        for s in _obs_spaces(actor.observation_space)
+    ]
+    if actor.memory is not None:
+        args += [torch.zeros(1, batch, actor.memory.hidden_size) for _ in range(actor.memory.n_state)]
+        args.append(torch.zeros(batch, dtype=torch.bool))
+    return tuple(args)
+
+
+def _dynamic_shapes(actor: nn.Module) -> tuple[dict[int, Any], ...]:
+    batch = torch.export.Dim("batch")
+    shapes: list[dict[int, Any]] = [{0: batch} for _ in _obs_spaces(actor.observation_space)]
+    if actor.memory is not None:
+        shapes += [{1: batch} for _ in range(actor.memory.n_state)]  # (1, batch, hidden)
+        shapes.append({0: batch})
+    # The module takes its inputs as *args, which torch.export describes as one tuple.
+    return (tuple(shapes),)
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """Keep the exporter's notices (missing optional packages, deprecations) off the user's terminal."""
+    onnx_logger = logging.getLogger("torch.onnx")
+    level = onnx_logger.level
+    onnx_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        onnx_logger.setLevel(level)
+
+
+def _export_bytes(wrapper: ExportedActor, actor: nn.Module) -> bytes:
+    """The ONNX model (weights embedded) as bytes, from torch's torch.export-based exporter."""
+    input_names, output_names = _names(actor)
+    try:
+        with _quiet_exporter():
+            program = torch.onnx.export(
+                wrapper,
+                _example_inputs(actor, batch=3),
+                f=None,
+                dynamo=True,
+                input_names=input_names,
+                output_names=output_names,
+                opset_version=OPSET,
+                dynamic_shapes=_dynamic_shapes(actor),
+                external_data=False,
+                verbose=False,
+            )
+    except Exception as err:  # the exporter raises many kinds; all mean the same to the user
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RuntimeError(
+            f"torch.onnx.export could not export this actor ({type(actor.encoder).__name__} encoder, "
+            f"{type(actor.head).__name__} action head): {first}"
+        ) from err
+    return program.model_proto.SerializeToString()
+
+
+def _add_metadata(onnx_bytes: bytes, agent: Any) -> bytes:
+    """Record where the graph came from and what its inputs mean (ONNX ``metadata_props``)."""
+    import onnx
+
+    from covey import serialization
+
+    proto = onnx.load_from_string(onnx_bytes)
+    onnx.checker.check_model(proto)
+    meta = {
+        "covey_version": __version__,
+        "covey_agent": getattr(agent, "agent_name", type(agent).__name__),
+        "observation_space": json.dumps(serialization.space_to_json(agent.observation_space)),
+        "action_space": json.dumps(serialization.space_to_json(agent.action_space)),
+        "output": "deterministic env action, as model.predict(obs, deterministic=True) returns it",
+    }
+    for key, value in meta.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    proto.producer_name = "covey"
+    return proto.SerializeToString()
+
+
+def _resolve_agent(model: Any) -> Any:
+    from covey.agents.base import BaseAgent
+
+    if isinstance(model, BaseAgent):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        path = pathlib.Path(model)
+        if path.is_dir():
+            raise IsADirectoryError(
+                f"{str(path)!r} is a folder, not a covey model file; pass the model's .zip (written by model.save)."
+            )
+        from covey.agents import load
+
+        # Missing files and files that are not covey models raise FileNotFoundError / ModelFileError here.
+        return load(path, device="cpu")
+    raise TypeError(
+        f"export_onnx needs a covey agent (PPO, SAC or POCA) or the path of a covey model file, got "
+        f"{type(model).__name__}. Stable-Baselines3 models are not covey agents: train or load the model with covey."
+    )
+
+
+def _sample_observations(space: spaces.Space, n: int, seed: int = 0) -> np.ndarray | dict[str, np.ndarray]:
+    """``n`` observations drawn from ``space`` (seeded) as one batch, in the dtypes of the graph's inputs."""
+    if isinstance(space, spaces.Dict):
+        return {
+            key: _sample_observations(sub, n, seed + 7919 * (i + 1))
+            for i, (key, sub) in enumerate(space.spaces.items())
+        }
+    sampler = copy.deepcopy(space)
+    sampler.seed(int(seed))
+    batch = np.stack([np.asarray(sampler.sample()) for _ in range(n)])
+    return batch.astype(_input_dtype(space), copy=False)
+
+
+def _as_feed(obs: np.ndarray | dict[str, np.ndarray], input_names: list[str]) -> dict[str, np.ndarray]:
+    return dict(obs) if isinstance(obs, dict) else {input_names[0]: obs}
+
+
+def _compare(expected: np.ndarray, got: np.ndarray, discrete: bool) -> tuple[bool, float]:
+    """(match, max abs difference) of two action batches; discrete actions must be equal."""
+    expected = np.asarray(expected)
+    got = np.asarray(got)
+    if expected.shape != got.shape:
+        return False, float("inf")
+    expected, got = expected.astype(np.float64), got.astype(np.float64)
+    both_nan = np.isnan(expected) & np.isnan(got)  # an overflowing network gives NaN in both: that is agreement
+    if expected.size == 0 or both_nan.all():
+        return True, 0.0
+    diff = float(np.max(np.abs(expected[~both_nan] - got[~both_nan])))
+    if math.isnan(diff):
+        return False, math.inf
+    return (diff == 0.0 if discrete else diff <= CONTINUOUS_ATOL), diff
+
+
+def _verify(agent: Any, cpu_actor: nn.Module, file: str, n_samples: int, seed: int) -> tuple[bool, float]:
+    """Run the file with onnxruntime on sampled observations and compare with ``agent.predict``.
+
+    An agent on another device is compared through the CPU copy of its actor (what ``agent.predict`` runs
+    for a batch of observations): the graph computes on the CPU in float32, while GPU kernels (TF32
+    convolutions, other summation orders) differ from the CPU by more than the tolerance on their own.
+    """
+    ort = _require("onnxruntime", "Verifying an ONNX export")
+    session = ort.InferenceSession(file, providers=["CPUExecutionProvider"])
+    actor = cpu_actor
+    if torch.device(getattr(agent, "device", "cpu")).type != "cpu":
+        agent = cpu_actor
+    input_names, _ = _names(actor)
+    action_space = actor.action_space
+    discrete = isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
+    rng = np.random.default_rng(seed)
+    obs = _sample_observations(actor.observation_space, n_samples, seed)
+    if actor.memory is None:
+        expected, _ = agent.predict(obs, deterministic=True)
+        (got,) = session.run(None, _as_feed(obs, input_names))
+        return _compare(expected, got, discrete)
+    # A recurrent actor: two steps, the second from the state the first returned, with some memories reset.
+    ok, worst = True, 0.0
+    state = tuple(np.zeros((1, n_samples, actor.memory.hidden_size), np.float32) for _ in range(actor.memory.n_state))
+    for step in range(2):
+        obs_t = obs if step == 0 else _sample_observations(actor.observation_space, n_samples, seed + 1)
+        starts = rng.random(n_samples) < 0.3
+        expected, expected_state = agent.predict(obs_t, state=state, episode_start=starts, deterministic=True)
+        feed = _as_feed(obs_t, input_names)
+        feed.update(zip(input_names[-actor.memory.n_state - 1 : -1], state))
+        feed["episode_start"] = starts
+        got, *got_state = session.run(None, feed)
+        match, diff = _compare(expected, got, discrete)
+        ok, worst = ok and match, max(worst, diff)
+        for e, g in zip(expected_state, got_state):
+            match, diff = _compare(e, g, discrete=False)
+            ok, worst = ok and match, max(worst, diff)
+        state = expected_state
+    return ok, worst
+
+
+def export_onnx(
+    model: Any,
+    path: str | os.PathLike,
+    verify: bool = True,
+    n_samples: int = 64,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Export a covey agent's actor to an ONNX file that computes ``predict(obs, deterministic=True)``.
+
+    :param model: a covey agent (PPO, SAC or POCA) or the path of a covey model file.
+        For POCA the graph is the group's shared actor and takes one agent's observation per row.
+    :param path: the ``.onnx`` file to write (suffix added when missing), written atomically.
+    :param verify: run the file with onnxruntime on ``n_samples`` observations sampled from the observation
+        space and compare with ``model.predict(..., deterministic=True)``: discrete actions must be equal,
+        continuous ones within ``1e-5``. A mismatch warns and returns ``verified=False``.
+    :param n_samples: observations used for verification.
+    :param seed: seed of the sampled observations.
+    :return: ``{"path", "verified", "max_abs_diff", "n_samples", "inputs", "outputs"}``.
+    """
+    _require("onnx", "ONNX export")
+    _require("onnxscript", "ONNX export")
+    if verify:
+        _require("onnxruntime", "Verifying an ONNX export")
+    if not isinstance(n_samples, (int, np.integer)) or isinstance(n_samples, bool) or n_samples < 1:
+        raise ValueError(f"n_samples={n_samples!r} is invalid: it must be a positive integer.")
+    agent = _resolve_agent(model)
+    policy = getattr(agent, "policy", None)
+    if policy is None:
+        raise ValueError(
+            f"This {type(agent).__name__} has no networks yet (it was built without an env); "
+            "build it with an env or load a saved model."
+        )
+    target = pathlib.Path(path)
+    if target.is_dir():
+        raise IsADirectoryError(f"{str(target)!r} is a folder; pass the path of the .onnx file to write.")
+    if target.suffix == "":
+        target = target.with_suffix(".onnx")
+
+    # Export a CPU copy in eval mode: the agent the caller holds is left exactly as it was.
+    actor = copy.deepcopy(policy).cpu().eval()
+    onnx_bytes = _add_metadata(_export_bytes(ExportedActor(actor), actor), agent)
+    input_names, output_names = _names(actor)
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(onnx_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+        verified, max_abs_diff = _verify(agent, actor, tmp, int(n_samples), seed) if verify else (False, float("nan"))
+        os.replace(tmp, target)
+    except BaseException:
+        # A failed export or verification crash leaves any previous file as it was.
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    if verify and not verified:
+        warnings.warn(
+            f"The ONNX export at {target} does not reproduce model.predict(deterministic=True) on {n_samples} "
+            f"sampled observations (max abs difference {max_abs_diff:.3g}); check the file before using it.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return {
+        "path": str(target),
+        "verified": bool(verified),
+        "max_abs_diff": float(max_abs_diff),
+        "n_samples": int(n_samples),
+        "inputs": input_names,
+        "outputs": output_names,
+    }
