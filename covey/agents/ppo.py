@@ -7,7 +7,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from gymnasium import spaces
 from stable_baselines3.common.utils import explained_variance
 
 from covey.agents.base import BaseAgent, Schedule, as_schedule, require, warn_batch_size
@@ -315,8 +314,6 @@ class PPO(BaseAgent):
         memory = memory_settings(self.policy_name, pc)
         self.recurrent: RecurrentRollout | None = None
         if memory is not None:
-            if isinstance(self.observation_space, spaces.Dict):
-                raise NotImplementedError("Recurrent memory with Dict observations is not supported yet.")
             self.recurrent = RecurrentRollout(
                 self.actor, self.critic, cfg.n_steps, self.n_envs, int(memory["sequence_length"])
             )

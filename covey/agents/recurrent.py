@@ -166,9 +166,13 @@ class Sequences:
     def valid_tensor(self, rows: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(self.valid[rows])  # (S, L)
 
-    def gather(self, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
-        """``x`` flat over the rollout ``(T * N, ...)`` -> ``(S, L, ...)``; padding reads step 0 (masked)."""
-        return x[torch.as_tensor(np.maximum(self.index[rows], 0))]
+    def gather(self, x, rows: np.ndarray):
+        """``x`` flat over the rollout ``(T * N, ...)`` (or a dict of such) -> ``(S, L, ...)``; padding reads
+        step 0 (masked)."""
+        idx = torch.as_tensor(np.maximum(self.index[rows], 0))
+        if isinstance(x, dict):
+            return {k: v[idx] for k, v in x.items()}
+        return x[idx]
 
     def flat_index(self, rows: np.ndarray) -> torch.Tensor:
         """Positions in the flat rollout of the real steps of sequences ``rows``, in sequence order."""

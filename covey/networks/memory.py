@@ -60,9 +60,15 @@ class Memory(nn.Module):
         valid: torch.Tensor,
         resets: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``encoder`` on observations ``(S, L, ...)`` then the memory over the sequences: ``(S, L, hidden)``."""
+        """``encoder`` on observations ``(S, L, ...)`` (or a dict of such) then the memory over the sequences:
+        ``(S, L, hidden)``."""
         s, length = valid.shape
-        features = encoder(obs.reshape(s * length, *obs.shape[2:])).reshape(s, length, -1)
+
+        def merge(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(s * length, *x.shape[2:])
+
+        flat = {k: merge(v) for k, v in obs.items()} if isinstance(obs, dict) else merge(obs)
+        features = encoder(flat).reshape(s, length, -1)
         return self.sequences(features, state, valid, resets)
 
     def read(self, x: torch.Tensor, state: State) -> torch.Tensor:
