@@ -20,6 +20,8 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
         ("poca_simple_spread.py", []),
         ("poca_multiwalker.py", []),
         ("poca_kaz.py", []),
+        ("ppo_lstm_memory.py", []),
+        ("ppo_lstm_memory.py", ["--feed-forward"]),
     ],
 )
 def test_example_runs(script, extra, tmp_path):
