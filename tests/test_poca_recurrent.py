@@ -225,3 +225,30 @@ def test_evaluate_group_carries_the_memory():
     assert calls[0][0] is None and all(calls[0][1].values())
     assert calls[1][0] is not None and not any(calls[1][1].values())
     assert all(calls[3][1].values())  # the second episode starts fresh
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_fused_sequences_equal_stepping_with_front_padding(kind):
+    """The fused path (front padding, a reset only at a sequence's first real step) gives the step-by-step
+    outputs and gradients on every real step; a reset later in a sequence or a gap takes the step-by-step path."""
+    torch.manual_seed(1)
+    memory = Memory(4, 6, kind)
+    x = torch.randn(4, 5, 4, requires_grad=True)
+    valid = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    resets = torch.zeros(4, 5, dtype=torch.bool)
+    resets[1, 2] = resets[0, 0] = True  # at the first real step
+    state = tuple(torch.randn(1, 4, 6) for _ in range(memory.n_state))
+    fused = memory.sequences(x, state, valid, resets)
+    stepped = memory.run(x, state, valid, resets)[1][0]
+    torch.testing.assert_close(fused[valid], stepped[valid])
+    (g_fused,) = torch.autograd.grad(fused[valid].square().sum(), x)
+    (g_stepped,) = torch.autograd.grad(stepped[valid].square().sum(), x)
+    torch.testing.assert_close(g_fused, g_stepped)
+    # a reset in the middle of a sequence: still exact (it runs step by step)
+    resets[0, 3] = True
+    torch.testing.assert_close(
+        memory.sequences(x, state, valid, resets)[valid], memory.run(x, state, valid, resets)[1][0][valid]
+    )
+    gap = valid.clone()
+    gap[0, 2] = False
+    torch.testing.assert_close(memory.sequences(x, state, gap)[gap], memory.run(x, state, gap)[1][0][gap])

@@ -82,8 +82,29 @@ class Memory(nn.Module):
         """Run ``x`` ``(S, L, in_dim)`` from ``state`` (one per sequence); padding steps (``valid`` False)
         keep the state as it is; ``resets`` ``(S, L)`` (optional) zeroes the state before the steps where a
         new trajectory starts inside a sequence. Returns the outputs ``(S, L, hidden)`` (meaningless on
-        padding)."""
-        return self.run(x, state, valid, resets)[1][0]
+        padding).
+
+        Sequences padded only at the front and reset at most at their first real step (what training cuts)
+        run as one fused recurrent op over left-aligned steps, several times faster than step by step."""
+        length = valid.shape[1]
+        steps = torch.arange(length, device=valid.device)
+        pad = length - valid.sum(dim=1)  # (S,)
+        if not bool((valid == (steps >= pad[:, None])).all()):
+            return self.run(x, state, valid, resets)[1][0]
+        if resets is not None:
+            first = pad.clamp(max=length - 1)[:, None]  # (S, 1)
+            if bool((resets & (steps > first)).any()):
+                return self.run(x, state, valid, resets)[1][0]
+            keep = (~resets.gather(1, first)).to(x.dtype).view(1, -1, 1)
+            state = tuple(s * keep for s in state)
+        # Left-align the real steps (row i moves by its padding), run them, and put the outputs back in place.
+        aligned = _roll_rows(x, pad)
+        weights = [self.cell.weight_ih, self.cell.weight_hh, self.cell.bias_ih, self.cell.bias_hh]
+        if self.kind == "lstm":
+            out = torch.lstm(aligned, state, weights, True, 1, 0.0, self.training, False, True)[0]
+        else:
+            out = torch.gru(aligned, state[0], weights, True, 1, 0.0, self.training, False, True)[0]
+        return _roll_rows(out, -pad)
 
     def run(
         self, x: torch.Tensor, state: State, valid: torch.Tensor, resets: torch.Tensor | None = None
@@ -106,3 +127,10 @@ class Memory(nn.Module):
             return tuple(torch.stack([s[i][0] for s in states], dim=1) for i in range(self.n_state))
 
         return stack(started), stack(finished)
+
+
+def _roll_rows(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Row ``i`` of ``x`` ``(S, L, D)`` rotated left by ``shift[i]`` steps: ``out[i, j] = x[i, (j + shift[i]) % L]``."""
+    length = x.shape[1]
+    index = (torch.arange(length, device=x.device)[None] + shift[:, None]) % length  # (S, L)
+    return x.gather(1, index[..., None].expand(-1, -1, x.shape[2]))
