@@ -1,12 +1,12 @@
 """Train recurrent PPO on CartPole without velocities: a partially observable task that needs memory.
 
-    python examples/ppo_lstm_memory.py                    # 100k steps, a few minutes on 2 cores
+    python examples/ppo_lstm_memory.py                    # 100k steps, under a minute on 2 cores
     python examples/ppo_lstm_memory.py --feed-forward     # the same without memory, for comparison
     python examples/ppo_lstm_memory.py --timesteps 2000
 
 The observation keeps the cart position and the pole angle and drops both velocities, so a policy must
 infer motion from what it saw before. Measured with seed 0 on 2 cores: the LSTM policy reaches
-391.6 +/- 82.5 after 100k steps (173 s), the feed-forward one 43.2 +/- 7.2 (11 s). The evaluation carries
+499.8 +/- 1.1 after 100k steps (23 s), the feed-forward one 43.2 +/- 7.2 (11 s). The evaluation carries
 the LSTM state from step to step exactly as with SB3-contrib's RecurrentPPO.
 """
 
