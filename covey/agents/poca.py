@@ -350,12 +350,12 @@ class POCA(BaseAgent):
         values, cont_values, baselines, log_probs, entropies = [], [], [], [], []
         for s in range(0, n, _EVAL_CHUNK):
             sl = slice(s, s + _EVAL_CHUNK)
-            raw = critic.raw_value(obs[sl], present[sl])
+            raw, raw_baseline = critic.raw(obs[sl], actions[sl], present[sl])
             values.append(head.value(raw))
             if head.distributional:
                 entropies.append(head.entropy(raw))
             cont_values.append(critic.value(cont_obs[sl], cont_present[sl]))
-            baselines.append(critic.baseline(obs[sl], actions[sl], present[sl]))
+            baselines.append(head.value(raw_baseline))
             o, a = obs[sl], actions[sl]
             lp, _ = self.actor.evaluate(o.reshape(-1, *o.shape[2:]), a.reshape(-1, *a.shape[2:]))
             log_probs.append(lp.reshape(o.shape[:2]))
@@ -451,15 +451,11 @@ def poca_outputs(batch: GroupBatch, actor: Actor, critic: POCACritic, critic_ema
     raw values ``(B[, K])``, raw baselines ``(B, n_slots[, K])``, the EMA critic's (or None), the batch."""
     present = batch.present  # (B, S)
     log_prob, entropy = actor.evaluate(batch.observations[present], batch.actions[present])
-    raw_value = critic.raw_value(batch.observations, present)
-    raw_baseline = critic.raw_baseline(batch.observations, batch.actions, present)
+    raw_value, raw_baseline = critic.raw(batch.observations, batch.actions, present)
     ema_raw = None
     if critic_ema is not None:
         with torch.no_grad():
-            ema_raw = (
-                critic_ema.raw_value(batch.observations, present),
-                critic_ema.raw_baseline(batch.observations, batch.actions, present),
-            )
+            ema_raw = critic_ema.raw(batch.observations, batch.actions, present)
     return log_prob, entropy, raw_value, raw_baseline, ema_raw, batch
 
 
@@ -523,7 +519,11 @@ def poca_objective(
     return loss, stats
 
 
-def _chunked(fn, *tensors: torch.Tensor) -> torch.Tensor:
-    """``fn`` over the first axis of ``tensors`` in chunks (bounded memory for the attention), concatenated."""
+def _chunked(fn, *tensors: torch.Tensor):
+    """``fn`` over the first axis of ``tensors`` in chunks (bounded memory for the attention), concatenated
+    (each output concatenated when ``fn`` returns a tuple)."""
     n = tensors[0].shape[0]
-    return torch.cat([fn(*(x[s : s + _EVAL_CHUNK] for x in tensors)) for s in range(0, n, _EVAL_CHUNK)])
+    chunks = [fn(*(x[s : s + _EVAL_CHUNK] for x in tensors)) for s in range(0, n, _EVAL_CHUNK)]
+    if isinstance(chunks[0], tuple):
+        return tuple(torch.cat(parts) for parts in zip(*chunks))
+    return torch.cat(chunks)

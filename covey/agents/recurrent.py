@@ -248,7 +248,8 @@ class GroupRecurrentRollout:
         memory, head = critic.memory, critic.value_head
         obs, actions, present = buf.flat(buf.observations), buf.flat(buf.actions), buf.flat(buf.present)
         time_major = (self.n_steps, self.n_envs)
-        pooled = chunked(critic.pooled_value, obs, present).reshape(*time_major, -1)
+        pooled, pooled_baseline = chunked(critic.pooled, obs, actions, present)
+        pooled = pooled.reshape(*time_major, -1)
         started, finished = memory.run(
             pooled.transpose(0, 1),
             self.critic_state,
@@ -264,7 +265,6 @@ class GroupRecurrentRollout:
         entropy = head.entropy(raw).mean().item() if head.distributional else None
         buf.values = head.value(raw)
         before, after = flat_states(started), flat_states(finished)
-        pooled_baseline = chunked(critic.pooled_baseline, obs, actions, present)
         buf.baselines = head.value(critic.read(pooled_baseline, before)).reshape(*time_major, self.n_slots)
         # An agent that leaves bootstraps from the group it leaves, as the memory knows it after the step.
         pooled_continuing = chunked(critic.pooled_value, buf.flat(buf.continuing_obs), buf.flat(buf.continuing_present))

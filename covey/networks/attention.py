@@ -29,15 +29,28 @@ class ResidualSelfAttention(nn.Module):
         super().__init__()
         if width % n_heads:
             raise ValueError(f"attention width {width} must be divisible by n_heads={n_heads}.")
-        self.attention = nn.MultiheadAttention(width, n_heads, batch_first=True)
+        self.n_heads = n_heads
+        self.attention = nn.MultiheadAttention(width, n_heads, batch_first=True)  # holds the weights
         self.norm = nn.LayerNorm(width)
 
     def forward(self, x: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
-        ignore = ~present  # (B, n_entities): True = not attended to
+        return self.attend(x, self.project(x), present)  # (B, n_entities, h)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """Queries, keys and values of entities ``(..., h)`` -> ``(..., 3h)``: a linear map of each entity
+        alone, so callers may project entities once and reuse them in several sets."""
+        return F.linear(x, self.attention.in_proj_weight, self.attention.in_proj_bias)
+
+    def attend(self, x: torch.Tensor, qkv: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """The block's output for entities ``x`` ``(B, n, h)`` whose projections ``qkv`` ``(B, n, 3h)`` are
+        given (``project(x)``)."""
+        b, n, width = x.shape
+        q, k, v = qkv.view(b, n, 3, self.n_heads, width // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, heads, n, d)
         # A row with no entity at all would attend to nothing (NaN); let it attend to its zeros instead.
-        ignore = ignore & present.any(dim=1, keepdim=True)
-        out, _ = self.attention(x, x, x, key_padding_mask=ignore, need_weights=False)
-        return self.norm(x + out)  # (B, n_entities, h)
+        attend = present | ~present.any(dim=1, keepdim=True)  # (B, n): True = attended to
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None, None, :])
+        out = self.attention.out_proj(out.transpose(1, 2).reshape(b, n, width))
+        return self.norm(x + out)
 
 
 def masked_mean(x: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
@@ -140,26 +153,51 @@ class POCACritic(nn.Module):
     def _pool(self, entities: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         return masked_mean(self.attention(entities, present), present)
 
+    def raw(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed-forward critics: raw values ``(B[, K])`` and raw baselines ``(B, n_slots[, K])`` in one pass."""
+        self._no_memory("raw")
+        value, baseline = self.pooled(obs, actions, present)
+        return self.head(value), self.head(baseline)
+
     def head(self, features: torch.Tensor) -> torch.Tensor:
         """Pooled features (or memory outputs) to the value head's raw output."""
         return self.value_head(self.trunk(features))
 
     def pooled_value(self, obs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         """The group's pooled features for the value, ``(B, width)``."""
-        return self._pool(self.obs_embedding(self._encode(obs, present)), present)
+        own = self.obs_embedding(self._encode(obs, present))
+        return self._pool(own, present)
 
-    def pooled_baseline(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
-        """Every agent's pooled features for its baseline, ``(B, n_slots, width)``."""
+    def pooled(
+        self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pooled features for the value ``(B, width)`` and for every agent's baseline ``(B, n_slots, width)``.
+
+        Agent i's baseline attends over its own observation embedding and its groupmates' observation-action
+        embeddings. Attention projects each entity alone, so the projections of both embeddings are computed
+        once per slot and shared by the value's set and all agents' sets."""
         b, n = present.shape
         encoded = self._encode(obs, present)  # (B, n, enc)
         acts = action_features(actions, self.action_space)  # (B, n, A)
         acts = torch.where(present.unsqueeze(-1), acts, torch.zeros(()))
         own = self.obs_embedding(encoded)  # (B, n, h)
         mates = self.obs_action_embedding(torch.cat([encoded, acts], dim=-1))  # (B, n, h)
-        eye = torch.eye(n, dtype=torch.bool, device=present.device)  # (n_i, n_j): entity j of agent i's view
-        entities = torch.where(eye[None, :, :, None], own[:, None], mates[:, None])  # (B, n_i, n_j, h)
-        pooled = self._pool(entities.reshape(b * n, n, -1), present.repeat_interleave(n, dim=0))
-        return pooled.reshape(b, n, -1)
+        own_qkv, mates_qkv = self.attention.project(own), self.attention.project(mates)
+        value = masked_mean(self.attention.attend(own, own_qkv, present), present)
+        # Agent i's set, entity j: row j of [own; mates] if j == i, else row n + j.
+        slots = torch.arange(n, device=present.device)
+        pick = torch.where(slots[:, None] == slots[None, :], slots[None, :], n + slots[None, :]).reshape(-1)
+
+        def views(own_x: torch.Tensor, mates_x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B * n_i, n_j, d)
+            return torch.cat([own_x, mates_x], dim=1)[:, pick].reshape(b * n, n, -1)
+
+        sets_present = present.repeat_interleave(n, dim=0)
+        out = self.attention.attend(views(own, mates), views(own_qkv, mates_qkv), sets_present)
+        return value, masked_mean(out, sets_present).reshape(b, n, -1)
+
+    def pooled_baseline(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """Every agent's pooled features for its baseline, ``(B, n_slots, width)``."""
+        return self.pooled(obs, actions, present)[1]
 
     def read(self, features: torch.Tensor, state: State) -> torch.Tensor:
         """Recurrent critics: the raw output for pooled ``features`` ``(B, width)`` or ``(B, n, width)``
@@ -184,8 +222,8 @@ class POCACritic(nn.Module):
             return x.reshape(s * length, *x.shape[2:])
 
         # Absent slots and padding steps: an all-absent step pools to zeros and is masked out of the losses.
-        pooled_value = self.pooled_value(flat(obs), flat(present)).reshape(s, length, -1)
-        pooled_baseline = self.pooled_baseline(flat(obs), flat(actions), flat(present))
+        pooled_value, pooled_baseline = self.pooled(flat(obs), flat(actions), flat(present))
+        pooled_value = pooled_value.reshape(s, length, -1)
         started, finished = self.memory.run(pooled_value, state, valid)
         raw_value = self.head(finished[0])
         raw_baseline = self.read(pooled_baseline, tuple(flat(x)[None] for x in started))
