@@ -356,6 +356,26 @@ def _memory(encoder: nn.Module, settings: dict | None) -> Memory | None:
     return Memory(encoder.out_dim, int(settings["hidden_size"]), settings["kind"])
 
 
+def _actor(
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    encoder: nn.Module,
+    hidden: list[int],
+    config: PolicyConfig,
+    memory: dict | None,
+) -> Actor:
+    """An on-policy actor (PPO, POCA): encoder, optional memory, trunk and the action head."""
+    return Actor(
+        observation_space,
+        action_space,
+        encoder,
+        hidden,
+        config.activation_fn,
+        config.log_std_init,
+        memory=_memory(encoder, memory),
+    )
+
+
 def _ortho_init(module: nn.Module, gain: float) -> None:
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Conv2d)):
@@ -383,15 +403,7 @@ def build_actor_critic(
     critic_encoder = actor_encoder if config.share_features_extractor else encoder()
     memory = memory_settings(policy, config)
     # Actor and critic keep separate memories.
-    actor = Actor(
-        observation_space,
-        action_space,
-        actor_encoder,
-        arch["pi"],
-        config.activation_fn,
-        config.log_std_init,
-        memory=_memory(actor_encoder, memory),
-    )
+    actor = _actor(observation_space, action_space, actor_encoder, arch["pi"], config, memory)
     critic_memory = _memory(critic_encoder, memory)
     width = critic_memory.out_dim if critic_memory is not None else critic_encoder.out_dim
     critic = Critic(
@@ -518,16 +530,7 @@ def build_poca_networks(
     encoder = _encoder_factory(kind, observation_space, config)
     arch = parse_net_arch(config.net_arch, ("pi", "vf"), [128, 128])
     memory = memory_settings(policy, config)  # the actor's memory per agent, the critic's per group
-    actor_encoder = encoder()
-    actor = Actor(
-        observation_space,
-        action_space,
-        actor_encoder,
-        arch["pi"],
-        config.activation_fn,
-        config.log_std_init,
-        memory=_memory(actor_encoder, memory),
-    )
+    actor = _actor(observation_space, action_space, encoder(), arch["pi"], config, memory)
     if config.ortho_init:
         _ortho_init(actor.trunk, math.sqrt(2))
         _ortho_init(actor.head.proj, 0.01)
