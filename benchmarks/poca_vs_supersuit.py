@@ -42,10 +42,10 @@ class _SharedPolicy:
     def __init__(self, model) -> None:
         self.model = model
 
-    def predict(self, observation: dict, deterministic: bool = True):
+    def predict(self, observation: dict, state=None, episode_start=None, deterministic: bool = True):
         agents = list(observation)
         actions, _ = self.model.predict(np.stack([observation[a] for a in agents]), deterministic=deterministic)
-        return dict(zip(agents, actions)), None
+        return dict(zip(agents, actions)), state
 
 
 def run_poca(timesteps: int, seed: int) -> tuple[float, float]:

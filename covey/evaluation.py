@@ -20,6 +20,11 @@ def evaluate_group(
     """Play ``n_eval_episodes`` episodes of a PettingZoo env with ``model.predict`` on a dict of agent
     observations (or uniformly random actions when ``model`` is None).
 
+    ``model.predict`` has SB3's signature, ``predict(observation, state, episode_start, deterministic)``
+    (as SB3's ``evaluate_policy`` calls it): the state it returns is passed back at the next step, a fresh
+    one (None) starts each episode, and ``episode_start`` is ``{agent: True}`` for agents acting for the
+    first time in the episode, so a recurrent policy carries its memory.
+
     Returns the mean and standard deviation of the group return (sum over agents) and the mean per-agent
     return (group return / agents that took part), and the mean episode length.
 
