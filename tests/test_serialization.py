@@ -181,3 +181,29 @@ def test_custom_activation_needs_custom_objects(tmp_path):
     loaded = PPO.load(tmp_path / "m.zip", custom_objects={"policy_kwargs": dict(activation_fn=Swish)})
     obs = np.ones(4, np.float32)
     assert loaded.predict(obs, deterministic=True)[0] == model.predict(obs, deterministic=True)[0]
+
+
+def test_schedule_that_decayed_to_zero_still_loads(tmp_path):
+    """A linear schedule ends at 0 (or just below: the last rollout overshoots the budget); the saved model
+    loads, with the schedule's initial value standing in, and a schedule still in force keeps its value."""
+    from covey import PPO
+
+    model = PPO(
+        "MlpPolicy",
+        "CartPole-v1",
+        n_steps=64,
+        batch_size=32,
+        n_epochs=1,
+        learning_rate=lambda p: 1e-3 * p,
+        clip_range=lambda p: 0.2 * p,
+        seed=0,
+    )
+    model.learn(100)  # 128 steps done for 100: progress ends below 0
+    assert model._current_progress_remaining < 0
+    model.save(tmp_path / "decayed.zip")
+    loaded = PPO.load(tmp_path / "decayed.zip")
+    assert loaded.learning_rate == pytest.approx(1e-3) and loaded.clip_range(1.0) == pytest.approx(0.2)
+    model._current_progress_remaining = 0.5
+    model.save(tmp_path / "half.zip")
+    half = PPO.load(tmp_path / "half.zip")
+    assert half.learning_rate == pytest.approx(5e-4) and half.clip_range(1.0) == pytest.approx(0.1)

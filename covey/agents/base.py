@@ -474,8 +474,10 @@ class BaseAgent:
         for key in self.schedule_keys:
             value = params.get(key)
             if callable(value):
-                # Callables are code: keep the value in force now; pass the schedule again at load.
-                params[key] = {"schedule_value": float(value(self._current_progress_remaining))}
+                # Callables are code: keep the value in force now (and the first one); pass the schedule
+                # again at load to go on with it.
+                progress = min(max(self._current_progress_remaining, 0.0), 1.0)
+                params[key] = {"schedule_value": float(value(progress)), "schedule_initial": float(value(1.0))}
         return params
 
     @classmethod
@@ -508,7 +510,10 @@ class BaseAgent:
         hyper = dict(settings["hyperparameters"])
         for key, value in hyper.items():
             if isinstance(value, dict) and "schedule_value" in value:
-                hyper[key] = value["schedule_value"]
+                # A schedule that decayed to 0 by the end of training leaves nothing to train with: its
+                # initial value stands in (as SB3 restarts a loaded schedule from its start).
+                current = value["schedule_value"]
+                hyper[key] = current if current > 0 else value.get("schedule_initial", current)
         policy_kwargs = custom_objects.pop("policy_kwargs", None)
         if policy_kwargs is None:
             policy_kwargs = _policy_kwargs_from_json(settings["policy_kwargs"])
