@@ -1,5 +1,208 @@
-"""The ``covey`` command line (placeholder until the subcommands land)."""
+"""The ``covey`` command line: train (from a YAML config or flags), resume, eval, enjoy, plot, export, demo.
+
+    covey train configs/ppo_cartpole.yaml --set hyperparameters.learning_rate=1e-3
+    covey train poca --env mpe2:simple_spread_v3 --timesteps 1e6 --n-envs 8 --env-kwargs '{"N": 3}'
+    covey train --resume runs/poca-simple_spread_v3-20250101-120000
+    covey eval RUN_DIR --episodes 20
+    covey enjoy RUN_DIR --gif team.gif
+    covey demo
+
+Heavy imports (torch, the agents, the envs) happen inside the commands, so ``covey --help`` is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Any
+
+from covey.cli.config import AGENTS, CLIError, apply_sets, load_yaml_file, parse_yaml
+from covey.version import __version__
+
+__all__ = ["CLIError", "main"]
 
 
-def main(argv=None) -> int:
-    raise SystemExit("covey: the command line is being built")
+def _cmd_train(args: Any) -> int:
+    from covey.cli.config import RunConfig
+
+    if args.resume is not None:
+        given = [
+            flag
+            for flag, value in (
+                ("a config or agent", args.target),
+                ("--env", args.env),
+                ("--env-kwargs", args.env_kwargs),
+                ("--n-envs", args.n_envs),
+                ("--seed", args.seed),
+                ("--policy", args.policy),
+                ("--run-dir", args.run_dir),
+            )
+            if value is not None
+        ]
+        if given:
+            raise CLIError(f"--resume continues a run with its own config; drop {', '.join(given)}.")
+        return _resume(args.resume, args)
+    if args.target is None:
+        raise CLIError(
+            "train needs a config file (covey train configs/ppo_cartpole.yaml) or an agent name "
+            "(covey train ppo --env CartPole-v1), or --resume RUN_DIR."
+        )
+    target = args.target
+    if target.lower() in AGENTS and not pathlib.Path(target).is_file():
+        if args.env is None:
+            raise CLIError(
+                f"covey train {target} needs --env, e.g. --env "
+                f"{'mpe2:simple_spread_v3' if target.lower() == 'poca' else 'CartPole-v1'}."
+            )
+        raw: dict[str, Any] = {"agent": target.lower()}
+    elif pathlib.Path(target).is_file() or target.endswith((".yaml", ".yml")):
+        raw = load_yaml_file(target)
+    else:
+        raise CLIError(f"{target!r} is neither a config file nor an agent name ({', '.join(AGENTS)}).")
+    flags = {"env": args.env, "policy": args.policy}
+    raw.update({k: v for k, v in flags.items() if v is not None})
+    for key, text in (("timesteps", args.timesteps), ("n_envs", args.n_envs), ("seed", args.seed)):
+        if text is not None:
+            raw[key] = parse_yaml(text, f"--{key.replace('_', '-')}")  # 1e6 is a number, null a random seed
+    if args.env_kwargs is not None:
+        env_kwargs = parse_yaml(args.env_kwargs, "--env-kwargs")
+        if not isinstance(env_kwargs, dict):
+            raise CLIError(f"--env-kwargs must be a mapping such as '{{\"N\": 3}}', got {args.env_kwargs!r}.")
+        raw["env_kwargs"] = env_kwargs
+    cfg = RunConfig.from_dict(apply_sets(raw, args.set or []))
+    from covey.cli.training import start
+
+    return start(cfg, args.run_dir, quiet=args.quiet)
+
+
+def _resume(run_dir: str, args: Any) -> int:
+    from covey.cli.training import resume
+
+    sets = list(args.set or [])
+    if args.timesteps is not None:
+        sets.append(f"timesteps={args.timesteps}")
+    return resume(run_dir, sets, quiet=args.quiet)
+
+
+def _cmd_resume(args: Any) -> int:
+    return _resume(args.run_dir, args)
+
+
+def _cmd_demo(args: Any) -> int:
+    from covey.cli.demo import run_demo
+
+    return run_demo(args.scale, args.out, args.threads)
+
+
+def _run(name: str):
+    def command(args: Any) -> int:
+        from covey.cli import commands
+
+        return getattr(commands, name)(args)
+
+    return command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="covey", description="Train, resume, score and watch covey agents (PPO, SAC, POCA)."
+    )
+    parser.add_argument("--version", action="version", version=f"covey {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser(
+        "train",
+        help="train from a YAML config or an agent name",
+        description="Train from a YAML config (covey train CONFIG.yaml) or from flags (covey train poca --env "
+        "mpe2:simple_spread_v3 ...). Writes one run folder: config.yaml, progress.csv, TensorBoard events, "
+        "evaluations.csv, checkpoints/, model.zip, curve.png. Ctrl-C saves a checkpoint; --resume continues.",
+    )
+    train.add_argument("target", nargs="?", help="a config file (.yaml) or an agent: ppo, sac, poca")
+    train.add_argument("--env", help="Gymnasium id (ppo, sac) or PettingZoo module:name (poca)")
+    train.add_argument("--env-kwargs", help="keyword arguments of the env as JSON/YAML, e.g. '{\"N\": 3}'")
+    train.add_argument("--timesteps", help="budget in env steps (1e6 is fine)")
+    train.add_argument("--n-envs", help="env copies")
+    train.add_argument("--seed", help="seed (default 0; null: a random one, recorded in config.yaml)")
+    train.add_argument("--policy", help="policy name (default MlpPolicy)")
+    _add_set(train)
+    train.add_argument("--run-dir", help="run folder (default runs/<agent>-<env>-<YYYYmmdd-HHMMSS>)")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its latest checkpoint")
+    train.add_argument("--quiet", action="store_true", help="no summary lines (the progress bar stays)")
+    train.set_defaults(func=_cmd_train)
+
+    resume = sub.add_parser("resume", help="continue a run from its latest checkpoint (= train --resume)")
+    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument("--timesteps", help="a new total budget (to extend a run)")
+    _add_set(resume, "only timesteps, eval_freq, eval_episodes, eval_deterministic, checkpoint_freq, torch_threads")
+    resume.add_argument("--quiet", action="store_true")
+    resume.set_defaults(func=_cmd_resume)
+
+    for name, help_text in (
+        ("eval", "print the mean and std of the return of a saved model"),
+        ("enjoy", "record episodes of a saved model to a GIF"),
+    ):
+        cmd = sub.add_parser(name, help=help_text, description=help_text + ".")
+        cmd.add_argument("target", metavar="RUN_DIR_OR_MODEL", help="a run folder (its env is used) or a model file")
+        cmd.add_argument("--env", help="the env (needed for a bare model file)")
+        cmd.add_argument("--env-kwargs", help="env keyword arguments as JSON/YAML")
+        cmd.add_argument("--episodes", type=int, default=20 if name == "eval" else 1)
+        cmd.add_argument("--stochastic", action="store_true", help="sample actions (default: the most likely one)")
+        cmd.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
+        cmd.add_argument("--best", action="store_true", help="use the run's checkpoints/best_model.zip")
+        if name == "enjoy":
+            cmd.add_argument("--gif", help="output GIF (default: <run folder>/<model>.gif)")
+            cmd.add_argument("--fps", type=int, default=30)
+            cmd.add_argument("--max-frames", type=int, default=1000)
+        cmd.set_defaults(func=_run(f"cmd_{name}"))
+
+    plot = sub.add_parser("plot", help="overlay the learning curves of runs (mean and spread across seeds)")
+    plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("--out", default="curves.png", help="output PNG (default curves.png)")
+    plot.set_defaults(func=_run("cmd_plot"))
+
+    export = sub.add_parser("export", help="export a model's policy to ONNX and verify it against torch")
+    export.add_argument("target", metavar="MODEL_OR_RUN_DIR")
+    export.add_argument("--onnx", help="output file (default: <run folder>/model.onnx or <model>.onnx)")
+    export.set_defaults(func=_run("cmd_export"))
+
+    check = sub.add_parser("check", help="check configs: load them and build their agents, without training")
+    check.add_argument("configs", nargs="+", metavar="CONFIG")
+    _add_set(check)
+    check.set_defaults(func=_run("cmd_check"))
+
+    demo = sub.add_parser(
+        "demo",
+        help="train PPO on CartPole-v1 and a POCA team on simple_spread in a few minutes",
+        description="Train PPO on CartPole-v1 (50k steps) and POCA on mpe2 simple_spread (150k env steps), "
+        "print a table against random play, and leave both run folders and a GIF of the trained team.",
+    )
+    demo.add_argument("--scale", type=float, default=1.0, help="multiply the budgets (default 1)")
+    demo.add_argument("--out", help="folder for the demo's runs (default runs/demo-<YYYYmmdd-HHMMSS>)")
+    demo.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def _add_set(parser: argparse.ArgumentParser, note: str = "") -> None:
+    parser.add_argument(
+        "--set",
+        action="extend",
+        nargs="+",
+        metavar="KEY=VALUE",
+        help="override config keys, dotted, values as YAML: hyperparameters.learning_rate=1e-3 timesteps=2000"
+        + (f" ({note})" if note else ""),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code (2: bad input, 130: interrupted)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CLIError as err:
+        print(f"covey: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ncovey: interrupted.", file=sys.stderr)
+        return 130

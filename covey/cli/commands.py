@@ -1,0 +1,205 @@
+"""The commands that use a trained model or finished runs: eval, enjoy, plot, export, check."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from typing import Any
+
+from covey.cli.config import CLIError, RunConfig, apply_sets, load_yaml_file, parse_yaml
+from covey.cli.training import RunFolder
+
+
+def parse_env_kwargs(text: str | None) -> dict[str, Any] | None:
+    """``--env-kwargs '{"N": 3}'`` (JSON or YAML) as a dict."""
+    if text is None:
+        return None
+    value = parse_yaml(text, "--env-kwargs")
+    if not isinstance(value, dict):
+        raise CLIError(f"--env-kwargs must be a mapping such as '{{\"N\": 3}}', got {text!r}.")
+    return value
+
+
+def resolve_model(
+    target: str, env: str | None, env_kwargs: dict | None, best: bool = False
+) -> tuple[pathlib.Path, RunConfig]:
+    """A run folder or a model file, as ``(model file, run config)``; a bare model file needs ``env``."""
+    path = pathlib.Path(target)
+    if path.is_dir():
+        folder = RunFolder(path)
+        if not folder.is_run():
+            raise CLIError(f"{path} is a folder but not a run folder (it has no config.yaml).")
+        raw = load_yaml_file(folder.config)
+        if env is not None:
+            raw["env"] = env
+        if env_kwargs is not None:
+            raw["env_kwargs"] = env_kwargs
+        cfg = RunConfig.from_dict(raw)
+        if best:
+            if not folder.best_model.is_file():
+                raise CLIError(f"{folder.best_model} does not exist (the run has no evaluation yet).")
+            return folder.best_model, cfg
+        return folder.latest_model(), cfg
+    if not path.is_file():
+        raise CLIError(f"{target!r} is neither a run folder nor a model file.")
+    if best:
+        raise CLIError("--best needs a run folder, not a model file.")
+    from covey import serialization
+
+    try:
+        agent = str(serialization.read_settings(path).get("agent", "")).lower()
+    except ValueError as err:
+        raise CLIError(str(err)) from err
+    if env is None:
+        example = "mpe2:simple_spread_v3" if agent == "poca" else "CartPole-v1"
+        raise CLIError(f"{path} is a bare model file: pass the env it was trained on with --env, e.g. --env {example}.")
+    return path, RunConfig.from_dict({"agent": agent, "env": env, "env_kwargs": env_kwargs or {}})
+
+
+def load_model(path: pathlib.Path, cfg: RunConfig) -> Any:
+    """Load with covey.agents.load, and check the model fits the env it will play."""
+    import torch
+
+    from covey.agents import load
+
+    torch.set_num_threads(cfg.torch_threads)  # the run's setting; 1 (the default) is fastest for small MLPs
+
+    try:
+        model = load(path, device="cpu")
+    except ValueError as err:
+        raise CLIError(str(err)) from err
+    from covey.cli.envs import env_fn
+
+    env = env_fn(cfg)()
+    try:
+        if cfg.is_group:
+            from covey.wrappers.group_env import as_parallel, check_group_spaces
+
+            obs_space, act_space = check_group_spaces(as_parallel(env))
+        else:
+            obs_space, act_space = env.observation_space, env.action_space
+    finally:
+        env.close()
+    if obs_space != model.observation_space or act_space != model.action_space:
+        raise CLIError(
+            f"The model ({path}) was trained with observation space {model.observation_space} and action space "
+            f"{model.action_space}; {cfg.env} has {obs_space} and {act_space}. Pass the env it was trained on."
+        )
+    return model
+
+
+def cmd_eval(args: Any) -> int:
+    from covey.cli.evaluation import Evaluator
+
+    path, cfg = resolve_model(args.target, args.env, parse_env_kwargs(args.env_kwargs), args.best)
+    model = load_model(path, cfg)
+    if args.episodes < 1:
+        raise CLIError("--episodes must be >= 1.")
+    evaluator = Evaluator(cfg, args.episodes, deterministic=not args.stochastic, seed=args.seed)
+    mean, std = evaluator(model)
+    evaluator.close()
+    kind = "stochastic" if args.stochastic else "deterministic"
+    what = "group return (sum over the team)" if cfg.is_group else "return"
+    print(f"{path} on {cfg.env}: {args.episodes} episodes, {kind} actions")
+    print(f"mean {what}: {mean:.2f} +/- {std:.2f}")
+    return 0
+
+
+def cmd_enjoy(args: Any) -> int:
+    import gymnasium as gym
+
+    from covey.cli.evaluation import record_gif
+
+    path, cfg = resolve_model(args.target, args.env, parse_env_kwargs(args.env_kwargs), args.best)
+    model = load_model(path, cfg)
+    if args.episodes < 1:
+        raise CLIError("--episodes must be >= 1.")
+    out = args.gif
+    if out is None:
+        base = pathlib.Path(args.target) if pathlib.Path(args.target).is_dir() else path.parent
+        out = base / f"{path.stem}.gif"
+    try:
+        gif, n_frames, returns = record_gif(
+            model,
+            cfg,
+            out,
+            episodes=args.episodes,
+            deterministic=not args.stochastic,
+            seed=args.seed,
+            fps=args.fps,
+            max_frames=args.max_frames,
+        )
+    except (ValueError, ImportError, gym.error.Error) as err:  # e.g. no RGB rendering, or pygame missing
+        raise CLIError(f"Cannot record {cfg.env}: {err}") from err
+    shown = ", ".join(f"{r:.2f}" for r in returns)
+    print(f"wrote {gif}: {len(returns)} episode(s), {n_frames} frames; returns: {shown}")
+    return 0
+
+
+def cmd_plot(args: Any) -> int:
+    from covey.plotting import plot_runs
+
+    for run in args.runs:
+        if not (pathlib.Path(run) / "progress.csv").is_file():
+            raise CLIError(f"{run} is not a run folder with a progress.csv.")
+    try:
+        out = plot_runs([pathlib.Path(r) for r in args.runs], args.out)
+    except (ValueError, FileNotFoundError) as err:
+        raise CLIError(str(err)) from err
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_export(args: Any) -> int:
+    path = pathlib.Path(args.target)
+    if path.is_dir():
+        model_path = RunFolder(path).latest_model()
+        out = pathlib.Path(args.onnx) if args.onnx else path / "model.onnx"
+    elif path.is_file():
+        model_path = path
+        out = pathlib.Path(args.onnx) if args.onnx else path.with_suffix(".onnx")
+    else:
+        raise CLIError(f"{args.target!r} is neither a run folder nor a model file.")
+    import torch
+
+    from covey.agents import load
+
+    torch.set_num_threads(1)
+
+    try:
+        model = load(model_path, device="cpu")
+    except ValueError as err:
+        raise CLIError(str(err)) from err
+    try:
+        from covey.export import export_onnx
+
+        result = export_onnx(model, out)
+    except ImportError as err:
+        raise CLIError(str(err)) from err
+    verified = bool(result.get("verified"))
+    print(f"wrote {result.get('path', out)} from {model_path}")
+    print(
+        f"verified: {verified} (onnxruntime against model.predict on {result.get('n_samples')} sampled observations, "
+        f"max abs difference {result.get('max_abs_diff')})"
+    )
+    if not verified:
+        print("covey: the ONNX model's outputs do not match the torch model's.", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_check(args: Any) -> int:
+    from covey.cli.training import prepare
+
+    failed = 0
+    for name in args.configs:
+        try:
+            cfg = RunConfig.from_dict(apply_sets(load_yaml_file(name), args.set or []))
+            env, _ = prepare(cfg)
+            env.close()
+        except CLIError as err:
+            failed += 1
+            print(f"FAIL {name}: {err}")
+            continue
+        print(f"ok   {name}: {cfg.agent} on {cfg.env}, {cfg.n_envs} env(s), {cfg.timesteps:,} steps")
+    return 2 if failed else 0

@@ -1,0 +1,327 @@
+"""The ``covey`` command line, driven in subprocesses (``python -m covey ...``) with tiny budgets.
+
+Every run folder lives in pytest's tmp_path; nothing is written into the repository.
+"""
+
+import csv
+import json
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from covey.cli.config import CLIError, RunConfig, apply_sets, linear_schedule, parse_yaml
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "configs"
+SHIPPED = {
+    "ppo_cartpole",
+    "ppo_lunarlander",
+    "sac_pendulum",
+    "sac_lunarlander_continuous",
+    "poca_simple_spread",
+    "poca_multiwalker",
+    "poca_kaz",
+}
+# PPO CartPole from the shipped config: 8 envs x 32 steps = 256 env steps per rollout.
+TINY_PPO = ["timesteps=2048", "eval_freq=1024", "eval_episodes=2", "checkpoint_freq=1024"]
+
+
+def covey(*args, cwd, check=True, timeout=300) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", "covey", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    if check:
+        assert result.returncode == 0, f"covey {' '.join(map(str, args))} failed:\n{result.stderr[-3000:]}"
+    return result
+
+
+def read_rows(path: pathlib.Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def progress_steps(run: pathlib.Path) -> list[int]:
+    return [int(float(r["time/total_timesteps"])) for r in read_rows(run / "progress.csv")]
+
+
+def assert_png(path: pathlib.Path) -> None:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        assert image.width > 100 and image.height > 100
+
+
+def gif_frames(path: pathlib.Path) -> int:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "GIF"
+        return image.n_frames
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="module")
+def ppo_run(work) -> pathlib.Path:
+    covey("train", CONFIGS / "ppo_cartpole.yaml", "--set", *TINY_PPO, "--run-dir", "ppo", cwd=work)
+    return work / "ppo"
+
+
+@pytest.fixture(scope="module")
+def poca_run(work) -> pathlib.Path:
+    covey(
+        "train",
+        "poca",
+        "--env",
+        "mpe2:simple_spread_v3",
+        "--env-kwargs",
+        '{"N": 3, "max_cycles": 25}',
+        "--timesteps",
+        "1.5e3",
+        "--n-envs",
+        "4",
+        "--seed",
+        "0",
+        "--set",
+        "hyperparameters.n_steps=128",
+        "eval_freq=512",
+        "eval_episodes=2",
+        "--run-dir",
+        "poca",
+        cwd=work,
+    )
+    return work / "poca"
+
+
+# ---------------------------------------------------------------------------- train
+def test_train_from_config_writes_the_run_folder(ppo_run):
+    from covey.agents import load
+
+    config = yaml.safe_load((ppo_run / "config.yaml").read_text())
+    assert config["agent"] == "ppo" and config["env"] == "CartPole-v1"
+    assert config["timesteps"] == 2048 and config["hyperparameters"]["n_steps"] == 32  # --set over the file
+    steps = progress_steps(ppo_run)
+    assert steps == list(range(256, 2049, 256))  # one row per rollout
+    assert (ppo_run / "evaluations.csv").read_text().splitlines()[0] == "timesteps,mean_return,std_return"
+    evaluations = read_rows(ppo_run / "evaluations.csv")
+    assert [int(r["timesteps"]) for r in evaluations] == [1024, 2048]
+    assert all(np.isfinite(float(r["mean_return"])) for r in evaluations)
+    checkpoints = ppo_run / "checkpoints"
+    assert {p.name for p in checkpoints.glob("step_*.zip")} == {"step_1024.zip", "step_2048.zip"}
+    assert (checkpoints / "best_model.zip").is_file()
+    state = json.loads((checkpoints / "step_1024.json").read_text())
+    assert state["num_timesteps"] == 1024 and set(state["rng"]) >= {"python", "numpy", "torch"}
+    model = load(ppo_run / "model.zip")
+    assert type(model).__name__ == "PPO" and model.num_timesteps == 2048
+    assert list((ppo_run).glob("events.out.tfevents.*"))
+    assert_png(ppo_run / "curve.png")
+
+
+def test_train_short_form_for_poca(poca_run):
+    from covey.agents import load
+
+    config = yaml.safe_load((poca_run / "config.yaml").read_text())
+    assert config["agent"] == "poca" and config["env"] == "mpe2:simple_spread_v3"
+    assert config["env_kwargs"] == {"N": 3, "max_cycles": 25} and config["n_envs"] == 4
+    assert config["timesteps"] == 1500
+    steps = progress_steps(poca_run)
+    assert steps and steps == sorted(steps) and steps[-1] >= 1500
+    evaluations = read_rows(poca_run / "evaluations.csv")
+    assert len(evaluations) >= 2
+    assert list((poca_run / "checkpoints").glob("step_*.zip"))
+    model = load(poca_run / "model.zip")
+    assert type(model).__name__ == "POCA" and len(model.agent_ids) == 3 and model.num_timesteps >= 1500
+    assert_png(poca_run / "curve.png")
+
+
+@pytest.mark.parametrize(
+    "config_text, sets, named",
+    [
+        ("agent: ppo\nenv: CartPole-v1\nlearning_rat: 1e-3\n", [], "learning_rat"),
+        ("agent: ppo\nenv: CartPole-v1\n", ["hyperparameters.n_step=64"], "n_step"),
+        ("agent: ppo\nenv: CartPole-v1\n", ["hyperparameters.n_steps=-5"], "n_steps"),
+    ],
+    ids=["unknown-key", "unknown-hyperparameter", "negative-n_steps"],
+)
+def test_bad_config_fails_before_training(tmp_path, config_text, sets, named):
+    (tmp_path / "bad.yaml").write_text(config_text)
+    extra = ["--set", *sets] if sets else []
+    result = covey("train", "bad.yaml", *extra, "--run-dir", "run", cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    assert named in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()  # no folder, no model.zip: nothing was trained
+
+
+@pytest.mark.parametrize(
+    "raw, problem",
+    [
+        ({"agent": "ppo", "env": "mpe2:simple_spread_v3"}, "PettingZoo"),
+        ({"agent": "poca", "env": "CartPole-v1"}, "Gymnasium env id"),
+        ({"agent": "poca", "env": "no_such_module_covey:thing_v0"}, "Cannot import module 'no_such_module_covey'"),
+        ({"agent": "sac", "env": "no_such_module_covey:Thing-v0"}, "Cannot import module 'no_such_module_covey'"),
+    ],
+)
+def test_env_specs_that_do_not_fit_the_agent_are_refused(raw, problem):
+    from covey.cli.envs import env_fn
+
+    cfg = RunConfig.from_dict(raw)
+    with pytest.raises(CLIError, match=re.escape(problem)):
+        env_fn(cfg)()
+
+
+def test_config_values_numbers_and_dotted_overrides():
+    raw = parse_yaml("agent: sac\nenv: Pendulum-v1\ntimesteps: 1e6\nhyperparameters: {buffer_size: 1e5}\n", "test")
+    raw = apply_sets(raw, ["hyperparameters.learning_rate=3e-4", "hyperparameters.policy_kwargs.net_arch=[64, 64]"])
+    cfg = RunConfig.from_dict(raw)
+    assert cfg.timesteps == 1_000_000 and isinstance(cfg.timesteps, int)
+    assert cfg.hyperparameters["buffer_size"] == 100_000 and isinstance(cfg.hyperparameters["buffer_size"], int)
+    assert cfg.hyperparameters["learning_rate"] == pytest.approx(3e-4)
+    assert cfg.hyperparameters["policy_kwargs"] == {"net_arch": [64, 64]}
+    with pytest.raises(CLIError, match="timesteps"):
+        RunConfig.from_dict({**raw, "timesteps": 12.5})
+    with pytest.raises(CLIError, match="gamma"):
+        RunConfig.from_dict({**raw, "hyperparameters": {"gamma": "high"}})
+    with pytest.raises(CLIError, match="tensorboard_log"):
+        RunConfig.from_dict({**raw, "hyperparameters": {"tensorboard_log": "tb"}})
+
+
+def test_linear_schedule_continues_across_a_resume():
+    total = 1000
+    fresh = linear_schedule(1e-3, start=0, total=total)
+    resumed = linear_schedule(1e-3, start=400, total=total)  # a learn() call for the last 600 steps
+    for step in (400, 550, 1000):
+        progress_fresh = 1 - step / total
+        progress_resumed = 1 - (step - 400) / (total - 400)
+        assert resumed(progress_resumed) == pytest.approx(fresh(progress_fresh))
+    assert fresh(1.0) == pytest.approx(1e-3) and fresh(0.0) == 0.0
+
+
+# ---------------------------------------------------------------------------- resume and Ctrl-C
+def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_budget(tmp_path):
+    from covey.agents import load
+
+    budget = 48 * 256  # 48 rollouts of 8 envs x 32 steps
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "covey", "train", str(CONFIGS / "ppo_cartpole.yaml"), "--run-dir", "run"]
+        + ["--set", f"timesteps={budget}", "eval_freq=4096", "eval_episodes=2", "checkpoint_freq=0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        progress = run / "progress.csv"
+        if progress.is_file() and len(progress.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+    assert f"covey train --resume {pathlib.Path('run')}" in stderr
+    steps = [int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.zip")]
+    assert len(steps) == 1 and 0 < steps[0] < budget
+    assert not (run / "model.zip").exists()
+    before = progress_steps(run)
+    assert before[-1] <= steps[0]
+
+    covey("train", "--resume", "run", cwd=tmp_path)
+    model = load(run / "model.zip")
+    assert model.num_timesteps == budget
+    after = progress_steps(run)
+    assert after[: len(before)] == before  # the logs were appended to, not rewritten
+    assert after == list(range(256, budget + 1, 256))  # and the step count went on where it stopped
+    assert int(read_rows(run / "evaluations.csv")[-1]["timesteps"]) == budget
+
+
+@pytest.mark.slow
+def test_sac_resume_restores_the_replay_buffer(tmp_path):
+    from covey.agents import load
+
+    sets = ["timesteps=300", "eval_freq=0", "eval_episodes=1", "hyperparameters.learning_starts=100"]
+    covey("train", CONFIGS / "sac_pendulum.yaml", "--set", *sets, "--run-dir", "run", cwd=tmp_path)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert (checkpoints / "step_300.replay.npz").is_file()
+    covey("resume", "run", "--timesteps", "500", cwd=tmp_path)
+    assert load(tmp_path / "run" / "model.zip").num_timesteps == 500
+    assert [p.name for p in checkpoints.glob("*.replay.npz")] == ["step_500.replay.npz"]  # only the latest
+    with np.load(checkpoints / "step_500.replay.npz", allow_pickle=False) as replay:
+        position = int(replay["meta"][2])
+    assert position == 500  # the 300 transitions of the first part are still in the buffer
+
+
+def test_resume_refuses_to_change_the_run(ppo_run):
+    result = covey("resume", ppo_run, "--set", "hyperparameters.n_steps=64", cwd=ppo_run.parent, check=False)
+    assert result.returncode == 2 and "hyperparameters.n_steps" in result.stderr
+
+
+# ---------------------------------------------------------------------------- eval, enjoy, export, plot
+def test_eval_prints_mean_and_std(ppo_run):
+    result = covey("eval", ppo_run, "--episodes", "3", cwd=ppo_run.parent)
+    match = re.search(r"mean return: (-?\d+\.\d+) \+/- (\d+\.\d+)", result.stdout)
+    assert match, result.stdout
+    assert 1.0 <= float(match.group(1)) <= 500.0  # CartPole returns count steps, at most 500
+    bare = covey("eval", ppo_run / "model.zip", cwd=ppo_run.parent, check=False)
+    assert bare.returncode == 2 and "--env" in bare.stderr
+
+
+def test_enjoy_records_a_gym_episode(ppo_run):
+    out = ppo_run.parent / "cartpole.gif"
+    covey("enjoy", ppo_run, "--gif", out, "--max-frames", "60", cwd=ppo_run.parent)
+    assert 1 < gif_frames(out) <= 60
+
+
+def test_enjoy_records_a_pettingzoo_team(poca_run):
+    out = poca_run.parent / "team.gif"
+    result = covey("enjoy", poca_run, "--gif", out, "--episodes", "1", cwd=poca_run.parent)
+    assert gif_frames(out) > 1 and "1 episode(s)" in result.stdout
+
+
+def test_export_writes_a_verified_onnx(ppo_run):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    out = ppo_run.parent / "policy.onnx"
+    result = covey("export", ppo_run, "--onnx", out, cwd=ppo_run.parent)
+    assert out.is_file() and out.stat().st_size > 0
+    assert "verified: True" in result.stdout
+
+
+def test_plot_overlays_two_runs(ppo_run, poca_run):
+    out = ppo_run.parent / "both.png"
+    covey("plot", ppo_run, poca_run, "--out", out, cwd=ppo_run.parent)
+    assert_png(out)
+
+
+# ---------------------------------------------------------------------------- configs and demo
+def test_every_shipped_config_validates(tmp_path):
+    configs = sorted(CONFIGS.glob("*.yaml"))
+    assert {p.stem for p in configs} == SHIPPED
+    result = covey("check", *configs, cwd=tmp_path)
+    assert result.stdout.count("ok ") == len(configs), result.stdout
+    assert not list(tmp_path.iterdir())  # checking trains nothing and writes nothing
+
+
+@pytest.mark.slow
+def test_demo_at_a_tiny_scale(tmp_path):
+    result = covey("demo", "--scale", "0.01", "--out", "demo", cwd=tmp_path)
+    table = result.stdout
+    assert "trained return" in table and "random return" in table
+    assert re.search(r"PPO CartPole-v1\s+[\d,]+\s+\d+\s+-?\d", table)
+    assert re.search(r"POCA simple_spread\s+[\d,]+\s+\d+\s+-?\d", table)
+    for name in ("ppo-CartPole-v1", "poca-simple_spread"):
+        assert (tmp_path / "demo" / name / "model.zip").is_file()
+        assert_png(tmp_path / "demo" / name / "curve.png")
+    assert gif_frames(tmp_path / "demo" / "simple_spread.gif") > 1
+    assert_png(tmp_path / "demo" / "curves.png")
