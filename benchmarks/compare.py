@@ -58,9 +58,12 @@ class Task:
     suite_hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-suite additions to ``hyperparameters`` (e.g. a shorter warm-up for the quick suite)."""
     env_kwargs: dict[str, Any] | None = None
+    covey_options: dict[str, Any] = field(default_factory=dict)
+    """covey-only arguments (e.g. ``bf16_matmuls=True``); SB3 runs without them."""
 
-    def kwargs(self, suite: str) -> dict[str, Any]:
-        return {**self.hyperparameters, **self.suite_hyperparameters.get(suite, {})}
+    def kwargs(self, suite: str, framework: str = "sb3") -> dict[str, Any]:
+        extra = self.covey_options if framework == "covey" else {}
+        return {**self.hyperparameters, **self.suite_hyperparameters.get(suite, {}), **extra}
 
     def min_timesteps(self, suite: str) -> int:
         """The smallest budget in which learning happens: one PPO rollout, or SAC's warm-up plus a batch."""
@@ -120,6 +123,22 @@ TASKS = [
         env_kwargs=dict(continuous=True),
     ),
 ]
+# covey's opt-in bfloat16 matrix multiplies for SAC, against SB3 in float32 (same settings otherwise).
+TASKS += [
+    Task(
+        f"{task.name}_bf16",
+        task.agent,
+        task.env_id,
+        task.n_envs,
+        task.budgets,
+        task.hyperparameters,
+        task.suite_hyperparameters,
+        task.env_kwargs,
+        covey_options=dict(bf16_matmuls=True),
+    )
+    for task in TASKS
+    if task.agent == "SAC"
+]
 TASKS_BY_NAME = {task.name: task for task in TASKS}
 
 
@@ -177,7 +196,7 @@ def measure_training(framework: str, task: Task, suite: str, timesteps: int, see
     """Train one model on a fresh env, timing ``learn`` only, then evaluate it on a separately seeded env."""
     agent_class = FRAMEWORKS[framework][task.agent]
     env = make_env(task, task.n_envs, seed)
-    model = agent_class("MlpPolicy", env, seed=seed, verbose=0, **task.kwargs(suite))
+    model = agent_class("MlpPolicy", env, seed=seed, verbose=0, **task.kwargs(suite, framework))
     start = time.perf_counter()
     model.learn(total_timesteps=timesteps)
     seconds = time.perf_counter() - start
@@ -321,8 +340,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = format_report(results, args, command, started, load_at_start)
     print(report)
     if args.out:
-        with open(args.out, "w") as file:
-            file.write(report)
+        write_report(args.out, report)
+
+
+HAND_WRITTEN = "Everything above this line was written by the command. The notes below were added by hand."
+
+
+def write_report(path: str, report: str) -> None:
+    """Write ``report`` to ``path``, keeping what an earlier file had from the :data:`HAND_WRITTEN` line on."""
+    notes = f"{HAND_WRITTEN}\n"
+    if os.path.exists(path):
+        with open(path) as file:
+            old = file.read()
+        if HAND_WRITTEN in old:
+            notes = old[old.index(HAND_WRITTEN) :]
+    with open(path, "w") as file:
+        file.write(f"{report}\n{notes}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecEnv
 
 from benchmarks.compare import FRAMEWORKS, TASKS, TASKS_BY_NAME, Task, make_env
-from covey.agents.ppo import PPO
+from covey.agents.ppo import PPO, ManualPPOUpdate
 from covey.agents.sac import SAC
 from covey.buffers.replay import ReplayBuffer
 from covey.buffers.rollout import RolloutBuffer
@@ -32,6 +32,7 @@ from covey.networks.actor_critic import Actor
 PHASES: list[tuple[str, type, str]] = [
     ("env step", VecEnv, "step"),
     ("acting", Actor, "act"),
+    ("acting", ManualPPOUpdate, "act"),
     ("buffer", RolloutBuffer, "add"),
     ("buffer", RolloutBuffer, "compute_returns"),
     ("buffer", ReplayBuffer, "add"),
@@ -76,7 +77,8 @@ def timed_phases(totals: dict[str, float]):
 
 def profile_task(task: Task, timesteps: int, seed: int = 0) -> tuple[float, dict[str, float]]:
     agent_class = FRAMEWORKS["covey"][task.agent]
-    model = agent_class("MlpPolicy", make_env(task, task.n_envs, seed), seed=seed, verbose=0, **task.kwargs("quick"))
+    env = make_env(task, task.n_envs, seed)
+    model = agent_class("MlpPolicy", env, seed=seed, verbose=0, **task.kwargs("quick", "covey"))
     totals: dict[str, float] = defaultdict(float)
     with timed_phases(totals):
         start = time.perf_counter()

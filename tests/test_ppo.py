@@ -144,13 +144,16 @@ def test_load_with_env_continues_training(tmp_path):
 
 
 def test_schedules_survive_save_as_their_current_value(tmp_path):
-    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, learning_rate=lambda p: 1e-3 * p, seed=0)
+    def schedule(p: float) -> float:
+        return 1e-3 * (0.5 + 0.5 * p)  # does not decay to 0 (a decayed one loads its initial value)
+
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, learning_rate=schedule, seed=0)
     model.learn(64)
     model.save(tmp_path / "m.zip")
     loaded = PPO.load(tmp_path / "m.zip", custom_objects={"learning_rate": lambda p: 5e-4})
     assert loaded.lr_schedule(1.0) == 5e-4
     kept = PPO.load(tmp_path / "m.zip")
-    assert kept.lr_schedule(1.0) == pytest.approx(1e-3 * model._current_progress_remaining)
+    assert kept.lr_schedule(1.0) == pytest.approx(schedule(max(model._current_progress_remaining, 0.0)))
 
 
 def _run(seed: int) -> tuple[np.ndarray, dict]:

@@ -28,6 +28,7 @@ from stable_baselines3.common.callbacks import (
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import configure_logger, safe_mean
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
+from torch.optim import optimizer as _optimizer_module
 
 from covey import serialization
 from covey.networks.actor_critic import policy_name
@@ -93,6 +94,221 @@ def set_random_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def set_train_mode(module: torch.nn.Module, mode: bool) -> None:
+    """``module.train(mode)``, skipped when the module is in that mode already (the call walks every submodule,
+    tens of microseconds per rollout or update)."""
+    if module.training != mode:
+        module.train(mode)
+
+
+def _has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether step hooks (the optimizer's own or global ones) are registered: they run only in ``step()``."""
+    return bool(
+        getattr(optimizer, "_optimizer_step_pre_hooks", True)
+        or getattr(optimizer, "_optimizer_step_post_hooks", True)
+        or getattr(_optimizer_module, "_global_optimizer_pre_hooks", True)
+        or getattr(_optimizer_module, "_global_optimizer_post_hooks", True)
+    )
+
+
+class FlatParameters:
+    """Parameters laid out in one contiguous buffer, and their gradients in a second one.
+
+    Every parameter stays the same object with the same shape (modules, state dicts and saved files do
+    not change), but its data becomes a view into :attr:`data` and its ``.grad`` a view into :attr:`grad`.
+    An optimizer over ``[data]`` then updates all of them as one tensor, and zeroing and clipping the
+    gradients are one operation each. Gradients are zeroed, not set to None: a parameter that a loss does
+    not reach gets a zero gradient (Adam still moves it by its momentum), where ``zero_grad(set_to_none=True)``
+    would have left it out of the step. covey's losses reach every parameter of their optimizer.
+
+    >>> a, b = torch.nn.Linear(2, 3), torch.nn.Linear(3, 1)
+    >>> flat = FlatParameters([*a.parameters(), *b.parameters()])
+    >>> flat.data.shape, a.weight.data_ptr() == flat.data.data_ptr()
+    (torch.Size([13]), True)
+    """
+
+    def __init__(self, params: list[torch.Tensor], with_grad: bool = True) -> None:
+        self.params = list({id(p): p for p in params}.values())
+        self.with_grad = with_grad
+        self._direct: tuple | None = None  # what step() needs to call a fused Adam kernel directly
+        self._direct_ok = True
+        if not self.params:
+            raise ValueError("FlatParameters needs a non-empty list of parameters.")
+        first = self.params[0]
+        if any(p.dtype != first.dtype or p.device != first.device for p in self.params):
+            raise ValueError("FlatParameters needs parameters of one dtype on one device.")
+        self.offsets: dict[int, int] = {}
+        if len(self.params) == 1 and first.is_contiguous():
+            # One parameter is already one tensor: the optimizer keeps it (and its identity).
+            self.offsets[id(first)] = 0
+            self.data = first
+            self.grad = torch.zeros_like(first) if with_grad else None
+            self.relink()
+            return
+        total = sum(p.numel() for p in self.params)
+        data = torch.empty(total, dtype=first.dtype, device=first.device)
+        self.grad = torch.zeros_like(data) if with_grad else None
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                data[offset : offset + n].copy_(p.reshape(-1))
+                p.data = data[offset : offset + n].view_as(p)
+                self.offsets[id(p)] = offset
+                offset += n
+        self.data = data.requires_grad_(with_grad)
+        self.relink()
+
+    def view(self, p: torch.Tensor, of: torch.Tensor | None = None) -> torch.Tensor:
+        """The slice of ``of`` (default: :attr:`grad`) that belongs to parameter ``p``, shaped like it."""
+        offset = self.offsets[id(p)]
+        return (self.grad if of is None else of).reshape(-1)[offset : offset + p.numel()].view_as(p)
+
+    def relink(self) -> None:
+        """Point every parameter's ``.grad`` at its slice of :attr:`grad` again (after a ``zero_grad`` that set
+        them to None, say), and check that no parameter was moved out of the buffer."""
+        if not hasattr(self, "_links"):
+            size = self.data.element_size()
+            self._links = [
+                (p, self.data.data_ptr() + self.offsets[id(p)] * size, self.view(p) if self.with_grad else None)
+                for p in self.params
+            ]
+        for p, address, grad in self._links:
+            if p.data_ptr() != address:
+                raise RuntimeError(
+                    "A parameter was moved out of its flat buffer (e.g. by .to(device) after the model was "
+                    "built). Build the model on the device it trains on (device=...)."
+                )
+            if grad is not None and p.grad is not grad:
+                p.grad = grad
+        if self.with_grad:
+            self.data.grad = self.grad
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()`` for the optimizer over :attr:`data`. A fused Adam/AdamW calls its kernel
+        directly once its state exists: the same update, without ~15 us of Python around one kernel."""
+        direct = self._direct
+        if (
+            direct is None
+            or direct[0] is not optimizer
+            or optimizer.state.get(self.data) is not direct[2]  # a load_state_dict replaces the state
+            or optimizer.param_groups[0] is not direct[3]
+            or torch.is_tensor(direct[3]["lr"])
+            or _has_step_hooks(optimizer)
+        ):
+            direct = self._direct = self._fused_adam(optimizer)
+            if direct is None:
+                optimizer.step()
+                return
+        _, kernel, state, group = direct
+        state["step"].add_(1)
+        try:
+            kernel(
+                [self.data.detach()],
+                [self.grad],
+                [state["exp_avg"]],
+                [state["exp_avg_sq"]],
+                [],
+                [state["step"]],
+                amsgrad=False,
+                lr=group["lr"],
+                beta1=group["betas"][0],
+                beta2=group["betas"][1],
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=group["maximize"],
+            )
+        except TypeError:
+            # A torch whose private kernel takes other arguments: step through the optimizer from now on.
+            state["step"].sub_(1)
+            self._direct_ok = False
+            self._direct = None
+            optimizer.step()
+
+    def _fused_adam(self, optimizer: torch.optim.Optimizer):
+        """(optimizer, kernel, state, group) when ``optimizer`` is a plain fused Adam/AdamW over :attr:`data`
+        whose state exists; else None."""
+        if not self._direct_ok or type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+            return None
+        if len(optimizer.param_groups) != 1:
+            return None
+        group = optimizer.param_groups[0]
+        state = optimizer.state.get(self.data)
+        plain = (
+            group.get("fused")
+            and not group["amsgrad"]
+            and not group.get("capturable")
+            and not group.get("differentiable")
+            and not torch.is_tensor(group["lr"])
+            and not _has_step_hooks(optimizer)
+        )
+        if not plain or not state or len(group["params"]) != 1 or group["params"][0] is not self.data:
+            return None
+        decoupled = group.get("decoupled_weight_decay", type(optimizer) is torch.optim.AdamW)
+        kernel = getattr(torch, "_fused_adamw_" if decoupled else "_fused_adam_", None)
+        return None if kernel is None else (optimizer, kernel, state, group)
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the gradients so that their global 2-norm is at most ``max_norm`` (as
+        ``torch.nn.utils.clip_grad_norm_``); returns the norm before clipping."""
+        norm = torch.linalg.vector_norm(self.grad)
+        self.grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return norm
+
+    # -- the optimizer's state dict, per parameter as an optimizer over ``params`` writes it
+    def attach(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Make ``optimizer`` (built over ``[self.data]``) save and load its state per parameter, in the
+        layout an optimizer over ``self.params`` has: model files stay the same."""
+        optimizer.register_state_dict_post_hook(lambda _opt, state: self._split_state(state))
+        optimizer.register_load_state_dict_pre_hook(lambda _opt, state: self._join_state(state))
+        optimizer.flat_parameters = self
+        return optimizer
+
+    def _split_state(self, state_dict: dict) -> dict:
+        (group,) = state_dict["param_groups"]
+        flat_state = state_dict["state"].get(group["params"][0])
+        state = {}
+        if flat_state is not None:
+            for i, p in enumerate(self.params):
+                state[i] = {
+                    key: self._slice_state(key, value, p) if torch.is_tensor(value) else value
+                    for key, value in flat_state.items()
+                }
+        return {"state": state, "param_groups": [{**group, "params": list(range(len(self.params)))}]}
+
+    def _slice_state(self, key: str, value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        if key != "step" and value.shape == self.data.shape:
+            return self.view(p, value).clone()
+        return value.clone()
+
+    def _join_state(self, state_dict: dict) -> dict:
+        groups = state_dict["param_groups"]
+        if len(groups) != 1 or len(groups[0]["params"]) != len(self.params):
+            raise ValueError(
+                f"The optimizer state holds {[len(g['params']) for g in groups]} parameters per group; this "
+                f"optimizer has one group of {len(self.params)}. Load a state saved by the same model."
+            )
+        index = groups[0]["params"]
+        saved = state_dict["state"]
+        present = [(p, saved[i]) for p, i in zip(self.params, index) if i in saved]
+        state = {}
+        if present:
+            joined = {}
+            for key, value in present[0][1].items():
+                if key != "step" and torch.is_tensor(value) and value.shape == present[0][0].shape:
+                    flat = torch.zeros_like(self.data, dtype=value.dtype, device=value.device)
+                    for p, entry in present:
+                        self.view(p, flat).copy_(entry[key])
+                    joined[key] = flat
+                else:
+                    joined[key] = value.clone() if torch.is_tensor(value) else value  # never alias the source
+            state[0] = joined
+        return {"state": state, "param_groups": [{**groups[0], "params": [0]}]}
 
 
 class BaseAgent:
@@ -351,25 +567,32 @@ class BaseAgent:
         return self.policy.predict(observation, state, episode_start, deterministic)
 
     def _update_learning_rate(self) -> float:
-        """Set every optimizer's step size from the schedule at the current progress; returns it."""
+        """Set every optimizer's step size from the schedule at the current progress; returns it. Called once
+        per update, it also re-points the parameters' gradients at their flat buffers (a user's
+        ``module.zero_grad()`` sets them to None)."""
         lr = self.lr_schedule(self._current_progress_remaining)
         for optimizer in self._optimizers().values():
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            flat = getattr(optimizer, "flat_parameters", None)
+            if flat is not None:
+                flat.relink()
         return lr
 
     def _optimizer_step(self, loss: torch.Tensor, max_grad_norm: float) -> None:
         """One step of the single optimizer over ``self._params``: clip the global gradient norm, step, and
         move the critic's EMA copy (if any) after it."""
-        self.optimizer.zero_grad(set_to_none=True)
+        flat = self.optimizer.flat_parameters
+        flat.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self._params, max_grad_norm, foreach=True)
-        self.optimizer.step()
+        flat.clip_grad_norm_(max_grad_norm)
+        flat.step(self.optimizer)
         if getattr(self, "critic_ema", None) is not None:
             self.critic_ema.update()
 
     def _make_optimizer(self, params: list[torch.Tensor], adam_eps: float | None = None) -> torch.optim.Optimizer:
-        """``policy_kwargs``' optimizer over ``params``; Adam is fused (one kernel for all parameters)."""
+        """``policy_kwargs``' optimizer over ``params``, laid out in one flat buffer (:class:`FlatParameters`,
+        reachable as ``optimizer.flat_parameters``): the optimizer steps one tensor, and Adam is fused."""
         pc = self.policy_config
         kwargs = dict(pc.optimizer_kwargs)
         if pc.optimizer_class in (torch.optim.Adam, torch.optim.AdamW):
@@ -377,7 +600,8 @@ class BaseAgent:
                 kwargs.setdefault("eps", adam_eps)
             if "foreach" not in kwargs and "fused" not in kwargs and params:
                 kwargs["fused"] = True
-        return pc.optimizer_class(params, lr=self.lr_schedule(1.0), **kwargs)
+        flat = FlatParameters(params)
+        return flat.attach(pc.optimizer_class([flat.data], lr=self.lr_schedule(1.0), **kwargs))
 
     # ------------------------------------------------------------------ parameters and files
     def _networks(self) -> dict[str, torch.nn.Module]:

@@ -9,12 +9,15 @@ import numpy as np
 import torch
 from stable_baselines3.common.utils import explained_variance
 
-from covey.agents.base import BaseAgent, Schedule, as_schedule, require, warn_batch_size
+from covey.agents.base import BaseAgent, Schedule, as_schedule, require, set_train_mode, warn_batch_size
 from covey.agents.recurrent import RecurrentRollout
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import Actor, Critic, PolicyConfig, build_actor_critic, memory_settings
+from covey.networks.distributions import CategoricalHead, DiagGaussianHead
 from covey.networks.ema import CriticEMA, ema_regularizer
+from covey.networks.mlp import ManualMLP
 from covey.networks.obs import ObsTensor, batch_to_tensor
+from covey.networks.twohot import ScalarHead
 
 # Observations per forward pass when values and log-probs are computed for a whole rollout.
 _EVAL_CHUNK = 4096
@@ -202,6 +205,196 @@ def ppo_objective(
     return loss, stats
 
 
+class ManualPPOUpdate:
+    """PPO's epochs of minibatch updates for feed-forward MLP networks, with hand-written gradients.
+
+    The same losses (:func:`ppo_loss`), minibatches, update order and optimizer steps as the autograd
+    path, in far fewer operations, which is what a minibatch of a small MLP costs on a CPU: the weight-free
+    encoders run once per rollout, each epoch permutes the rollout once and normalizes the advantages of
+    all its minibatches together, :class:`~covey.networks.mlp.ManualMLP` writes the gradients straight
+    into the optimizer's flat gradient buffer, and the logged statistics are reduced once per update.
+
+    It applies (:meth:`applies`) to weight-free encoders (``MlpPolicy`` on vector, Discrete or
+    MultiBinary observations), ``Linear`` + Tanh/ReLU trunks, a Discrete or Box action head, the scalar
+    value head, no value clipping, no critic EMA and no recurrent memory; PPO uses autograd otherwise.
+    """
+
+    def __init__(self, actor: Actor, critic: Critic) -> None:
+        self.actor, self.critic = actor, critic
+        self.policy_net = ManualMLP(actor.trunk, actor.head.proj)
+        self.value_net = ManualMLP(critic.trunk, critic.value_head.proj)
+
+    def act(self, obs: ObsTensor) -> torch.Tensor:
+        """Sampled actions for a batch of observations: :meth:`Actor.act` without the module calls."""
+        return self.actor.head.sample(self.policy_net.infer(self.actor.encoder(obs)))
+
+    @torch.no_grad()
+    def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Values and log-probabilities ``(B,)`` with the same arithmetic as the minibatch updates (so that
+        the first update's probability ratios start at exactly 1)."""
+        x_pi = self.actor.encoder(obs)
+        x_v = x_pi if self.critic.encoder is self.actor.encoder else self.critic.encoder(obs)
+        head = self.actor.head
+        log_prob = head.manual_terms(self.policy_net.forward(x_pi)[0], head.manual_actions(actions))[0]
+        return self.value_net.forward(x_v)[0].view(-1), log_prob
+
+    @torch.no_grad()
+    def value(self, obs: ObsTensor) -> torch.Tensor:
+        """Values ``(B,)`` with the arithmetic of :meth:`evaluate`."""
+        return self.value_net.forward(self.critic.encoder(obs))[0].view(-1)
+
+    @staticmethod
+    def applies(actor: Actor, critic: Critic, params: list[torch.Tensor]) -> bool:
+        """Whether the networks are of the supported kind and ``params`` (what the optimizer steps) are
+        exactly the trunk and head parameters that the hand-written gradients cover."""
+        if actor.memory is not None or critic.memory is not None:
+            return False
+        if type(actor.head) not in (CategoricalHead, DiagGaussianHead) or type(critic.value_head) is not ScalarHead:
+            return False
+        if any(True for _ in actor.encoder.parameters()) or any(True for _ in critic.encoder.parameters()):
+            return False
+        if not ManualMLP.supports(actor.trunk, actor.head.proj):
+            return False
+        if not ManualMLP.supports(critic.trunk, critic.value_head.proj):
+            return False
+        covered = [*actor.trunk.parameters(), *actor.head.parameters(), *critic.trunk.parameters()]
+        covered += list(critic.value_head.parameters())
+        return len(covered) == len(params) and {id(p) for p in covered} == {id(p) for p in params}
+
+    @torch.no_grad()
+    def train(
+        self,
+        buffer: RolloutBuffer,
+        optimizer: torch.optim.Optimizer,
+        config: PPOConfig,
+        clip_range: float,
+        log: Any = None,
+    ) -> tuple[dict[str, float], int]:
+        """Run the epochs on the collected rollout: returns the mean of every minibatch statistic (as
+        :func:`ppo_loss` names them) and the number of epochs started (an early stop ends one early)."""
+        policy_net, value_net, head = self.policy_net, self.value_net, self.actor.head
+        policy_net.bind()
+        value_net.bind()
+        flat = optimizer.flat_parameters
+        n = buffer.n_steps * buffer.n_envs
+        batch_size = min(config.batch_size, n)
+        obs = buffer.flat_observations()
+        # The encoders have no weights: encode the rollout once instead of every minibatch.
+        x_pi = self.actor.encoder(obs)
+        x_v = x_pi if self.critic.encoder is self.actor.encoder else self.critic.encoder(obs)
+        rollout = (
+            x_pi,
+            x_v,
+            head.manual_actions(buffer.flat_actions()),
+            buffer.log_probs.reshape(n),
+            buffer.advantages.reshape(n),
+            buffer.returns.reshape(n),
+        )
+        minibatches = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+        # Per-sample terms of every minibatch, reduced to the logged statistics once at the end.
+        log_ratios, s1s, s2s, errors, entropies, used = [], [], [], [], [], []
+        low, high = 1.0 - clip_range, 1.0 + clip_range
+        ent_coef, vf_coef, target_kl = config.ent_coef, config.vf_coef, config.target_kl
+        epochs = 0
+        stop = False
+        shuffle = batch_size < n
+        if not shuffle:
+            # One minibatch holds the whole rollout: its order does not change the gradient, so every epoch
+            # takes the rollout as it is.
+            x_pi_e, x_v_e, act_e, old_e, adv_e, ret_e = rollout
+            adv_e = self._scaled_advantages(adv_e, batch_size, config.normalize_advantage)
+        for _ in range(config.n_epochs):
+            epochs += 1
+            if shuffle:
+                # One permutation per epoch; the minibatches are contiguous slices of the permuted rollout.
+                x_pi_e, x_v_e, act_e, old_e, adv_e, ret_e = _permute(rollout, torch.randperm(n, device=x_pi.device))
+                adv_e = self._scaled_advantages(adv_e, batch_size, config.normalize_advantage)
+            for start, end in minibatches:
+                size = end - start
+                logits, h_pi = policy_net.forward(x_pi_e[start:end])
+                value, h_v = value_net.forward(x_v_e[start:end])
+                log_prob, entropy, terms = head.manual_terms(logits, act_e[start:end])
+                log_ratio = log_prob - old_e[start:end]
+                ratio = log_ratio.exp()
+                adv = adv_e[start:end]  # -A / size: the minus of the loss and the 1 / size of its mean folded in
+                s1 = ratio * adv
+                s2 = ratio.clamp(low, high).mul_(adv)
+                error = value.view(-1) - ret_e[start:end]
+                log_ratios.append(log_ratio)
+                s1s.append(s1)
+                s2s.append(s2)
+                errors.append(error)
+                entropies.append(entropy)
+                used.append(size)
+                if target_kl is not None:
+                    approx_kl = ((ratio - 1) - log_ratio).mean().item()
+                    if approx_kl > 1.5 * target_kl:
+                        if log is not None:
+                            log(f"Early stopping: approx_kl {approx_kl:.4f} > 1.5 * target_kl")
+                        stop = True
+                        break
+                # policy loss = sum(max(s1, s2)) over the minibatch; its gradient flows through the unclipped
+                # term where that one is selected (ties: the ratio is inside the clip range).
+                grad_log_prob = torch.where(s1 >= s2, s1, 0.0)
+                policy_net.backward(h_pi, head.manual_grad(terms, grad_log_prob, -ent_coef / size))
+                value_net.backward(h_v, error.mul(2.0 * vf_coef / size).unsqueeze(1))
+                flat.clip_grad_norm_(config.max_grad_norm)
+                flat.step(optimizer)
+            if stop:
+                break
+        stash = {"log_ratio": log_ratios, "s1": s1s, "s2": s2s, "error": errors, "entropy": entropies}
+        return self._means(stash, used, clip_range, ent_coef, vf_coef), epochs
+
+    @staticmethod
+    def _scaled_advantages(adv: torch.Tensor, batch_size: int, normalize: bool) -> torch.Tensor:
+        """``-A / size`` per sample, ``A`` normalized within each minibatch of one epoch's order."""
+        n = adv.shape[0]
+        full = n // batch_size * batch_size
+        parts = [adv[:full].view(-1, batch_size)]  # (n_minibatches, batch_size)
+        if full < n:
+            parts.append(adv[full:].view(1, -1))  # the truncated last minibatch
+        out = []
+        for part in parts:
+            size = part.shape[1]
+            if normalize and size > 1:
+                std, mean = torch.std_mean(part, dim=1, keepdim=True)
+                part = (part - mean) / (std + 1e-8)
+            out.append(part.reshape(-1) * (-1.0 / size))
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    @staticmethod
+    def _means(stash: dict[str, list[torch.Tensor]], sizes: list[int], clip_range, ent_coef, vf_coef):
+        """Every statistic of :func:`ppo_loss`, averaged over the minibatches as the autograd path logs them."""
+        if not sizes:
+            return {}
+        cat = {key: torch.cat(values) for key, values in stash.items()}
+        m = len(sizes)
+        if min(sizes) == max(sizes):
+            mean = torch.mean
+        else:
+            # weight 1 / (m * size of its minibatch): the mean over minibatches of the mean within each
+            sizes_t = torch.tensor(sizes, dtype=cat["s1"].dtype, device=cat["s1"].device)
+            weight = torch.repeat_interleave(1.0 / (m * sizes_t), sizes_t.long())
+
+            def mean(x: torch.Tensor) -> torch.Tensor:
+                return (x * weight).sum()
+
+        ratio = cat["log_ratio"].exp()
+        means = torch.stack(
+            [
+                torch.maximum(cat["s1"], cat["s2"]).sum() / m,  # s1, s2 carry -1 / size already
+                mean(cat["error"].square()),
+                -mean(cat["entropy"]),
+                mean((ratio - 1) - cat["log_ratio"]),
+                mean(((ratio - 1).abs() > clip_range).float()),
+            ]
+        ).tolist()
+        names = ("policy_gradient_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction")
+        out = dict(zip(names, means))
+        out["loss"] = out["policy_gradient_loss"] + ent_coef * out["entropy_loss"] + vf_coef * out["value_loss"]
+        return out
+
+
 class PPO(BaseAgent):
     """Proximal Policy Optimization with the Stable-Baselines3 interface.
 
@@ -217,6 +410,9 @@ class PPO(BaseAgent):
 
     agent_name = "PPO"
     schedule_keys = ("learning_rate", "clip_range", "clip_range_vf")
+    manual_gradients: ClassVar[bool] = True
+    """Train MLP networks with :class:`ManualPPOUpdate` where it applies (set ``PPO.manual_gradients = False``
+    before building a model to use autograd for every network)."""
 
     def __init__(
         self,
@@ -308,6 +504,14 @@ class PPO(BaseAgent):
         params = list({id(p): p for p in [*self.actor.parameters(), *self.critic.parameters()]}.values())
         self._params = params
         self.optimizer = self._make_optimizer(params, adam_eps=1e-5)  # SB3's PPO uses eps=1e-5
+        self._manual: ManualPPOUpdate | None = None
+        if (
+            self.manual_gradients
+            and self.clip_range_vf is None
+            and self.critic_ema is None
+            and ManualPPOUpdate.applies(self.actor, self.critic, params)
+        ):
+            self._manual = ManualPPOUpdate(self.actor, self.critic)
         self.rollout_buffer = RolloutBuffer(
             cfg.n_steps, self.n_envs, self.observation_space, self.action_space, self.device
         )
@@ -347,7 +551,7 @@ class PPO(BaseAgent):
         buffer, actor, env = self.rollout_buffer, self.actor, self.env
         space = self.observation_space
         buffer.reset()
-        actor.set_training_mode(False)
+        set_train_mode(actor, False)
         callback.on_rollout_start()
         truncations: list[tuple[int, int, Any]] = []
         new_obs = self._last_obs
@@ -356,6 +560,9 @@ class PPO(BaseAgent):
             # Acting needs only the actor; values and log-probs come in one pass after the rollout.
             if self.recurrent is not None:
                 action_tensor = self.recurrent.act(actor, obs_tensor, self._last_episode_starts, step)
+            elif self._manual is not None:
+                with torch.inference_mode():
+                    action_tensor = self._manual.act(obs_tensor)
             else:
                 with torch.inference_mode():
                     action_tensor = actor.act(obs_tensor)
@@ -407,9 +614,17 @@ class PPO(BaseAgent):
         obs, actions = buffer.flat_observations(), buffer.flat_actions()
         n = actions.shape[0]
         head = self.critic.value_head
+        manual = self._manual
+        # The hand-differentiated update evaluates with its own arithmetic, so that both agree exactly.
+        critic = manual.value if manual is not None else self.critic
         values, log_probs, entropies = [], [], []
         for start in range(0, n, _EVAL_CHUNK):
             chunk = _slice(obs, start, start + _EVAL_CHUNK)
+            if manual is not None:
+                value, log_prob = manual.evaluate(chunk, actions[start : start + _EVAL_CHUNK])
+                values.append(value)
+                log_probs.append(log_prob)
+                continue
             raw = self.critic.raw(chunk)
             values.append(head.value(raw))
             if head.distributional:
@@ -420,10 +635,10 @@ class PPO(BaseAgent):
         buffer.log_probs = torch.cat(log_probs).reshape(buffer.n_steps, buffer.n_envs)
         if truncations:
             finals = _stack_obs([obs_i for _, _, obs_i in truncations])
-            bootstrap = self.critic(batch_to_tensor(finals, self.observation_space, self.device)).cpu().numpy()
+            bootstrap = critic(batch_to_tensor(finals, self.observation_space, self.device)).cpu().numpy()
             for (step, env_idx, _), value in zip(truncations, bootstrap):
                 buffer.truncation_values[step, env_idx] = value
-        return self.critic(batch_to_tensor(last_obs, self.observation_space, self.device)).cpu().numpy()
+        return critic(batch_to_tensor(last_obs, self.observation_space, self.device)).cpu().numpy()
 
     def train(self) -> None:
         """Several epochs of minibatch updates on the collected rollout."""
@@ -432,8 +647,14 @@ class PPO(BaseAgent):
         lr = self._update_learning_rate()
         clip_range = self.clip_range(progress)
         clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
-        self.actor.set_training_mode(True)
-        self.critic.train(True)
+        set_train_mode(self.actor, True)
+        set_train_mode(self.critic, True)
+        if self._manual is not None:
+            log = self.logger.info if self.verbose >= 1 else None
+            means, epochs = self._manual.train(self.rollout_buffer, self.optimizer, cfg, clip_range, log)
+            self._n_updates += epochs
+            self._record_train_means(means, lr, clip_range, clip_range_vf)
+            return
         history: list[dict[str, torch.Tensor]] = []
         continue_training = True
         ema = self.critic_ema.model if self.critic_ema is not None else None
@@ -494,8 +715,12 @@ class PPO(BaseAgent):
             self.recurrent.reset_memories(self.actor, self.critic)
 
     def _record_train_stats(self, history, lr: float, clip_range: float, clip_range_vf: float | None) -> None:
-        buffer = self.rollout_buffer
         means = {k: torch.stack([h[k] for h in history]).mean().item() for k in history[0]} if history else {}
+        self._record_train_means(means, lr, clip_range, clip_range_vf)
+
+    def _record_train_means(self, means: dict[str, float], lr: float, clip_range: float, clip_range_vf) -> None:
+        """Log the minibatch statistics (averaged over the update) and the rollout's value diagnostics."""
+        buffer = self.rollout_buffer
         for key, value in means.items():
             self.logger.record(f"train/{key}", value)
         self.logger.record(
@@ -516,6 +741,15 @@ class PPO(BaseAgent):
         if clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", clip_range_vf)
         self.logger.record("train/learning_rate", lr)
+
+
+def _permute(rollout: tuple[torch.Tensor, ...], perm: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Every tensor of ``rollout`` reordered by ``perm`` (a tensor appearing twice is gathered once)."""
+    done: dict[int, torch.Tensor] = {}
+    for x in rollout:
+        if id(x) not in done:
+            done[id(x)] = x[perm]
+    return tuple(done[id(x)] for x in rollout)
 
 
 def _slice(obs: ObsTensor, start: int, stop: int) -> ObsTensor:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from covey.agents.base import BaseAgent, Schedule, require
+from covey.agents.base import BaseAgent, FlatParameters, Schedule, require, set_train_mode
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks
 from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
@@ -48,6 +48,10 @@ class SACConfig:
     """Target entropy for the learned temperature; "auto": -dim(A) (Box) or 0.5 * log|A| (Discrete)."""
     stats_window_size: int = 100
     """Episodes averaged for rollout/ep_rew_mean."""
+    bf16_matmuls: bool = False
+    """covey's opt-in: the gradient steps run the networks under bfloat16 autocast (matrix multiplies in
+    bfloat16, network outputs back in float32; parameters, optimizer and losses stay float32). About 2x
+    faster gradient steps on a CPU with bfloat16 units, at bfloat16's 8-bit mantissa in the layers."""
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
@@ -71,6 +75,7 @@ class SACConfig:
             "target_entropy",
             'it must be "auto" or a float',
         )
+        need(isinstance(self.bf16_matmuls, bool), "bf16_matmuls", "it must be True or False")
         self.train_freq = _train_freq(self.train_freq)
 
 
@@ -206,6 +211,7 @@ class SAC(BaseAgent):
         verbose: int = 0,
         seed: int | None = None,
         device: torch.device | str = "auto",
+        bf16_matmuls: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         if use_sde or use_sde_at_warmup:
@@ -230,6 +236,7 @@ class SAC(BaseAgent):
             target_update_interval=target_update_interval,
             target_entropy=target_entropy,
             stats_window_size=stats_window_size,
+            bf16_matmuls=bf16_matmuls,
         )
         kwargs = dict(policy_kwargs or {})
         self.policy_config = PolicyConfig.from_kwargs(
@@ -298,6 +305,8 @@ class SAC(BaseAgent):
             self._fixed_ent_coef = torch.tensor(float(cfg.ent_coef), device=self.device)
         self.actor.optimizer = self.actor_optimizer = self._make_optimizer(list(self.actor.parameters()))
         self.critic.optimizer = self.critic_optimizer = self._make_optimizer(self._critic_params)
+        # The target critics in one flat buffer with the critics' layout: the Polyak update is one lerp.
+        self._target_flat = FlatParameters(self._target_params, with_grad=False)
         self.replay_buffer = ReplayBuffer(
             cfg.buffer_size,
             self.observation_space,
@@ -383,7 +392,7 @@ class SAC(BaseAgent):
     def collect_rollouts(self, callback, log_interval: int | None) -> tuple[int, bool]:
         """Step the envs until ``train_freq`` is met; returns (env steps of all envs, whether to continue)."""
         cfg, env, actor = self.config, self.env, self.actor
-        actor.set_training_mode(False)
+        set_train_mode(actor, False)
         callback.on_rollout_start()
         steps = episodes = 0
         while (steps if cfg.train_freq.unit == "step" else episodes) < cfg.train_freq.frequency:
@@ -440,7 +449,7 @@ class SAC(BaseAgent):
         """``gradient_steps`` SAC updates: temperature, critics, actor, then the target critics."""
         self._update_current_progress_remaining()
         lr = self._update_learning_rate()
-        self.actor.set_training_mode(True)
+        set_train_mode(self.actor, True)
         history: dict[str, list[torch.Tensor]] = {}
         for _ in range(gradient_steps):
             stats = self._gradient_step(self.replay_buffer.sample(batch_size))
@@ -449,7 +458,7 @@ class SAC(BaseAgent):
             self._n_updates += 1
             # The interval counts gradient steps over the whole run, not within one train() call.
             if self._n_updates % self.config.target_update_interval == 0:
-                polyak_update(self._target_params, self._critic_params, self.config.tau)
+                polyak_update([self._target_flat.data], [self.critic_optimizer.flat_parameters.data], self.config.tau)
         for key, values in history.items():
             self.logger.record(f"train/{key}", torch.stack(values).mean().item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
@@ -477,16 +486,27 @@ class SAC(BaseAgent):
         stats["actor_loss"] = loss.detach()
         return stats
 
+    def _run(self, network: Any, *inputs: Any) -> torch.Tensor:
+        """``network(*inputs)`` for a gradient step: as it is, or under bfloat16 autocast with a float32
+        result (``bf16_matmuls``). Each call is its own autocast region, so no bfloat16 copy of a weight
+        outlives the optimizer step that changes it."""
+        if not self.config.bf16_matmuls:
+            return network(*inputs)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            out = network(*inputs)
+        return out.float()
+
     @staticmethod
     def _step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-        optimizer.zero_grad(set_to_none=True)
+        flat = optimizer.flat_parameters
+        flat.zero_grad()
         loss.backward()
-        optimizer.step()
+        flat.step(optimizer)
 
     def _policy_sample(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy at ``obs``: ``(actions, log_prob)`` for Box (a reparameterized sample), and
         ``(log_probs over all actions, E[log pi])`` for Discrete."""
-        params = self.actor(obs)
+        params = self._run(self.actor, obs)
         if self.discrete:
             log_probs = params.log_softmax(-1)  # (B, n_actions)
             return log_probs, (log_probs.exp() * log_probs).sum(-1)  # E[log pi] = -entropy, (B,)
@@ -505,15 +525,15 @@ class SAC(BaseAgent):
         """
         cfg = self.config
         with torch.no_grad():
-            next_params = self.actor(batch.next_observations)
+            next_params = self._run(self.actor, batch.next_observations)
             if self.discrete:
-                next_q = self.critic_target(batch.next_observations)
+                next_q = self._run(self.critic_target, batch.next_observations)
                 target = discrete_soft_q_target(
                     batch.rewards, batch.terminated, next_q, next_params.log_softmax(-1), ent_coef, cfg.gamma
                 )
             else:
                 next_actions, next_log_prob = self.actor.head.rsample(next_params)
-                next_q = self.critic_target(batch.next_observations, next_actions)
+                next_q = self._run(self.critic_target, batch.next_observations, next_actions)
                 target = soft_q_target(batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, cfg.gamma)
         head = self.critic.value_head
         raw = self._raw_q_taken(self.critic, batch)  # (n_critics, B) or (n_critics, B, K)
@@ -542,8 +562,8 @@ class SAC(BaseAgent):
     def _raw_q_taken(self, critic: torch.nn.Module, batch: ReplayBatch) -> torch.Tensor:
         """The critics' raw outputs at the stored actions: ``(n_critics, B[, K])``."""
         if not self.discrete:
-            return critic.raw(batch.observations, batch.actions)
-        raw = critic.raw(batch.observations)  # (n_critics, B, n_actions[, K])
+            return self._run(critic.raw, batch.observations, batch.actions)
+        raw = self._run(critic.raw, batch.observations)  # (n_critics, B, n_actions[, K])
         index = batch.actions.long().view(1, -1, 1, *([1] * (raw.dim() - 3)))
         index = index.expand(raw.shape[0], -1, 1, *raw.shape[3:])
         return raw.gather(2, index).squeeze(2)
@@ -555,8 +575,8 @@ class SAC(BaseAgent):
         self.critic.requires_grad_(False)
         try:
             if self.discrete:
-                return discrete_actor_loss(self.critic(batch.observations), sample[0], ent_coef)
-            return actor_loss(self.critic(batch.observations, sample[0]), sample[1], ent_coef)
+                return discrete_actor_loss(self._run(self.critic, batch.observations), sample[0], ent_coef)
+            return actor_loss(self._run(self.critic, batch.observations, sample[0]), sample[1], ent_coef)
         finally:
             self.critic.requires_grad_(True)
 

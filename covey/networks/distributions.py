@@ -31,9 +31,10 @@ def _categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
 def _categorical_sample(logits: torch.Tensor, deterministic: bool) -> torch.Tensor:
     if deterministic:
         return logits.argmax(-1)
-    # Gumbel-max: argmax(logits + Gumbel noise) is a sample from softmax(logits).
-    u = torch.rand_like(logits).clamp_(min=1e-20)
-    return (logits - torch.log(-torch.log(u))).argmax(-1)
+    # Gumbel-max: argmax(logits + Gumbel noise) is a sample from softmax(logits); -log(E) with E ~ Exp(1)
+    # is Gumbel noise (one operation fewer than -log(-log(U)) with U uniform). E is kept above 0: log(0).
+    noise = torch.empty_like(logits).exponential_().clamp_(min=1e-20).log_()
+    return (logits - noise).argmax(-1)
 
 
 class CategoricalHead(nn.Module):
@@ -61,6 +62,28 @@ class CategoricalHead(nn.Module):
         log_p = logits.log_softmax(-1)
         log_prob = log_p.gather(-1, (actions.long() - self.start).unsqueeze(-1)).squeeze(-1)
         return log_prob, -(log_p.exp() * log_p).sum(-1)
+
+    # -- hand-differentiated training (see covey.networks.mlp.ManualMLP)
+    def manual_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Stored actions ``(N,)`` in the form :meth:`manual_terms` takes: one-hot rows ``(N, n)``."""
+        return F.one_hot(actions.long() - self.start, self.proj.out_features).float()
+
+    def manual_terms(self, logits: torch.Tensor, onehot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """Log-probabilities and entropies ``(B,)``, and what :meth:`manual_grad` needs."""
+        log_p = logits.log_softmax(-1)
+        p = log_p.exp()
+        entropy = (p * log_p).sum(-1).neg_()
+        return (log_p * onehot).sum(-1), entropy, (log_p, p, onehot, entropy)
+
+    def manual_grad(self, terms: tuple, grad_log_prob: torch.Tensor, grad_entropy: float) -> torch.Tensor:
+        """d(loss)/d(logits) ``(B, n)`` from d(loss)/d(log-probability) ``(B,)`` and the same
+        d(loss)/d(entropy) for every sample."""
+        log_p, p, onehot, entropy = terms
+        # d log p(a) / d logits = onehot(a) - p;  d entropy / d logits = -p * (log p + entropy)
+        grad = (onehot - p).mul_(grad_log_prob.unsqueeze(-1))
+        if grad_entropy != 0.0:
+            grad.addcmul_(p, log_p + entropy.unsqueeze(-1), value=-grad_entropy)
+        return grad
 
 
 class MultiCategoricalHead(nn.Module):
@@ -137,6 +160,29 @@ class DiagGaussianHead(nn.Module):
 
     def entropy(self, mean: torch.Tensor) -> torch.Tensor:
         return (0.5 + 0.5 * _LOG_2PI + self.log_std).sum().expand(mean.shape[0])
+
+    # -- hand-differentiated training (see covey.networks.mlp.ManualMLP)
+    def manual_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Stored actions ``(N, d)`` in the form :meth:`manual_terms` takes (unchanged)."""
+        return actions
+
+    def manual_terms(self, mean: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """Log-probabilities and entropies ``(B,)``, and what :meth:`manual_grad` needs."""
+        log_std = self.log_std.detach()
+        inv_std = log_std.neg().exp_()
+        z = (actions - mean).mul_(inv_std)  # (B, d)
+        zz = z * z
+        log_prob = zz.sum(-1).mul_(-0.5).sub_(log_std.sum() + 0.5 * _LOG_2PI * z.shape[-1])
+        entropy = (log_std.sum() + (0.5 + 0.5 * _LOG_2PI) * z.shape[-1]).expand(z.shape[0])
+        return log_prob, entropy, (z, zz, inv_std)
+
+    def manual_grad(self, terms: tuple, grad_log_prob: torch.Tensor, grad_entropy: float) -> torch.Tensor:
+        """d(loss)/d(mean) ``(B, d)`` from d(loss)/d(log-probability) ``(B,)`` and the same d(loss)/d(entropy)
+        for every sample; writes d(loss)/d(log_std) into ``log_std.grad``."""
+        z, zz, inv_std = terms
+        # d log p / d mean = z / std;  d log p / d log_std = z^2 - 1;  d entropy / d log_std = 1 (per sample)
+        torch.mv((zz - 1.0).t(), grad_log_prob, out=self.log_std.grad).add_(grad_entropy * z.shape[0])
+        return (z * inv_std).mul_(grad_log_prob.unsqueeze(-1))
 
 
 def make_action_head(space: spaces.Space, in_dim: int, log_std_init: float = 0.0) -> nn.Module:

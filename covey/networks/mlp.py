@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
 
@@ -15,11 +16,102 @@ def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tan
     layers: list[nn.Module] = []
     width = in_dim
     for size in hidden:
-        layers += [nn.Linear(width, int(size)), activation()]
+        # ReLU may overwrite the Linear output it follows (autograd needs only its own output): one tensor fewer.
+        layers += [nn.Linear(width, int(size)), nn.ReLU(inplace=True) if activation is nn.ReLU else activation()]
         width = int(size)
     net = nn.Sequential(*layers)
     net.out_dim = width
     return net
+
+
+# The activations :class:`ManualMLP` differentiates by hand.
+_MANUAL_ACTIVATIONS = {nn.Tanh: "tanh", nn.ReLU: "relu"}
+
+
+class ManualMLP:
+    """An :func:`mlp` trunk and a linear output layer, run with plain tensor operations and differentiated
+    by hand: the training hot path of small networks, where autograd and module calls cost more than
+    the arithmetic.
+
+    :meth:`forward` keeps the layer outputs; :meth:`backward` takes d(loss)/d(output) and writes the
+    gradients of every weight and bias into their ``.grad`` tensors (bound by :meth:`bind`), overwriting
+    them. Tanh is evaluated as ``2 * sigmoid(2x) - 1``: the same function to float rounding (absolute
+    error ~1e-7) and several times faster than ``torch.tanh`` on CPU.
+
+    >>> net = mlp(3, [8], nn.Tanh)
+    >>> head = nn.Linear(8, 2)
+    >>> manual = ManualMLP(net, head)
+    >>> out, _ = manual.forward(torch.zeros(5, 3))
+    >>> torch.allclose(out, head(net(torch.zeros(5, 3))), atol=1e-6)
+    True
+    """
+
+    def __init__(self, trunk: nn.Sequential, out: nn.Linear) -> None:
+        if not self.supports(trunk, out):
+            raise ValueError(
+                "ManualMLP takes Linear layers (with biases) each followed by Tanh or ReLU, then a Linear output."
+            )
+        modules = list(trunk)
+        self.kinds = [_MANUAL_ACTIVATIONS[type(act)] for act in modules[1::2]]
+        self.linears = [*modules[0::2], out]
+        # Detached views of the weights (updated in place by the optimizer): no autograd graph is recorded.
+        self.weights = [linear.weight.detach() for linear in self.linears]
+        self.weights_t = [weight.t() for weight in self.weights]  # (in, out) views
+        self.biases = [linear.bias.detach() for linear in self.linears]
+        self._minus_one = torch.tensor(-1.0, dtype=self.weights[0].dtype, device=self.weights[0].device)
+        self.bind()
+
+    @staticmethod
+    def supports(trunk: nn.Module, out: nn.Module) -> bool:
+        """Whether ``trunk`` alternates Linear layers and Tanh/ReLU and ``out`` is a Linear layer (all with biases)."""
+        if not isinstance(trunk, nn.Sequential) or not isinstance(out, nn.Linear) or len(trunk) % 2:
+            return False
+        modules = list(trunk)
+        linears = [*modules[0::2], out]
+        return all(type(m) is nn.Linear and m.bias is not None for m in linears) and all(
+            type(m) in _MANUAL_ACTIVATIONS for m in modules[1::2]
+        )
+
+    def bind(self) -> None:
+        """Read the parameters' current ``.grad`` tensors (before every update: they may have been replaced)."""
+        self.weight_grads = [linear.weight.grad for linear in self.linears]
+        self.bias_grads = [linear.bias.grad for linear in self.linears]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The output ``(B, out)`` and the inputs of every layer (kept for :meth:`backward`)."""
+        inputs = [x]
+        h = x
+        for weight_t, bias, kind in zip(self.weights_t, self.biases, self.kinds):
+            if kind == "tanh":
+                # tanh(z) = 2 * sigmoid(2z) - 1, with the factor 2 folded into the matrix multiply.
+                s = torch.addmm(bias, h, weight_t, beta=2.0, alpha=2.0).sigmoid_()
+                h = torch.add(self._minus_one, s, alpha=2.0)
+            else:
+                h = torch.addmm(bias, h, weight_t).relu_()
+            inputs.append(h)
+        return torch.addmm(self.biases[-1], h, self.weights_t[-1]), inputs
+
+    def infer(self, x: torch.Tensor) -> torch.Tensor:
+        """The output ``(B, out)`` with the exact activations, as the modules compute it (acting)."""
+        h = x
+        for weight_t, bias, kind in zip(self.weights_t, self.biases, self.kinds):
+            h = torch.addmm(bias, h, weight_t)
+            h = h.tanh_() if kind == "tanh" else h.relu_()
+        return torch.addmm(self.biases[-1], h, self.weights_t[-1])
+
+    def backward(self, inputs: list[torch.Tensor], grad_out: torch.Tensor) -> None:
+        """Write d(loss)/d(weights and biases) into their ``.grad`` from ``grad_out`` = d(loss)/d(output)."""
+        g = grad_out  # (B, out)
+        for i in range(len(self.weights) - 1, -1, -1):
+            torch.mm(g.t(), inputs[i], out=self.weight_grads[i])  # (out, in)
+            torch.sum(g, 0, out=self.bias_grads[i])
+            if i == 0:
+                break
+            g = torch.mm(g, self.weights[i])  # d/d(input of layer i) = d/d(output of layer i - 1), (B, in)
+            if self.kinds[i - 1] == "tanh":
+                g = torch.ops.aten.tanh_backward(g, inputs[i])  # g * (1 - h^2)
+            else:
+                g = torch.ops.aten.threshold_backward(g, inputs[i], 0.0)  # g * (h > 0)
 
 
 def parse_net_arch(net_arch: Sequence[int] | dict | None, keys: tuple[str, ...], default: list[int]) -> dict:

@@ -1,0 +1,265 @@
+"""Single-run ablations of covey's training fast paths, each measured side by side in one process.
+
+    python -m benchmarks.fast_paths              # a few minutes on 2 cores
+    python -m benchmarks.fast_paths --repeats 5  # more repetitions per measurement (the minimum is kept)
+
+Each row times one operation two ways on the same data and reports the minimum over repetitions of the
+mean time per call: PPO minibatch updates (hand-written gradients vs autograd; flat vs per-parameter
+optimizer step), acting, tanh, the Adam step, gradient clipping, batching two layers into one bmm, the
+matrix multiplies that bound the updates, torch.compile (its first call includes compiling), and SAC
+gradient steps (float32 vs bfloat16 autocast, flushing denormals, in-place ReLU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from stable_baselines3.common.env_util import make_vec_env
+
+from covey import PPO, SAC
+from covey.agents.base import FlatParameters
+from covey.agents.ppo import ppo_loss
+from covey.networks.obs import batch_to_tensor
+
+PPO_SETTINGS = {
+    "1 env (batch 64)": (1, {}),
+    "8 envs (batch 256)": (
+        8,
+        dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, learning_rate=1e-3),
+    ),
+}
+
+
+def timed(fn: Callable[[], object], calls: int, repeats: int) -> float:
+    """Microseconds per call: the minimum over ``repeats`` of the mean over ``calls`` calls (after a warm-up)."""
+    for _ in range(max(calls // 10, 1)):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e6
+
+
+def collected_ppo(n_envs: int, manual: bool, **kwargs) -> PPO:
+    """A PPO model with one rollout collected (values, log-probs, advantages in its buffer)."""
+    previous = PPO.manual_gradients
+    PPO.manual_gradients = manual
+    try:
+        model = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs, seed=0), seed=0, **kwargs)
+    finally:
+        PPO.manual_gradients = previous
+    _, callback = model._setup_learn(10**9, None, True, "ablation", False)
+    model.collect_rollouts(callback)
+    return model
+
+
+def autograd_minibatch(model: PPO, flat_step: bool) -> Callable[[], None]:
+    """One autograd minibatch update; the optimizer step over the flat buffer, or SB3-style per parameter
+    (zero_grad to None, foreach clipping, fused Adam over the parameter list)."""
+    batch = next(model.rollout_buffer.minibatches(model.batch_size))
+    reference = torch.optim.Adam(model._params, lr=1e-4, eps=1e-5, fused=True)
+
+    def step() -> None:
+        loss, _ = ppo_loss(batch, model.actor, model.critic, 0.2, None, 0.0, 0.5, True)
+        if flat_step:
+            model._optimizer_step(loss, 0.5)
+        else:
+            reference.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model._params, 0.5, foreach=True)
+            reference.step()
+
+    return step
+
+
+def ppo_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
+    rows = []
+    for name, (n_envs, kwargs) in PPO_SETTINGS.items():
+        manual = collected_ppo(n_envs, True, **kwargs)
+        auto = collected_ppo(n_envs, False, **kwargs)
+        minibatches = manual.n_epochs * -(-manual.n_steps * n_envs // manual.batch_size)
+        t_manual = timed(manual.train, 3, repeats) / minibatches
+        t_auto = timed(auto.train, 3, repeats) / minibatches
+        rows.append((f"PPO update per minibatch, {name}", "hand-written gradients", t_manual, "autograd", t_auto))
+        flat = timed(autograd_minibatch(auto, True), 200, repeats)
+        per_parameter = timed(autograd_minibatch(auto, False), 200, repeats)
+        auto.optimizer.flat_parameters.relink()
+        rows.append(
+            (f"PPO autograd minibatch step, {name}", "flat buffers", flat, "per-parameter optimizer", per_parameter)
+        )
+        obs = batch_to_tensor(manual._last_obs, manual.observation_space, manual.device)
+        with torch.inference_mode():
+            t_act = timed(lambda m=manual, o=obs: m._manual.act(o), 2000, repeats)
+            t_module = timed(lambda m=manual, o=obs: m.actor.act(o), 2000, repeats)
+        what = f"PPO acting, a batch of {n_envs} observation{'s' if n_envs > 1 else ''}"
+        rows.append((what, "manual forward", t_act, "Actor.act (modules)", t_module))
+    return rows
+
+
+def kernel_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
+    rows = []
+    minus_one = torch.tensor(-1.0)
+    for shape in ((64, 64), (256, 64)):
+        x = torch.randn(shape)
+        rows.append(
+            (
+                f"tanh of {shape[0]}x{shape[1]}",
+                "2 * sigmoid(2x) - 1",
+                timed(lambda x=x: torch.add(minus_one, torch.sigmoid(2 * x), alpha=2.0), 2000, repeats),
+                "torch.tanh",
+                timed(lambda x=x: torch.tanh(x), 2000, repeats),
+            )
+        )
+    net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
+    flat = FlatParameters(list(net.parameters()))
+    optimizer = flat.attach(torch.optim.Adam([flat.data], lr=1e-4, fused=True))
+    flat.grad.normal_()
+    optimizer.step()  # builds the state
+    per_parameter = [torch.zeros_like(p, requires_grad=True) for p in net.parameters()]
+    for p in per_parameter:
+        p.grad = torch.randn_like(p)
+    reference = torch.optim.Adam(per_parameter, lr=1e-4, fused=True)
+    rows.append(
+        (
+            "Adam step, 64x64 MLP",
+            "flat, direct fused kernel",
+            timed(lambda: flat.step(optimizer), 2000, repeats),
+            "fused Adam over the parameters",
+            timed(reference.step, 2000, repeats),
+        )
+    )
+    rows.append(
+        (
+            "gradient clipping, 64x64 MLP",
+            "flat buffer",
+            timed(lambda: flat.clip_grad_norm_(1e9), 2000, repeats),
+            "clip_grad_norm_(foreach)",
+            timed(lambda: torch.nn.utils.clip_grad_norm_(per_parameter, 1e9, foreach=True), 2000, repeats),
+        )
+    )
+    h, w = torch.randn(2, 256, 64), torch.randn(2, 64, 64)
+    rows.append(
+        (
+            "actor and critic layers 256x64x64",
+            "one batched bmm",
+            timed(lambda: torch.bmm(h, w), 500, repeats),
+            "two mm",
+            timed(lambda: (torch.mm(h[0], w[0]), torch.mm(h[1], w[1])), 500, repeats),
+        )
+    )
+    for m, k, n in ((256, 64, 64), (256, 256, 256)):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        rows.append(
+            (
+                f"matrix multiply {m}x{k}x{n}",
+                "bfloat16",
+                timed(lambda a=a16, b=b16: torch.mm(a, b), 500, repeats),
+                "float32",
+                timed(lambda a=a, b=b: torch.mm(a, b), 500, repeats),
+            )
+        )
+    return rows
+
+
+def compile_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
+    """torch.compile of a 64x64 MLP loss (forward and backward): its first call against eager calls."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh())
+    x = torch.randn(64, 4)
+
+    def loss() -> torch.Tensor:
+        return net(x).square().mean()
+
+    compiled = torch.compile(loss)
+    start = time.perf_counter()
+    compiled().backward()
+    first = (time.perf_counter() - start) * 1e6
+    eager = timed(lambda: loss().backward(), 500, repeats)
+    steady = timed(lambda: compiled().backward(), 500, repeats)
+    return [
+        ("64x64 MLP loss forward and backward", "torch.compile, first call", first, "eager", eager),
+        ("64x64 MLP loss forward and backward", "torch.compile, later calls", steady, "eager", eager),
+    ]
+
+
+def sac_model(bf16: bool = False) -> SAC:
+    model = SAC(
+        "MlpPolicy",
+        make_vec_env("Pendulum-v1", 1, seed=0),
+        learning_rate=1e-3,
+        learning_starts=300,
+        seed=0,
+        bf16_matmuls=bf16,
+    )
+    return model.learn(400)
+
+
+def sac_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
+    fp32, bf16 = sac_model(), sac_model(bf16=True)
+
+    def steps(model: SAC) -> Callable[[], None]:
+        return lambda: model.train(1, 256)
+
+    rows = [
+        (
+            "SAC gradient step, Pendulum 256x256",
+            "bf16_matmuls=True",
+            timed(steps(bf16), 40, repeats),
+            "float32",
+            timed(steps(fp32), 40, repeats),
+        )
+    ]
+
+    def with_flush(on: bool) -> Callable[[], None]:
+        def step() -> None:
+            torch.set_flush_denormal(on)
+            fp32.train(1, 256)
+
+        return step
+
+    flushed = timed(with_flush(True), 40, repeats)
+    plain = timed(with_flush(False), 40, repeats)
+    rows.append(("SAC gradient step, Pendulum 256x256", "flush denormals", flushed, "default", plain))
+    relus = [m for net in (fp32.actor, fp32.critic, fp32.critic_target) for m in net.modules()]
+    relus = [m for m in relus if isinstance(m, torch.nn.ReLU)]
+    inplace = timed(steps(fp32), 40, repeats)
+    for m in relus:
+        m.inplace = False
+    out_of_place = timed(steps(fp32), 40, repeats)
+    for m in relus:
+        m.inplace = True
+    rows.append(("SAC gradient step, Pendulum 256x256", "in-place ReLU", inplace, "ReLU to a new tensor", out_of_place))
+    return rows
+
+
+def duration(us: float) -> str:
+    """Microseconds in the unit that reads best."""
+    if us >= 1e6:
+        return f"{us / 1e6:.1f} s"
+    return f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.1f} us"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fast_paths", description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print("| measurement | variant A | A | variant B | B | A/B |")
+    print("|---|---|---:|---|---:|---:|")
+    for rows in (ppo_rows, kernel_rows, compile_rows, sac_rows):
+        for what, name_a, a, name_b, b in rows(args.repeats):
+            print(f"| {what} | {name_a} | {duration(a)} | {name_b} | {duration(b)} | {a / b:.2f} |", flush=True)
+    print(f"\ncommand: python -m benchmarks.fast_paths {' '.join(sys.argv[1:] if argv is None else argv)}")
+
+
+if __name__ == "__main__":
+    main()

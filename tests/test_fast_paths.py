@@ -1,0 +1,424 @@
+"""The training fast paths against their plain references: flat parameter buffers, the direct fused Adam
+step, hand-differentiated MLPs and PPO updates, flat Polyak averaging, bfloat16 SAC and action sampling."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.logger import Logger
+from torch import nn
+
+from covey import PPO, SAC
+from covey.agents.base import FlatParameters
+from covey.networks.distributions import CategoricalHead, DiagGaussianHead
+from covey.networks.mlp import ManualMLP, mlp
+
+
+def two_layers(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+
+
+def loss_of(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return net(x).pow(2).sum() + net[0].weight.sum()
+
+
+# ---------------------------------------------------------------------------- flat parameters
+def test_parameters_become_views_of_one_buffer_with_unchanged_state_dict():
+    net = two_layers()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    objects = list(net.parameters())
+    flat = FlatParameters(objects)
+    assert list(net.parameters()) == objects  # the same Parameter objects
+    assert flat.data.numel() == sum(p.numel() for p in objects)
+    for p in objects:
+        assert p.untyped_storage().data_ptr() == flat.data.untyped_storage().data_ptr()
+        assert p.grad.untyped_storage().data_ptr() == flat.grad.untyped_storage().data_ptr()
+    after = net.state_dict()
+    assert list(after) == list(before)
+    assert all(after[k].shape == before[k].shape and torch.equal(after[k], before[k]) for k in before)
+    with torch.no_grad():
+        flat.data.add_(1.0)  # writing the buffer writes the parameters
+    assert torch.equal(net[0].bias, before["0.bias"] + 1.0)
+
+
+def test_backward_accumulates_into_the_flat_gradient():
+    net, ref = two_layers(), two_layers()
+    flat = FlatParameters(list(net.parameters()))
+    x = torch.randn(4, 3)
+    flat.zero_grad()
+    loss_of(net, x).backward()
+    loss_of(ref, x).backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in ref.parameters()])
+    assert torch.allclose(flat.grad, expected)
+
+
+def test_clip_grad_norm_matches_torch():
+    net, ref = two_layers(), two_layers()
+    flat = FlatParameters(list(net.parameters()))
+    x = 10 * torch.randn(4, 3)
+    loss_of(net, x).backward()
+    loss_of(ref, x).backward()
+    norm = flat.clip_grad_norm_(0.5)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+    assert norm > 0.5  # the example does clip
+    assert torch.allclose(norm, ref_norm)
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-7)
+
+
+@pytest.mark.parametrize("optimizer_class", [torch.optim.Adam, torch.optim.AdamW])
+def test_flat_adam_steps_and_state_equal_per_parameter_adam(optimizer_class):
+    """Adam over the flat buffer (direct fused kernel after the first step) equals Adam over the parameters,
+    and its state dict has the per-parameter layout, keys and shapes."""
+    net, ref = two_layers(), two_layers()
+    flat = FlatParameters(list(net.parameters()))
+    opt = flat.attach(optimizer_class([flat.data], lr=0.05, weight_decay=0.01, fused=True))
+    ref_opt = optimizer_class(ref.parameters(), lr=0.05, weight_decay=0.01)
+    for step in range(6):
+        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(step))
+        flat.zero_grad()
+        loss_of(net, x).backward()
+        flat.clip_grad_norm_(1.0)
+        flat.step(opt)
+        ref_opt.zero_grad()
+        loss_of(ref, x).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        ref_opt.step()
+    assert flat._direct is not None  # the later steps took the direct kernel
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+    ours, theirs = opt.state_dict(), ref_opt.state_dict()
+    assert ours["param_groups"][0]["params"] == theirs["param_groups"][0]["params"] == [0, 1, 2, 3]
+    assert set(ours["state"]) == set(theirs["state"])
+    for i, entry in theirs["state"].items():
+        assert set(ours["state"][i]) == set(entry)
+        for key, value in entry.items():
+            assert ours["state"][i][key].shape == value.shape
+            assert torch.allclose(ours["state"][i][key].float(), value.float(), rtol=1e-5, atol=1e-8)
+
+
+def test_direct_adam_step_leaves_optimizers_with_step_hooks_to_step():
+    net = two_layers()
+    flat = FlatParameters(list(net.parameters()))
+    opt = flat.attach(torch.optim.Adam([flat.data], lr=0.05, fused=True))
+    calls = []
+    for step in range(3):
+        if step == 2:
+            opt.register_step_post_hook(lambda *_: calls.append(1))
+        flat.zero_grad()
+        loss_of(net, torch.randn(4, 3)).backward()
+        flat.step(opt)
+    assert calls == [1]  # the hook registered before the third step ran
+    assert opt.state[flat.data]["step"] == 3
+
+
+def test_flat_optimizer_loads_a_per_parameter_state_and_continues_identically():
+    ref = two_layers()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.05)
+    x = torch.randn(4, 3)
+    for _ in range(3):
+        ref_opt.zero_grad()
+        loss_of(ref, x).backward()
+        ref_opt.step()
+    net = two_layers(seed=1)
+    net.load_state_dict(ref.state_dict())
+    flat = FlatParameters(list(net.parameters()))
+    opt = flat.attach(torch.optim.Adam([flat.data], lr=0.05, fused=True))
+    opt.load_state_dict(ref_opt.state_dict())
+    for _ in range(2):
+        flat.zero_grad()
+        loss_of(net, x).backward()
+        flat.step(opt)
+        ref_opt.zero_grad()
+        loss_of(ref, x).backward()
+        ref_opt.step()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+    with pytest.raises(ValueError, match="one group of 4"):
+        opt.load_state_dict(torch.optim.Adam(nn.Linear(2, 2).parameters()).state_dict())
+
+
+def test_relink_restores_gradients_a_zero_grad_dropped_and_refuses_moved_parameters():
+    net = two_layers()
+    flat = FlatParameters(list(net.parameters()))
+    net.zero_grad()  # sets every .grad to None
+    assert net[0].weight.grad is None
+    flat.relink()
+    flat.zero_grad()
+    loss_of(net, torch.randn(4, 3)).backward()
+    assert flat.grad.abs().sum() > 0
+    net[0].weight.data = net[0].weight.data.clone()
+    with pytest.raises(RuntimeError, match="moved out of its flat buffer"):
+        flat.relink()
+
+
+def test_polyak_update_of_flat_buffers_equals_per_parameter_lerp():
+    online, target, ref = two_layers(0), two_layers(1), two_layers(1)
+    online_flat = FlatParameters(list(online.parameters()))
+    target_flat = FlatParameters(list(target.parameters()), with_grad=False)
+    assert not target_flat.data.requires_grad and target[0].weight.grad is None
+    with torch.no_grad():
+        torch._foreach_lerp_([target_flat.data], [online_flat.data], 0.1)
+        for t, o in zip(ref.parameters(), online.parameters()):
+            t.lerp_(o, 0.1)
+    for p, q in zip(target.parameters(), ref.parameters()):
+        assert torch.allclose(p, q)
+
+
+# ---------------------------------------------------------------------------- hand-differentiated networks
+@pytest.mark.parametrize(
+    ("hidden", "activation"), [([8, 6], nn.Tanh), ([8], nn.ReLU), ([], nn.Tanh), ([4, 4, 4], nn.ReLU)]
+)
+def test_manual_mlp_equals_autograd(hidden, activation):
+    torch.manual_seed(0)
+    trunk, out = mlp(3, hidden, activation), nn.Linear(hidden[-1] if hidden else 3, 2)
+    params = [*trunk.parameters(), *out.parameters()]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    manual = ManualMLP(trunk, out)
+    x = torch.randn(7, 3)
+    grad_out = torch.randn(7, 2)
+    y, inputs = manual.forward(x)
+    expected = out(trunk(x))
+    assert torch.allclose(y, expected, atol=1e-6)
+    assert torch.allclose(manual.infer(x), expected, atol=1e-6)
+    manual.backward(inputs, grad_out)
+    reference = torch.autograd.grad((expected * grad_out).sum(), params)
+    for p, g in zip(params, reference):
+        assert torch.allclose(p.grad, g, atol=1e-5)
+
+
+def test_manual_mlp_refuses_unsupported_layers():
+    assert not ManualMLP.supports(mlp(3, [4], nn.ELU), nn.Linear(4, 1))
+    with pytest.raises(ValueError, match="Tanh or ReLU"):
+        ManualMLP(nn.Sequential(nn.Linear(3, 4), nn.ELU()), nn.Linear(4, 1))
+
+
+@pytest.mark.parametrize("kind", ["categorical", "gaussian"])
+def test_action_head_terms_and_gradients_equal_autograd(kind):
+    torch.manual_seed(0)
+    if kind == "categorical":
+        head = CategoricalHead(4, 3, start=2)
+        actions = torch.tensor([2, 4, 3, 2, 4])
+    else:
+        head = DiagGaussianHead(4, 2, log_std_init=-0.3)
+        actions = torch.randn(5, 2)
+        head.log_std.grad = torch.zeros_like(head.log_std)
+    params = torch.randn(5, head.proj.out_features, requires_grad=True)
+    log_prob, entropy = head.log_prob(params, actions), head.entropy(params)
+    weights = torch.randn(5)
+    loss = (weights * log_prob).sum() - 0.3 * entropy.sum()
+    grads = torch.autograd.grad(loss, [params, *([head.log_std] if kind == "gaussian" else [])])
+    with torch.no_grad():
+        m_log_prob, m_entropy, terms = head.manual_terms(params.detach(), head.manual_actions(actions))
+        m_grad = head.manual_grad(terms, weights, -0.3)
+    assert torch.allclose(m_log_prob, log_prob, atol=1e-5)
+    assert torch.allclose(m_entropy, entropy, atol=1e-5)
+    assert torch.allclose(m_grad, grads[0], atol=1e-5)
+    if kind == "gaussian":
+        assert torch.allclose(head.log_std.grad, grads[1], atol=1e-5)
+
+
+def test_categorical_samples_follow_the_softmax():
+    head = CategoricalHead(1, 3, start=1)
+    logits = torch.tensor([[0.0, 1.0, 2.0]]).expand(30_000, 3)
+    torch.manual_seed(0)
+    counts = torch.bincount(head.sample(logits) - 1, minlength=3).float() / 30_000
+    assert torch.allclose(counts, logits[0].softmax(-1), atol=0.01)
+    assert torch.equal(head.sample(logits[:2], deterministic=True), torch.tensor([3, 3]))
+
+
+# ---------------------------------------------------------------------------- PPO: hand-written update vs autograd
+class Recorder(Logger):
+    """A logger that keeps the last value of every key."""
+
+    def __init__(self):
+        super().__init__(None, [])
+        self.values = {}
+
+    def record(self, key, value, exclude=None):
+        self.values[key] = value
+
+    def dump(self, step=0):
+        pass
+
+
+def one_update(monkeypatch, manual: bool, env_id: str, **kwargs):
+    monkeypatch.setattr(PPO, "manual_gradients", manual)
+    model = PPO("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=0), n_steps=64, seed=0, **kwargs)
+    assert (model._manual is not None) == manual
+    recorder = Recorder()
+    model.set_logger(recorder)
+    _, callback = model._setup_learn(10_000, None, True, "test", False)
+    model.collect_rollouts(callback)
+    torch.manual_seed(123)  # the same minibatch permutations for both
+    model.train()
+    return model, recorder.values
+
+
+CASES = {
+    "discrete, entropy bonus, clipping": ("CartPole-v1", dict(batch_size=32, learning_rate=0.01, ent_coef=0.01)),
+    "box, clipping": ("Pendulum-v1", dict(batch_size=32, learning_rate=0.01, n_epochs=4, ent_coef=0.02)),
+    "truncated last minibatch": ("CartPole-v1", dict(batch_size=48, n_epochs=3)),
+    "one minibatch, raw advantages": ("CartPole-v1", dict(batch_size=128, normalize_advantage=False)),
+    "early stop on target_kl": ("CartPole-v1", dict(batch_size=32, learning_rate=0.01, target_kl=0.002)),
+    "relu, other widths": (
+        "CartPole-v1",
+        dict(batch_size=64, policy_kwargs=dict(activation_fn=nn.ReLU, net_arch=dict(pi=[32], vf=[16, 16]))),
+    ),
+}
+
+
+@pytest.mark.filterwarnings("ignore:batch_size=48 does not divide")
+@pytest.mark.parametrize("case", list(CASES))
+def test_manual_ppo_update_equals_autograd_update(monkeypatch, case):
+    """Same parameters after one update (epochs of minibatches), same logged statistics, same epoch count."""
+    env_id, kwargs = CASES[case]
+    ours, ours_log = one_update(monkeypatch, True, env_id, **kwargs)
+    ref, ref_log = one_update(monkeypatch, False, env_id, **kwargs)
+    moved = max((p - q).abs().max().item() for p, q in zip(ours._params, ref._params))
+    assert moved < 1e-5
+    assert ours._n_updates == ref._n_updates
+    for key, value in ref_log.items():
+        if key.startswith("train/") and isinstance(value, float):
+            assert ours_log[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    if case == "early stop on target_kl":
+        assert ours._n_updates < ours.n_epochs
+    if "clipping" in case:
+        assert ours_log["train/clip_fraction"] > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(policy="CnnPolicy", env_id="image"),
+        dict(clip_range_vf=0.2),
+        dict(policy_kwargs=dict(value_head="twohot")),
+        dict(policy_kwargs=dict(critic_ema_decay=0.9)),
+        dict(policy="MlpLstmPolicy"),
+        dict(env_id="multidiscrete"),
+        dict(policy_kwargs=dict(activation_fn=nn.ELU)),
+    ],
+)
+def test_ppo_falls_back_to_autograd_outside_the_manual_path(kwargs):
+    kwargs = dict(kwargs)
+    env_id = kwargs.pop("env_id", "CartPole-v1")
+    policy = kwargs.pop("policy", "MlpPolicy")
+    if env_id == "image":
+        env = _ImageEnv()
+    elif env_id == "multidiscrete":
+        env = _MultiDiscreteEnv()
+    else:
+        env = env_id
+    model = PPO(policy, env, n_steps=16, batch_size=16, seed=0, **kwargs)
+    assert model._manual is None
+    model.learn(32)
+
+
+def test_rollout_is_evaluated_with_the_update_arithmetic():
+    """Old log-probs and values come from the same arithmetic as the update: the first minibatch's ratios are
+    exactly 1; and they agree with the modules to float rounding."""
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, seed=0)
+    _, callback = model._setup_learn(64, None, True, "test", False)
+    model.collect_rollouts(callback)
+    buffer = model.rollout_buffer
+    obs, actions = buffer.flat_observations(), buffer.flat_actions()
+    with torch.no_grad():
+        logits, _ = model._manual.policy_net.forward(model.actor.encoder(obs))
+        log_prob = model.actor.head.manual_terms(logits, model.actor.head.manual_actions(actions))[0]
+        assert torch.equal(log_prob, buffer.log_probs.reshape(-1))
+        assert torch.allclose(model.actor.evaluate(obs, actions)[0], log_prob, atol=1e-5)
+        assert torch.allclose(model.critic(obs), buffer.values.reshape(-1), atol=1e-5)
+
+
+def test_manual_path_is_taken_for_discrete_observations_and_learns_without_autograd_graphs():
+    model = PPO("MlpPolicy", "FrozenLake-v1", n_steps=32, batch_size=16, seed=0)
+    assert model._manual is not None
+    before = model._params[0].detach().clone()
+    model.learn(64)
+    assert not torch.equal(before, model._params[0])
+    assert all(p.grad is not None and not p.grad.requires_grad for p in model._params)
+
+
+class _ImageEnv(gym.Env):
+    observation_space = spaces.Box(0, 255, (36, 36, 1), np.uint8)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+class _MultiDiscreteEnv(gym.Env):
+    observation_space = spaces.Box(-1, 1, (2,), np.float32)
+    action_space = spaces.MultiDiscrete([2, 3])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def test_ppo_optimizer_state_keeps_the_per_parameter_layout_in_files(tmp_path):
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, seed=0).learn(64)
+    reference = torch.optim.Adam(model._params, lr=1e-3)
+    state = model.get_parameters()["optimizer"]
+    assert len(state["state"]) == len(model._params)
+    for i, p in enumerate(model._params):
+        assert state["state"][i]["exp_avg"].shape == p.shape
+    assert state["param_groups"][0]["params"] == reference.state_dict()["param_groups"][0]["params"]
+    model.save(tmp_path / "model.zip")
+    loaded = PPO.load(tmp_path / "model.zip")
+    restored = loaded.get_parameters()["optimizer"]
+    for i in state["state"]:
+        assert torch.equal(restored["state"][i]["exp_avg_sq"], state["state"][i]["exp_avg_sq"])
+
+
+# ---------------------------------------------------------------------------- SAC
+def test_sac_target_critics_live_in_one_buffer_that_polyak_updates():
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=50, batch_size=32, tau=0.5, seed=0)
+    model.learn(60)
+    target, online = model._target_flat.data, model.critic_optimizer.flat_parameters.data
+    assert target.shape == online.shape and not target.requires_grad
+    before = target.clone()
+    model.train(1, 32)  # a critic step, then target <- target + 0.5 * (critic - target)
+    assert torch.allclose(target, before.lerp(online.detach(), 0.5))
+    first = model.critic_target.qs[0].trunk[0].weight
+    assert torch.equal(first.reshape(-1), target[: first.numel()])
+
+
+def test_sac_bf16_matmuls_is_opt_in_and_close_to_float32():
+    env = make_vec_env("Pendulum-v1", n_envs=1, seed=0)
+    fp32 = SAC("MlpPolicy", env, learning_starts=100, seed=0)
+    bf16 = SAC("MlpPolicy", env, learning_starts=100, seed=0, bf16_matmuls=True)
+    assert not fp32.config.bf16_matmuls and fp32.bf16_matmuls is False
+    fp32.learn(150)
+    bf16.set_parameters(fp32.get_parameters())
+    bf16.replay_buffer = fp32.replay_buffer
+    torch.manual_seed(0)
+    np.random.seed(0)
+    batch = fp32.replay_buffer.sample(256)
+    q32 = fp32._run(fp32.critic, batch.observations, batch.actions)
+    q16 = bf16._run(bf16.critic, batch.observations, batch.actions)
+    assert q16.dtype == torch.float32
+    assert not torch.equal(q16, q32)  # bfloat16 did run
+    assert torch.allclose(q16, q32, rtol=0.05, atol=0.05)
+    stats = bf16._gradient_step(batch)
+    assert all(torch.isfinite(v).all() for v in stats.values())
+    assert all(p.dtype == torch.float32 for p in bf16.critic.parameters())
+
+
+def test_sac_bf16_matmuls_survives_save_and_load(tmp_path):
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=50, batch_size=32, seed=0, bf16_matmuls=True).learn(60)
+    model.save(tmp_path / "sac.zip")
+    assert SAC.load(tmp_path / "sac.zip").config.bf16_matmuls is True
+    with pytest.raises(ValueError, match="bf16_matmuls"):
+        SAC("MlpPolicy", "Pendulum-v1", bf16_matmuls="yes")
