@@ -52,3 +52,24 @@ def test_poca_vs_supersuit_smoke():
     rows = table_rows(result.stdout)
     assert {"covey POCA", "SB3 PPO + SuperSuit", "uniform random"} <= set(rows)
     assert float(rows["covey POCA"]["seconds (median)"]) > 0
+
+
+def test_sac_bf16_smoke():
+    """float32 and bf16 SAC run side by side; the table has a row per seed and the median row."""
+    command = [sys.executable, "-m", "benchmarks.sac_bf16", "--timesteps", "300", "--seeds", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert {"0", "median"} <= set(rows)
+    assert float(rows["0"]["bf16/float32 time"]) > 0
+
+
+def test_ppo_seeds_smoke():
+    """Both PPO updates (hand-written gradients and autograd) train one seed and are tabulated."""
+    command = [sys.executable, "-m", "benchmarks.ppo_seeds", "--seeds", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert {"hand-written gradients", "autograd"} <= set(rows)
+    for row in rows.values():
+        assert 0 < float(row["median return"]) <= 500

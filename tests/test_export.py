@@ -20,15 +20,6 @@ from covey.envs import EarlyExitEnv
 from covey.export import ExportedActor, export_onnx
 from covey.serialization import ModelFileError
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 # ============================================================================================ helpers
 
 

@@ -4,7 +4,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import supersuit as ss
-import torch
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
@@ -34,14 +33,6 @@ class ReachTarget(gym.Env):
         self.t += 1
         self.target = self.np_random.uniform(-1, 1, (1,)).astype(np.float32)
         return self.target, reward, False, self.t >= 20, {}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

@@ -8,20 +8,11 @@ import pathlib
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 from stable_baselines3.common.logger import configure
 
 from covey import PPO, plotting
 from covey.plotting import aggregate_curves, plot_run, plot_runs, read_csv_columns
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture

@@ -32,14 +32,6 @@ N_SLOTS = 4
 BATCH = 8
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 # ============================================================================================ 1. critic invariances
 
 CRITIC_CASES = {

@@ -20,14 +20,6 @@ from covey.wrappers.group_env import GroupVecEnv
 MEMORY = dict(memory=dict(hidden_size=8, sequence_length=4))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def reset(state, starts: np.ndarray):
     keep = torch.as_tensor(~np.asarray(starts).reshape(-1), dtype=torch.float32).view(1, -1, 1)
     return tuple(s * keep for s in state)

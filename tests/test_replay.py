@@ -17,15 +17,6 @@ DICT_OBS = spaces.Dict({"id": spaces.Discrete(1000), "vec": spaces.Box(-1e4, 1e4
 ACTIONS = spaces.Box(-1e4, 1e4, (1,), np.float32)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small networks run fastest on one thread (and do not thrash a busy machine); restore it afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # Episode ends of the test stream: (t, env) -> terminated (True) or truncated (False, a time limit).
 ENDS = {(2, 0): True, (6, 0): False, (4, 1): True, (5, 1): False}
 

@@ -32,15 +32,6 @@ def sac(env, **kwargs) -> SAC:
     return SAC("MlpPolicy", env, **{**SMALL, **kwargs})
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small networks run fastest on one thread (and do not thrash a busy machine); restore it afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class CounterEnv(gym.Env):
     """Observation ``[t]`` (steps since reset); episodes of ``length`` steps that end terminated, or truncated
     (a time limit) with ``truncate=True``. Reward: Box ``-|a - 0.5|``, Discrete ``1`` for action 1."""

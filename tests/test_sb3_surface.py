@@ -44,15 +44,6 @@ from covey import PPO
 FAST = dict(n_steps=32, batch_size=32, n_epochs=2, seed=0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small networks run fastest on one thread; restore the caller's setting afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------------- tiny helper envs
 class ImageEnv(gym.Env):
     """Channel-last uint8 images (36, 36, 3), two actions, episodes of 8 steps; action 1 pays 1."""
