@@ -1,10 +1,10 @@
 """The training fast paths against their plain references: flat parameter buffers, the direct fused Adam
 step, hand-differentiated MLPs and PPO updates, flat Polyak averaging, bfloat16 SAC and action sampling."""
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs import SpaceEnv, image_space
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import Logger
@@ -308,9 +308,9 @@ def test_ppo_falls_back_to_autograd_outside_the_manual_path(kwargs):
     env_id = kwargs.pop("env_id", "CartPole-v1")
     policy = kwargs.pop("policy", "MlpPolicy")
     if env_id == "image":
-        env = _ImageEnv()
+        env = SpaceEnv(image_space((36, 36, 1)), spaces.Discrete(2))
     elif env_id == "multidiscrete":
-        env = _MultiDiscreteEnv()
+        env = SpaceEnv(spaces.Box(-1, 1, (2,), np.float32), spaces.MultiDiscrete([2, 3]))
     else:
         env = env_id
     model = PPO(policy, env, n_steps=16, batch_size=16, seed=0, **kwargs)
@@ -341,30 +341,6 @@ def test_manual_path_is_taken_for_discrete_observations_and_learns_without_autog
     model.learn(64)
     assert not torch.equal(before, model._params[0])
     assert all(p.grad is not None and not p.grad.requires_grad for p in model._params)
-
-
-class _ImageEnv(gym.Env):
-    observation_space = spaces.Box(0, 255, (36, 36, 1), np.uint8)
-    action_space = spaces.Discrete(2)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return self.observation_space.sample(), {}
-
-    def step(self, action):
-        return self.observation_space.sample(), 0.0, False, False, {}
-
-
-class _MultiDiscreteEnv(gym.Env):
-    observation_space = spaces.Box(-1, 1, (2,), np.float32)
-    action_space = spaces.MultiDiscrete([2, 3])
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        return np.zeros(2, np.float32), 0.0, False, False, {}
 
 
 def test_ppo_optimizer_state_keeps_the_per_parameter_layout_in_files(tmp_path):
