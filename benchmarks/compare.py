@@ -1,12 +1,18 @@
 """Side-by-side benchmark of covey against Stable-Baselines3: training time, env throughput, final return.
 
-    python -m benchmarks.compare --suite quick                       # all tasks, 2 seeds, < 15 min on 2 cores
+    python -m benchmarks.compare --suite quick                       # all tasks, 2 seeds, about 15 min on 2 cores
     python -m benchmarks.compare --suite full --out results.md       # long: hours
     python -m benchmarks.compare --suite quick --tasks sac_pendulum --seeds 1 --scale 0.1   # smoke run
 
 Both frameworks train in the same process, alternating per seed (covey first on even seeds, SB3 first on
 odd ones), on identical envs, seeds and hyperparameters. Only ``model.learn`` is timed. The machine may
 be shared and noisy: compare the covey/SB3 ratios of one run, not absolute seconds across runs.
+
+The single-agent tasks pit covey's PPO or SAC against SB3's on a Gymnasium VecEnv. ``poca_simple_spread``
+is the multi-agent task of :mod:`benchmarks.poca_vs_supersuit`: covey's MA-POCA against SB3's PPO with
+parameter sharing via SuperSuit, on mpe2's simple_spread (3 agents, 25 cycles, 8 env copies). Its timesteps
+and steps/s count env steps (one parallel step of one copy; SB3 trains on one entry per agent, 3 per env
+step), its returns are mean per-agent returns, and its raw env speed is SB3's 8-copy SuperSuit vector env.
 """
 
 from __future__ import annotations
@@ -25,13 +31,16 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+import pettingzoo
 import stable_baselines3
+import supersuit
 import torch
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv
 
 import covey
+from benchmarks import poca_vs_supersuit
 
 FRAMEWORKS: dict[str, dict[str, type]] = {
     "covey": {"PPO": covey.PPO, "SAC": covey.SAC},
@@ -44,13 +53,29 @@ SB3_DEFAULTS = {"PPO": {"n_steps": 2048}, "SAC": {"learning_starts": 100, "batch
 
 
 @dataclass(frozen=True)
+class Runner:
+    """Hooks for a task that is not one agent class per framework on a Gymnasium VecEnv (a multi-agent team)."""
+
+    train: dict[str, Callable[[int, int, int], tuple[float, float, int]]]
+    """Per framework: ``(timesteps, seed, n_eval_episodes)`` -> (seconds of ``learn`` only, mean return of the
+    deterministic policy on envs seeded from ``EVAL_SEED_OFFSET + seed``, timesteps actually trained)."""
+    env_speed: Callable[[float, int], float]
+    """``(seconds, seed)`` -> timesteps per second of the training env stepped with random actions."""
+    min_timesteps: int
+    """The smallest budget in which learning happens (one rollout)."""
+    eval_episodes: int = N_EVAL_EPISODES
+    """Evaluation episodes per seed (more than the default where one episode says little)."""
+
+
+@dataclass(frozen=True)
 class Task:
     """One benchmark: an agent on an env, with hyperparameters shared by both frameworks."""
 
     name: str
     agent: str
-    """"PPO" or "SAC" (the class is looked up per framework in FRAMEWORKS)."""
+    """"PPO" or "SAC" (the class is looked up per framework in FRAMEWORKS); any name when ``runner`` is set."""
     env_id: str
+    """A Gymnasium id (a description when ``runner`` is set)."""
     n_envs: int
     budgets: dict[str, int]
     """Timesteps per suite ("quick", "full")."""
@@ -60,13 +85,20 @@ class Task:
     env_kwargs: dict[str, Any] | None = None
     covey_options: dict[str, Any] = field(default_factory=dict)
     """covey-only arguments (e.g. ``bf16_matmuls=True``); SB3 runs without them."""
+    runner: Runner | None = None
+    """Trains and measures the task instead of the FRAMEWORKS classes on ``make_vec_env(env_id)``."""
+    note: str = ""
+    """Printed under the table when the task is in it (what its columns count, where that differs)."""
 
     def kwargs(self, suite: str, framework: str = "sb3") -> dict[str, Any]:
         extra = self.covey_options if framework == "covey" else {}
         return {**self.hyperparameters, **self.suite_hyperparameters.get(suite, {}), **extra}
 
     def min_timesteps(self, suite: str) -> int:
-        """The smallest budget in which learning happens: one PPO rollout, or SAC's warm-up plus a batch."""
+        """The smallest budget in which learning happens: one PPO rollout, SAC's warm-up plus a batch, or the
+        runner's."""
+        if self.runner is not None:
+            return self.runner.min_timesteps
         kwargs = {**SB3_DEFAULTS[self.agent], **self.kwargs(suite)}
         if self.agent == "PPO":
             return kwargs["n_steps"] * self.n_envs
@@ -139,7 +171,32 @@ TASKS += [
     for task in TASKS
     if task.agent == "SAC"
 ]
-TASKS_BY_NAME = {task.name: task for task in TASKS}
+# Tasks with their own Runner: MA-POCA against SB3 PPO with parameter sharing via SuperSuit (the setup of
+# benchmarks.poca_vs_supersuit). Kept out of TASKS, the FRAMEWORKS-class tasks that benchmarks.profile runs.
+RUNNER_TASKS = [
+    Task(
+        "poca_simple_spread",
+        "POCA",
+        f"mpe2 simple_spread_v3 (N={poca_vs_supersuit.N_AGENTS}, max_cycles=25)",
+        n_envs=poca_vs_supersuit.N_COPIES,
+        budgets={"quick": 100_000, "full": 1_000_000},
+        runner=Runner(
+            train={"covey": poca_vs_supersuit.run_poca, "sb3": poca_vs_supersuit.run_supersuit_ppo},
+            env_speed=poca_vs_supersuit.measure_env_speed,
+            min_timesteps=poca_vs_supersuit.MIN_TIMESTEPS,
+            # 25-step episodes whose returns vary a lot with the start: 10 would rank two learners by chance.
+            eval_episodes=50,
+        ),
+        note=(
+            "poca_simple_spread: covey's POCA against SB3 PPO with parameter sharing via SuperSuit on mpe2's "
+            f"simple_spread ({poca_vs_supersuit.N_AGENTS} agents, {poca_vs_supersuit.N_COPIES} env copies). "
+            "Timesteps and steps/s count env steps (one parallel step of one copy; SB3 trains on one entry per "
+            "agent), returns are mean per-agent returns over 50 episodes, and raw env steps/s is SB3's "
+            f"{poca_vs_supersuit.N_COPIES}-copy SuperSuit vector env stepped with random actions, in env steps."
+        ),
+    )
+]
+TASKS_BY_NAME = {task.name: task for task in [*TASKS, *RUNNER_TASKS]}
 
 
 @dataclass
@@ -180,6 +237,8 @@ def make_env(task: Task, n_envs: int, seed: int) -> VecEnv:
 
 def measure_env_speed(task: Task, seconds: float, seed: int = 0) -> float:
     """Env steps per second (n_envs per VecEnv step) of the task's VecEnv stepped with random actions."""
+    if task.runner is not None:
+        return task.runner.env_speed(seconds, seed)
     env = make_env(task, task.n_envs, seed)
     env.action_space.seed(seed)
     env.reset()
@@ -194,6 +253,9 @@ def measure_env_speed(task: Task, seconds: float, seed: int = 0) -> float:
 
 def measure_training(framework: str, task: Task, suite: str, timesteps: int, seed: int) -> RunResult:
     """Train one model on a fresh env, timing ``learn`` only, then evaluate it on a separately seeded env."""
+    if task.runner is not None:
+        seconds, eval_return, trained = task.runner.train[framework](timesteps, seed, task.runner.eval_episodes)
+        return RunResult(framework, seed, seconds, trained, eval_return)
     agent_class = FRAMEWORKS[framework][task.agent]
     env = make_env(task, task.n_envs, seed)
     model = agent_class("MlpPolicy", env, seed=seed, verbose=0, **task.kwargs(suite, framework))
@@ -288,7 +350,8 @@ def format_report(
         f"- suite: {args.suite}, seeds: {args.seeds}, scale: {args.scale}",
         f"- cores (os.cpu_count()): {os.cpu_count()}, torch threads: {torch.get_num_threads()}",
         f"- torch {torch.__version__}, stable-baselines3 {stable_baselines3.__version__}, covey {covey.__version__}, "
-        f"gymnasium {gymnasium.__version__}, numpy {np.__version__}, Python {platform.python_version()}",
+        f"gymnasium {gymnasium.__version__}, pettingzoo {pettingzoo.__version__}, supersuit {supersuit.__version__}, "
+        f"numpy {np.__version__}, Python {platform.python_version()}",
         f"- platform: {platform.platform()}, CUDA available: {torch.cuda.is_available()}",
         "- load average (1/5/15 min) at start: "
         + "/".join(f"{value:.2f}" for value in load_at_start)
@@ -300,6 +363,7 @@ def format_report(
         f"are the mean of {N_EVAL_EPISODES} deterministic evaluation episodes per seed. Raw env steps/s: the "
         "same VecEnv stepped with random actions."
     )
+    notes = " ".join([notes, *(result.task.note for result in results if result.task.note)])
     return "\n".join(["# covey vs Stable-Baselines3", "", format_table(results), "", notes, "", *machine, ""])
 
 

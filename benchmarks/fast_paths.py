@@ -2,6 +2,7 @@
 
     python -m benchmarks.fast_paths              # a few minutes on 2 cores
     python -m benchmarks.fast_paths --repeats 5  # more repetitions per measurement (the minimum is kept)
+    python -m benchmarks.fast_paths --repeats 1 --calls-scale 0.05 --skip-compile   # smoke run, seconds
 
 Each row times one operation two ways on the same data and reports the minimum over repetitions of the
 mean time per call: PPO minibatch updates (hand-written gradients vs autograd; flat vs per-parameter
@@ -16,6 +17,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from stable_baselines3.common.env_util import make_vec_env
@@ -34,17 +36,25 @@ PPO_SETTINGS = {
 }
 
 
-def timed(fn: Callable[[], object], calls: int, repeats: int) -> float:
-    """Microseconds per call: the minimum over ``repeats`` of the mean over ``calls`` calls (after a warm-up)."""
-    for _ in range(max(calls // 10, 1)):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
+@dataclass(frozen=True)
+class Timer:
+    """Times a function: ``timed(fn, calls)``, with ``calls`` multiplied by ``calls_scale`` (at least 1)."""
+
+    repeats: int = 3
+    calls_scale: float = 1.0
+
+    def __call__(self, fn: Callable[[], object], calls: int) -> float:
+        """Microseconds per call: the minimum over ``repeats`` of the mean over ``calls`` calls (after a warm-up)."""
+        calls = max(round(calls * self.calls_scale), 1)
+        for _ in range(max(calls // 10, 1)):
             fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e6
+        best = float("inf")
+        for _ in range(self.repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best = min(best, (time.perf_counter() - start) / calls)
+        return best * 1e6
 
 
 def collected_ppo(n_envs: int, manual: bool, **kwargs) -> PPO:
@@ -79,31 +89,31 @@ def autograd_minibatch(model: PPO, flat_step: bool) -> Callable[[], None]:
     return step
 
 
-def ppo_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
+def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows = []
     for name, (n_envs, kwargs) in PPO_SETTINGS.items():
         manual = collected_ppo(n_envs, True, **kwargs)
         auto = collected_ppo(n_envs, False, **kwargs)
         minibatches = manual.n_epochs * -(-manual.n_steps * n_envs // manual.batch_size)
-        t_manual = timed(manual.train, 3, repeats) / minibatches
-        t_auto = timed(auto.train, 3, repeats) / minibatches
+        t_manual = timed(manual.train, 3) / minibatches
+        t_auto = timed(auto.train, 3) / minibatches
         rows.append((f"PPO update per minibatch, {name}", "hand-written gradients", t_manual, "autograd", t_auto))
-        flat = timed(autograd_minibatch(auto, True), 200, repeats)
-        per_parameter = timed(autograd_minibatch(auto, False), 200, repeats)
+        flat = timed(autograd_minibatch(auto, True), 200)
+        per_parameter = timed(autograd_minibatch(auto, False), 200)
         auto.optimizer.flat_parameters.relink()
         rows.append(
             (f"PPO autograd minibatch step, {name}", "flat buffers", flat, "per-parameter optimizer", per_parameter)
         )
         obs = batch_to_tensor(manual._last_obs, manual.observation_space, manual.device)
         with torch.inference_mode():
-            t_act = timed(lambda m=manual, o=obs: m._manual.act(o), 2000, repeats)
-            t_module = timed(lambda m=manual, o=obs: m.actor.act(o), 2000, repeats)
+            t_act = timed(lambda m=manual, o=obs: m._manual.act(o), 2000)
+            t_module = timed(lambda m=manual, o=obs: m.actor.act(o), 2000)
         what = f"PPO acting, a batch of {n_envs} observation{'s' if n_envs > 1 else ''}"
         rows.append((what, "manual forward", t_act, "Actor.act (modules)", t_module))
     return rows
 
 
-def kernel_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
+def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows = []
     minus_one = torch.tensor(-1.0)
     for shape in ((64, 64), (256, 64)):
@@ -112,9 +122,9 @@ def kernel_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
             (
                 f"tanh of {shape[0]}x{shape[1]}",
                 "2 * sigmoid(2x) - 1",
-                timed(lambda x=x: torch.add(minus_one, torch.sigmoid(2 * x), alpha=2.0), 2000, repeats),
+                timed(lambda x=x: torch.add(minus_one, torch.sigmoid(2 * x), alpha=2.0), 2000),
                 "torch.tanh",
-                timed(lambda x=x: torch.tanh(x), 2000, repeats),
+                timed(lambda x=x: torch.tanh(x), 2000),
             )
         )
     net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
@@ -130,18 +140,18 @@ def kernel_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
         (
             "Adam step, 64x64 MLP",
             "flat, direct fused kernel",
-            timed(lambda: flat.step(optimizer), 2000, repeats),
+            timed(lambda: flat.step(optimizer), 2000),
             "fused Adam over the parameters",
-            timed(reference.step, 2000, repeats),
+            timed(reference.step, 2000),
         )
     )
     rows.append(
         (
             "gradient clipping, 64x64 MLP",
             "flat buffer",
-            timed(lambda: flat.clip_grad_norm_(1e9), 2000, repeats),
+            timed(lambda: flat.clip_grad_norm_(1e9), 2000),
             "clip_grad_norm_(foreach)",
-            timed(lambda: torch.nn.utils.clip_grad_norm_(per_parameter, 1e9, foreach=True), 2000, repeats),
+            timed(lambda: torch.nn.utils.clip_grad_norm_(per_parameter, 1e9, foreach=True), 2000),
         )
     )
     h, w = torch.randn(2, 256, 64), torch.randn(2, 64, 64)
@@ -149,9 +159,9 @@ def kernel_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
         (
             "actor and critic layers 256x64x64",
             "one batched bmm",
-            timed(lambda: torch.bmm(h, w), 500, repeats),
+            timed(lambda: torch.bmm(h, w), 500),
             "two mm",
-            timed(lambda: (torch.mm(h[0], w[0]), torch.mm(h[1], w[1])), 500, repeats),
+            timed(lambda: (torch.mm(h[0], w[0]), torch.mm(h[1], w[1])), 500),
         )
     )
     for m, k, n in ((256, 64, 64), (256, 256, 256)):
@@ -161,15 +171,15 @@ def kernel_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
             (
                 f"matrix multiply {m}x{k}x{n}",
                 "bfloat16",
-                timed(lambda a=a16, b=b16: torch.mm(a, b), 500, repeats),
+                timed(lambda a=a16, b=b16: torch.mm(a, b), 500),
                 "float32",
-                timed(lambda a=a, b=b: torch.mm(a, b), 500, repeats),
+                timed(lambda a=a, b=b: torch.mm(a, b), 500),
             )
         )
     return rows
 
 
-def compile_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
+def compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     """torch.compile of a 64x64 MLP loss (forward and backward): its first call against eager calls."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh())
@@ -182,8 +192,8 @@ def compile_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
     start = time.perf_counter()
     compiled().backward()
     first = (time.perf_counter() - start) * 1e6
-    eager = timed(lambda: loss().backward(), 500, repeats)
-    steady = timed(lambda: compiled().backward(), 500, repeats)
+    eager = timed(lambda: loss().backward(), 500)
+    steady = timed(lambda: compiled().backward(), 500)
     return [
         ("64x64 MLP loss forward and backward", "torch.compile, first call", first, "eager", eager),
         ("64x64 MLP loss forward and backward", "torch.compile, later calls", steady, "eager", eager),
@@ -202,7 +212,7 @@ def sac_model(bf16: bool = False) -> SAC:
     return model.learn(400)
 
 
-def sac_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
+def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     fp32, bf16 = sac_model(), sac_model(bf16=True)
 
     def steps(model: SAC) -> Callable[[], None]:
@@ -212,9 +222,9 @@ def sac_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
         (
             "SAC gradient step, Pendulum 256x256",
             "bf16_matmuls=True",
-            timed(steps(bf16), 40, repeats),
+            timed(steps(bf16), 40),
             "float32",
-            timed(steps(fp32), 40, repeats),
+            timed(steps(fp32), 40),
         )
     ]
 
@@ -225,15 +235,15 @@ def sac_rows(repeats: int) -> list[tuple[str, str, float, str, float]]:
 
         return step
 
-    flushed = timed(with_flush(True), 40, repeats)
-    plain = timed(with_flush(False), 40, repeats)
+    flushed = timed(with_flush(True), 40)
+    plain = timed(with_flush(False), 40)
     rows.append(("SAC gradient step, Pendulum 256x256", "flush denormals", flushed, "default", plain))
     relus = [m for net in (fp32.actor, fp32.critic, fp32.critic_target) for m in net.modules()]
     relus = [m for m in relus if isinstance(m, torch.nn.ReLU)]
-    inplace = timed(steps(fp32), 40, repeats)
+    inplace = timed(steps(fp32), 40)
     for m in relus:
         m.inplace = False
-    out_of_place = timed(steps(fp32), 40, repeats)
+    out_of_place = timed(steps(fp32), 40)
     for m in relus:
         m.inplace = True
     rows.append(("SAC gradient step, Pendulum 256x256", "in-place ReLU", inplace, "ReLU to a new tensor", out_of_place))
@@ -251,12 +261,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fast_paths", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--calls-scale", type=float, default=1.0, help="multiplies the calls per measurement (at least 1 call)"
+    )
+    parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile rows (~20 s)")
     args = parser.parse_args(argv)
+    if args.repeats < 1 or args.threads < 1 or args.calls_scale <= 0:
+        parser.error("--repeats and --threads must be >= 1, --calls-scale > 0")
     torch.set_num_threads(args.threads)
+    timed = Timer(args.repeats, args.calls_scale)
     print("| measurement | variant A | A | variant B | B | A/B |")
     print("|---|---|---:|---|---:|---:|")
-    for rows in (ppo_rows, kernel_rows, compile_rows, sac_rows):
-        for what, name_a, a, name_b, b in rows(args.repeats):
+    for rows in (ppo_rows, kernel_rows, *([] if args.skip_compile else [compile_rows]), sac_rows):
+        for what, name_a, a, name_b, b in rows(timed):
             print(f"| {what} | {name_a} | {duration(a)} | {name_b} | {duration(b)} | {a / b:.2f} |", flush=True)
     print(f"\ncommand: python -m benchmarks.fast_paths {' '.join(sys.argv[1:] if argv is None else argv)}")
 

@@ -8,7 +8,11 @@ SuperSuit (``pettingzoo_env_to_vec_env_v1`` + ``concat_vec_envs_v1``): every age
 vector env. Both get the same number of env steps (one parallel step of one copy = 1; SB3 counts agent
 entries, so its budget is 3x), the same rollout size in agent-steps, minibatch size, epochs and learning
 rate. Reported: wall time, env steps/s, and the mean per-agent return of the deterministic policy.
-SuperSuit's vector env has no ``seed()``, so the SB3 run seeds torch and NumPy only.
+SuperSuit's vector env has no ``seed()``, so the SB3 run seeds torch and NumPy with ``set_random_seed`` and
+the env copies with one seeded reset before training.
+
+``run_poca``, ``run_supersuit_ppo`` and ``measure_env_speed`` are also the ``poca_simple_spread`` task of
+``python -m benchmarks.compare``.
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ import torch
 from mpe2 import simple_spread_v3
 from stable_baselines3 import PPO as SB3PPO
 from stable_baselines3.common.utils import set_random_seed
+from stable_baselines3.common.vec_env import VecEnv
 
 from covey import POCA
 from covey.evaluation import evaluate_group
 
 N_AGENTS, N_COPIES, N_STEPS, BATCH_GROUP_STEPS, EPOCHS, LR = 3, 8, 128, 256, 4, 1e-3
+MIN_TIMESTEPS = N_COPIES * N_STEPS
+"""Env steps of one rollout (both learners round a budget up to whole rollouts)."""
+N_EVAL_EPISODES, EVAL_SEED_OFFSET = 20, 10_000
 
 
 def make_env():
@@ -48,8 +56,9 @@ class _SharedPolicy:
         return dict(zip(agents, actions)), state
 
 
-def run_poca(timesteps: int, seed: int) -> tuple[float, float]:
-    model = POCA(
+def make_poca(seed: int, **policy_kwargs) -> POCA:
+    """covey's POCA with this benchmark's settings (``policy_kwargs`` beyond covey's defaults, e.g. a width)."""
+    return POCA(
         "MlpPolicy",
         make_env,
         n_envs=N_COPIES,
@@ -58,18 +67,37 @@ def run_poca(timesteps: int, seed: int) -> tuple[float, float]:
         n_epochs=EPOCHS,
         learning_rate=LR,
         seed=seed,
+        policy_kwargs=policy_kwargs or None,
     )
+
+
+def run_poca(timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES) -> tuple[float, float, int]:
+    """Train covey's POCA for ``timesteps`` env steps; (seconds of ``learn``, per-agent return, env steps)."""
+    model = make_poca(seed)
     start = time.perf_counter()
     model.learn(timesteps)
     seconds = time.perf_counter() - start
-    return seconds, evaluate_group(model, make_env, n_eval_episodes=20, seed=10_000 + seed)["agent_return"]
+    agent_return = evaluate_group(model, make_env, n_eval_episodes=n_eval_episodes, seed=EVAL_SEED_OFFSET + seed)
+    return seconds, agent_return["agent_return"], model.num_timesteps
 
 
-def run_supersuit_ppo(timesteps: int, seed: int) -> tuple[float, float]:
-    set_random_seed(seed)
+def make_supersuit_env(seed: int) -> VecEnv:
+    """N_COPIES copies of the env as one SB3 VecEnv with an entry per agent, copy i reset with seed + i.
+
+    The vector env has no ``seed()``; the seeded reset seeds each copy's random generator, which the
+    unseeded resets that follow (SB3's at the start of ``learn``, the copies' own) keep using.
+    """
     venv = ss.concat_vec_envs_v1(
         ss.pettingzoo_env_to_vec_env_v1(make_env()), N_COPIES, num_cpus=0, base_class="stable_baselines3"
     )
+    venv.venv.reset(seed=seed)
+    return venv
+
+
+def run_supersuit_ppo(timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES) -> tuple[float, float, int]:
+    """Train SB3 PPO with parameter sharing for ``timesteps`` env steps; as :func:`run_poca`."""
+    set_random_seed(seed)
+    venv = make_supersuit_env(seed)
     model = SB3PPO(
         "MlpPolicy",
         venv,
@@ -85,7 +113,22 @@ def run_supersuit_ppo(timesteps: int, seed: int) -> tuple[float, float]:
     seconds = time.perf_counter() - start
     venv.close()
     policy = _SharedPolicy(model)
-    return seconds, evaluate_group(policy, make_env, n_eval_episodes=20, seed=10_000 + seed)["agent_return"]
+    agent_return = evaluate_group(policy, make_env, n_eval_episodes=n_eval_episodes, seed=EVAL_SEED_OFFSET + seed)
+    return seconds, agent_return["agent_return"], model.num_timesteps // N_AGENTS
+
+
+def measure_env_speed(seconds: float, seed: int = 0) -> float:
+    """Env steps per second (N_COPIES per vector step) of the SB3 run's vector env stepped with random actions."""
+    venv = make_supersuit_env(seed)
+    venv.action_space.seed(seed)
+    venv.reset()
+    steps = 0
+    start = time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        venv.step(np.array([venv.action_space.sample() for _ in range(venv.num_envs)]))
+        steps += N_COPIES
+    venv.close()
+    return steps / elapsed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -100,10 +143,12 @@ def main(argv: list[str] | None = None) -> None:
     for seed in range(args.seeds):
         order = [("covey POCA", run_poca), ("SB3 PPO + SuperSuit", run_supersuit_ppo)]
         for name, run in order if seed % 2 == 0 else order[::-1]:
-            seconds, agent_return = run(args.timesteps, seed)
+            seconds, agent_return, _ = run(args.timesteps, seed)
             runs[name].append((seconds, agent_return))
             print(f"  seed {seed} {name}: {seconds:.1f} s, per-agent return {agent_return:.2f}", file=sys.stderr)
-    random_return = evaluate_group(None, make_env, n_eval_episodes=20, seed=10_000)["agent_return"]
+    random_return = evaluate_group(None, make_env, n_eval_episodes=N_EVAL_EPISODES, seed=EVAL_SEED_OFFSET)[
+        "agent_return"
+    ]
     print(f"- command: `python -m benchmarks.poca_vs_supersuit {shlex.join(argv or sys.argv[1:])}`")
     print(f"- simple_spread N={N_AGENTS}, {args.timesteps} env steps per run, {args.seeds} seeds, 1 torch thread")
     print()

@@ -1,5 +1,5 @@
 """Where covey's training time goes, per benchmark task: env stepping, acting, buffer work, the batched
-post-rollout evaluation (PPO), the update, and logging.
+post-rollout evaluation (PPO, POCA), the update, and logging (POCA: covey's side of ``poca_simple_spread``).
 
     python -m benchmarks.profile                          # the quick-suite tasks, 1 seed
     python -m benchmarks.profile --tasks sac_pendulum --scale 0.2
@@ -21,24 +21,33 @@ import torch
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecEnv
 
-from benchmarks.compare import FRAMEWORKS, TASKS, TASKS_BY_NAME, Task, make_env
+from benchmarks import poca_vs_supersuit
+from benchmarks.compare import FRAMEWORKS, TASKS_BY_NAME, Task, make_env
+from covey.agents.poca import POCA
 from covey.agents.ppo import PPO, ManualPPOUpdate
 from covey.agents.sac import SAC
+from covey.buffers.group import GroupRolloutBuffer
 from covey.buffers.replay import ReplayBuffer
 from covey.buffers.rollout import RolloutBuffer
 from covey.networks.actor_critic import Actor
+from covey.wrappers.group_env import GroupVecEnv
 
 # (phase, class, method): every call of the method counts toward the phase.
 PHASES: list[tuple[str, type, str]] = [
     ("env step", VecEnv, "step"),
+    ("env step", GroupVecEnv, "step"),
     ("acting", Actor, "act"),
     ("acting", ManualPPOUpdate, "act"),
     ("buffer", RolloutBuffer, "add"),
     ("buffer", RolloutBuffer, "compute_returns"),
+    ("buffer", GroupRolloutBuffer, "add"),
+    ("buffer", GroupRolloutBuffer, "compute_returns"),
     ("buffer", ReplayBuffer, "add"),
     ("buffer", ReplayBuffer, "sample"),
     ("rollout evaluation", PPO, "_evaluate_rollout"),
+    ("rollout evaluation", POCA, "_evaluate_rollout"),
     ("update", PPO, "train"),
+    ("update", POCA, "train"),
     ("update", SAC, "_gradient_step"),
     ("update", SAC, "train"),
     ("logging", Logger, "dump"),
@@ -76,9 +85,12 @@ def timed_phases(totals: dict[str, float]):
 
 
 def profile_task(task: Task, timesteps: int, seed: int = 0) -> tuple[float, dict[str, float]]:
-    agent_class = FRAMEWORKS["covey"][task.agent]
-    env = make_env(task, task.n_envs, seed)
-    model = agent_class("MlpPolicy", env, seed=seed, verbose=0, **task.kwargs("quick", "covey"))
+    if task.runner is not None:  # the multi-agent task: covey's side of benchmarks.poca_vs_supersuit
+        model = poca_vs_supersuit.make_poca(seed)
+    else:
+        agent_class = FRAMEWORKS["covey"][task.agent]
+        env = make_env(task, task.n_envs, seed)
+        model = agent_class("MlpPolicy", env, seed=seed, verbose=0, **task.kwargs("quick", "covey"))
     totals: dict[str, float] = defaultdict(float)
     with timed_phases(totals):
         start = time.perf_counter()
@@ -89,7 +101,7 @@ def profile_task(task: Task, timesteps: int, seed: int = 0) -> tuple[float, dict
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default=",".join(task.name for task in TASKS))
+    parser.add_argument("--tasks", default=",".join(TASKS_BY_NAME))
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies the quick-suite budgets")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)

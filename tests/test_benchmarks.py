@@ -16,32 +16,92 @@ def table_rows(output: str) -> dict[str, dict[str, str]]:
     return {row[0]: dict(zip(header, row)) for row in rows}
 
 
+def number(cell: str) -> float:
+    """The first number of a cell such as ``1,234``, ``-21.5`` or ``0.93 [0.90, 0.97]``."""
+    return float(cell.split()[0].replace(",", ""))
+
+
+def cell(row: dict[str, str], prefix: str) -> str:
+    """The cell of the column whose header starts with ``prefix``."""
+    return next(value for column, value in row.items() if column.startswith(prefix))
+
+
 def test_compare_quick_smoke():
-    command = [sys.executable, "-m", "benchmarks.compare", "--suite", "quick", "--tasks", ",".join(TASKS)]
+    """Single-agent tasks and the MA-POCA task (POCA against SB3 PPO + SuperSuit) in one table."""
+    tasks = [*TASKS, "poca_simple_spread"]
+    command = [sys.executable, "-m", "benchmarks.compare", "--suite", "quick", "--tasks", ",".join(tasks)]
     result = subprocess.run(
-        [*command, "--seeds", "1", "--scale", "0.02"], capture_output=True, text=True, timeout=180, cwd=REPO
+        [*command, "--seeds", "1", "--scale", "0.02", "--env-seconds", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = table_rows(result.stdout)
-    assert sorted(rows) == sorted(TASKS)
-    for task in TASKS:
-        ratio_column = next(column for column in rows[task] if column.startswith("covey/SB3 time ratio"))
-        ratio = float(rows[task][ratio_column].split()[0])
-        assert ratio > 0
+    assert sorted(rows) == sorted(tasks)
+    for task in tasks:
+        assert number(cell(rows[task], "covey/SB3 time ratio")) > 0
+        assert number(cell(rows[task], "raw env steps/s")) > 0
+        assert number(cell(rows[task], "covey steps/s")) > 0 and number(cell(rows[task], "SB3 steps/s")) > 0
+    poca = rows["poca_simple_spread"]
+    # 2,000 env steps rounded up to whole rollouts of 8 copies x 128 steps, for both learners.
+    assert poca["timesteps"] == "2,048"
+    for framework in ("covey", "SB3"):
+        per_agent_return = number(cell(poca, f"{framework} return"))
+        assert per_agent_return <= 0  # simple_spread rewards: minus distances to landmarks and collisions
+    assert "poca_simple_spread:" in result.stdout and "per-agent returns" in result.stdout
     assert "python -m benchmarks.compare --suite quick" in result.stdout
+
+
+def test_compare_rejects_unknown_task():
+    command = [sys.executable, "-m", "benchmarks.compare", "--tasks", "poca_simple_spread,nope"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2
+    assert "unknown task(s) ['nope']" in result.stderr
+
+
+def test_fast_paths_smoke():
+    """Every fast-path ablation runs on a few calls (no torch.compile); each time cell is a positive duration."""
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.fast_paths",
+        *("--repeats", "1", "--calls-scale", "0.05", "--skip-compile"),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    measurements = [row[0] for row in rows]
+    for setting in ("1 env (batch 64)", "8 envs (batch 256)"):
+        assert f"PPO update per minibatch, {setting}" in measurements
+        assert f"PPO autograd minibatch step, {setting}" in measurements
+    assert measurements.count("SAC gradient step, Pendulum 256x256") == 3
+    assert not any("torch.compile" in row[1] for row in rows)
+    units = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+    for row in rows:
+        for duration in (row[2], row[4]):
+            value, unit = duration.split()
+            assert float(value) > 0 and unit in units, row
+        assert float(row[5]) > 0, row
 
 
 def test_profile_smoke():
     """The profile attributes the run's time to phases: one row per task, shares that add up to 100%."""
-    command = [sys.executable, "-m", "benchmarks.profile", "--tasks", ",".join(TASKS), "--scale", "0.02"]
+    tasks = [*TASKS, "poca_simple_spread"]
+    command = [sys.executable, "-m", "benchmarks.profile", "--tasks", ",".join(tasks), "--scale", "0.02"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = table_rows(result.stdout)
-    assert sorted(rows) == sorted(TASKS)
-    for task in TASKS:
+    assert sorted(rows) == sorted(tasks)
+    for task in tasks:
         shares = [float(v.rstrip("%")) for k, v in rows[task].items() if v.endswith("%")]
         assert abs(sum(shares) - 100) <= len(shares)  # rounding of each cell
         assert float(rows[task]["update"].rstrip("%")) > 0
+    # POCA's phases are its own methods (group env, group buffer, its batched rollout evaluation).
+    for phase in ("env step", "rollout evaluation", "update"):
+        assert float(rows["poca_simple_spread"][phase].rstrip("%")) > 0
 
 
 def test_poca_vs_supersuit_smoke():
@@ -73,3 +133,16 @@ def test_ppo_seeds_smoke():
     assert {"hand-written gradients", "autograd"} <= set(rows)
     for row in rows.values():
         assert 0 < float(row["median return"]) <= 500
+
+
+def test_poca_width_smoke():
+    """POCA trains at each attention width asked for; one row per width with a time and a return."""
+    command = [sys.executable, "-m", "benchmarks.poca_width", "--widths", "32,64", "--timesteps", "1024"]
+    command += ["--seeds", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert set(rows) == {"32", "64"}
+    for row in rows.values():
+        assert number(row["seconds (median)"]) > 0
+        assert number(row["per-agent return (median [min, max])"]) <= 0  # simple_spread rewards are <= 0

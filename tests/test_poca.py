@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
+import zipfile
 
 import numpy as np
 import pytest
@@ -22,9 +24,10 @@ from covey.agents.poca import poca_loss
 from covey.agents.ppo import clipped_surrogate_loss, value_loss
 from covey.buffers.group import GroupRolloutBuffer
 from covey.envs import EarlyExitEnv
-from covey.networks.attention import POCACritic, ResidualSelfAttention, masked_mean
+from covey.networks.attention import POCACritic, ResidualSelfAttention, action_features, masked_mean
 from covey.networks.encoders import FlattenEncoder
 from covey.networks.twohot import make_value_head
+from covey.serialization import SETTINGS_ENTRY
 from covey.wrappers.group_env import GroupVecEnv
 
 OBS_DIM = 5
@@ -227,6 +230,44 @@ def test_value_depends_on_every_present_agent():
         value_c, _ = outputs(critic, changed, actions, present)
         assert (value_c - value)[present[:, s]].abs().max() > 1e-6
         assert close(value_c[~present[:, s]], value[~present[:, s]], "scalar")
+
+
+@pytest.mark.parametrize("case", ["discrete-scalar", "box-twohot"])
+def test_critic_sets_equal_the_attention_block_on_each_set(case):
+    """The critic scores every pair of entities once and shares the scores between the value's set and every
+    agent's baseline set; that equals running the attention block on each set alone (outputs and gradients)."""
+    action_space, head = CRITIC_CASES[case]
+    critic = make_critic(action_space, head)
+    obs, actions, present = group_inputs(action_space)
+    present[4] = False  # nobody: every set attends to its (zero) entities
+    attention = critic.attention
+
+    def by_hand():
+        encoded = critic._encode(obs, present)
+        acts = torch.where(present.unsqueeze(-1), action_features(actions, action_space), torch.zeros(()))
+        own = critic.obs_embedding(encoded)
+        mates = critic.obs_action_embedding(torch.cat([encoded, acts], dim=-1))
+        value = masked_mean(attention(own, present), present)
+        baselines = []
+        for i in range(N_SLOTS):  # agent i's set: its own observation, its groupmates' observations and actions
+            entities = torch.stack([own[:, j] if j == i else mates[:, j] for j in range(N_SLOTS)], dim=1)
+            baselines.append(masked_mean(attention(entities, present), present))
+        return value, torch.stack(baselines, dim=1)
+
+    params = list(critic.parameters())
+    results = []
+    for pooled in (lambda: critic.pooled(obs, actions, present), by_hand):
+        value, baseline = pooled()
+        loss = (value * torch.linspace(-1, 1, value.shape[-1])).sum() + baseline[present].square().sum()
+        results.append((value, baseline, torch.autograd.grad(loss, params, allow_unused=True)))
+    (value, baseline, grad), (value_ref, baseline_ref, grad_ref) = results
+    torch.testing.assert_close(value, value_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(baseline[present], baseline_ref[present], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(baseline).all()
+    for g, g_ref in zip(grad, grad_ref):
+        assert (g is None) == (g_ref is None)
+        if g is not None:
+            torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-5)
 
 
 def test_masked_mean_and_attention_ignore_absent_entities():
@@ -525,6 +566,34 @@ def test_save_load_round_trip(learned, tmp_path):
             torch.testing.assert_close(v1, v2, msg=f"{name}.{k}")
     with pytest.raises(ValueError, match="agent_7"):
         loaded.predict({"agent_7": obs["agent_0"]})
+
+
+def test_attention_width_is_saved_and_old_files_load_with_128(tmp_path):
+    """The critic's width travels in the model file; a file from before it did (no width saved, built with
+    the default of the time, 128) still loads into a 128-wide critic."""
+    assert POCA("MlpPolicy", EarlyExitEnv, seed=0).critic.attention.norm.normalized_shape == (64,)
+    model = POCA("MlpPolicy", EarlyExitEnv, seed=0, policy_kwargs=dict(attention_width=32, attention_heads=2))
+    model.save(tmp_path / "narrow.zip")
+    loaded = POCA.load(tmp_path / "narrow.zip")
+    assert (loaded.attention_width, loaded.attention_heads) == (32, 2)
+    assert loaded.critic.attention.n_heads == 2
+
+    wide = POCA("MlpPolicy", EarlyExitEnv, seed=0, policy_kwargs=dict(attention_width=128))
+    wide.save(tmp_path / "wide.zip")
+    with zipfile.ZipFile(tmp_path / "wide.zip") as zf:
+        entries = {name: zf.read(name) for name in zf.namelist()}
+    settings = json.loads(entries[SETTINGS_ENTRY])
+    for key in ("attention_width", "attention_heads"):
+        del settings[key]
+    del settings["policy_kwargs"]["attention_width"]
+    entries[SETTINGS_ENTRY] = json.dumps(settings).encode()
+    with zipfile.ZipFile(tmp_path / "old.zip", "w") as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+    old = POCA.load(tmp_path / "old.zip")
+    assert old.attention_width == 128
+    for (key, v1), v2 in zip(wide.critic.state_dict().items(), old.critic.state_dict().values()):
+        torch.testing.assert_close(v1, v2, msg=key)
 
 
 def test_load_with_env_continues_training(learned, tmp_path):

@@ -21,6 +21,9 @@ from covey.networks.encoders import obs_dtype
 from covey.wrappers.group_env import GroupVecEnv, make_group_env
 
 _EVAL_CHUNK = 2048
+DEFAULT_ATTENTION_WIDTH = 64
+"""The critic's entity embedding width. 64 learns as well as 128 on simple_spread in 0.7x the time
+(benchmarks/RESULTS.md); model files from before it was the default hold 128, which load restores."""
 
 
 @dataclass
@@ -104,7 +107,7 @@ class POCA(BaseAgent):
             stats_window_size=stats_window_size,
         )
         kwargs = dict(policy_kwargs or {})
-        self.attention_width = int(kwargs.pop("attention_width", 128))
+        self.attention_width = int(kwargs.pop("attention_width", DEFAULT_ATTENTION_WIDTH))
         self.attention_heads = int(kwargs.pop("attention_heads", 4))
         self.policy_config = PolicyConfig.from_kwargs(kwargs, activation_fn=torch.nn.ReLU)
         self._requested_n_envs = n_envs
@@ -148,12 +151,22 @@ class POCA(BaseAgent):
         return params
 
     def _extra_settings(self) -> dict[str, Any]:
-        # predict() maps agent ids to slots; agent_steps keeps counting across save/load.
-        return {"agent_ids": list(self.agent_ids), "agent_steps": self.agent_steps}
+        # predict() maps agent ids to slots; agent_steps keeps counting across save/load; the critic's shape.
+        return {
+            "agent_ids": list(self.agent_ids),
+            "agent_steps": self.agent_steps,
+            "attention_width": self.attention_width,
+            "attention_heads": self.attention_heads,
+        }
 
     def _restore_settings(self, settings: dict[str, Any]) -> None:
         self.agent_ids = list(settings.get("agent_ids", []))
         self.agent_steps = int(settings.get("agent_steps", 0))
+        # Files written before the width was saved were built with the width of the time (128) or the one
+        # given in policy_kwargs (which the constructor has read already).
+        given = _policy_kwargs_width(self.policy_kwargs)
+        self.attention_width = int(settings.get("attention_width", given if given is not None else 128))
+        self.attention_heads = int(settings.get("attention_heads", self.attention_heads))
 
     # ------------------------------------------------------------------ model
     def _setup_model(self) -> None:
@@ -344,17 +357,15 @@ class POCA(BaseAgent):
             )
             return last_values
         obs, actions, present = buf.flat(buf.observations), buf.flat(buf.actions), buf.flat(buf.present)
-        cont_obs, cont_present = buf.flat(buf.continuing_obs), buf.flat(buf.continuing_present)
         n = present.shape[0]
         head = critic.value_head
-        values, cont_values, baselines, log_probs, entropies = [], [], [], [], []
+        values, baselines, log_probs, entropies = [], [], [], []
         for s in range(0, n, _EVAL_CHUNK):
             sl = slice(s, s + _EVAL_CHUNK)
             raw, raw_baseline = critic.raw(obs[sl], actions[sl], present[sl])
             values.append(head.value(raw))
             if head.distributional:
                 entropies.append(head.entropy(raw))
-            cont_values.append(critic.value(cont_obs[sl], cont_present[sl]))
             baselines.append(head.value(raw_baseline))
             o, a = obs[sl], actions[sl]
             lp, _ = self.actor.evaluate(o.reshape(-1, *o.shape[2:]), a.reshape(-1, *a.shape[2:]))
@@ -362,9 +373,16 @@ class POCA(BaseAgent):
         shape = (buf.n_steps, buf.n_envs)
         self._value_entropy = torch.cat(entropies).mean().item() if entropies else None
         buf.values = torch.cat(values).reshape(shape)
-        buf.continuing_values = torch.cat(cont_values).reshape(shape)
         buf.baselines = torch.cat(baselines).reshape(*shape, buf.n_slots)
         buf.log_probs = torch.cat(log_probs).reshape(*shape, buf.n_slots)
+        # The continuing state is read only where an agent's trajectory ended without the group's terminal
+        # (a leaver's bootstrap, a time limit): evaluate those group-steps alone (zeros elsewhere).
+        rows = torch.as_tensor((buf.ended.any(axis=-1) & ~buf.group_terminal).reshape(-1)).nonzero().squeeze(1)
+        continuing = torch.zeros(n)
+        if len(rows):
+            cont_obs, cont_present = buf.flat(buf.continuing_obs)[rows], buf.flat(buf.continuing_present)[rows]
+            continuing[rows] = _chunked(critic.value, cont_obs, cont_present)
+        buf.continuing_values = continuing.reshape(shape)
         last_obs = torch.as_tensor(self._last_obs, dtype=obs.dtype)
         return critic.value(last_obs, torch.as_tensor(self._last_mask)).numpy()
 
@@ -517,6 +535,11 @@ def poca_objective(
         "loss": loss.detach(),
     }
     return loss, stats
+
+
+def _policy_kwargs_width(policy_kwargs: dict | None) -> int | None:
+    width = (policy_kwargs or {}).get("attention_width")
+    return None if width is None else int(width)
 
 
 def _chunked(fn, *tensors: torch.Tensor):

@@ -52,6 +52,30 @@ class ResidualSelfAttention(nn.Module):
         out = self.attention.out_proj(out.transpose(1, 2).reshape(b, n, width))
         return self.norm(x + out)
 
+    def attend_sets(
+        self, x: torch.Tensor, qkv: torch.Tensor, queries: torch.Tensor, members: torch.Tensor, present: torch.Tensor
+    ) -> torch.Tensor:
+        """The block's outputs in several sets drawn from the same entities, without copying them per set.
+
+        ``x`` ``(B, m, h)`` are the entities and ``qkv`` their projections (``project(x)``), ``present``
+        ``(B, m)``. Output row r is for entity ``queries[r]`` inside the set ``members[r]`` (``(R, m)``
+        booleans): it attends to the present members of that set (to all of them when none is present).
+        Returns ``(B, R, h)``; each row equals :meth:`attend` on its set alone. Scores are computed once per
+        pair of entities and shared by every set holding both, which for small sets is far cheaper than one
+        attention call per set."""
+        b, m, width = x.shape
+        q, k, v = qkv.view(b, m, 3, self.n_heads, width // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, heads, m, d)
+        scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # (B, heads, m, m): every entity pair once
+        attend = members & present[:, None, :]  # (B, R, m)
+        attend = attend | (members & ~attend.any(dim=-1, keepdim=True))
+        scores = scores[:, :, queries].masked_fill(~attend[:, None], float("-inf"))  # (B, heads, R, m)
+        # Softmax by hand: torch.softmax over a last axis this short is several times slower on CPU (the
+        # shift by the row's maximum is only for range, so it takes no gradient).
+        weights = (scores - scores.detach().amax(dim=-1, keepdim=True)).exp()
+        out = (weights / weights.sum(dim=-1, keepdim=True)) @ v  # (B, heads, R, d)
+        out = self.attention.out_proj(out.transpose(1, 2).reshape(b, len(queries), width))
+        return self.norm(x[:, queries] + out)
+
 
 def masked_mean(x: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
     """Mean over the present entities: ``(B, n_entities, h)`` -> ``(B, h)`` (zeros when none is present)."""
@@ -104,6 +128,19 @@ def action_features_dim(space: spaces.Space) -> int:
     return int(np.prod(space.shape))
 
 
+def _poca_sets(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The value's set and every agent's baseline set over the entities ``[own_0..own_n-1, mates_0..mates_n-1]``
+    (observation embeddings, then observation-action embeddings): ``(queries (R,), members (R, 2n))`` with
+    ``R = n + n * n``. Rows ``0..n-1``: own_j in the value's set {own_*}; row ``n + i * n + j``: slot j in agent
+    i's set {own_i} + {mates_k, k != i}, i.e. own_i for j == i and mates_j otherwise."""
+    slots = torch.arange(n, device=device)
+    in_set = torch.where(slots[:, None] == slots[None, :], slots[None, :], n + slots[None, :])  # (i, j) -> entity
+    members = torch.zeros(n + n * n, 2 * n, dtype=torch.bool, device=device)
+    members[:n, :n] = True
+    members[n:] = F.one_hot(in_set, 2 * n).sum(1).bool().repeat_interleave(n, dim=0)
+    return torch.cat([slots, in_set.reshape(-1)]), members
+
+
 class POCACritic(nn.Module):
     """One attention network answering two questions about a group of agent slots.
 
@@ -125,7 +162,7 @@ class POCACritic(nn.Module):
         encoder: nn.Module,
         action_space: spaces.Space,
         value_head_fn,
-        width: int = 128,
+        width: int = 64,
         hidden: list[int] | None = None,
         n_heads: int = 4,
         activation: type[nn.Module] = nn.ReLU,
@@ -175,25 +212,23 @@ class POCACritic(nn.Module):
 
         Agent i's baseline attends over its own observation embedding and its groupmates' observation-action
         embeddings. Attention projects each entity alone, so the projections of both embeddings are computed
-        once per slot and shared by the value's set and all agents' sets."""
-        b, n = present.shape
+        once per slot, and the scores once per pair of entities, shared by the value's set and every agent's
+        set (:meth:`ResidualSelfAttention.attend_sets`)."""
+        n = present.shape[1]
         encoded = self._encode(obs, present)  # (B, n, enc)
         acts = action_features(actions, self.action_space)  # (B, n, A)
         acts = torch.where(present.unsqueeze(-1), acts, torch.zeros(()))
         own = self.obs_embedding(encoded)  # (B, n, h)
         mates = self.obs_action_embedding(torch.cat([encoded, acts], dim=-1))  # (B, n, h)
-        own_qkv, mates_qkv = self.attention.project(own), self.attention.project(mates)
-        value = masked_mean(self.attention.attend(own, own_qkv, present), present)
-        # Agent i's set, entity j: row j of [own; mates] if j == i, else row n + j.
-        slots = torch.arange(n, device=present.device)
-        pick = torch.where(slots[:, None] == slots[None, :], slots[None, :], n + slots[None, :]).reshape(-1)
-
-        def views(own_x: torch.Tensor, mates_x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B * n_i, n_j, d)
-            return torch.cat([own_x, mates_x], dim=1)[:, pick].reshape(b * n, n, -1)
-
-        sets_present = present.repeat_interleave(n, dim=0)
-        out = self.attention.attend(views(own, mates), views(own_qkv, mates_qkv), sets_present)
-        return value, masked_mean(out, sets_present).reshape(b, n, -1)
+        entities = torch.cat([own, mates], dim=1)  # (B, 2n, h)
+        queries, members = _poca_sets(n, present.device)
+        out = self.attention.attend_sets(
+            entities, self.attention.project(entities), queries, members, present.repeat(1, 2)
+        )
+        value = masked_mean(out[:, :n], present)
+        weights = present[:, None, :, None].to(out.dtype)  # entity j of every agent's set is slot j
+        baseline = (out[:, n:].unflatten(1, (n, n)) * weights).sum(2) / weights.sum(2).clamp_min(1.0)
+        return value, baseline  # (B, h), (B, n, h)
 
     def pooled_baseline(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         """Every agent's pooled features for its baseline, ``(B, n_slots, width)``."""
