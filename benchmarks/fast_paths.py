@@ -8,7 +8,8 @@ Each row times one operation two ways on the same data and reports the minimum o
 mean time per call: PPO minibatch updates (hand-written gradients vs autograd; flat vs per-parameter
 optimizer step), acting, tanh, the Adam step, gradient clipping, batching two layers into one bmm, the
 matrix multiplies that bound the updates, torch.compile (its first call includes compiling), and SAC
-gradient steps (float32 vs bfloat16 autocast, flushing denormals, in-place ReLU).
+gradient steps (float32 vs bfloat16 autocast, flushing denormals, in-place ReLU), and MA-POCA's attention critic
+(scores shared by all sets vs one attention call per set, softmax by hand) and minibatch (widths 64 and 128).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from dataclasses import dataclass
 import torch
 from stable_baselines3.common.env_util import make_vec_env
 
+from benchmarks.poca_vs_supersuit import make_poca
 from covey import PPO, SAC
 from covey.agents.base import FlatParameters
+from covey.agents.poca import poca_objective, poca_outputs
 from covey.agents.ppo import ppo_loss
+from covey.networks.attention import POCACritic
 from covey.networks.obs import batch_to_tensor
 
 PPO_SETTINGS = {
@@ -250,6 +254,71 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     return rows
 
 
+def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
+    """MA-POCA's update on simple_spread (the settings of benchmarks.poca_vs_supersuit): its attention critic
+    and a whole minibatch."""
+    models = {}
+    for width in (64, 128):
+        torch.manual_seed(0)
+        models[width] = make_poca(0, attention_width=width).learn(1024)
+    batch = next(iter(models[64].rollout_buffer.minibatches(256)))
+    critic = models[64].critic
+    group = f"{batch.present.shape[0]} groups of {batch.present.shape[1]}"
+
+    def backward(pooled: Callable) -> Callable[[], None]:
+        def step() -> None:
+            value, baseline = pooled(critic, batch.observations, batch.actions, batch.present)
+            (value.sum() + baseline.sum()).backward()
+
+        return step
+
+    rows = [
+        (
+            f"POCA critic attention, forward and backward, {group}",
+            "scores shared by all sets",
+            timed(backward(POCACritic.pooled), 50),
+            "one attention call per set",
+            timed(backward(POCACritic.pooled_per_set), 50),
+        )
+    ]
+    scores = torch.randn(256, 4, 12, 6, requires_grad=True)
+
+    def by_hand() -> None:
+        weights = (scores - scores.detach().amax(dim=-1, keepdim=True)).exp()
+        (weights / weights.sum(dim=-1, keepdim=True)).sum().backward()
+
+    rows.append(
+        (
+            "softmax over 6 entities, 256x4x12x6, forward and backward",
+            "by hand",
+            timed(by_hand, 200),
+            "torch.softmax",
+            timed(lambda: torch.softmax(scores, dim=-1).sum().backward(), 200),
+        )
+    )
+
+    def update(model) -> Callable[[], None]:
+        def step() -> None:
+            log_prob, entropy, raw_value, raw_baseline, _, mb = poca_outputs(batch, model.actor, model.critic)
+            loss, _ = poca_objective(
+                log_prob, entropy, raw_value, raw_baseline, model.critic.value_head, mb, 0.2, model.config
+            )
+            model._optimizer_step(loss, model.config.max_grad_norm)
+
+        return step
+
+    rows.append(
+        (
+            f"POCA update per minibatch, {group}",
+            "attention width 64",
+            timed(update(models[64]), 30),
+            "attention width 128",
+            timed(update(models[128]), 30),
+        )
+    )
+    return rows
+
+
 def duration(us: float) -> str:
     """Microseconds in the unit that reads best."""
     if us >= 1e6:
@@ -272,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     timed = Timer(args.repeats, args.calls_scale)
     print("| measurement | variant A | A | variant B | B | A/B |")
     print("|---|---|---:|---|---:|---:|")
-    for rows in (ppo_rows, kernel_rows, *([] if args.skip_compile else [compile_rows]), sac_rows):
+    for rows in (ppo_rows, kernel_rows, *([] if args.skip_compile else [compile_rows]), sac_rows, poca_rows):
         for what, name_a, a, name_b, b in rows(timed):
             print(f"| {what} | {name_a} | {duration(a)} | {name_b} | {duration(b)} | {a / b:.2f} |", flush=True)
     print(f"\ncommand: python -m benchmarks.fast_paths {' '.join(sys.argv[1:] if argv is None else argv)}")

@@ -78,6 +78,8 @@ def test_fast_paths_smoke():
         assert f"PPO update per minibatch, {setting}" in measurements
         assert f"PPO autograd minibatch step, {setting}" in measurements
     assert measurements.count("SAC gradient step, Pendulum 256x256") == 3
+    assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
+    assert "POCA update per minibatch, 256 groups of 3" in measurements
     assert not any("torch.compile" in row[1] for row in rows)
     units = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
     for row in rows:

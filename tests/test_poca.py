@@ -24,7 +24,7 @@ from covey.agents.poca import poca_loss
 from covey.agents.ppo import clipped_surrogate_loss, value_loss
 from covey.buffers.group import GroupRolloutBuffer
 from covey.envs import EarlyExitEnv
-from covey.networks.attention import POCACritic, ResidualSelfAttention, action_features, masked_mean
+from covey.networks.attention import POCACritic, ResidualSelfAttention, masked_mean
 from covey.networks.encoders import FlattenEncoder
 from covey.networks.twohot import make_value_head
 from covey.serialization import SETTINGS_ENTRY
@@ -240,24 +240,10 @@ def test_critic_sets_equal_the_attention_block_on_each_set(case):
     critic = make_critic(action_space, head)
     obs, actions, present = group_inputs(action_space)
     present[4] = False  # nobody: every set attends to its (zero) entities
-    attention = critic.attention
-
-    def by_hand():
-        encoded = critic._encode(obs, present)
-        acts = torch.where(present.unsqueeze(-1), action_features(actions, action_space), torch.zeros(()))
-        own = critic.obs_embedding(encoded)
-        mates = critic.obs_action_embedding(torch.cat([encoded, acts], dim=-1))
-        value = masked_mean(attention(own, present), present)
-        baselines = []
-        for i in range(N_SLOTS):  # agent i's set: its own observation, its groupmates' observations and actions
-            entities = torch.stack([own[:, j] if j == i else mates[:, j] for j in range(N_SLOTS)], dim=1)
-            baselines.append(masked_mean(attention(entities, present), present))
-        return value, torch.stack(baselines, dim=1)
-
     params = list(critic.parameters())
     results = []
-    for pooled in (lambda: critic.pooled(obs, actions, present), by_hand):
-        value, baseline = pooled()
+    for pooled in (critic.pooled, critic.pooled_per_set):
+        value, baseline = pooled(obs, actions, present)
         loss = (value * torch.linspace(-1, 1, value.shape[-1])).sum() + baseline[present].square().sum()
         results.append((value, baseline, torch.autograd.grad(loss, params, allow_unused=True)))
     (value, baseline, grad), (value_ref, baseline_ref, grad_ref) = results

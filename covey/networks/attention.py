@@ -230,6 +230,22 @@ class POCACritic(nn.Module):
         baseline = (out[:, n:].unflatten(1, (n, n)) * weights).sum(2) / weights.sum(2).clamp_min(1.0)
         return value, baseline  # (B, h), (B, n, h)
 
+    def pooled_per_set(
+        self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`pooled` by its definition: the attention block run on a copy of each set, the value's set and
+        then every agent's. The same outputs, slower; kept as the reference that :meth:`pooled` is tested and
+        benchmarked against."""
+        n = present.shape[1]
+        encoded = self._encode(obs, present)
+        acts = action_features(actions, self.action_space)
+        acts = torch.where(present.unsqueeze(-1), acts, torch.zeros(()))
+        own = self.obs_embedding(encoded)
+        mates = self.obs_action_embedding(torch.cat([encoded, acts], dim=-1))
+        value = self._pool(own, present)
+        sets = [torch.stack([own[:, j] if j == i else mates[:, j] for j in range(n)], dim=1) for i in range(n)]
+        return value, torch.stack([self._pool(entities, present) for entities in sets], dim=1)
+
     def pooled_baseline(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         """Every agent's pooled features for its baseline, ``(B, n_slots, width)``."""
         return self.pooled(obs, actions, present)[1]

@@ -175,7 +175,8 @@ class GroupVecEnv:
             action_dict = {agent: actions[e, self.slot[agent]] for agent in acting}
             observations, rew, term, trunc, _ = env.step(action_dict)
             self._ep_length[e] += 1
-            still = set(env.agents)
+            after = list(env.agents)  # read once: on wrapped PettingZoo envs every read walks the wrapper chain
+            still = set(after)
             for agent in acting:
                 s = self.slot[agent]
                 rewards[e, s] = rew.get(agent, 0.0)
@@ -188,10 +189,10 @@ class GroupVecEnv:
             self._ep_return[e] += rewards[e]
             self._obs[e] = 0
             self._mask[e] = False
-            for agent in env.agents:  # live agents, including ones that just appeared
+            for agent in after:  # live agents, including ones that just appeared
                 self._put(e, agent, observations[agent])
             self._ep_seen[e] |= self._mask[e]
-            if not env.agents:
+            if not after:
                 env_done[e] = True
                 seen = max(int(self._ep_seen[e].sum()), 1)
                 group_return = float(self._ep_return[e].sum())
