@@ -41,7 +41,7 @@ def main() -> None:
         batch_size=256,
         n_epochs=4,
         learning_rate=3e-4,
-        policy_kwargs=dict(entity_encoder=True, attention_width=128),  # the width the numbers above used
+        policy_kwargs=dict(entity_encoder=True),
         seed=args.seed,
     )
     start = time.perf_counter()

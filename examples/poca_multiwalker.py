@@ -40,8 +40,7 @@ def main() -> None:
         n_epochs=4,
         learning_rate=3e-4,
         gamma=0.99,
-        # attention_width=128: the critic width the numbers above were measured with
-        policy_kwargs=dict(net_arch=dict(pi=[256, 256], vf=[256, 256]), log_std_init=-0.5, attention_width=128),
+        policy_kwargs=dict(net_arch=dict(pi=[256, 256], vf=[256, 256]), log_std_init=-0.5),
         seed=args.seed,
     )
     start = time.perf_counter()

@@ -554,28 +554,29 @@ def test_save_load_round_trip(learned, tmp_path):
         loaded.predict({"agent_7": obs["agent_0"]})
 
 
-def test_attention_width_is_saved_and_old_files_load_with_128(tmp_path):
+def test_attention_width_is_saved_and_old_files_load_with_128(tmp_path, monkeypatch):
     """The critic's width travels in the model file; a file from before it did (no width saved, built with
-    the default of the time, 128) still loads into a 128-wide critic."""
-    assert POCA("MlpPolicy", EarlyExitEnv, seed=0).critic.attention.norm.normalized_shape == (64,)
+    the default of the time, 128) loads into a 128-wide critic whatever the default is now."""
+    assert POCA("MlpPolicy", EarlyExitEnv, seed=0).critic.attention.norm.normalized_shape == (128,)
     model = POCA("MlpPolicy", EarlyExitEnv, seed=0, policy_kwargs=dict(attention_width=32, attention_heads=2))
     model.save(tmp_path / "narrow.zip")
     loaded = POCA.load(tmp_path / "narrow.zip")
     assert (loaded.attention_width, loaded.attention_heads) == (32, 2)
     assert loaded.critic.attention.n_heads == 2
 
-    wide = POCA("MlpPolicy", EarlyExitEnv, seed=0, policy_kwargs=dict(attention_width=128))
+    wide = POCA("MlpPolicy", EarlyExitEnv, seed=0)
     wide.save(tmp_path / "wide.zip")
     with zipfile.ZipFile(tmp_path / "wide.zip") as zf:
         entries = {name: zf.read(name) for name in zf.namelist()}
     settings = json.loads(entries[SETTINGS_ENTRY])
     for key in ("attention_width", "attention_heads"):
         del settings[key]
-    del settings["policy_kwargs"]["attention_width"]
     entries[SETTINGS_ENTRY] = json.dumps(settings).encode()
     with zipfile.ZipFile(tmp_path / "old.zip", "w") as zf:
         for name, data in entries.items():
             zf.writestr(name, data)
+    monkeypatch.setattr("covey.agents.poca.DEFAULT_ATTENTION_WIDTH", 64)  # a later default
+    assert POCA("MlpPolicy", EarlyExitEnv, seed=0).attention_width == 64
     old = POCA.load(tmp_path / "old.zip")
     assert old.attention_width == 128
     for (key, v1), v2 in zip(wide.critic.state_dict().items(), old.critic.state_dict().values()):

@@ -21,11 +21,10 @@ from covey.networks.encoders import obs_dtype
 from covey.wrappers.group_env import GroupVecEnv, make_group_env
 
 _EVAL_CHUNK = 2048
-DEFAULT_ATTENTION_WIDTH = 64
-"""The critic's entity embedding width (``policy_kwargs=dict(attention_width=...)``). On simple_spread 64
-trains in 0.72x the time of 128 with returns within the spread of 3 seeds (``python -m benchmarks.poca_width``);
-larger observations or groups may want more. Model files keep their width; files from before it was saved
-were built with 128, which load restores."""
+DEFAULT_ATTENTION_WIDTH = 128
+"""The critic's entity embedding width (``policy_kwargs=dict(attention_width=...)``). On simple_spread 64 trains
+in 0.72x the time of 128 with slightly lower returns (``python -m benchmarks.poca_width``). Model files keep
+their width; files from before it was saved were built with 128, which load restores."""
 
 
 @dataclass

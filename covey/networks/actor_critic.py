@@ -518,7 +518,7 @@ def build_poca_networks(
     observation_space: spaces.Space,
     action_space: spaces.Space,
     config: PolicyConfig,
-    attention_width: int = 64,
+    attention_width: int = 128,
     n_heads: int = 4,
 ) -> tuple[Actor, POCACritic]:
     """MA-POCA's shared actor (one policy for every agent of the group) and its attention critic.

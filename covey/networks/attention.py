@@ -162,7 +162,7 @@ class POCACritic(nn.Module):
         encoder: nn.Module,
         action_space: spaces.Space,
         value_head_fn,
-        width: int = 64,
+        width: int = 128,
         hidden: list[int] | None = None,
         n_heads: int = 4,
         activation: type[nn.Module] = nn.ReLU,
