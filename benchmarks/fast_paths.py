@@ -261,8 +261,8 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     for width in (64, 128):
         torch.manual_seed(0)
         models[width] = make_poca(0, attention_width=width).learn(1024)
-    batch = next(iter(models[64].rollout_buffer.minibatches(256)))
-    critic = models[64].critic
+    batch = next(iter(models[128].rollout_buffer.minibatches(256)))
+    critic = models[128].critic  # the default width
     group = f"{batch.present.shape[0]} groups of {batch.present.shape[1]}"
 
     def backward(pooled: Callable) -> Callable[[], None]:
