@@ -41,6 +41,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 import covey
 from benchmarks import poca_vs_supersuit
+from benchmarks.common import median_range, random_stepping_speed
 
 FRAMEWORKS: dict[str, dict[str, type]] = {
     "covey": {"PPO": covey.PPO, "SAC": covey.SAC},
@@ -239,16 +240,7 @@ def measure_env_speed(task: Task, seconds: float, seed: int = 0) -> float:
     """Env steps per second (n_envs per VecEnv step) of the task's VecEnv stepped with random actions."""
     if task.runner is not None:
         return task.runner.env_speed(seconds, seed)
-    env = make_env(task, task.n_envs, seed)
-    env.action_space.seed(seed)
-    env.reset()
-    steps = 0
-    start = time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
-        env.step(np.array([env.action_space.sample() for _ in range(task.n_envs)]))
-        steps += task.n_envs
-    env.close()
-    return steps / elapsed
+    return random_stepping_speed(make_env(task, task.n_envs, seed), task.n_envs, seconds, seed)
 
 
 def measure_training(framework: str, task: Task, suite: str, timesteps: int, seed: int) -> RunResult:
@@ -293,14 +285,6 @@ def run_task(
                 f"{run.steps_per_second:8,.0f} steps/s, return {run.eval_return:8.1f}"
             )
     return TaskResult(task, env_speed, runs)
-
-
-def median_range(values: Sequence[float], fmt: str) -> str:
-    """``median [min, max]``, or just the value when there is one."""
-    median = format(statistics.median(values), fmt)
-    if len(values) == 1:
-        return median
-    return f"{median} [{format(min(values), fmt)}, {format(max(values), fmt)}]"
 
 
 def format_table(results: Sequence[TaskResult]) -> str:

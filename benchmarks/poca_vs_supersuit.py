@@ -31,6 +31,7 @@ from stable_baselines3 import PPO as SB3PPO
 from stable_baselines3.common.utils import set_random_seed
 from stable_baselines3.common.vec_env import VecEnv
 
+from benchmarks.common import median_range, random_stepping_speed
 from covey import POCA
 from covey.evaluation import evaluate_group
 
@@ -119,16 +120,7 @@ def run_supersuit_ppo(timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_E
 
 def measure_env_speed(seconds: float, seed: int = 0) -> float:
     """Env steps per second (N_COPIES per vector step) of the SB3 run's vector env stepped with random actions."""
-    venv = make_supersuit_env(seed)
-    venv.action_space.seed(seed)
-    venv.reset()
-    steps = 0
-    start = time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
-        venv.step(np.array([venv.action_space.sample() for _ in range(venv.num_envs)]))
-        steps += N_COPIES
-    venv.close()
-    return steps / elapsed
+    return random_stepping_speed(make_supersuit_env(seed), N_COPIES, seconds, seed)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,8 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---:|---:|")
     for name, results in runs.items():
         seconds = statistics.median(s for s, _ in results)
-        returns = [r for _, r in results]
-        spread = f"{statistics.median(returns):.2f} [{min(returns):.2f}, {max(returns):.2f}]"
+        spread = median_range([r for _, r in results], ".2f")
         print(f"| {name} | {seconds:.1f} | {args.timesteps / seconds:,.0f} | {spread} |")
     print(f"| uniform random | | | {random_return:.2f} |")
 

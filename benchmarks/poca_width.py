@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from benchmarks.common import median_range
 from benchmarks.poca_vs_supersuit import EVAL_SEED_OFFSET, make_env, make_poca
 from covey.evaluation import evaluate_group
 
@@ -55,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for width, runs in results.items():
         seconds = statistics.median(s for s, _ in runs)
         returns = [r for _, r in runs]
-        spread = f"{statistics.median(returns):.2f} [{min(returns):.2f}, {max(returns):.2f}]"
+        spread = median_range(returns, ".2f")
         per_seed = ", ".join(f"{r:.2f}" for r in returns)
         print(f"| {width} | {seconds:.1f} | {args.timesteps / seconds:,.0f} | {spread} | {per_seed} |")
     print(f"\ncommand: python -m benchmarks.poca_width {' '.join(sys.argv[1:] if argv is None else argv)}")
