@@ -163,10 +163,8 @@ class POCA(BaseAgent):
     def _restore_settings(self, settings: dict[str, Any]) -> None:
         self.agent_ids = list(settings.get("agent_ids", []))
         self.agent_steps = int(settings.get("agent_steps", 0))
-        # Files written before the width was saved were built with the width of the time (128) or the one
-        # given in policy_kwargs (which the constructor has read already).
-        given = _policy_kwargs_width(self.policy_kwargs)
-        self.attention_width = int(settings.get("attention_width", given if given is not None else 128))
+        # Files from before the width was saved: the width given in policy_kwargs, else 128 (the default then).
+        self.attention_width = int(settings.get("attention_width", self.policy_kwargs.get("attention_width", 128)))
         self.attention_heads = int(settings.get("attention_heads", self.attention_heads))
 
     # ------------------------------------------------------------------ model
@@ -536,11 +534,6 @@ def poca_objective(
         "loss": loss.detach(),
     }
     return loss, stats
-
-
-def _policy_kwargs_width(policy_kwargs: dict | None) -> int | None:
-    width = (policy_kwargs or {}).get("attention_width")
-    return None if width is None else int(width)
 
 
 def _chunked(fn, *tensors: torch.Tensor):

@@ -215,12 +215,7 @@ class POCACritic(nn.Module):
         once per slot, and the scores once per pair of entities, shared by the value's set and every agent's
         set (:meth:`ResidualSelfAttention.attend_sets`)."""
         n = present.shape[1]
-        encoded = self._encode(obs, present)  # (B, n, enc)
-        acts = action_features(actions, self.action_space)  # (B, n, A)
-        acts = torch.where(present.unsqueeze(-1), acts, torch.zeros(()))
-        own = self.obs_embedding(encoded)  # (B, n, h)
-        mates = self.obs_action_embedding(torch.cat([encoded, acts], dim=-1))  # (B, n, h)
-        entities = torch.cat([own, mates], dim=1)  # (B, 2n, h)
+        entities = torch.cat(self._embed(obs, actions, present), dim=1)  # (B, 2n, h): own, then mates
         queries, members = _poca_sets(n, present.device)
         out = self.attention.attend_sets(
             entities, self.attention.project(entities), queries, members, present.repeat(1, 2)
@@ -230,6 +225,15 @@ class POCACritic(nn.Module):
         baseline = (out[:, n:].unflatten(1, (n, n)) * weights).sum(2) / weights.sum(2).clamp_min(1.0)
         return value, baseline  # (B, h), (B, n, h)
 
+    def _embed(
+        self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every slot's observation embedding and observation-action embedding, each ``(B, n_slots, width)``."""
+        encoded = self._encode(obs, present)  # (B, n, enc)
+        acts = action_features(actions, self.action_space)  # (B, n, A)
+        acts = torch.where(present.unsqueeze(-1), acts, torch.zeros(()))
+        return self.obs_embedding(encoded), self.obs_action_embedding(torch.cat([encoded, acts], dim=-1))
+
     def pooled_per_set(
         self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,11 +241,7 @@ class POCACritic(nn.Module):
         then every agent's. The same outputs, slower; kept as the reference that :meth:`pooled` is tested and
         benchmarked against."""
         n = present.shape[1]
-        encoded = self._encode(obs, present)
-        acts = action_features(actions, self.action_space)
-        acts = torch.where(present.unsqueeze(-1), acts, torch.zeros(()))
-        own = self.obs_embedding(encoded)
-        mates = self.obs_action_embedding(torch.cat([encoded, acts], dim=-1))
+        own, mates = self._embed(obs, actions, present)
         value = self._pool(own, present)
         sets = [torch.stack([own[:, j] if j == i else mates[:, j] for j in range(n)], dim=1) for i in range(n)]
         return value, torch.stack([self._pool(entities, present) for entities in sets], dim=1)
