@@ -1,6 +1,6 @@
 """Side-by-side benchmark of covey against Stable-Baselines3: training time, env throughput, final return.
 
-    python -m benchmarks.compare --suite quick                       # all tasks, 2 seeds, about 15 min on 2 cores
+    python -m benchmarks.compare --suite quick                       # all tasks, 2 seeds, about 13 min on 2 cores
     python -m benchmarks.compare --suite full --out results.md       # long: hours
     python -m benchmarks.compare --suite quick --tasks sac_pendulum --seeds 1 --scale 0.1   # smoke run
 
@@ -172,9 +172,9 @@ TASKS += [
     for task in TASKS
     if task.agent == "SAC"
 ]
-# Tasks with their own Runner: MA-POCA against SB3 PPO with parameter sharing via SuperSuit (the setup of
-# benchmarks.poca_vs_supersuit). Kept out of TASKS, the FRAMEWORKS-class tasks that benchmarks.profile runs.
-RUNNER_TASKS = [
+# MA-POCA against SB3 PPO with parameter sharing via SuperSuit (the setup of benchmarks.poca_vs_supersuit),
+# trained and measured by its own Runner.
+TASKS += [
     Task(
         "poca_simple_spread",
         "POCA",
@@ -197,7 +197,7 @@ RUNNER_TASKS = [
         ),
     )
 ]
-TASKS_BY_NAME = {task.name: task for task in [*TASKS, *RUNNER_TASKS]}
+TASKS_BY_NAME = {task.name: task for task in TASKS}
 
 
 @dataclass
