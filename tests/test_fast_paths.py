@@ -67,6 +67,10 @@ def test_clip_grad_norm_matches_torch():
     assert torch.allclose(norm, ref_norm)
     for p, q in zip(net.parameters(), ref.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-7)
+    # Below the limit nothing changes.
+    before = flat.grad.clone()
+    assert flat.clip_grad_norm_(100.0) < 100.0
+    assert torch.equal(flat.grad, before)
 
 
 @pytest.mark.parametrize("optimizer_class", [torch.optim.Adam, torch.optim.AdamW])
@@ -170,15 +174,19 @@ def test_polyak_update_of_flat_buffers_equals_per_parameter_lerp():
 
 # ---------------------------------------------------------------------------- hand-differentiated networks
 @pytest.mark.parametrize(
-    ("hidden", "activation"), [([8, 6], nn.Tanh), ([8], nn.ReLU), ([], nn.Tanh), ([4, 4, 4], nn.ReLU)]
+    ("hidden", "activation"),
+    [([8, 6], nn.Tanh), ([8], nn.ReLU), ([], nn.Tanh), ([4, 4, 4], nn.ReLU), ([32, 20], nn.Tanh), ([20], nn.ReLU)],
 )
 def test_manual_mlp_equals_autograd(hidden, activation):
+    """Forward, acting and every weight and bias gradient equal autograd's; the wide first layers (3 inputs,
+    at least 16 outputs) take the transposed weight-gradient product."""
     torch.manual_seed(0)
     trunk, out = mlp(3, hidden, activation), nn.Linear(hidden[-1] if hidden else 3, 2)
     params = [*trunk.parameters(), *out.parameters()]
     for p in params:
         p.grad = torch.zeros_like(p)
     manual = ManualMLP(trunk, out)
+    assert (manual.narrow[0] is not None) == (bool(hidden) and hidden[0] >= 16)
     x = torch.randn(7, 3)
     grad_out = torch.randn(7, 2)
     y, inputs = manual.forward(x)

@@ -311,15 +311,20 @@ class ManualPPOUpdate:
                 adv_e = self._scaled_advantages(adv_e, batch_size, config.normalize_advantage)
             for start, end in minibatches:
                 size = end - start
-                logits, h_pi = policy_net.forward(x_pi_e[start:end])
-                value, h_v = value_net.forward(x_v_e[start:end])
-                log_prob, entropy, terms = head.manual_terms(logits, act_e[start:end])
-                log_ratio = log_prob - old_e[start:end]
+                if shuffle:
+                    x_pi_b, x_v_b, act_b = x_pi_e[start:end], x_v_e[start:end], act_e[start:end]
+                    old_b, adv_b, ret_b = old_e[start:end], adv_e[start:end], ret_e[start:end]
+                else:  # the whole rollout: no slicing
+                    x_pi_b, x_v_b, act_b, old_b, adv_b, ret_b = x_pi_e, x_v_e, act_e, old_e, adv_e, ret_e
+                logits, h_pi = policy_net.forward(x_pi_b)
+                value, h_v = value_net.forward(x_v_b)
+                log_prob, entropy, terms = head.manual_terms(logits, act_b)
+                log_ratio = log_prob - old_b
                 ratio = log_ratio.exp()
-                adv = adv_e[start:end]  # -A / size: the minus of the loss and the 1 / size of its mean folded in
-                s1 = ratio * adv
-                s2 = ratio.clamp(low, high).mul_(adv)
-                error = value.view(-1) - ret_e[start:end]
+                # adv_b is -A / size: the minus of the loss and the 1 / size of its mean folded in
+                s1 = ratio * adv_b
+                s2 = ratio.clamp(low, high).mul_(adv_b)
+                error = value.view(-1) - ret_b
                 log_ratios.append(log_ratio)
                 s1s.append(s1)
                 s2s.append(s2)

@@ -26,6 +26,7 @@ def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tan
 
 # The activations :class:`ManualMLP` differentiates by hand.
 _MANUAL_ACTIVATIONS = {nn.Tanh: "tanh", nn.ReLU: "relu"}
+_NARROW_INPUTS = 16  # layers with fewer inputs (and at least this many outputs) take the transposed weight gradient
 
 
 class ManualMLP:
@@ -59,6 +60,15 @@ class ManualMLP:
         self.weights_t = [weight.t() for weight in self.weights]  # (in, out) views
         self.biases = [linear.bias.detach() for linear in self.linears]
         self._minus_one = torch.tensor(-1.0, dtype=self.weights[0].dtype, device=self.weights[0].device)
+        # A layer with few inputs (the first, on small observations) gets its weight gradient as
+        # (inputs^T g)^T: the (in, out) product is several times faster than the (out, in) one there
+        # (5 us vs 14 us for 4 inputs, 64 outputs and 256 samples on one CPU core).
+        self.narrow = [
+            torch.empty(linear.in_features, linear.out_features, dtype=linear.weight.dtype, device=linear.weight.device)
+            if linear.in_features < _NARROW_INPUTS <= linear.out_features
+            else None
+            for linear in self.linears
+        ]
         self.bind()
 
     @staticmethod
@@ -103,7 +113,11 @@ class ManualMLP:
         """Write d(loss)/d(weights and biases) into their ``.grad`` from ``grad_out`` = d(loss)/d(output)."""
         g = grad_out  # (B, out)
         for i in range(len(self.weights) - 1, -1, -1):
-            torch.mm(g.t(), inputs[i], out=self.weight_grads[i])  # (out, in)
+            narrow = self.narrow[i]
+            if narrow is None:
+                torch.mm(g.t(), inputs[i], out=self.weight_grads[i])  # (out, in)
+            else:
+                self.weight_grads[i].copy_(torch.mm(inputs[i].t(), g, out=narrow).t())
             torch.sum(g, 0, out=self.bias_grads[i])
             if i == 0:
                 break
