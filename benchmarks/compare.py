@@ -129,6 +129,8 @@ TASKS = [
             clip_range=0.2,
         ),
     ),
+    # SB3's default hyperparameters, as in the 1-env task (2048 steps per env, minibatches of 64, 10 epochs).
+    Task("ppo_cartpole_8env_defaults", "PPO", "CartPole-v1", n_envs=8, budgets={"quick": 50_000, "full": 100_000}),
     Task(
         "ppo_lunarlander",
         "PPO",
