@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from gymnasium import spaces
 from torch import nn
 
+from covey.networks.linear import Linear, linear
 from covey.networks.memory import Memory, State
 from covey.networks.mlp import mlp
 
@@ -39,7 +40,10 @@ class ResidualSelfAttention(nn.Module):
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """Queries, keys and values of entities ``(..., h)`` -> ``(..., 3h)``: a linear map of each entity
         alone, so callers may project entities once and reuse them in several sets."""
-        return F.linear(x, self.attention.in_proj_weight, self.attention.in_proj_bias)
+        return linear(x, self.attention.in_proj_weight, self.attention.in_proj_bias)
+
+    def _out_proj(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.attention.out_proj.weight, self.attention.out_proj.bias)
 
     def attend(self, x: torch.Tensor, qkv: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         """The block's output for entities ``x`` ``(B, n, h)`` whose projections ``qkv`` ``(B, n, 3h)`` are
@@ -49,7 +53,7 @@ class ResidualSelfAttention(nn.Module):
         # A row with no entity at all would attend to nothing (NaN); let it attend to its zeros instead.
         attend = present | ~present.any(dim=1, keepdim=True)  # (B, n): True = attended to
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None, None, :])
-        out = self.attention.out_proj(out.transpose(1, 2).reshape(b, n, width))
+        out = self._out_proj(out.transpose(1, 2).reshape(b, n, width))
         return self.norm(x + out)
 
     def attend_sets(
@@ -73,7 +77,7 @@ class ResidualSelfAttention(nn.Module):
         # shift by the row's maximum is only for range, so it takes no gradient).
         weights = (scores - scores.detach().amax(dim=-1, keepdim=True)).exp()
         out = (weights / weights.sum(dim=-1, keepdim=True)) @ v  # (B, heads, R, d)
-        out = self.attention.out_proj(out.transpose(1, 2).reshape(b, len(queries), width))
+        out = self._out_proj(out.transpose(1, 2).reshape(b, len(queries), width))
         return self.norm(x[:, queries] + out)
 
 
@@ -99,7 +103,7 @@ class EntityEncoder(nn.Module):
             raise ValueError(
                 f"entity_encoder needs observations that are a 2-D Box (n_entities, n_features), got {space}."
             )
-        self.embedding = nn.Sequential(nn.Linear(space.shape[1], width), nn.ReLU())
+        self.embedding = nn.Sequential(Linear(space.shape[1], width), nn.ReLU())
         self.attention = ResidualSelfAttention(width, n_heads)
         self.out_dim = width
 
@@ -171,7 +175,7 @@ class POCACritic(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.action_space = action_space
-        self.obs_embedding = nn.Sequential(nn.Linear(encoder.out_dim, width), activation())
+        self.obs_embedding = nn.Sequential(Linear(encoder.out_dim, width), activation())
         self.obs_action_embedding = nn.Sequential(
             nn.Linear(encoder.out_dim + action_features_dim(action_space), width), activation()
         )

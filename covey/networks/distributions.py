@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from gymnasium import spaces
 from torch import nn
 
+from covey.networks.linear import Linear
+
 _LOG_2PI = math.log(2 * math.pi)
 
 
@@ -42,7 +44,7 @@ class CategoricalHead(nn.Module):
 
     def __init__(self, in_dim: int, n: int, start: int = 0) -> None:
         super().__init__()
-        self.proj = nn.Linear(in_dim, n)
+        self.proj = Linear(in_dim, n)
         self.start = int(start)
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
@@ -93,7 +95,7 @@ class MultiCategoricalHead(nn.Module):
         super().__init__()
         self.nvec = [int(n) for n in nvec]
         self.start = [int(s) for s in start] if start is not None else [0] * len(self.nvec)
-        self.proj = nn.Linear(in_dim, sum(self.nvec))
+        self.proj = Linear(in_dim, sum(self.nvec))
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
         return self.proj(latent)
@@ -116,7 +118,7 @@ class BernoulliHead(nn.Module):
 
     def __init__(self, in_dim: int, n: int) -> None:
         super().__init__()
-        self.proj = nn.Linear(in_dim, n)
+        self.proj = Linear(in_dim, n)
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
         return self.proj(latent)
@@ -143,7 +145,7 @@ class DiagGaussianHead(nn.Module):
 
     def __init__(self, in_dim: int, action_dim: int, log_std_init: float = 0.0) -> None:
         super().__init__()
-        self.proj = nn.Linear(in_dim, action_dim)
+        self.proj = Linear(in_dim, action_dim)
         self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
@@ -211,7 +213,7 @@ class SquashedGaussianHead(nn.Module):
     def __init__(self, in_dim: int, action_dim: int) -> None:
         super().__init__()
         self.action_dim = action_dim
-        self.proj = nn.Linear(in_dim, 2 * action_dim)
+        self.proj = Linear(in_dim, 2 * action_dim)
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
         return self.proj(latent)

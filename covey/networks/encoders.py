@@ -13,6 +13,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from covey.networks.linear import Linear
 from covey.spaces import channels_last, check_observation_space, is_image_space
 
 EncoderKind = Literal["mlp", "cnn", "multi"]
@@ -89,7 +90,7 @@ class NatureCNN(nn.Module):
                 f"Image observations of shape {space.shape} are too small for the NatureCNN encoder "
                 "(it needs at least 36x36 pixels). Resize the images or use 'MlpPolicy'."
             ) from err
-        self.linear = nn.Sequential(nn.Linear(n_flat, features_dim), nn.ReLU())
+        self.linear = nn.Sequential(Linear(n_flat, features_dim), nn.ReLU())
         self.out_dim = features_dim
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from covey.networks.linear import Linear
+
 
 def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
     """``Linear -> activation`` for each width in ``hidden``; the identity when ``hidden`` is empty.
@@ -17,7 +19,7 @@ def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tan
     width = in_dim
     for size in hidden:
         # ReLU may overwrite the Linear output it follows (autograd needs only its own output): one tensor fewer.
-        layers += [nn.Linear(width, int(size)), nn.ReLU(inplace=True) if activation is nn.ReLU else activation()]
+        layers += [Linear(width, int(size)), nn.ReLU(inplace=True) if activation is nn.ReLU else activation()]
         width = int(size)
     net = nn.Sequential(*layers)
     net.out_dim = width
@@ -78,7 +80,7 @@ class ManualMLP:
             return False
         modules = list(trunk)
         linears = [*modules[0::2], out]
-        return all(type(m) is nn.Linear and m.bias is not None for m in linears) and all(
+        return all(type(m) in (nn.Linear, Linear) and m.bias is not None for m in linears) and all(
             type(m) in _MANUAL_ACTIVATIONS for m in modules[1::2]
         )
 

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from covey.networks.linear import Linear
+
 
 def symlog(x: torch.Tensor) -> torch.Tensor:
     return torch.sign(x) * torch.log1p(x.abs())
@@ -59,7 +61,7 @@ class TwoHotHead(nn.Module):
                 f"got num_buckets={num_buckets}, bucket_range={bucket_range}."
             )
         self.n_outputs, self.num_buckets = n_outputs, num_buckets
-        self.proj = nn.Linear(in_dim, n_outputs * num_buckets)
+        self.proj = Linear(in_dim, n_outputs * num_buckets)
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
         self.register_buffer("bins", torch.linspace(bucket_range[0], bucket_range[1], num_buckets))
@@ -94,7 +96,7 @@ class ScalarHead(nn.Module):
     def __init__(self, in_dim: int, n_outputs: int = 1) -> None:
         super().__init__()
         self.n_outputs = n_outputs
-        self.proj = nn.Linear(in_dim, n_outputs)
+        self.proj = Linear(in_dim, n_outputs)
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
         out = self.proj(latent)  # (..., n_outputs)

@@ -1,0 +1,116 @@
+"""Linear layers whose large float32 matrix multiplies on CPU run in oneDNN.
+
+PyTorch multiplies float32 matrices on CPU with MKL. On CPUs where MKL does not take its fastest path
+(AMD's, for one) oneDNN, which PyTorch also ships, multiplies the large ones about twice as fast: 154 us
+against 326 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m benchmarks.fast_paths``).
+Small ones stay with MKL, where oneDNN's fixed cost outweighs the gain. Both compute in float32: results
+differ by summation order only, as between any two BLAS libraries.
+
+:func:`linear` is ``F.linear`` with that choice, differentiable (the backward's two products choose the same
+way); :class:`Linear` is an ``nn.Linear`` that calls it. Everything else (other devices and dtypes, autocast,
+tracing or export, a PyTorch without oneDNN) takes ``F.linear`` unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+ONEDNN_MIN_MACS = 1 << 21
+"""Multiply-adds from which a product goes to oneDNN (measured: MKL wins below ~1M, oneDNN from ~4M)."""
+
+_onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+ONEDNN = _onednn_linear is not None and torch.backends.mkldnn.is_available()
+"""Whether this PyTorch can multiply in oneDNN (``covey.networks.linear.ONEDNN = False`` turns it off)."""
+
+
+def _autocast_on() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # PyTorch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
+def _in_onednn(rows: int, inner: int, cols: int) -> bool:
+    """Whether the product ``(rows, inner) @ (inner, cols)`` goes to oneDNN. (MKL is also slow on a few output
+    columns after a long inner dimension, 50 us against 21 us for 256x256x4, but the autograd function's
+    own cost, ~40 us per forward and backward, eats that gain.)"""
+    return rows * inner * cols >= ONEDNN_MIN_MACS
+
+
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for 2-D float32 CPU tensors, in oneDNN where :func:`_in_onednn` says so."""
+    if _in_onednn(a.shape[0], a.shape[1], b.shape[1]):
+        return _onednn_linear(a, b.t(), None, "none", [], "")
+    return a @ b
+
+
+class _Linear(torch.autograd.Function):
+    """``F.linear`` on a 2-D input whose forward and backward products each take the faster library."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        if _in_onednn(x.shape[0], x.shape[1], weight.shape[0]):
+            return _onednn_linear(x, weight, bias, "none", [], "")
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors  # x: (rows, in), grad: (rows, out)
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _product(grad, weight)
+        if ctx.needs_input_grad[1]:
+            grad_weight = _product(grad.t(), x)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)
+        return grad_x, grad_weight, grad_bias
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, with float32 CPU products in oneDNN where faster (see the module's notes).
+
+    >>> x, w, b = torch.randn(512, 128), torch.randn(64, 128), torch.randn(64)
+    >>> torch.allclose(linear(x, w, b), F.linear(x, w, b), atol=1e-4)
+    True
+    """
+    if not (
+        ONEDNN
+        and type(x) is torch.Tensor  # not a traced, fake or otherwise special tensor
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.dim() >= 2
+        and not _autocast_on()
+        and not torch.compiler.is_compiling()
+    ):
+        return F.linear(x, weight, bias)
+    n_out, n_in = weight.shape
+    rows = x.numel() // n_in
+    forward = _in_onednn(rows, n_in, n_out)
+    if torch.is_grad_enabled():
+        backward = (x.requires_grad and _in_onednn(rows, n_out, n_in)) or (
+            weight.requires_grad and _in_onednn(n_out, rows, n_in)
+        )
+        differentiable = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    else:
+        backward = differentiable = False
+    if not (forward or backward):
+        return F.linear(x, weight, bias)
+    # 2-D in and out: oneDNN returns N-D outputs as views, and the output of a plain 2-D input must not be one
+    # either (an in-place activation on a view makes autograd copy the whole tensor).
+    flat = x if x.dim() == 2 else x.reshape(-1, n_in)
+    out = _Linear.apply(flat, weight, bias) if differentiable else _onednn_linear(flat, weight, bias, "none", [], "")
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], n_out)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, state dict and initialization) computed by :func:`linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)

@@ -1,0 +1,83 @@
+"""covey.networks.linear: large float32 products in oneDNN, with F.linear's values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from covey.networks import linear as linear_module
+from covey.networks.linear import ONEDNN, Linear, linear
+from covey.networks.mlp import mlp
+
+needs_onednn = pytest.mark.skipif(not ONEDNN, reason="this PyTorch has no oneDNN linear op")
+
+
+def _through_onednn(out: torch.Tensor) -> bool:
+    """Whether ``out`` (or the tensor it is a view of) came out of covey's autograd function for linear layers."""
+    fn = out.grad_fn
+    if type(fn).__name__ == "ViewBackward0":
+        fn = fn.next_functions[0][0]
+    return type(fn).__name__ == "_LinearBackward"
+
+
+def _grads(fn, x, w, b, grad_out):
+    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+    b = None if b is None else b.clone().requires_grad_()
+    out = fn(x, w, b)
+    inputs = [x, w] + ([] if b is None else [b])
+    return out, torch.autograd.grad((out * grad_out).sum(), inputs)
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(512, 96), (4, 130, 96), (2, 3, 90, 96)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_large_products_take_onednn_and_equal_f_linear(shape, with_bias):
+    torch.manual_seed(0)
+    x, w = torch.randn(*shape), torch.randn(80, 96)
+    b = torch.randn(80) if with_bias else None
+    grad_out = torch.randn(*shape[:-1], 80)
+    out, grads = _grads(linear, x, w, b, grad_out)
+    ref, ref_grads = _grads(F.linear, x, w, b, grad_out)
+    assert _through_onednn(out)
+    assert out.shape == ref.shape
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-4)
+    for g, r in zip(grads, ref_grads):
+        assert torch.allclose(g, r, rtol=1e-5, atol=1e-3 * r.abs().max().item())
+    with torch.no_grad():
+        assert torch.allclose(linear(x, w, b), ref, rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+def test_in_place_activation_after_a_onednn_product_keeps_gradients():
+    """An in-place ReLU right after the layer (covey's MLPs do that) must not hit a view of the output."""
+    torch.manual_seed(0)
+    net = nn.Sequential(Linear(64, 256), nn.ReLU(inplace=True), Linear(256, 256), nn.ReLU(inplace=True))
+    ref = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(256, 64)
+    net(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-4 * q.grad.abs().max().item())
+
+
+def test_small_products_other_dtypes_and_autocast_stay_with_f_linear(monkeypatch):
+    x = torch.randn(8, 16, requires_grad=True)
+    assert not _through_onednn(linear(x, torch.randn(4, 16)))
+    big = torch.randn(512, 128, dtype=torch.float64, requires_grad=True)
+    assert not _through_onednn(linear(big, torch.randn(96, 128, dtype=torch.float64)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert linear(torch.randn(512, 128), torch.randn(96, 128)).dtype == torch.bfloat16
+    monkeypatch.setattr(linear_module, "ONEDNN", False)
+    assert not _through_onednn(linear(torch.randn(512, 128, requires_grad=True), torch.randn(96, 128)))
+
+
+def test_covey_networks_are_built_from_linear_layers_with_nn_linear_state():
+    net = mlp(3, [256, 256], nn.ReLU)
+    assert all(type(m) is Linear for m in net[0::2])
+    ref = nn.Sequential(nn.Linear(3, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
+    ref.load_state_dict(net.state_dict())  # same keys and shapes: model files are unchanged
+    x = torch.randn(300, 3)
+    assert torch.allclose(net(x), ref(x), rtol=1e-5, atol=1e-5)
