@@ -9,7 +9,9 @@ mean time per call: PPO minibatch updates (hand-written gradients vs autograd; f
 optimizer step), acting, tanh, the Adam step, gradient clipping, batching two layers into one bmm, the
 matrix multiplies that bound the updates, torch.compile (its first call includes compiling), and SAC
 gradient steps (float32 vs bfloat16 autocast, flushing denormals, in-place ReLU), and MA-POCA's attention critic
-(scores shared by all sets vs one attention call per set, softmax by hand) and minibatch (widths 64 and 128).
+(scores shared by all sets vs one attention call per set, softmax by hand) and minibatch (widths 64 and 128);
+and covey's linear layers against F.linear, alone and in SAC's and POCA's updates (large float32 products in
+oneDNN vs all in MKL).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +31,7 @@ from covey import PPO, SAC
 from covey.agents.base import FlatParameters
 from covey.agents.poca import poca_objective, poca_outputs
 from covey.agents.ppo import ppo_loss
+from covey.networks import linear as linear_module
 from covey.networks.attention import POCACritic
 from covey.networks.obs import batch_to_tensor
 
@@ -59,6 +63,25 @@ class Timer:
                 fn()
             best = min(best, (time.perf_counter() - start) / calls)
         return best * 1e6
+
+
+@contextmanager
+def mkl_only():
+    """Inside: every float32 product in MKL, none in oneDNN (``covey.networks.linear.ONEDNN = False``)."""
+    saved = linear_module.ONEDNN
+    linear_module.ONEDNN = False
+    try:
+        yield
+    finally:
+        linear_module.ONEDNN = saved
+
+
+def in_mkl(fn: Callable[[], object]) -> Callable[[], None]:
+    def call() -> None:
+        with mkl_only():
+            fn()
+
+    return call
 
 
 def collected_ppo(n_envs: int, manual: bool, **kwargs) -> PPO:
@@ -180,6 +203,17 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
                 timed(lambda a=a, b=b: torch.mm(a, b), 500),
             )
         )
+    for m, k, n in ((256, 64, 64), (256, 256, 256), (1536, 128, 384)):
+        x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+        rows.append(
+            (
+                f"float32 linear layer {m}x{k}x{n}, forward",
+                "covey linear (oneDNN from 2M multiply-adds)",
+                timed(lambda x=x, w=w, b=b: linear_module.linear(x, w, b), 300),
+                "F.linear (MKL)",
+                timed(lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b), 300),
+            )
+        )
     return rows
 
 
@@ -242,6 +276,15 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     flushed = timed(with_flush(True), 40)
     plain = timed(with_flush(False), 40)
     rows.append(("SAC gradient step, Pendulum 256x256", "flush denormals", flushed, "default", plain))
+    rows.append(
+        (
+            "SAC gradient step, Pendulum 256x256",
+            "large products in oneDNN",
+            timed(steps(fp32), 40),
+            "all in MKL",
+            timed(in_mkl(steps(fp32)), 40),
+        )
+    )
     relus = [m for net in (fp32.actor, fp32.critic, fp32.critic_target) for m in net.modules()]
     relus = [m for m in relus if isinstance(m, torch.nn.ReLU)]
     inplace = timed(steps(fp32), 40)
@@ -314,6 +357,15 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             timed(update(models[64]), 30),
             "attention width 128",
             timed(update(models[128]), 30),
+        )
+    )
+    rows.append(
+        (
+            f"POCA update per minibatch, {group}",
+            "large products in oneDNN",
+            timed(update(models[128]), 30),
+            "all in MKL",
+            timed(in_mkl(update(models[128])), 30),
         )
     )
     return rows
