@@ -8,10 +8,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from covey.networks import linear as linear_module
-from covey.networks.linear import ONEDNN, Linear, linear
+from covey.networks.linear import AVAILABLE, Linear, linear
 from covey.networks.mlp import mlp
 
-needs_onednn = pytest.mark.skipif(not ONEDNN, reason="this PyTorch has no oneDNN linear op")
+needs_onednn = pytest.mark.skipif(not AVAILABLE, reason="this PyTorch has no oneDNN linear op")
+
+
+@pytest.fixture(autouse=True)
+def onednn_on(monkeypatch):
+    """The oneDNN path is tested wherever PyTorch has it, also on CPUs where covey leaves it off by default."""
+    monkeypatch.setattr(linear_module, "ONEDNN", AVAILABLE)
 
 
 def _through_onednn(out: torch.Tensor) -> bool:
@@ -72,6 +78,20 @@ def test_small_products_other_dtypes_and_autocast_stay_with_f_linear(monkeypatch
         assert linear(torch.randn(512, 128), torch.randn(96, 128)).dtype == torch.bfloat16
     monkeypatch.setattr(linear_module, "ONEDNN", False)
     assert not _through_onednn(linear(torch.randn(512, 128, requires_grad=True), torch.randn(96, 128)))
+
+
+def test_onednn_is_chosen_only_for_mkl_on_x86_cpus_other_than_intels(monkeypatch):
+    monkeypatch.setattr(linear_module.torch.backends.mkl, "is_available", lambda: True)
+    monkeypatch.setattr(linear_module.platform, "machine", lambda: "x86_64")
+    for vendor, expected in (("AuthenticAMD", True), ("GenuineIntel", False), ("", False)):
+        monkeypatch.setattr(linear_module, "_cpu_vendor", lambda vendor=vendor: vendor)
+        assert linear_module._mkl_without_its_fast_path() is expected
+    monkeypatch.setattr(linear_module, "_cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(linear_module.platform, "machine", lambda: "arm64")
+    assert not linear_module._mkl_without_its_fast_path()
+    monkeypatch.setattr(linear_module.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(linear_module.torch.backends.mkl, "is_available", lambda: False)
+    assert not linear_module._mkl_without_its_fast_path()
 
 
 def test_covey_networks_are_built_from_linear_layers_with_nn_linear_state():

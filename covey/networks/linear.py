@@ -1,17 +1,21 @@
-"""Linear layers whose large float32 matrix multiplies on CPU run in oneDNN.
+"""Linear layers whose large float32 matrix multiplies on CPU run in oneDNN where MKL is slow.
 
-PyTorch multiplies float32 matrices on CPU with MKL. On CPUs where MKL does not take its fastest path
-(AMD's, for one) oneDNN, which PyTorch also ships, multiplies the large ones about twice as fast: 154 us
-against 326 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m benchmarks.fast_paths``).
-Small ones stay with MKL, where oneDNN's fixed cost outweighs the gain. Both compute in float32: results
-differ by summation order only, as between any two BLAS libraries.
+PyTorch multiplies float32 matrices on CPU with MKL, which takes its fastest (AVX-512) code only on Intel
+CPUs. On other x86 CPUs oneDNN, which PyTorch also ships, multiplies the large ones about twice as fast:
+154 us against 326 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m
+benchmarks.fast_paths``). So there, and only for products of at least :data:`ONEDNN_MIN_MACS` multiply-adds
+(below, oneDNN's fixed cost outweighs the gain), covey computes in oneDNN. Both libraries compute in float32:
+results differ by summation order only, as between any two BLAS libraries.
 
 :func:`linear` is ``F.linear`` with that choice, differentiable (the backward's two products choose the same
-way); :class:`Linear` is an ``nn.Linear`` that calls it. Everything else (other devices and dtypes, autocast,
-tracing or export, a PyTorch without oneDNN) takes ``F.linear`` unchanged.
+way); :class:`Linear` is an ``nn.Linear`` that calls it. Everything else (Intel or non-x86 CPUs, a PyTorch
+whose BLAS is not MKL or that has no oneDNN, other devices and dtypes, autocast, tracing or export) takes
+``F.linear`` unchanged. ``covey.networks.linear.ONEDNN`` is the switch.
 """
 
 from __future__ import annotations
+
+import platform
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +26,30 @@ ONEDNN_MIN_MACS = 1 << 21
 """Multiply-adds from which a product goes to oneDNN (measured: MKL wins below ~1M, oneDNN from ~4M)."""
 
 _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-ONEDNN = _onednn_linear is not None and torch.backends.mkldnn.is_available()
-"""Whether this PyTorch can multiply in oneDNN (``covey.networks.linear.ONEDNN = False`` turns it off)."""
+AVAILABLE = _onednn_linear is not None and torch.backends.mkldnn.is_available()
+"""Whether this PyTorch can multiply in oneDNN."""
+
+
+def _cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()  # Windows: "... GenuineIntel" or "... AuthenticAMD"
+
+
+def _mkl_without_its_fast_path() -> bool:
+    """Whether PyTorch's BLAS is MKL on an x86 CPU that is not Intel's."""
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    vendor = _cpu_vendor()
+    return torch.backends.mkl.is_available() and x86 and bool(vendor) and "GenuineIntel" not in vendor
+
+
+ONEDNN = AVAILABLE and _mkl_without_its_fast_path()
+"""Whether covey sends large float32 CPU products to oneDNN here (set it to False to keep them in MKL)."""
 
 
 def _autocast_on() -> bool:
