@@ -52,6 +52,9 @@ ONEDNN = AVAILABLE and _mkl_without_its_fast_path()
 """Whether covey sends large float32 CPU products to oneDNN here (set it to False to keep them in MKL)."""
 
 
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
 def _autocast_on() -> bool:
     try:
         return torch.is_autocast_enabled("cpu")
@@ -113,7 +116,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and weight.dtype == torch.float32
         and x.dim() >= 2
         and not _autocast_on()
-        and not torch.compiler.is_compiling()
+        and not _compiling()
     ):
         return F.linear(x, weight, bias)
     n_out, n_in = weight.shape
