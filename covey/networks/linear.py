@@ -64,8 +64,8 @@ def _autocast_on() -> bool:
 
 def _in_onednn(rows: int, inner: int, cols: int) -> bool:
     """Whether the product ``(rows, inner) @ (inner, cols)`` goes to oneDNN. (MKL is also slow on a few output
-    columns after a long inner dimension, 50 us against 21 us for 256x256x4, but the autograd function's
-    own cost, ~40 us per forward and backward, eats that gain.)"""
+    columns after a long inner dimension, 50 us against 21 us for 256x256x4 alone, but sending those to oneDNN
+    too measured no gain on SAC's gradient step, where the critics' first layers have them.)"""
     return rows * inner * cols >= ONEDNN_MIN_MACS
 
 
