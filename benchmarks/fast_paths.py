@@ -203,6 +203,16 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
                 timed(lambda a=a, b=b: torch.mm(a, b), 500),
             )
         )
+    g, w4 = torch.randn(256, 256), torch.randn(256, 4)
+    rows.append(
+        (
+            "product 256x256 @ 256x4 (input gradient of a layer on 4 features)",
+            "oneDNN",
+            timed(lambda: linear_module._onednn_linear(g, w4.t(), None, "none", [], ""), 500),
+            "MKL",
+            timed(lambda: g @ w4, 500),
+        )
+    )
     for m, k, n in ((256, 64, 64), (256, 256, 256), (1536, 128, 384)):
         x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
         rows.append(
@@ -283,6 +293,30 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             timed(steps(fp32), 40),
             "all in MKL",
             timed(in_mkl(steps(fp32)), 40),
+        )
+    )
+    large_only = linear_module._in_onednn
+
+    def also_narrow(rows: int, inner: int, cols: int) -> bool:
+        return large_only(rows, inner, cols) or (1 < cols < 16 and inner >= 128 and rows >= 128)
+
+    def with_rule(rule: Callable[[int, int, int], bool]) -> Callable[[], None]:
+        def step() -> None:
+            linear_module._in_onednn = rule
+            try:
+                fp32.train(1, 256)
+            finally:
+                linear_module._in_onednn = large_only
+
+        return step
+
+    rows.append(
+        (
+            "SAC gradient step, Pendulum 256x256",
+            "large products in oneDNN (covey)",
+            timed(with_rule(large_only), 40),
+            "also narrow ones (256x256x4)",
+            timed(with_rule(also_narrow), 40),
         )
     )
     relus = [m for net in (fp32.actor, fp32.critic, fp32.critic_target) for m in net.modules()]
