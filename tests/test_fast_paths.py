@@ -12,6 +12,7 @@ from torch import nn
 
 from covey import PPO, SAC
 from covey.agents.base import FlatParameters
+from covey.networks import linear as linear_module
 from covey.networks.distributions import CategoricalHead, DiagGaussianHead
 from covey.networks.mlp import ManualMLP, mlp
 
@@ -197,6 +198,28 @@ def test_manual_mlp_equals_autograd(hidden, activation):
     reference = torch.autograd.grad((expected * grad_out).sum(), params)
     for p, g in zip(params, reference):
         assert torch.allclose(p.grad, g, atol=1e-5)
+
+
+@pytest.mark.skipif(not linear_module.AVAILABLE, reason="this PyTorch has no oneDNN linear op")
+@pytest.mark.parametrize("activation", [nn.Tanh, nn.ReLU])
+def test_manual_mlp_with_large_products_in_onednn_equals_autograd(monkeypatch, activation):
+    """256-wide layers on 64 samples: the middle layer's forward, weight and input gradients go to oneDNN."""
+    monkeypatch.setattr(linear_module, "ONEDNN", True)
+    torch.manual_seed(0)
+    trunk, out = mlp(3, [256, 256], activation), nn.Linear(256, 2)
+    params = [*trunk.parameters(), *out.parameters()]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    manual = ManualMLP(trunk, out)
+    assert manual._large(64, 256, 256) and not manual._large(64, 3, 256)
+    x, grad_out = torch.randn(64, 3), torch.randn(64, 2)
+    y, inputs = manual.forward(x)
+    expected = out(trunk(x))
+    assert torch.allclose(y, expected, atol=1e-5)
+    manual.backward(inputs, grad_out)
+    reference = torch.autograd.grad((expected * grad_out).sum(), params)
+    for p, g in zip(params, reference):
+        assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-4 * g.abs().max().item())
 
 
 def test_manual_mlp_refuses_unsupported_layers():

@@ -62,16 +62,22 @@ def _autocast_on() -> bool:
         return torch.is_autocast_cpu_enabled()
 
 
-def _in_onednn(rows: int, inner: int, cols: int) -> bool:
+def in_onednn(rows: int, inner: int, cols: int) -> bool:
     """Whether the product ``(rows, inner) @ (inner, cols)`` goes to oneDNN. (MKL is also slow on a few output
     columns after a long inner dimension, 49 us against 21 us for 256x256x4 alone, but sending those to oneDNN
     too measured no gain on SAC's gradient step, where the critics' first layers have them.)"""
     return rows * inner * cols >= ONEDNN_MIN_MACS
 
 
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` in oneDNN for 2-D float32 CPU tensors, no questions asked (hand-written
+    gradients call it where :func:`in_onednn` says so; ``weight`` may be a transposed view)."""
+    return _onednn_linear(x, weight, bias, "none", [], "")
+
+
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` for 2-D float32 CPU tensors, in oneDNN where :func:`_in_onednn` says so."""
-    if _in_onednn(a.shape[0], a.shape[1], b.shape[1]):
+    """``a @ b`` for 2-D float32 CPU tensors, in oneDNN where :func:`in_onednn` says so."""
+    if in_onednn(a.shape[0], a.shape[1], b.shape[1]):
         return _onednn_linear(a, b.t(), None, "none", [], "")
     return a @ b
 
@@ -83,7 +89,7 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        if _in_onednn(x.shape[0], x.shape[1], weight.shape[0]):
+        if in_onednn(x.shape[0], x.shape[1], weight.shape[0]):
             return _onednn_linear(x, weight, bias, "none", [], "")
         return F.linear(x, weight, bias)
 
@@ -121,10 +127,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     n_out, n_in = weight.shape
     rows = x.numel() // n_in
-    forward = _in_onednn(rows, n_in, n_out)
+    forward = in_onednn(rows, n_in, n_out)
     if torch.is_grad_enabled():
-        backward = (x.requires_grad and _in_onednn(rows, n_out, n_in)) or (
-            weight.requires_grad and _in_onednn(n_out, rows, n_in)
+        backward = (x.requires_grad and in_onednn(rows, n_out, n_in)) or (
+            weight.requires_grad and in_onednn(n_out, rows, n_in)
         )
         differentiable = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     else:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from covey.networks.linear import Linear
+from covey.networks import linear as linear_module
+from covey.networks.linear import Linear, in_onednn, onednn_linear
 
 
 def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
@@ -85,23 +86,34 @@ class ManualMLP:
         )
 
     def bind(self) -> None:
-        """Read the parameters' current ``.grad`` tensors (before every update: they may have been replaced)."""
+        """Read the parameters' current ``.grad`` tensors (before every update: they may have been replaced),
+        and whether large products go to oneDNN (``covey.networks.linear.ONEDNN``, float32 CPU weights)."""
         self.weight_grads = [linear.weight.grad for linear in self.linears]
         self.bias_grads = [linear.bias.grad for linear in self.linears]
+        first = self.weights[0]
+        self.onednn = linear_module.ONEDNN and first.device.type == "cpu" and first.dtype == torch.float32
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The output ``(B, out)`` and the inputs of every layer (kept for :meth:`backward`)."""
         inputs = [x]
         h = x
-        for weight_t, bias, kind in zip(self.weights_t, self.biases, self.kinds):
-            if kind == "tanh":
-                # tanh(z) = 2 * sigmoid(2z) - 1, with the factor 2 folded into the matrix multiply.
-                s = torch.addmm(bias, h, weight_t, beta=2.0, alpha=2.0).sigmoid_()
-                h = torch.add(self._minus_one, s, alpha=2.0)
+        for weight, weight_t, bias, kind in zip(self.weights, self.weights_t, self.biases, self.kinds):
+            tanh = kind == "tanh"
+            if self._large(h.shape[0], *weight_t.shape):
+                z = onednn_linear(h, weight, bias).mul_(2.0) if tanh else onednn_linear(h, weight, bias)
+            elif tanh:  # tanh(z) = 2 * sigmoid(2z) - 1, with the factor 2 folded into the matrix multiply
+                z = torch.addmm(bias, h, weight_t, beta=2.0, alpha=2.0)
             else:
-                h = torch.addmm(bias, h, weight_t).relu_()
+                z = torch.addmm(bias, h, weight_t)
+            h = torch.add(self._minus_one, z.sigmoid_(), alpha=2.0) if tanh else z.relu_()
             inputs.append(h)
+        if self._large(h.shape[0], *self.weights_t[-1].shape):
+            return onednn_linear(h, self.weights[-1], self.biases[-1]), inputs
         return torch.addmm(self.biases[-1], h, self.weights_t[-1]), inputs
+
+    def _large(self, rows: int, inner: int, cols: int) -> bool:
+        """Whether the product ``(rows, inner) @ (inner, cols)`` goes to oneDNN (see covey.networks.linear)."""
+        return self.onednn and in_onednn(rows, inner, cols)
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         """The output ``(B, out)`` with the exact activations, as the modules compute it (acting)."""
@@ -115,15 +127,23 @@ class ManualMLP:
         """Write d(loss)/d(weights and biases) into their ``.grad`` from ``grad_out`` = d(loss)/d(output)."""
         g = grad_out  # (B, out)
         for i in range(len(self.weights) - 1, -1, -1):
+            n_out, n_in = self.weights[i].shape
             narrow = self.narrow[i]
-            if narrow is None:
-                torch.mm(g.t(), inputs[i], out=self.weight_grads[i])  # (out, in)
-            else:
+            if narrow is not None:
                 self.weight_grads[i].copy_(torch.mm(inputs[i].t(), g, out=narrow).t())
+            elif self._large(n_out, g.shape[0], n_in):  # (out, B) @ (B, in)
+                self.weight_grads[i].copy_(onednn_linear(g.t(), inputs[i].t()))
+            else:
+                torch.mm(g.t(), inputs[i], out=self.weight_grads[i])  # (out, in)
             torch.sum(g, 0, out=self.bias_grads[i])
             if i == 0:
                 break
-            g = torch.mm(g, self.weights[i])  # d/d(input of layer i) = d/d(output of layer i - 1), (B, in)
+            # d/d(input of layer i) = d/d(output of layer i - 1), (B, in)
+            g = (
+                onednn_linear(g, self.weights[i].t())
+                if self._large(g.shape[0], n_out, n_in)
+                else torch.mm(g, self.weights[i])
+            )
             if self.kinds[i - 1] == "tanh":
                 g = torch.ops.aten.tanh_backward(g, inputs[i])  # g * (1 - h^2)
             else:
