@@ -137,6 +137,18 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             t_module = timed(lambda m=manual, o=obs: m.actor.act(o), 2000)
         what = f"PPO acting, a batch of {n_envs} observation{'s' if n_envs > 1 else ''}"
         rows.append((what, "manual forward", t_act, "Actor.act (modules)", t_module))
+    n_envs, kwargs = PPO_SETTINGS["8 envs (batch 256)"]
+    wide = collected_ppo(n_envs, True, **kwargs, policy_kwargs=dict(net_arch=[256, 256]))
+    minibatches = wide.n_epochs * -(-wide.n_steps * n_envs // wide.batch_size)
+    rows.append(
+        (
+            "PPO update per minibatch, 256x256 MLPs (batch 256)",
+            "hand-written, large products in oneDNN",
+            timed(wide.train, 3) / minibatches,
+            "hand-written, all in MKL",
+            timed(in_mkl(wide.train), 3) / minibatches,
+        )
+    )
     return rows
 
 
@@ -295,18 +307,18 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             timed(in_mkl(steps(fp32)), 40),
         )
     )
-    large_only = linear_module._in_onednn
+    large_only = linear_module.in_onednn
 
     def also_narrow(rows: int, inner: int, cols: int) -> bool:
         return large_only(rows, inner, cols) or (1 < cols < 16 and inner >= 128 and rows >= 128)
 
     def with_rule(rule: Callable[[int, int, int], bool]) -> Callable[[], None]:
         def step() -> None:
-            linear_module._in_onednn = rule
+            linear_module.in_onednn = rule
             try:
                 fp32.train(1, 256)
             finally:
-                linear_module._in_onednn = large_only
+                linear_module.in_onednn = large_only
 
         return step
 

@@ -81,6 +81,7 @@ def test_fast_paths_smoke():
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
     assert measurements.count("POCA update per minibatch, 256 groups of 3") == 2
     assert "float32 linear layer 256x256x256, forward" in measurements
+    assert "PPO update per minibatch, 256x256 MLPs (batch 256)" in measurements
     assert not any("torch.compile" in row[1] for row in rows)
     units = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
     for row in rows:
