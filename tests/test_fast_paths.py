@@ -211,7 +211,8 @@ def test_manual_mlp_with_large_products_in_onednn_equals_autograd(monkeypatch, a
     for p in params:
         p.grad = torch.zeros_like(p)
     manual = ManualMLP(trunk, out)
-    assert manual._large(64, 256, 256) and not manual._large(64, 3, 256)
+    plan = manual._plan(64)  # per layer: forward, weight gradient, input gradient in oneDNN
+    assert plan == [(False, False, False), (True, True, True), (False, False, False)]
     x, grad_out = torch.randn(64, 3), torch.randn(64, 2)
     y, inputs = manual.forward(x)
     expected = out(trunk(x))

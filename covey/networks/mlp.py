@@ -92,14 +92,18 @@ class ManualMLP:
         self.bias_grads = [linear.bias.grad for linear in self.linears]
         first = self.weights[0]
         self.onednn = linear_module.ONEDNN and first.device.type == "cpu" and first.dtype == torch.float32
+        self._plans: dict[int, list[tuple[bool, bool, bool]]] = {}
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The output ``(B, out)`` and the inputs of every layer (kept for :meth:`backward`)."""
         inputs = [x]
         h = x
-        for weight, weight_t, bias, kind in zip(self.weights, self.weights_t, self.biases, self.kinds):
+        plan = self._plan(x.shape[0])
+        for weight, weight_t, bias, kind, (large, _, _) in zip(
+            self.weights, self.weights_t, self.biases, self.kinds, plan
+        ):
             tanh = kind == "tanh"
-            if self._large(h.shape[0], *weight_t.shape):
+            if large:
                 z = onednn_linear(h, weight, bias).mul_(2.0) if tanh else onednn_linear(h, weight, bias)
             elif tanh:  # tanh(z) = 2 * sigmoid(2z) - 1, with the factor 2 folded into the matrix multiply
                 z = torch.addmm(bias, h, weight_t, beta=2.0, alpha=2.0)
@@ -107,13 +111,24 @@ class ManualMLP:
                 z = torch.addmm(bias, h, weight_t)
             h = torch.add(self._minus_one, z.sigmoid_(), alpha=2.0) if tanh else z.relu_()
             inputs.append(h)
-        if self._large(h.shape[0], *self.weights_t[-1].shape):
+        if plan[-1][0]:
             return onednn_linear(h, self.weights[-1], self.biases[-1]), inputs
         return torch.addmm(self.biases[-1], h, self.weights_t[-1]), inputs
 
-    def _large(self, rows: int, inner: int, cols: int) -> bool:
-        """Whether the product ``(rows, inner) @ (inner, cols)`` goes to oneDNN (see covey.networks.linear)."""
-        return self.onednn and in_onednn(rows, inner, cols)
+    def _plan(self, rows: int) -> list[tuple[bool, bool, bool]]:
+        """Per layer, for a batch of ``rows``: whether its forward product, weight gradient and input gradient
+        go to oneDNN (see covey.networks.linear). Worked out once per batch size."""
+        plan = self._plans.get(rows)
+        if plan is None:
+            plan = self._plans[rows] = [
+                (
+                    self.onednn and in_onednn(rows, n_in, n_out),
+                    self.onednn and in_onednn(n_out, rows, n_in),
+                    self.onednn and in_onednn(rows, n_out, n_in),
+                )
+                for n_out, n_in in (weight.shape for weight in self.weights)
+            ]
+        return plan
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         """The output ``(B, out)`` with the exact activations, as the modules compute it (acting)."""
@@ -126,12 +141,13 @@ class ManualMLP:
     def backward(self, inputs: list[torch.Tensor], grad_out: torch.Tensor) -> None:
         """Write d(loss)/d(weights and biases) into their ``.grad`` from ``grad_out`` = d(loss)/d(output)."""
         g = grad_out  # (B, out)
+        plan = self._plan(g.shape[0])
         for i in range(len(self.weights) - 1, -1, -1):
-            n_out, n_in = self.weights[i].shape
+            _, large_weight_grad, large_input_grad = plan[i]
             narrow = self.narrow[i]
             if narrow is not None:
                 self.weight_grads[i].copy_(torch.mm(inputs[i].t(), g, out=narrow).t())
-            elif self._large(n_out, g.shape[0], n_in):  # (out, B) @ (B, in)
+            elif large_weight_grad:  # (out, B) @ (B, in)
                 self.weight_grads[i].copy_(onednn_linear(g.t(), inputs[i].t()))
             else:
                 torch.mm(g.t(), inputs[i], out=self.weight_grads[i])  # (out, in)
@@ -139,11 +155,7 @@ class ManualMLP:
             if i == 0:
                 break
             # d/d(input of layer i) = d/d(output of layer i - 1), (B, in)
-            g = (
-                onednn_linear(g, self.weights[i].t())
-                if self._large(g.shape[0], n_out, n_in)
-                else torch.mm(g, self.weights[i])
-            )
+            g = onednn_linear(g, self.weights[i].t()) if large_input_grad else torch.mm(g, self.weights[i])
             if self.kinds[i - 1] == "tanh":
                 g = torch.ops.aten.tanh_backward(g, inputs[i])  # g * (1 - h^2)
             else:
