@@ -2,7 +2,7 @@
 
 PyTorch multiplies float32 matrices on CPU with MKL, which takes its fastest (AVX-512) code only on Intel
 CPUs. On other x86 CPUs oneDNN, which PyTorch also ships, multiplies the large ones about twice as fast:
-154 us against 310 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m
+150 us against 306 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m
 benchmarks.fast_paths``). So there, and only for products of at least :data:`ONEDNN_MIN_MACS` multiply-adds
 (below, oneDNN's fixed cost outweighs the gain), covey computes in oneDNN. Both libraries compute in float32:
 results differ by summation order only, as between any two BLAS libraries.
@@ -64,7 +64,7 @@ def _autocast_on() -> bool:
 
 def in_onednn(rows: int, inner: int, cols: int) -> bool:
     """Whether the product ``(rows, inner) @ (inner, cols)`` goes to oneDNN. (MKL is also slow on a few output
-    columns after a long inner dimension, 49 us against 21 us for 256x256x4 alone, but sending those to oneDNN
+    columns after a long inner dimension, 48 us against 20 us for 256x256x4 alone, but sending those to oneDNN
     too measured no gain on SAC's gradient step, where the critics' first layers have them.)"""
     return rows * inner * cols >= ONEDNN_MIN_MACS
 
