@@ -41,9 +41,9 @@ def _grads(fn, x, w, b, grad_out):
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_large_products_take_onednn_and_equal_f_linear(shape, with_bias):
     torch.manual_seed(0)
-    x, w = torch.randn(*shape), torch.randn(80, 96)
-    b = torch.randn(80) if with_bias else None
-    grad_out = torch.randn(*shape[:-1], 80)
+    x, w = torch.randn(*shape), torch.randn(128, 96)
+    b = torch.randn(128) if with_bias else None
+    grad_out = torch.randn(*shape[:-1], 128)
     out, grads = _grads(linear, x, w, b, grad_out)
     ref, ref_grads = _grads(F.linear, x, w, b, grad_out)
     assert _through_onednn(out)
@@ -53,6 +53,20 @@ def test_large_products_take_onednn_and_equal_f_linear(shape, with_bias):
         assert torch.allclose(g, r, rtol=1e-5, atol=1e-3 * r.abs().max().item())
     with torch.no_grad():
         assert torch.allclose(linear(x, w, b), ref, rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+def test_the_layer_decides_so_any_part_of_a_batch_gets_the_same_outputs():
+    """Rows of a batch and of any part of it (of at least ONEDNN_MIN_ROWS) come out bit-identical: a rollout
+    evaluated at once agrees exactly with its minibatches."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2048, 64), torch.randn(64, 64), torch.randn(64)  # 4096 weights: MKL at any batch
+    assert torch.equal(linear(x, w, b)[:64], linear(x[:64], w, b))
+    x, w, b = torch.randn(2048, 128), torch.randn(128, 128), torch.randn(128)  # oneDNN from 32 rows
+    assert torch.equal(linear(x, w, b)[:32], linear(x[:32], w, b))
+    assert torch.equal(linear(x, w, b)[100:164], linear(x[100:164], w, b))
+    small = linear(x[:8].requires_grad_(), w)  # acting on a few observations stays in MKL
+    assert not _through_onednn(small)
 
 
 @needs_onednn

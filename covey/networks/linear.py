@@ -3,12 +3,13 @@
 PyTorch multiplies float32 matrices on CPU with MKL, which takes its fastest (AVX-512) code only on Intel
 CPUs. On other x86 CPUs oneDNN, which PyTorch also ships, multiplies the large ones about twice as fast:
 150 us against 306 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m
-benchmarks.fast_paths``). So there, and only for products of at least :data:`ONEDNN_MIN_MACS` multiply-adds
-(below, oneDNN's fixed cost outweighs the gain), covey computes in oneDNN. Both libraries compute in float32:
-results differ by summation order only, as between any two BLAS libraries.
+benchmarks.fast_paths``). So there, and only for layers of at least :data:`ONEDNN_MIN_WEIGHTS` weights on
+batches of at least :data:`ONEDNN_MIN_ROWS` rows (below, oneDNN's fixed cost outweighs the gain), covey
+computes in oneDNN. Both libraries compute in float32: results differ by summation order only, as between
+any two BLAS libraries.
 
-:func:`linear` is ``F.linear`` with that choice, differentiable (the backward's two products choose the same
-way); :class:`Linear` is an ``nn.Linear`` that calls it. Everything else (Intel or non-x86 CPUs, a PyTorch
+:func:`linear` is ``F.linear`` with that choice, differentiable (the backward's two products in oneDNN too);
+:class:`Linear` is an ``nn.Linear`` that calls it. Everything else (Intel or non-x86 CPUs, a PyTorch
 whose BLAS is not MKL or that has no oneDNN, other devices and dtypes, autocast, tracing or export) takes
 ``F.linear`` unchanged. ``covey.networks.linear.ONEDNN`` is the switch.
 """
@@ -22,8 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-ONEDNN_MIN_MACS = 1 << 21
-"""Multiply-adds from which a product goes to oneDNN (measured: MKL wins below ~1M, oneDNN from ~4M)."""
+ONEDNN_MIN_WEIGHTS = 8192
+"""Layers with at least this many weights (64x128 and up) multiply in oneDNN: 2M multiply-adds on 256 rows
+(measured: MKL wins below ~1M, oneDNN from ~4M)."""
+ONEDNN_MIN_ROWS = 32
+"""... on batches of at least this many rows (acting on a few observations stays in MKL)."""
 
 _onednn_linear = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 AVAILABLE = _onednn_linear is not None and torch.backends.mkldnn.is_available()
@@ -62,11 +66,14 @@ def _autocast_on() -> bool:
         return torch.is_autocast_cpu_enabled()
 
 
-def in_onednn(rows: int, inner: int, cols: int) -> bool:
-    """Whether the product ``(rows, inner) @ (inner, cols)`` goes to oneDNN. (MKL is also slow on a few output
-    columns after a long inner dimension, 48 us against 20 us for 256x256x4 alone, but sending those to oneDNN
-    too measured no gain on SAC's gradient step, where the critics' first layers have them.)"""
-    return rows * inner * cols >= ONEDNN_MIN_MACS
+def in_onednn(rows: int, n_in: int, n_out: int) -> bool:
+    """Whether a layer of ``n_in`` inputs and ``n_out`` outputs on ``rows`` samples multiplies in oneDNN: its
+    forward product and both gradient products. The layer decides, not the exact batch size, so every part
+    of a batch (of at least :data:`ONEDNN_MIN_ROWS` rows) gets outputs bit-identical to the batch's own rows:
+    a rollout evaluated at once agrees exactly with its minibatches. (MKL is also slow on the input gradient
+    of a layer on a few features, 48 us against 20 us for 256x256x4 alone, but sending such layers to oneDNN
+    measured no gain on SAC's gradient step, whose critics' first layers are of that kind.)"""
+    return rows >= ONEDNN_MIN_ROWS and n_in * n_out >= ONEDNN_MIN_WEIGHTS
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,23 +82,14 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _onednn_linear(x, weight, bias, "none", [], "")
 
 
-def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` for 2-D float32 CPU tensors, in oneDNN where :func:`in_onednn` says so."""
-    if in_onednn(a.shape[0], a.shape[1], b.shape[1]):
-        return _onednn_linear(a, b.t(), None, "none", [], "")
-    return a @ b
-
-
 class _Linear(torch.autograd.Function):
-    """``F.linear`` on a 2-D input whose forward and backward products each take the faster library."""
+    """``F.linear`` on a 2-D input, its forward and both gradient products in oneDNN."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        if in_onednn(x.shape[0], x.shape[1], weight.shape[0]):
-            return _onednn_linear(x, weight, bias, "none", [], "")
-        return F.linear(x, weight, bias)
+        return _onednn_linear(x, weight, bias, "none", [], "")
 
     @staticmethod
     @once_differentiable
@@ -99,9 +97,9 @@ class _Linear(torch.autograd.Function):
         x, weight = ctx.saved_tensors  # x: (rows, in), grad: (rows, out)
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = _product(grad, weight)
+            grad_x = _onednn_linear(grad, weight.t(), None, "none", [], "")  # grad @ weight
         if ctx.needs_input_grad[1]:
-            grad_weight = _product(grad.t(), x)
+            grad_weight = _onednn_linear(grad.t(), x.t(), None, "none", [], "")  # grad.T @ x
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
         return grad_x, grad_weight, grad_bias
@@ -126,17 +124,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ):
         return F.linear(x, weight, bias)
     n_out, n_in = weight.shape
-    rows = x.numel() // n_in
-    forward = in_onednn(rows, n_in, n_out)
-    if torch.is_grad_enabled():
-        backward = (x.requires_grad and in_onednn(rows, n_out, n_in)) or (
-            weight.requires_grad and in_onednn(n_out, rows, n_in)
-        )
-        differentiable = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    else:
-        backward = differentiable = False
-    if not (forward or backward):
+    if not in_onednn(x.numel() // n_in, n_in, n_out):
         return F.linear(x, weight, bias)
+    differentiable = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
     # 2-D in and out: oneDNN returns N-D outputs as views, and the output of a plain 2-D input must not be one
     # either (an in-place activation on a view makes autograd copy the whole tensor).
     flat = x if x.dim() == 2 else x.reshape(-1, n_in)

@@ -62,6 +62,7 @@ class ManualMLP:
         self.weights = [linear.weight.detach() for linear in self.linears]
         self.weights_t = [weight.t() for weight in self.weights]  # (in, out) views
         self.biases = [linear.bias.detach() for linear in self.linears]
+        self.shapes = [tuple(weight.shape) for weight in self.weights]  # (out, in)
         self._minus_one = torch.tensor(-1.0, dtype=self.weights[0].dtype, device=self.weights[0].device)
         # A layer with few inputs (the first, on small observations) gets its weight gradient as
         # (inputs^T g)^T: the (in, out) product is several times faster than the (out, in) one there
@@ -92,16 +93,14 @@ class ManualMLP:
         self.bias_grads = [linear.bias.grad for linear in self.linears]
         first = self.weights[0]
         self.onednn = linear_module.ONEDNN and first.device.type == "cpu" and first.dtype == torch.float32
-        self._plans: dict[int, list[tuple[bool, bool, bool]]] = {}
+        self._plans: dict[int, list[bool]] = {}
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The output ``(B, out)`` and the inputs of every layer (kept for :meth:`backward`)."""
         inputs = [x]
         h = x
         plan = self._plan(x.shape[0])
-        for weight, weight_t, bias, kind, (large, _, _) in zip(
-            self.weights, self.weights_t, self.biases, self.kinds, plan
-        ):
+        for weight, weight_t, bias, kind, large in zip(self.weights, self.weights_t, self.biases, self.kinds, plan):
             tanh = kind == "tanh"
             if large:
                 z = onednn_linear(h, weight, bias).mul_(2.0) if tanh else onednn_linear(h, weight, bias)
@@ -111,23 +110,16 @@ class ManualMLP:
                 z = torch.addmm(bias, h, weight_t)
             h = torch.add(self._minus_one, z.sigmoid_(), alpha=2.0) if tanh else z.relu_()
             inputs.append(h)
-        if plan[-1][0]:
+        if plan[-1]:
             return onednn_linear(h, self.weights[-1], self.biases[-1]), inputs
         return torch.addmm(self.biases[-1], h, self.weights_t[-1]), inputs
 
-    def _plan(self, rows: int) -> list[tuple[bool, bool, bool]]:
-        """Per layer, for a batch of ``rows``: whether its forward product, weight gradient and input gradient
-        go to oneDNN (see covey.networks.linear). Worked out once per batch size."""
+    def _plan(self, rows: int) -> list[bool]:
+        """Per layer, for a batch of ``rows``: whether its products (forward and both gradients) go to oneDNN
+        (:func:`covey.networks.linear.in_onednn`). Worked out once per batch size."""
         plan = self._plans.get(rows)
         if plan is None:
-            plan = self._plans[rows] = [
-                (
-                    self.onednn and in_onednn(rows, n_in, n_out),
-                    self.onednn and in_onednn(n_out, rows, n_in),
-                    self.onednn and in_onednn(rows, n_out, n_in),
-                )
-                for n_out, n_in in (weight.shape for weight in self.weights)
-            ]
+            plan = self._plans[rows] = [self.onednn and in_onednn(rows, n_in, n_out) for n_out, n_in in self.shapes]
         return plan
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,19 +135,18 @@ class ManualMLP:
         g = grad_out  # (B, out)
         plan = self._plan(g.shape[0])
         for i in range(len(self.weights) - 1, -1, -1):
-            _, large_weight_grad, large_input_grad = plan[i]
             narrow = self.narrow[i]
-            if narrow is not None:
-                self.weight_grads[i].copy_(torch.mm(inputs[i].t(), g, out=narrow).t())
-            elif large_weight_grad:  # (out, B) @ (B, in)
+            if plan[i]:  # (out, B) @ (B, in)
                 self.weight_grads[i].copy_(onednn_linear(g.t(), inputs[i].t()))
+            elif narrow is not None:
+                self.weight_grads[i].copy_(torch.mm(inputs[i].t(), g, out=narrow).t())
             else:
                 torch.mm(g.t(), inputs[i], out=self.weight_grads[i])  # (out, in)
             torch.sum(g, 0, out=self.bias_grads[i])
             if i == 0:
                 break
             # d/d(input of layer i) = d/d(output of layer i - 1), (B, in)
-            g = onednn_linear(g, self.weights[i].t()) if large_input_grad else torch.mm(g, self.weights[i])
+            g = onednn_linear(g, self.weights[i].t()) if plan[i] else torch.mm(g, self.weights[i])
             if self.kinds[i - 1] == "tanh":
                 g = torch.ops.aten.tanh_backward(g, inputs[i])  # g * (1 - h^2)
             else:
