@@ -230,7 +230,7 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         rows.append(
             (
                 f"float32 linear layer {m}x{k}x{n}, forward",
-                "covey linear (oneDNN from 2M multiply-adds)",
+                "covey linear (oneDNN from 8192 weights)",
                 timed(lambda x=x, w=w, b=b: linear_module.linear(x, w, b), 300),
                 "F.linear (MKL)",
                 timed(lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b), 300),
@@ -309,8 +309,8 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     )
     large_only = linear_module.in_onednn
 
-    def also_narrow(rows: int, inner: int, cols: int) -> bool:
-        return large_only(rows, inner, cols) or (1 < cols < 16 and inner >= 128 and rows >= 128)
+    def also_narrow(rows: int, n_in: int, n_out: int) -> bool:  # the critics' first layers: 4 -> 256
+        return large_only(rows, n_in, n_out) or (n_in < 16 and n_out >= 128 and rows >= 128)
 
     def with_rule(rule: Callable[[int, int, int], bool]) -> Callable[[], None]:
         def step() -> None:
@@ -327,7 +327,7 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             "SAC gradient step, Pendulum 256x256",
             "large products in oneDNN (covey)",
             timed(with_rule(large_only), 40),
-            "also narrow ones (256x256x4)",
+            "also layers on few features (4 -> 256)",
             timed(with_rule(also_narrow), 40),
         )
     )
