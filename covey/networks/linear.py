@@ -2,7 +2,7 @@
 
 PyTorch multiplies float32 matrices on CPU with MKL, which takes its fastest (AVX-512) code only on Intel
 CPUs. On other x86 CPUs oneDNN, which PyTorch also ships, multiplies the large ones about twice as fast:
-150 us against 306 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m
+153 us against 310 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m
 benchmarks.fast_paths``). So there, and only for layers of at least :data:`ONEDNN_MIN_WEIGHTS` weights on
 batches of at least :data:`ONEDNN_MIN_ROWS` rows (below, oneDNN's fixed cost outweighs the gain), covey
 computes in oneDNN. Both libraries compute in float32: results differ by summation order only, as between
@@ -71,7 +71,7 @@ def in_onednn(rows: int, n_in: int, n_out: int) -> bool:
     forward product and both gradient products. The layer decides, not the exact batch size, so every part
     of a batch (of at least :data:`ONEDNN_MIN_ROWS` rows) gets outputs bit-identical to the batch's own rows:
     a rollout evaluated at once agrees exactly with its minibatches. (MKL is also slow on the input gradient
-    of a layer on a few features, 48 us against 20 us for 256x256x4 alone, but sending such layers to oneDNN
+    of a layer on a few features, 49 us against 19 us for 256x256x4 alone, but sending such layers to oneDNN
     measured no gain on SAC's gradient step, whose critics' first layers are of that kind.)"""
     return rows >= ONEDNN_MIN_ROWS and n_in * n_out >= ONEDNN_MIN_WEIGHTS
 
