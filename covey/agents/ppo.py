@@ -311,11 +311,9 @@ class ManualPPOUpdate:
                 adv_e = self._scaled_advantages(adv_e, batch_size, config.normalize_advantage)
             for start, end in minibatches:
                 size = end - start
-                if shuffle:
-                    x_pi_b, x_v_b, act_b = x_pi_e[start:end], x_v_e[start:end], act_e[start:end]
-                    old_b, adv_b, ret_b = old_e[start:end], adv_e[start:end], ret_e[start:end]
-                else:  # the whole rollout: no slicing
-                    x_pi_b, x_v_b, act_b, old_b, adv_b, ret_b = x_pi_e, x_v_e, act_e, old_e, adv_e, ret_e
+                epoch = (x_pi_e, x_v_e, act_e, old_e, adv_e, ret_e)
+                # one minibatch of the whole rollout takes it as it is, unsliced
+                x_pi_b, x_v_b, act_b, old_b, adv_b, ret_b = [t[start:end] for t in epoch] if shuffle else epoch
                 logits, h_pi = policy_net.forward(x_pi_b)
                 value, h_v = value_net.forward(x_v_b)
                 log_prob, entropy, terms = head.manual_terms(logits, act_b)

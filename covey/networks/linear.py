@@ -89,7 +89,7 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _onednn_linear(x, weight, bias, "none", [], "")
+        return onednn_linear(x, weight, bias)
 
     @staticmethod
     @once_differentiable
@@ -97,9 +97,9 @@ class _Linear(torch.autograd.Function):
         x, weight = ctx.saved_tensors  # x: (rows, in), grad: (rows, out)
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = _onednn_linear(grad, weight.t(), None, "none", [], "")  # grad @ weight
+            grad_x = onednn_linear(grad, weight.t())  # grad @ weight
         if ctx.needs_input_grad[1]:
-            grad_weight = _onednn_linear(grad.t(), x.t(), None, "none", [], "")  # grad.T @ x
+            grad_weight = onednn_linear(grad.t(), x.t())  # grad.T @ x
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
         return grad_x, grad_weight, grad_bias
@@ -119,20 +119,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.dim() >= 2
+        and in_onednn(x.numel() // weight.shape[1], weight.shape[1], weight.shape[0])
         and not _autocast_on()
         and not _compiling()
     ):
         return F.linear(x, weight, bias)
     n_out, n_in = weight.shape
-    if not in_onednn(x.numel() // n_in, n_in, n_out):
-        return F.linear(x, weight, bias)
     differentiable = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
     # 2-D in and out: oneDNN returns N-D outputs as views, and the output of a plain 2-D input must not be one
     # either (an in-place activation on a view makes autograd copy the whole tensor).
     flat = x if x.dim() == 2 else x.reshape(-1, n_in)
-    out = _Linear.apply(flat, weight, bias) if differentiable else _onednn_linear(flat, weight, bias, "none", [], "")
+    out = _Linear.apply(flat, weight, bias) if differentiable else onednn_linear(flat, weight, bias)
     return out if x.dim() == 2 else out.view(*x.shape[:-1], n_out)
 
 
