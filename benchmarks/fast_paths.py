@@ -225,6 +225,17 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             timed(lambda: g @ w4, 500),
         )
     )
+    x4, w256, b256 = (torch.randn(*shape, requires_grad=True) for shape in ((256, 4), (256, 4), (256,)))
+    g256 = torch.randn(256, 256)
+    rows.append(
+        (
+            "linear layer 4 -> 256 on 256 samples, forward and backward",
+            "transposed gradient products (covey linear)",
+            timed(lambda: linear_module.linear(x4, w256, b256).backward(g256), 500),
+            "F.linear's autograd",
+            timed(lambda: torch.nn.functional.linear(x4, w256, b256).backward(g256), 500),
+        )
+    )
     for m, k, n in ((256, 64, 64), (256, 256, 256), (1536, 128, 384)):
         x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
         rows.append(
@@ -307,6 +318,26 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             timed(in_mkl(steps(fp32)), 40),
         )
     )
+
+    def narrow_gradients(on: bool) -> Callable[[], None]:
+        def step() -> None:
+            linear_module.NARROW = on
+            try:
+                fp32.train(1, 256)
+            finally:
+                linear_module.NARROW = True
+
+        return step
+
+    rows.append(
+        (
+            "SAC gradient step, Pendulum 256x256",
+            "first layers' gradients transposed",
+            timed(narrow_gradients(True), 40),
+            "autograd's products",
+            timed(narrow_gradients(False), 40),
+        )
+    )
     large_only = linear_module.in_onednn
 
     def also_narrow(rows: int, n_in: int, n_out: int) -> bool:  # the critics' first layers: 4 -> 256
@@ -325,9 +356,9 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows.append(
         (
             "SAC gradient step, Pendulum 256x256",
-            "large products in oneDNN (covey)",
+            "covey (4 -> 256 layers: MKL, transposed gradients)",
             timed(with_rule(large_only), 40),
-            "also layers on few features (4 -> 256)",
+            "4 -> 256 layers in oneDNN too",
             timed(with_rule(also_narrow), 40),
         )
     )

@@ -77,10 +77,11 @@ def test_fast_paths_smoke():
     for setting in ("1 env (batch 64)", "8 envs (batch 256)"):
         assert f"PPO update per minibatch, {setting}" in measurements
         assert f"PPO autograd minibatch step, {setting}" in measurements
-    assert measurements.count("SAC gradient step, Pendulum 256x256") == 5
+    assert measurements.count("SAC gradient step, Pendulum 256x256") == 6
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
     assert measurements.count("POCA update per minibatch, 256 groups of 3") == 2
     assert "float32 linear layer 256x256x256, forward" in measurements
+    assert "linear layer 4 -> 256 on 256 samples, forward and backward" in measurements
     assert "PPO update per minibatch, 256x256 MLPs (batch 256)" in measurements
     assert not any("torch.compile" in row[1] for row in rows)
     units = {"us": 1e-6, "ms": 1e-3, "s": 1.0}

@@ -426,8 +426,8 @@ def test_sac_bf16_matmuls_is_opt_in_and_close_to_float32():
     assert q16.dtype == torch.float32
     assert not torch.equal(q16, q32)  # bfloat16 did run
     assert torch.allclose(q16, q32, rtol=0.05, atol=0.05)
-    stats = bf16._gradient_step(batch)
-    assert all(torch.isfinite(v).all() for v in stats.values())
+    stats, (q, target) = bf16._gradient_step(batch)
+    assert all(torch.isfinite(v).all() for v in [*stats.values(), q, target])
     assert all(p.dtype == torch.float32 for p in bf16.critic.parameters())
 
 

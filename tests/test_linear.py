@@ -1,4 +1,5 @@
-"""covey.networks.linear: large float32 products in oneDNN, with F.linear's values and gradients."""
+"""covey.networks.linear: large float32 products in oneDNN and transposed gradients of layers on few inputs,
+with F.linear's values and gradients."""
 
 from __future__ import annotations
 
@@ -20,12 +21,22 @@ def onednn_on(monkeypatch):
     monkeypatch.setattr(linear_module, "ONEDNN", AVAILABLE)
 
 
-def _through_onednn(out: torch.Tensor) -> bool:
-    """Whether ``out`` (or the tensor it is a view of) came out of covey's autograd function for linear layers."""
+def _backward_name(out: torch.Tensor) -> str:
+    """The autograd function that made ``out`` (or the tensor it is a view of)."""
     fn = out.grad_fn
     if type(fn).__name__ == "ViewBackward0":
         fn = fn.next_functions[0][0]
-    return type(fn).__name__ == "_LinearBackward"
+    return type(fn).__name__
+
+
+def _through_onednn(out: torch.Tensor) -> bool:
+    """Whether ``out`` came out of covey's autograd function for oneDNN products."""
+    return _backward_name(out) == "_LinearBackward"
+
+
+def _transposed_gradients(out: torch.Tensor) -> bool:
+    """Whether ``out`` came out of covey's autograd function for layers on few inputs."""
+    return _backward_name(out) == "_NarrowLinearBackward"
 
 
 def _grads(fn, x, w, b, grad_out):
@@ -115,3 +126,50 @@ def test_covey_networks_are_built_from_linear_layers_with_nn_linear_state():
     ref.load_state_dict(net.state_dict())  # same keys and shapes: model files are unchanged
     x = torch.randn(300, 3)
     assert torch.allclose(net(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(256, 4), (3, 100, 6), (512, 24)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layers_on_few_inputs_take_transposed_gradients_equal_to_f_linears(shape, with_bias):
+    torch.manual_seed(0)
+    n_in = shape[-1]
+    x, w = torch.randn(*shape), torch.randn(256, n_in)
+    b = torch.randn(256) if with_bias else None
+    grad_out = torch.randn(*shape[:-1], 256)
+    out, grads = _grads(linear, x, w, b, grad_out)
+    ref, ref_grads = _grads(F.linear, x, w, b, grad_out)
+    assert _transposed_gradients(out)
+    assert out.shape == ref.shape
+    assert torch.allclose(out, ref, rtol=1e-6, atol=1e-6)  # the forward product is F.linear's
+    for g, r in zip(grads, ref_grads):
+        assert g.shape == r.shape
+        assert torch.allclose(g, r, rtol=1e-5, atol=1e-4 * r.abs().max().item())
+
+
+def test_transposed_gradients_only_where_they_pay_and_gradients_are_needed(monkeypatch):
+    w = torch.randn(256, 4, requires_grad=True)
+    assert _transposed_gradients(linear(torch.randn(256, 4), w))  # a weight gradient is enough
+    assert linear(torch.randn(256, 4), w.detach()).grad_fn is None  # nothing to differentiate: F.linear
+    with torch.no_grad():
+        assert linear(torch.randn(256, 4), w).grad_fn is None
+    assert not _transposed_gradients(linear(torch.randn(8, 4), w))  # acting on a few observations
+    assert not _transposed_gradients(linear(torch.randn(256, 32), torch.randn(256, 32, requires_grad=True)))
+    assert not _transposed_gradients(linear(torch.randn(256, 4), torch.randn(32, 4, requires_grad=True)))
+    assert not _transposed_gradients(linear(torch.randn(256, 4, dtype=torch.float64), w.double()))
+    monkeypatch.setattr(linear_module, "NARROW", False)
+    assert not _transposed_gradients(linear(torch.randn(256, 4), w))
+
+
+def test_in_place_activation_after_a_layer_on_few_inputs_keeps_gradients():
+    torch.manual_seed(0)
+    net = mlp(4, [256, 256], nn.ReLU)  # 4 -> 256 takes transposed gradients, then ReLU in place
+    ref = nn.Sequential(nn.Linear(4, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(256, 4, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    assert _transposed_gradients(net[0](x))
+    net(x).square().sum().backward()
+    ref(x_ref).square().sum().backward()
+    assert torch.allclose(x.grad, x_ref.grad, rtol=1e-4, atol=1e-4 * x_ref.grad.abs().max().item())
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-4 * q.grad.abs().max().item())

@@ -20,6 +20,7 @@ from covey.agents.sac import (
     discrete_actor_loss,
     discrete_soft_q_target,
     polyak_update,
+    q_diagnostics,
     soft_q_target,
     temperature_loss,
 )
@@ -263,7 +264,7 @@ def test_critic_objective_regresses_taken_actions_on_target_critics(env_id):
     b = model.replay_buffer.sample(32)
     alpha = model._ent_coef()
     torch.manual_seed(5)
-    loss, stats = model._critic_objective(b, alpha)
+    loss, _, (q, q_target) = model._critic_objective(b, alpha)
     torch.manual_seed(5)  # the same next-action noise
     with torch.no_grad():
         next_params = model.actor(b.next_observations)
@@ -280,8 +281,8 @@ def test_critic_objective_regresses_taken_actions_on_target_critics(env_id):
             next_q = model.critic_target(b.next_observations, next_actions)
             target = soft_q_target(b.rewards, b.terminated, next_q, next_log_prob, alpha, model.gamma)
     assert expected_q.shape == (2, 32)
-    torch.testing.assert_close(stats["q_mean"], expected_q.mean())
-    torch.testing.assert_close(stats["td_error_abs"], (expected_q - target).abs().mean())
+    torch.testing.assert_close(q, expected_q)
+    torch.testing.assert_close(q_target, target)
     torch.testing.assert_close(loss.detach(), critic_loss(expected_q, target))
 
 
@@ -508,6 +509,39 @@ def test_progress_csv_has_sac_keys(tmp_path):
     assert all(last[k] != "" for k in keys)
     assert float(last["rollout/ep_rew_mean"]) < 0  # Box reward -|a - 0.5| summed over an episode
     assert float(last["train/ent_coef"]) > 0
+
+
+def test_q_diagnostics_average_each_steps_statistics():
+    torch.manual_seed(0)
+    current_q, target = torch.randn(3, 2, 5), torch.randn(3, 5)
+    out = q_diagnostics(current_q, target)
+    # each gradient step's statistics over its batch and both critics, then their mean over the steps
+    per_step = [
+        (q.mean(), q.std(), (q - t).abs().mean(), 1.0 - (t - q).var() / t.var()) for q, t in zip(current_q, target)
+    ]
+    for i, key in enumerate(("q_mean", "q_std", "td_error_abs", "explained_variance")):
+        torch.testing.assert_close(out[key], torch.stack([step[i] for step in per_step]).mean())
+
+
+def test_q_diagnostics_are_logged_for_the_last_train_call_when_a_row_is_written():
+    model = sac("Pendulum-v1").learn(60, log_interval=None)
+    written = []
+
+    def dump(step: int = 0) -> None:  # the logger's row, then cleared as SB3's logger does
+        written.append(dict(model.logger.name_to_value))
+        model.logger.name_to_value.clear()
+
+    model.logger.dump = dump
+    model.train(3, 32)
+    q, target = (torch.stack(x) for x in zip(*model._q_and_targets))
+    assert q.shape == (3, 2, 32) and target.shape == (3, 32)
+    expected = q_diagnostics(q, target)
+    model._dump_logs(1, "time/episodes")
+    model._dump_logs(2, "time/episodes")  # no gradient step since the last row: no diagnostics either
+    for key, value in expected.items():
+        assert written[0][f"train/{key}"] == pytest.approx(value.item())
+        assert f"train/{key}" not in written[1]
+    assert written[0]["train/critic_loss"] > 0
 
 
 # ---------------------------------------------------------------------------- bad input

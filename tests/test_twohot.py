@@ -148,9 +148,9 @@ def test_sac_twohot_q_heads_train_and_isolate(env_id):
     )
     model.learn(100)
     b = model.replay_buffer.sample(32)
-    loss, stats = model._critic_objective(b, model._ent_coef())
+    loss, stats, _ = model._critic_objective(b, model._ent_coef())
     assert _grads(model.critic, loss) and not _grads(model.actor, loss)
-    assert {"q_mean", "q_std", "td_error_abs", "q_entropy", "critic_ema_loss", "explained_variance"} <= set(stats)
+    assert {"q_entropy", "critic_ema_loss"} <= set(stats)
     q = model.critic(b.observations) if model.discrete else model.critic(b.observations, b.actions)
     assert q.shape[:2] == (2, 32) and torch.isfinite(q).all()
 

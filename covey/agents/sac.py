@@ -157,6 +157,21 @@ def discrete_actor_loss(q: torch.Tensor, log_probs: torch.Tensor, ent_coef: torc
     return (log_probs.exp() * (ent_coef * log_probs - q.min(dim=0).values)).sum(-1).mean()
 
 
+def q_diagnostics(current_q: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The critics' logged diagnostics, averaged over gradient steps: ``current_q`` ``(steps, n_critics, B)``
+    against ``target`` ``(steps, B)``. Q mean and std, mean |TD error| and ``1 - Var(target - Q) / Var(target)``
+    (over the batch and the critics)."""
+    error = target[:, None] - current_q
+    steps = current_q.shape[0]
+    explained = 1.0 - error.reshape(steps, -1).var(dim=1) / target.var(dim=1).clamp_min(1e-8)
+    return {
+        "q_mean": current_q.reshape(steps, -1).mean(dim=1).mean(),
+        "q_std": current_q.reshape(steps, -1).std(dim=1).mean(),
+        "td_error_abs": error.abs().mean(),
+        "explained_variance": explained.mean(),
+    }
+
+
 def temperature_loss(log_ent_coef: torch.Tensor, log_prob: torch.Tensor, target_entropy: float) -> torch.Tensor:
     """``-mean(log_alpha * (log pi + target_entropy))``: raises alpha while entropy is below target.
 
@@ -451,21 +466,35 @@ class SAC(BaseAgent):
         lr = self._update_learning_rate()
         set_train_mode(self.actor, True)
         history: dict[str, list[torch.Tensor]] = {}
+        self._q_and_targets = []
         for _ in range(gradient_steps):
-            stats = self._gradient_step(self.replay_buffer.sample(batch_size))
+            stats, q_and_target = self._gradient_step(self.replay_buffer.sample(batch_size))
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
+            self._q_and_targets.append(q_and_target)
             self._n_updates += 1
             # The interval counts gradient steps over the whole run, not within one train() call.
             if self._n_updates % self.config.target_update_interval == 0:
                 polyak_update([self._target_flat.data], [self.critic_optimizer.flat_parameters.data], self.config.tau)
         for key, values in history.items():
-            self.logger.record(f"train/{key}", torch.stack(values).mean().item())
+            self.logger.record(f"train/{key}", (values[0] if len(values) == 1 else torch.stack(values).mean()).item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/learning_rate", lr)
 
-    def _gradient_step(self, batch: ReplayBatch) -> dict[str, torch.Tensor]:
-        """One SAC update: temperature, critics, actor (in SB3's order)."""
+    def _dump_logs(self, iteration: int, counter: str = "time/iterations") -> None:
+        # The critics' diagnostics of the last train() call, like its losses; reduced only when a row of logs
+        # is written, not at every gradient step.
+        pairs = getattr(self, "_q_and_targets", None)
+        if pairs:
+            current_q, target = (torch.stack(x) for x in zip(*pairs))
+            for key, value in q_diagnostics(current_q, target).items():
+                self.logger.record(f"train/{key}", value.item())
+            self._q_and_targets = []
+        super()._dump_logs(iteration, counter)
+
+    def _gradient_step(self, batch: ReplayBatch) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """One SAC update: temperature, critics, actor (in SB3's order). Returns the losses and other detached
+        statistics, and the critics' values with their targets (for :func:`q_diagnostics`)."""
         stats: dict[str, torch.Tensor] = {}
         sample = self._policy_sample(batch.observations)
         # This step's losses use the temperature from before its update (SB3's order).
@@ -475,7 +504,7 @@ class SAC(BaseAgent):
             loss = self._temperature_objective(sample)
             self._step(self.ent_coef_optimizer, loss)
             stats["ent_coef_loss"] = loss.detach()
-        loss, critic_stats = self._critic_objective(batch, ent_coef)
+        loss, critic_stats, q_and_target = self._critic_objective(batch, ent_coef)
         self._step(self.critic_optimizer, loss)
         if self.critic_ema is not None:
             self.critic_ema.update()
@@ -484,7 +513,7 @@ class SAC(BaseAgent):
         loss = self._actor_objective(batch, sample, ent_coef)
         self._step(self.actor_optimizer, loss)
         stats["actor_loss"] = loss.detach()
-        return stats
+        return stats, q_and_target
 
     def _run(self, network: Any, *inputs: Any) -> torch.Tensor:
         """``network(*inputs)`` for a gradient step: as it is, or under bfloat16 autocast with a float32
@@ -518,10 +547,11 @@ class SAC(BaseAgent):
 
     def _critic_objective(
         self, batch: ReplayBatch, ent_coef: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """Critic loss against the target critics at the policy's next action; reaches only the critics.
 
-        Returns the loss and detached diagnostics (Q mean/std, mean |TD error|, two-hot entropy).
+        Returns the loss, detached statistics (the EMA regularizer, two-hot entropy) and the detached values
+        ``(n_critics, B)`` with their targets ``(B,)``, from which :func:`q_diagnostics` computes the rest.
         """
         cfg = self.config
         with torch.no_grad():
@@ -549,15 +579,10 @@ class SAC(BaseAgent):
             ema_loss = ema_regularizer(raw, ema_raw, head)
             loss = loss + self.policy_config.critic_ema_coef * ema_loss
             stats["critic_ema_loss"] = ema_loss.detach()
-        with torch.no_grad():
-            stats["q_mean"] = current_q.mean()
-            stats["q_std"] = current_q.std()
-            stats["td_error_abs"] = (current_q - target).abs().mean()
-            # 1 - Var(target - Q) / Var(target), over the batch and the critics
-            stats["explained_variance"] = 1.0 - (target - current_q).var() / target.var().clamp_min(1e-8)
-            if head.distributional:
+        if head.distributional:
+            with torch.no_grad():
                 stats["q_entropy"] = head.entropy(raw).mean()
-        return loss, stats
+        return loss, stats, (current_q.detach(), target)
 
     def _raw_q_taken(self, critic: torch.nn.Module, batch: ReplayBatch) -> torch.Tensor:
         """The critics' raw outputs at the stored actions: ``(n_critics, B[, K])``."""

@@ -177,7 +177,7 @@ class POCACritic(nn.Module):
         self.action_space = action_space
         self.obs_embedding = nn.Sequential(Linear(encoder.out_dim, width), activation())
         self.obs_action_embedding = nn.Sequential(
-            nn.Linear(encoder.out_dim + action_features_dim(action_space), width), activation()
+            Linear(encoder.out_dim + action_features_dim(action_space), width), activation()
         )
         self.attention = ResidualSelfAttention(width, n_heads)
         self.memory = memory
