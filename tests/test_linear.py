@@ -48,13 +48,14 @@ def _grads(fn, x, w, b, grad_out):
 
 
 @needs_onednn
-@pytest.mark.parametrize("shape", [(512, 96), (4, 130, 96), (2, 3, 90, 96)])
+@pytest.mark.parametrize("shape", [(512,), (4, 130), (2, 3, 90)])
+@pytest.mark.parametrize("n_in, n_out", [(96, 128), (160, 64)])  # the weight gradient transposes x, or grad
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_large_products_take_onednn_and_equal_f_linear(shape, with_bias):
+def test_large_products_take_onednn_and_equal_f_linear(shape, n_in, n_out, with_bias):
     torch.manual_seed(0)
-    x, w = torch.randn(*shape), torch.randn(128, 96)
-    b = torch.randn(128) if with_bias else None
-    grad_out = torch.randn(*shape[:-1], 128)
+    x, w = torch.randn(*shape, n_in), torch.randn(n_out, n_in)
+    b = torch.randn(n_out) if with_bias else None
+    grad_out = torch.randn(*shape, n_out)
     out, grads = _grads(linear, x, w, b, grad_out)
     ref, ref_grads = _grads(F.linear, x, w, b, grad_out)
     assert _through_onednn(out)

@@ -122,7 +122,11 @@ class _Linear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = onednn_linear(grad, weight.t())  # grad @ weight
         if ctx.needs_input_grad[1]:
-            grad_weight = onednn_linear(grad.t(), x.t())  # grad.T @ x
+            # grad.T @ x. oneDNN copies the transposed left operand into place: transpose the smaller of the two.
+            if x.shape[1] < grad.shape[1]:
+                grad_weight = onednn_linear(x.t(), grad.t()).t()  # (x.T @ grad).T
+            else:
+                grad_weight = onednn_linear(grad.t(), x.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
         return grad_x, grad_weight, grad_bias
