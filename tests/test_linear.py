@@ -174,3 +174,14 @@ def test_in_place_activation_after_a_layer_on_few_inputs_keeps_gradients():
     assert torch.allclose(x.grad, x_ref.grad, rtol=1e-4, atol=1e-4 * x_ref.grad.abs().max().item())
     for p, q in zip(net.parameters(), ref.parameters()):
         assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-4 * q.grad.abs().max().item())
+
+
+def test_shapes_that_f_linear_takes_pass_through():
+    """A 1-D input or weight, or a layer without inputs: F.linear's results (no division by zero features)."""
+    torch.manual_seed(0)
+    for x, w in (
+        (torch.randn(5), torch.randn(3, 5)),
+        (torch.randn(4, 5), torch.randn(5)),
+        (torch.randn(300, 0, requires_grad=True), torch.randn(256, 0, requires_grad=True)),
+    ):
+        assert torch.equal(linear(x, w), F.linear(x, w))

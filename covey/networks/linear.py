@@ -163,8 +163,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     >>> torch.allclose(linear(x, w, b), F.linear(x, w, b), atol=1e-4)
     True
     """
+    if weight.dim() != 2 or x.dim() < 2 or weight.shape[1] == 0:
+        return F.linear(x, weight, bias)
     n_out, n_in = weight.shape
-    rows = x.numel() // n_in if x.dim() >= 2 else 0
+    rows = x.numel() // n_in
     onednn = ONEDNN and in_onednn(rows, n_in, n_out)
     differentiable = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
