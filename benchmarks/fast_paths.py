@@ -1,17 +1,18 @@
 """Single-run ablations of covey's training fast paths, each measured side by side in one process.
 
     python -m benchmarks.fast_paths              # a few minutes on 2 cores
-    python -m benchmarks.fast_paths --repeats 5  # more repetitions per measurement (the minimum is kept)
+    python -m benchmarks.fast_paths --repeats 5  # more rounds per measurement (the minimum is kept)
     python -m benchmarks.fast_paths --repeats 1 --calls-scale 0.05 --skip-compile   # smoke run, seconds
 
-Each row times one operation two ways on the same data and reports the minimum over repetitions of the
-mean time per call: PPO minibatch updates (hand-written gradients vs autograd; flat vs per-parameter
-optimizer step), acting, tanh, the Adam step, gradient clipping, batching two layers into one bmm, the
-matrix multiplies that bound the updates, torch.compile (its first call includes compiling), and SAC
-gradient steps (float32 vs bfloat16 autocast, flushing denormals, in-place ReLU), and MA-POCA's attention critic
-(scores shared by all sets vs one attention call per set, softmax by hand) and minibatch (widths 64 and 128);
-and covey's linear layers against F.linear, alone and in SAC's and POCA's updates (large float32 products in
-oneDNN vs all in MKL).
+Each row times one operation two ways on the same data, in alternating rounds (so that the machine's speed
+drifting reaches both ways alike), and reports the minimum over the rounds of the mean time per call: PPO
+minibatch updates (hand-written gradients vs autograd; flat vs per-parameter optimizer step), acting, tanh,
+the Adam step, gradient clipping, batching two layers into one bmm, the matrix multiplies that bound the
+updates, torch.compile (its first call includes compiling), and SAC gradient steps (float32 vs bfloat16
+autocast, flushing denormals, in-place ReLU), and MA-POCA's attention critic (scores shared by all sets vs one
+attention call per set, softmax by hand) and minibatch (widths 64 and 128); and covey's linear layers against
+F.linear, alone and in SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transposed
+gradients of layers on few inputs vs autograd's).
 """
 
 from __future__ import annotations
@@ -46,23 +47,36 @@ PPO_SETTINGS = {
 
 @dataclass(frozen=True)
 class Timer:
-    """Times a function: ``timed(fn, calls)``, with ``calls`` multiplied by ``calls_scale`` (at least 1)."""
+    """Times two ways of doing one thing side by side (:meth:`pair`, :meth:`versus`), with ``calls`` multiplied by
+    ``calls_scale`` (at least 1) and ``repeats`` rounds."""
 
     repeats: int = 3
     calls_scale: float = 1.0
 
-    def __call__(self, fn: Callable[[], object], calls: int) -> float:
-        """Microseconds per call: the minimum over ``repeats`` of the mean over ``calls`` calls (after a warm-up)."""
+    def pair(self, a: Callable[[], object], b: Callable[[], object], calls: int) -> tuple[float, float]:
+        """Microseconds per call of ``a`` and of ``b``, timed in alternating rounds (A B, B A, A B, ...) so that
+        the machine speeding up or slowing down reaches both: per function, the minimum over ``repeats`` rounds
+        of the mean over ``calls`` calls (after a warm-up of each)."""
         calls = max(round(calls * self.calls_scale), 1)
-        for _ in range(max(calls // 10, 1)):
-            fn()
-        best = float("inf")
-        for _ in range(self.repeats):
-            start = time.perf_counter()
-            for _ in range(calls):
+        fns = (a, b)
+        for fn in fns:
+            for _ in range(max(calls // 10, 1)):
                 fn()
-            best = min(best, (time.perf_counter() - start) / calls)
-        return best * 1e6
+        best = [float("inf"), float("inf")]
+        for round_ in range(self.repeats):
+            for i in (0, 1) if round_ % 2 == 0 else (1, 0):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fns[i]()
+                best[i] = min(best[i], (time.perf_counter() - start) / calls)
+        return best[0] * 1e6, best[1] * 1e6
+
+    def versus(
+        self, name_a: str, a: Callable[[], object], name_b: str, b: Callable[[], object], calls: int
+    ) -> tuple[str, float, str, float]:
+        """``(name_a, us of a, name_b, us of b)`` from :meth:`pair`: the middle of a row."""
+        t_a, t_b = self.pair(a, b, calls)
+        return name_a, t_a, name_b, t_b
 
 
 @contextmanager
@@ -122,31 +136,37 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         manual = collected_ppo(n_envs, True, **kwargs)
         auto = collected_ppo(n_envs, False, **kwargs)
         minibatches = manual.n_epochs * -(-manual.n_steps * n_envs // manual.batch_size)
-        t_manual = timed(manual.train, 3) / minibatches
-        t_auto = timed(auto.train, 3) / minibatches
+        t_manual, t_auto = (t / minibatches for t in timed.pair(manual.train, auto.train, 3))
         rows.append((f"PPO update per minibatch, {name}", "hand-written gradients", t_manual, "autograd", t_auto))
-        flat = timed(autograd_minibatch(auto, True), 200)
-        per_parameter = timed(autograd_minibatch(auto, False), 200)
+        flat_step, per_parameter_step = autograd_minibatch(auto, True), autograd_minibatch(auto, False)
+
+        def flat_step_linked(step=flat_step, flat: FlatParameters = auto.optimizer.flat_parameters) -> None:
+            flat.relink()  # the per-parameter step before it set the gradients to None (a few us)
+            step()
+
+        flat, per_parameter = timed.pair(flat_step_linked, per_parameter_step, 200)
         auto.optimizer.flat_parameters.relink()
         rows.append(
             (f"PPO autograd minibatch step, {name}", "flat buffers", flat, "per-parameter optimizer", per_parameter)
         )
         obs = batch_to_tensor(manual._last_obs, manual.observation_space, manual.device)
         with torch.inference_mode():
-            t_act = timed(lambda m=manual, o=obs: m._manual.act(o), 2000)
-            t_module = timed(lambda m=manual, o=obs: m.actor.act(o), 2000)
+            t_act, t_module = timed.pair(
+                lambda m=manual, o=obs: m._manual.act(o), lambda m=manual, o=obs: m.actor.act(o), 2000
+            )
         what = f"PPO acting, a batch of {n_envs} observation{'s' if n_envs > 1 else ''}"
         rows.append((what, "manual forward", t_act, "Actor.act (modules)", t_module))
     n_envs, kwargs = PPO_SETTINGS["8 envs (batch 256)"]
     wide = collected_ppo(n_envs, True, **kwargs, policy_kwargs=dict(net_arch=[256, 256]))
     minibatches = wide.n_epochs * -(-wide.n_steps * n_envs // wide.batch_size)
+    onednn, mkl = (t / minibatches for t in timed.pair(wide.train, in_mkl(wide.train), 3))
     rows.append(
         (
             "PPO update per minibatch, 256x256 MLPs (batch 256)",
             "hand-written, large products in oneDNN",
-            timed(wide.train, 3) / minibatches,
+            onednn,
             "hand-written, all in MKL",
-            timed(in_mkl(wide.train), 3) / minibatches,
+            mkl,
         )
     )
     return rows
@@ -160,10 +180,13 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         rows.append(
             (
                 f"tanh of {shape[0]}x{shape[1]}",
-                "2 * sigmoid(2x) - 1",
-                timed(lambda x=x: torch.add(minus_one, torch.sigmoid(2 * x), alpha=2.0), 2000),
-                "torch.tanh",
-                timed(lambda x=x: torch.tanh(x), 2000),
+                *timed.versus(
+                    "2 * sigmoid(2x) - 1",
+                    lambda x=x: torch.add(minus_one, torch.sigmoid(2 * x), alpha=2.0),
+                    "torch.tanh",
+                    lambda x=x: torch.tanh(x),
+                    2000,
+                ),
             )
         )
     net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
@@ -178,29 +201,38 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows.append(
         (
             "Adam step, 64x64 MLP",
-            "flat, direct fused kernel",
-            timed(lambda: flat.step(optimizer), 2000),
-            "fused Adam over the parameters",
-            timed(reference.step, 2000),
+            *timed.versus(
+                "flat, direct fused kernel",
+                lambda: flat.step(optimizer),
+                "fused Adam over the parameters",
+                reference.step,
+                2000,
+            ),
         )
     )
     rows.append(
         (
             "gradient clipping, 64x64 MLP",
-            "flat buffer",
-            timed(lambda: flat.clip_grad_norm_(1e9), 2000),
-            "clip_grad_norm_(foreach)",
-            timed(lambda: torch.nn.utils.clip_grad_norm_(per_parameter, 1e9, foreach=True), 2000),
+            *timed.versus(
+                "flat buffer",
+                lambda: flat.clip_grad_norm_(1e9),
+                "clip_grad_norm_(foreach)",
+                lambda: torch.nn.utils.clip_grad_norm_(per_parameter, 1e9, foreach=True),
+                2000,
+            ),
         )
     )
     h, w = torch.randn(2, 256, 64), torch.randn(2, 64, 64)
     rows.append(
         (
             "actor and critic layers 256x64x64",
-            "one batched bmm",
-            timed(lambda: torch.bmm(h, w), 500),
-            "two mm",
-            timed(lambda: (torch.mm(h[0], w[0]), torch.mm(h[1], w[1])), 500),
+            *timed.versus(
+                "one batched bmm",
+                lambda: torch.bmm(h, w),
+                "two mm",
+                lambda: (torch.mm(h[0], w[0]), torch.mm(h[1], w[1])),
+                500,
+            ),
         )
     )
     for m, k, n in ((256, 64, 64), (256, 256, 256)):
@@ -209,20 +241,22 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         rows.append(
             (
                 f"matrix multiply {m}x{k}x{n}",
-                "bfloat16",
-                timed(lambda a=a16, b=b16: torch.mm(a, b), 500),
-                "float32",
-                timed(lambda a=a, b=b: torch.mm(a, b), 500),
+                *timed.versus(
+                    "bfloat16", lambda a=a16, b=b16: torch.mm(a, b), "float32", lambda a=a, b=b: torch.mm(a, b), 500
+                ),
             )
         )
     g, w4 = torch.randn(256, 256), torch.randn(256, 4)
     rows.append(
         (
             "product 256x256 @ 256x4 (input gradient of a layer on 4 features)",
-            "oneDNN",
-            timed(lambda: linear_module._onednn_linear(g, w4.t(), None, "none", [], ""), 500),
-            "MKL",
-            timed(lambda: g @ w4, 500),
+            *timed.versus(
+                "oneDNN",
+                lambda: linear_module._onednn_linear(g, w4.t(), None, "none", [], ""),
+                "MKL",
+                lambda: g @ w4,
+                500,
+            ),
         )
     )
     x4, w256, b256 = (torch.randn(*shape, requires_grad=True) for shape in ((256, 4), (256, 4), (256,)))
@@ -230,10 +264,13 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows.append(
         (
             "linear layer 4 -> 256 on 256 samples, forward and backward",
-            "transposed gradient products (covey linear)",
-            timed(lambda: linear_module.linear(x4, w256, b256).backward(g256), 500),
-            "F.linear's autograd",
-            timed(lambda: torch.nn.functional.linear(x4, w256, b256).backward(g256), 500),
+            *timed.versus(
+                "transposed gradient products (covey linear)",
+                lambda: linear_module.linear(x4, w256, b256).backward(g256),
+                "F.linear's autograd",
+                lambda: torch.nn.functional.linear(x4, w256, b256).backward(g256),
+                500,
+            ),
         )
     )
     for m, k, n in ((256, 64, 64), (256, 256, 256), (1536, 128, 384)):
@@ -241,10 +278,13 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         rows.append(
             (
                 f"float32 linear layer {m}x{k}x{n}, forward",
-                "covey linear (oneDNN from 8192 weights)",
-                timed(lambda x=x, w=w, b=b: linear_module.linear(x, w, b), 300),
-                "F.linear (MKL)",
-                timed(lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b), 300),
+                *timed.versus(
+                    "covey linear (oneDNN from 8192 weights)",
+                    lambda x=x, w=w, b=b: linear_module.linear(x, w, b),
+                    "F.linear (MKL)",
+                    lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b),
+                    300,
+                ),
             )
         )
     return rows
@@ -263,8 +303,7 @@ def compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     start = time.perf_counter()
     compiled().backward()
     first = (time.perf_counter() - start) * 1e6
-    eager = timed(lambda: loss().backward(), 500)
-    steady = timed(lambda: compiled().backward(), 500)
+    steady, eager = timed.pair(lambda: compiled().backward(), lambda: loss().backward(), 500)
     return [
         ("64x64 MLP loss forward and backward", "torch.compile, first call", first, "eager", eager),
         ("64x64 MLP loss forward and backward", "torch.compile, later calls", steady, "eager", eager),
@@ -292,10 +331,7 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows = [
         (
             "SAC gradient step, Pendulum 256x256",
-            "bf16_matmuls=True",
-            timed(steps(bf16), 40),
-            "float32",
-            timed(steps(fp32), 40),
+            *timed.versus("bf16_matmuls=True", steps(bf16), "float32", steps(fp32), 40),
         )
     ]
 
@@ -306,16 +342,13 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
 
         return step
 
-    flushed = timed(with_flush(True), 40)
-    plain = timed(with_flush(False), 40)
+    flushed, plain = timed.pair(with_flush(True), with_flush(False), 40)
+    torch.set_flush_denormal(False)
     rows.append(("SAC gradient step, Pendulum 256x256", "flush denormals", flushed, "default", plain))
     rows.append(
         (
             "SAC gradient step, Pendulum 256x256",
-            "large products in oneDNN",
-            timed(steps(fp32), 40),
-            "all in MKL",
-            timed(in_mkl(steps(fp32)), 40),
+            *timed.versus("large products in oneDNN", steps(fp32), "all in MKL", in_mkl(steps(fp32)), 40),
         )
     )
 
@@ -332,10 +365,13 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows.append(
         (
             "SAC gradient step, Pendulum 256x256",
-            "first layers' gradients transposed",
-            timed(narrow_gradients(True), 40),
-            "autograd's products",
-            timed(narrow_gradients(False), 40),
+            *timed.versus(
+                "first layers' gradients transposed",
+                narrow_gradients(True),
+                "autograd's products",
+                narrow_gradients(False),
+                40,
+            ),
         )
     )
     large_only = linear_module.in_onednn
@@ -356,18 +392,27 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows.append(
         (
             "SAC gradient step, Pendulum 256x256",
-            "covey (4 -> 256 layers: MKL, transposed gradients)",
-            timed(with_rule(large_only), 40),
-            "4 -> 256 layers in oneDNN too",
-            timed(with_rule(also_narrow), 40),
+            *timed.versus(
+                "covey (4 -> 256 layers: MKL, transposed gradients)",
+                with_rule(large_only),
+                "4 -> 256 layers in oneDNN too",
+                with_rule(also_narrow),
+                40,
+            ),
         )
     )
     relus = [m for net in (fp32.actor, fp32.critic, fp32.critic_target) for m in net.modules()]
     relus = [m for m in relus if isinstance(m, torch.nn.ReLU)]
-    inplace = timed(steps(fp32), 40)
-    for m in relus:
-        m.inplace = False
-    out_of_place = timed(steps(fp32), 40)
+
+    def with_inplace(on: bool) -> Callable[[], None]:
+        def step() -> None:
+            for m in relus:
+                m.inplace = on
+            fp32.train(1, 256)
+
+        return step
+
+    inplace, out_of_place = timed.pair(with_inplace(True), with_inplace(False), 40)
     for m in relus:
         m.inplace = True
     rows.append(("SAC gradient step, Pendulum 256x256", "in-place ReLU", inplace, "ReLU to a new tensor", out_of_place))
@@ -395,10 +440,13 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows = [
         (
             f"POCA critic attention, forward and backward, {group}",
-            "scores shared by all sets",
-            timed(backward(POCACritic.pooled), 50),
-            "one attention call per set",
-            timed(backward(POCACritic.pooled_per_set), 50),
+            *timed.versus(
+                "scores shared by all sets",
+                backward(POCACritic.pooled),
+                "one attention call per set",
+                backward(POCACritic.pooled_per_set),
+                50,
+            ),
         )
     ]
     scores = torch.randn(256, 4, 12, 6, requires_grad=True)
@@ -410,10 +458,9 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows.append(
         (
             "softmax over 6 entities, 256x4x12x6, forward and backward",
-            "by hand",
-            timed(by_hand, 200),
-            "torch.softmax",
-            timed(lambda: torch.softmax(scores, dim=-1).sum().backward(), 200),
+            *timed.versus(
+                "by hand", by_hand, "torch.softmax", lambda: torch.softmax(scores, dim=-1).sum().backward(), 200
+            ),
         )
     )
 
@@ -430,19 +477,15 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows.append(
         (
             f"POCA update per minibatch, {group}",
-            "attention width 64",
-            timed(update(models[64]), 30),
-            "attention width 128",
-            timed(update(models[128]), 30),
+            *timed.versus("attention width 64", update(models[64]), "attention width 128", update(models[128]), 30),
         )
     )
     rows.append(
         (
             f"POCA update per minibatch, {group}",
-            "large products in oneDNN",
-            timed(update(models[128]), 30),
-            "all in MKL",
-            timed(in_mkl(update(models[128])), 30),
+            *timed.versus(
+                "large products in oneDNN", update(models[128]), "all in MKL", in_mkl(update(models[128])), 30
+            ),
         )
     )
     return rows

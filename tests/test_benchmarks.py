@@ -92,6 +92,17 @@ def test_fast_paths_smoke():
         assert float(row[5]) > 0, row
 
 
+def test_fast_paths_times_the_two_ways_in_alternating_rounds():
+    from benchmarks.fast_paths import Timer
+
+    log = []
+    t_a, t_b = Timer(repeats=3).pair(lambda: log.append("a"), lambda: log.append("b"), 2)
+    # one warm-up call each, then rounds A A B B | B B A A | A A B B
+    assert "".join(log) == "ab" + "aabb" + "bbaa" + "aabb"
+    assert t_a > 0 and t_b > 0
+    assert Timer(repeats=1).versus("x", lambda: None, "y", lambda: None, 1)[::2] == ("x", "y")
+
+
 def test_profile_smoke():
     """The profile attributes the run's time to phases: one row per task, shares that add up to 100%."""
     tasks = [*TASKS, "poca_simple_spread"]
