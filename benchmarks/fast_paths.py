@@ -32,6 +32,7 @@ from covey import PPO, SAC
 from covey.agents.base import FlatParameters
 from covey.agents.poca import poca_objective, poca_outputs
 from covey.agents.ppo import ppo_loss
+from covey.agents.sac import q_diagnostics
 from covey.networks import linear as linear_module
 from covey.networks.attention import POCACritic
 from covey.networks.obs import batch_to_tensor
@@ -349,6 +350,28 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         (
             "SAC gradient step, Pendulum 256x256",
             *timed.versus("large products in oneDNN", steps(fp32), "all in MKL", in_mkl(steps(fp32)), 40),
+        )
+    )
+
+    def diagnostics_every_step(on: bool) -> Callable[[], None]:
+        def step() -> None:
+            fp32.train(1, 256)
+            if on:  # what SAC did before: the critics' diagnostics of every step, read out after it
+                q, target = fp32._q_and_targets[-1]
+                [value.item() for value in q_diagnostics(q[None], target[None]).values()]
+
+        return step
+
+    rows.append(
+        (
+            "SAC gradient step, Pendulum 256x256",
+            *timed.versus(
+                "critics' diagnostics when a row of logs is written",
+                diagnostics_every_step(False),
+                "at every step",
+                diagnostics_every_step(True),
+                40,
+            ),
         )
     )
 
