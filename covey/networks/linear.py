@@ -2,7 +2,7 @@
 
 PyTorch multiplies float32 matrices on CPU with MKL, which takes its fastest (AVX-512) code only on Intel
 CPUs. On other x86 CPUs oneDNN, which PyTorch also ships, multiplies the large ones about twice as fast:
-153 us against 310 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m
+155 us against 311 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m
 benchmarks.fast_paths``). So there, and only for layers of at least :data:`ONEDNN_MIN_WEIGHTS` weights on
 batches of at least :data:`ONEDNN_MIN_ROWS` rows (below, oneDNN's fixed cost outweighs the gain), covey
 computes in oneDNN. Both libraries compute in float32: results differ by summation order only, as between
@@ -15,9 +15,10 @@ whose BLAS is not MKL or that has no oneDNN, other devices and dtypes, autocast,
 
 A second case is a layer on few input features (a first layer on a small observation, a critic's on an
 observation and an action): MKL computes both of its gradient products several times slower than their
-transposes, e.g. 56 us against 12 us for the weight gradient of a 4 -> 256 layer on 256 samples (``python -m
-benchmarks.fast_paths``). On float32 CPU tensors such layers (:func:`narrow`) take their gradients as those
-transposed products; the forward product is ``F.linear``'s. ``covey.networks.linear.NARROW`` is the switch.
+transposes, so that a 4 -> 256 layer's forward and backward on 256 samples takes 72 us this way against 140 us
+(``python -m benchmarks.fast_paths``). On float32 CPU tensors such layers (:func:`narrow`) take their gradients
+as those transposed products; the forward product is ``F.linear``'s. ``covey.networks.linear.NARROW`` is the
+switch.
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ def in_onednn(rows: int, n_in: int, n_out: int) -> bool:
 
 def narrow(rows: int, n_in: int, n_out: int) -> bool:
     """Whether a layer of ``n_in`` inputs and ``n_out`` outputs on ``rows`` samples takes its gradients as
-    transposed products: ``(x^T g)^T`` for the weight, ``(W^T g^T)^T`` for the input (measured: 2-5x faster in
-    MKL from 256 x 128 outputs on, about even on 64 rows or 32 inputs and more). Only the backward changes, so
-    the layer's outputs are ``F.linear``'s exactly."""
+    transposed products: ``(x^T g)^T`` for the weight, ``(W^T g^T)^T`` for the input. MKL computes those several
+    times faster on batches of 256 x 128 outputs and more; on 64 rows, or from 32 inputs on, the two forms come
+    out about even. Only the backward changes, so the layer's outputs are ``F.linear``'s exactly."""
     return n_in < NARROW_MAX_INPUTS and n_out >= NARROW_MIN_OUTPUTS and rows * n_out >= NARROW_MIN_OUTPUT_SIZE
 
 
