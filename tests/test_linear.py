@@ -185,3 +185,16 @@ def test_shapes_that_f_linear_takes_pass_through():
         (torch.randn(300, 0, requires_grad=True), torch.randn(256, 0, requires_grad=True)),
     ):
         assert torch.equal(linear(x, w), F.linear(x, w))
+
+
+@pytest.mark.parametrize("n_in, n_out", [(4, 256), pytest.param(128, 128, marks=needs_onednn)])
+def test_frozen_layers_give_input_gradients_only(n_in, n_out):
+    """SAC's actor loss reaches the action through critics whose weights are frozen (4 -> 256: transposed
+    gradients; 128 -> 128: oneDNN)."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(256, n_in, requires_grad=True), torch.randn(n_out, n_in), torch.randn(n_out)
+    out = linear(x, w, b)
+    assert _backward_name(out) in ("_NarrowLinearBackward", "_LinearBackward")
+    grad_out = torch.randn(256, n_out)
+    (grad_x,) = torch.autograd.grad((out * grad_out).sum(), [x])
+    assert torch.allclose(grad_x, grad_out @ w, rtol=1e-5, atol=1e-4)
