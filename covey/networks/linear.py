@@ -107,53 +107,35 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 class _Linear(torch.autograd.Function):
-    """``F.linear`` on a 2-D input, its forward and both gradient products in oneDNN."""
+    """``F.linear`` on a 2-D input with covey's products: the forward and both gradients in oneDNN
+    (``onednn``), or the forward in ``F.linear`` and both gradients transposed (layers on few inputs,
+    :func:`narrow`)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, onednn: bool) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return onednn_linear(x, weight, bias)
+        ctx.onednn = onednn
+        return onednn_linear(x, weight, bias) if onednn else F.linear(x, weight, bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors  # x: (rows, in), grad: (rows, out)
         grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_x = onednn_linear(grad, weight.t())  # grad @ weight
-        if ctx.needs_input_grad[1]:
-            # grad.T @ x. oneDNN copies the transposed left operand into place: transpose the smaller of the two.
-            if x.shape[1] < grad.shape[1]:
-                grad_weight = onednn_linear(x.t(), grad.t()).t()  # (x.T @ grad).T
+        if ctx.needs_input_grad[0]:  # grad @ weight
+            grad_x = onednn_linear(grad, weight.t()) if ctx.onednn else (weight.t() @ grad.t()).t()
+        if ctx.needs_input_grad[1]:  # grad.T @ x
+            if not ctx.onednn:
+                grad_weight = (x.t() @ grad).t()
+            elif x.shape[1] < grad.shape[1]:
+                # oneDNN copies the transposed left operand into place: transpose the smaller of the two.
+                grad_weight = onednn_linear(x.t(), grad.t()).t()
             else:
                 grad_weight = onednn_linear(grad.t(), x.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
-        return grad_x, grad_weight, grad_bias
-
-
-class _NarrowLinear(torch.autograd.Function):
-    """``F.linear`` on a 2-D input whose gradient products are computed transposed (see :func:`narrow`)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return F.linear(x, weight, bias)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        x, weight = ctx.saved_tensors  # x: (rows, in), grad: (rows, out)
-        grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (weight.t() @ grad.t()).t()  # grad @ weight, as (in, rows)
-        if ctx.needs_input_grad[1]:
-            grad_weight = (x.t() @ grad).t()  # grad.T @ x, as (in, out)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad.sum(0)
-        return grad_x, grad_weight, grad_bias
+        return grad_x, grad_weight, grad_bias, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -186,10 +168,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     # 2-D in and out: oneDNN returns N-D outputs as views, and the output of a plain 2-D input must not be one
     # either (an in-place activation on a view makes autograd copy the whole tensor).
     flat = x if x.dim() == 2 else x.reshape(-1, n_in)
-    if transposed:
-        out = _NarrowLinear.apply(flat, weight, bias)
+    if differentiable:
+        out = _Linear.apply(flat, weight, bias, onednn)
     else:
-        out = _Linear.apply(flat, weight, bias) if differentiable else onednn_linear(flat, weight, bias)
+        out = onednn_linear(flat, weight, bias)  # only oneDNN products get here without a gradient to take
     return out if x.dim() == 2 else out.view(*x.shape[:-1], n_out)
 
 
