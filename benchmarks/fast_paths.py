@@ -21,7 +21,6 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -80,23 +79,23 @@ class Timer:
         return name_a, t_a, name_b, t_b
 
 
-@contextmanager
-def mkl_only():
-    """Inside: every float32 product in MKL, none in oneDNN (``covey.networks.linear.ONEDNN = False``)."""
-    saved = linear_module.ONEDNN
-    linear_module.ONEDNN = False
-    try:
-        yield
-    finally:
-        linear_module.ONEDNN = saved
+def with_linear_setting(fn: Callable[[], object], name: str, value: object) -> Callable[[], None]:
+    """``fn`` with ``covey.networks.linear``'s ``name`` set to ``value`` while it runs (restored after)."""
+
+    def call() -> None:
+        saved = getattr(linear_module, name)
+        setattr(linear_module, name, value)
+        try:
+            fn()
+        finally:
+            setattr(linear_module, name, saved)
+
+    return call
 
 
 def in_mkl(fn: Callable[[], object]) -> Callable[[], None]:
-    def call() -> None:
-        with mkl_only():
-            fn()
-
-    return call
+    """``fn`` with every float32 product in MKL, none in oneDNN (``covey.networks.linear.ONEDNN = False``)."""
+    return with_linear_setting(fn, "ONEDNN", False)
 
 
 def collected_ppo(n_envs: int, manual: bool, **kwargs) -> PPO:
@@ -375,24 +374,14 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         )
     )
 
-    def narrow_gradients(on: bool) -> Callable[[], None]:
-        def step() -> None:
-            linear_module.NARROW = on
-            try:
-                fp32.train(1, 256)
-            finally:
-                linear_module.NARROW = True
-
-        return step
-
     rows.append(
         (
             "SAC gradient step, Pendulum 256x256",
             *timed.versus(
                 "first layers' gradients transposed",
-                narrow_gradients(True),
+                with_linear_setting(steps(fp32), "NARROW", True),
                 "autograd's products",
-                narrow_gradients(False),
+                with_linear_setting(steps(fp32), "NARROW", False),
                 40,
             ),
         )
@@ -402,24 +391,14 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     def also_narrow(rows: int, n_in: int, n_out: int) -> bool:  # the critics' first layers: 4 -> 256
         return large_only(rows, n_in, n_out) or (n_in < 16 and n_out >= 128 and rows >= 128)
 
-    def with_rule(rule: Callable[[int, int, int], bool]) -> Callable[[], None]:
-        def step() -> None:
-            linear_module.in_onednn = rule
-            try:
-                fp32.train(1, 256)
-            finally:
-                linear_module.in_onednn = large_only
-
-        return step
-
     rows.append(
         (
             "SAC gradient step, Pendulum 256x256",
             *timed.versus(
                 "covey (4 -> 256 layers: MKL, transposed gradients)",
-                with_rule(large_only),
+                with_linear_setting(steps(fp32), "in_onednn", large_only),
                 "4 -> 256 layers in oneDNN too",
-                with_rule(also_narrow),
+                with_linear_setting(steps(fp32), "in_onednn", also_narrow),
                 40,
             ),
         )
