@@ -10,9 +10,9 @@ minibatch updates (hand-written gradients vs autograd; flat vs per-parameter opt
 the Adam step, gradient clipping, batching two layers into one bmm, the matrix multiplies that bound the
 updates, torch.compile (its first call includes compiling), and SAC gradient steps (float32 vs bfloat16
 autocast, flushing denormals, in-place ReLU), and MA-POCA's attention critic (scores shared by all sets vs one
-attention call per set, softmax by hand) and minibatch (widths 64 and 128); and covey's linear layers against
-F.linear, alone and in SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transposed
-gradients of layers on few inputs vs autograd's).
+attention call per set, softmax by hand) and minibatch (widths 64 and 128, the attention differentiated by
+hand or by autograd); and covey's linear layers against F.linear, alone and in SAC's and POCA's updates (large
+float32 products in oneDNN vs all in MKL, transposed gradients of layers on few inputs vs autograd's).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from covey.agents.base import FlatParameters
 from covey.agents.poca import poca_objective, poca_outputs
 from covey.agents.ppo import ppo_loss
 from covey.agents.sac import q_diagnostics
+from covey.networks import attention as attention_module
 from covey.networks import linear as linear_module
 from covey.networks.attention import POCACritic
 from covey.networks.obs import batch_to_tensor
@@ -487,6 +488,29 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             f"POCA update per minibatch, {group}",
             *timed.versus(
                 "large products in oneDNN", update(models[128]), "all in MKL", in_mkl(update(models[128])), 30
+            ),
+        )
+    )
+
+    def set_attention_by_hand(on: bool) -> Callable[[], None]:
+        def step() -> None:
+            attention_module.SET_ATTENTION_BY_HAND = on
+            try:
+                update(models[128])()
+            finally:
+                attention_module.SET_ATTENTION_BY_HAND = True
+
+        return step
+
+    rows.append(
+        (
+            f"POCA update per minibatch, {group}",
+            *timed.versus(
+                "attention differentiated by hand",
+                set_attention_by_hand(True),
+                "autograd",
+                set_attention_by_hand(False),
+                30,
             ),
         )
     )

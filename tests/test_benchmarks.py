@@ -79,7 +79,7 @@ def test_fast_paths_smoke():
         assert f"PPO autograd minibatch step, {setting}" in measurements
     assert measurements.count("SAC gradient step, Pendulum 256x256") == 7
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
-    assert measurements.count("POCA update per minibatch, 256 groups of 3") == 2
+    assert measurements.count("POCA update per minibatch, 256 groups of 3") == 3
     assert "float32 linear layer 256x256x256, forward" in measurements
     assert "linear layer 4 -> 256 on 256 samples, forward and backward" in measurements
     assert "PPO update per minibatch, 256x256 MLPs (batch 256)" in measurements

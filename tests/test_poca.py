@@ -24,7 +24,8 @@ from covey.agents.poca import poca_loss
 from covey.agents.ppo import clipped_surrogate_loss, value_loss
 from covey.buffers.group import GroupRolloutBuffer
 from covey.envs import EarlyExitEnv
-from covey.networks.attention import POCACritic, ResidualSelfAttention, masked_mean
+from covey.networks import attention as attention_module
+from covey.networks.attention import POCACritic, ResidualSelfAttention, _poca_sets, masked_mean, set_attention
 from covey.networks.encoders import FlattenEncoder
 from covey.networks.twohot import make_value_head
 from covey.serialization import SETTINGS_ENTRY
@@ -254,6 +255,62 @@ def test_critic_sets_equal_the_attention_block_on_each_set(case):
         assert (g is None) == (g_ref is None)
         if g is not None:
             torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-5)
+
+
+def _set_attention_inputs(dtype: torch.dtype = torch.float32):
+    """Queries, keys and values of 2 x 3 entities in 5 groups, 2 heads, with the POCA sets' masks; group 4 has
+    nobody present (its sets attend to all their members)."""
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(5, 6, 3 * 8, generator=g, dtype=dtype)
+    present = torch.rand(5, 3, generator=g) > 0.3
+    present[4] = False
+    queries, members = _poca_sets(3, qkv.device)
+    attend = members & present.repeat(1, 2)[:, None, :]
+    attend = attend | (members & ~attend.any(dim=-1, keepdim=True))
+    return qkv, queries, attend
+
+
+def test_set_attention_by_hand_equals_autograd_and_passes_gradcheck():
+    qkv, queries, attend = _set_attention_inputs()
+    grad_out = torch.randn(5, len(queries), 8, generator=torch.Generator().manual_seed(1))
+    results = []
+    for fn in (attention_module._SetAttention.apply, set_attention):
+        x = qkv.clone().requires_grad_()
+        out = fn(x, queries, attend, 2)
+        (grad,) = torch.autograd.grad((out * grad_out).sum(), [x])
+        results.append((out, grad))
+    (out, grad), (out_ref, grad_ref) = results
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-6)
+    qkv64, queries, attend = _set_attention_inputs(torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda x: attention_module._SetAttention.apply(x, queries, attend, 2), (qkv64.requires_grad_(),)
+    )
+
+
+def test_set_attention_takes_autograd_when_switched_off_or_under_autocast(monkeypatch):
+    attention = ResidualSelfAttention(8, 2)
+    qkv, queries, attend = _set_attention_inputs()
+    x = qkv[..., :8].clone().requires_grad_()
+    members = attend[0] | True  # every entity in every set
+    present = torch.ones(5, 6, dtype=torch.bool)
+
+    def backward_of_attention() -> str:
+        out = attention.attend_sets(x, attention.project(x), queries, members, present)
+        names, seen, stack = set(), set(), [out.grad_fn]
+        while stack:  # every node of the graph
+            fn = stack.pop()
+            if fn is not None and id(fn) not in seen:
+                seen.add(id(fn))
+                names.add(type(fn).__name__)
+                stack.extend(next_fn for next_fn, _ in fn.next_functions)
+        return "by hand" if "_SetAttentionBackward" in names else "autograd"
+
+    assert backward_of_attention() == "by hand"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert backward_of_attention() == "autograd"
+    monkeypatch.setattr(attention_module, "SET_ATTENTION_BY_HAND", False)
+    assert backward_of_attention() == "autograd"
 
 
 def test_masked_mean_and_attention_ignore_absent_entities():

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from gymnasium import spaces
 from torch import nn
+from torch.autograd.function import once_differentiable
 
-from covey.networks.linear import Linear, linear
+from covey.networks.linear import Linear, _autocast_on, linear
 from covey.networks.memory import Memory, State
 from covey.networks.mlp import mlp
 
@@ -67,18 +68,77 @@ class ResidualSelfAttention(nn.Module):
         Returns ``(B, R, h)``; each row equals :meth:`attend` on its set alone. Scores are computed once per
         pair of entities and shared by every set holding both, which for small sets is far cheaper than one
         attention call per set."""
-        b, m, width = x.shape
-        q, k, v = qkv.view(b, m, 3, self.n_heads, width // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, heads, m, d)
-        scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # (B, heads, m, m): every entity pair once
         attend = members & present[:, None, :]  # (B, R, m)
         attend = attend | (members & ~attend.any(dim=-1, keepdim=True))
-        scores = scores[:, :, queries].masked_fill(~attend[:, None], float("-inf"))  # (B, heads, R, m)
-        # Softmax by hand: torch.softmax over a last axis this short is several times slower on CPU (the
-        # shift by the row's maximum is only for range, so it takes no gradient).
-        weights = (scores - scores.detach().amax(dim=-1, keepdim=True)).exp()
-        out = (weights / weights.sum(dim=-1, keepdim=True)) @ v  # (B, heads, R, d)
-        out = self._out_proj(out.transpose(1, 2).reshape(b, len(queries), width))
-        return self.norm(x[:, queries] + out)
+        if SET_ATTENTION_BY_HAND and not _autocast_on() and qkv.dtype in (torch.float32, torch.float64):
+            out = _SetAttention.apply(qkv, queries, attend, self.n_heads)
+        else:
+            out = set_attention(qkv, queries, attend, self.n_heads)
+        return self.norm(x[:, queries] + self._out_proj(out))
+
+
+SET_ATTENTION_BY_HAND = True
+"""Whether :meth:`ResidualSelfAttention.attend_sets` differentiates its attention by hand (:class:`_SetAttention`)
+instead of through autograd (:func:`set_attention`): the same values, with fewer copies between layouts."""
+
+
+def set_attention(qkv: torch.Tensor, queries: torch.Tensor, attend: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Multi-head attention of query rows over entities, before the output projection: ``qkv`` ``(B, m, 3h)``
+    are the entities' queries, keys and values, row r is for entity ``queries[r]`` and attends to the
+    entities where ``attend[:, r]`` ``(B, R, m)`` is True (at least one per row). Returns ``(B, R, h)``."""
+    b, m, width = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    q, k, v = qkv.view(b, m, 3, n_heads, width // n_heads).permute(2, 0, 3, 1, 4)  # (B, heads, m, d)
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # (B, heads, m, m): every entity pair once
+    scores = scores[:, :, queries].masked_fill(~attend[:, None], float("-inf"))  # (B, heads, R, m)
+    # Softmax by hand: torch.softmax over a last axis this short is several times slower on CPU (the shift by
+    # the row's maximum is only for range, so it takes no gradient).
+    weights = (scores - scores.detach().amax(dim=-1, keepdim=True)).exp()
+    out = (weights / weights.sum(dim=-1, keepdim=True)) @ v  # (B, heads, R, d)
+    return out.transpose(1, 2).reshape(b, len(queries), width)
+
+
+class _SetAttention(torch.autograd.Function):
+    """:func:`set_attention` with its gradient written out. Autograd's version moves queries, keys, values
+    and their gradients between the projection's layout ``(B, m, 3, heads, d)`` and the heads' ``(B, heads, m,
+    d)`` one tensor at a time; here each direction is one copy, and the softmax runs in place."""
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, queries: torch.Tensor, attend: torch.Tensor, n_heads: int) -> torch.Tensor:
+        b, m = qkv.shape[:2]
+        d = qkv.shape[2] // (3 * n_heads)
+        r, bh = len(queries), b * n_heads
+        heads = qkv.view(b, m, 3, n_heads, d).permute(2, 0, 3, 1, 4).contiguous()  # (3, B, heads, m, d)
+        q, k, v = (heads[i].view(bh, m, d) for i in range(3))
+        scores = torch.bmm(q, k.transpose(1, 2)).view(b, n_heads, m, m)  # every entity pair once
+        weights = scores[:, :, queries]  # (B, heads, R, m)
+        weights.mul_(d**-0.5).masked_fill_(~attend[:, None], float("-inf"))
+        weights.sub_(weights.amax(dim=-1, keepdim=True)).exp_()
+        weights.div_(weights.sum(dim=-1, keepdim=True))
+        out = torch.bmm(weights.view(bh, r, m), v)  # (B * heads, R, d)
+        ctx.save_for_backward(heads, weights, queries)
+        ctx.n_heads = n_heads
+        return out.view(b, n_heads, r, d).transpose(1, 2).reshape(b, r, n_heads * d)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        heads, weights, queries = ctx.saved_tensors
+        _, b, n_heads, m, d = heads.shape
+        r, bh = len(queries), b * n_heads
+        q, k, v = (heads[i].view(bh, m, d) for i in range(3))
+        grad_out = grad.view(b, r, n_heads, d).transpose(1, 2).reshape(bh, r, d)
+        w = weights.view(bh, r, m)
+        grad_heads = torch.empty_like(heads).view(3, bh, m, d)
+        torch.bmm(w.transpose(1, 2), grad_out, out=grad_heads[2])  # values
+        grad_w = torch.bmm(grad_out, v.transpose(1, 2))  # (B * heads, R, m)
+        # softmax: dL/ds = w * (dL/dw - sum(w * dL/dw)); masked entries have w = 0 and get none
+        grad_s = grad_w.sub_((grad_w * w).sum(dim=-1, keepdim=True)).mul_(w).mul_(d**-0.5)
+        grad_scores = torch.zeros(b, n_heads, m, m, dtype=grad_s.dtype, device=grad_s.device)
+        grad_scores = grad_scores.index_add_(2, queries, grad_s.view(b, n_heads, r, m)).view(bh, m, m)
+        torch.bmm(grad_scores, k, out=grad_heads[0])  # queries
+        torch.bmm(grad_scores.transpose(1, 2), q, out=grad_heads[1])  # keys
+        grad_qkv = grad_heads.view(3, b, n_heads, m, d).permute(1, 3, 0, 2, 4)  # (B, m, 3, heads, d)
+        return grad_qkv.reshape(b, m, 3 * n_heads * d), None, None, None
 
 
 def masked_mean(x: torch.Tensor, present: torch.Tensor) -> torch.Tensor:

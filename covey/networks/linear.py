@@ -76,10 +76,11 @@ _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
 def _autocast_on() -> bool:
+    """Whether autocast is on, on the CPU or on CUDA."""
     try:
-        return torch.is_autocast_enabled("cpu")
+        return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
     except TypeError:  # PyTorch < 2.4
-        return torch.is_autocast_cpu_enabled()
+        return torch.is_autocast_cpu_enabled() or torch.is_autocast_enabled()
 
 
 def in_onednn(rows: int, n_in: int, n_out: int) -> bool:
