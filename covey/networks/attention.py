@@ -15,7 +15,7 @@ from gymnasium import spaces
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from covey.networks.linear import Linear, _autocast_on, linear
+from covey.networks.linear import Linear, autocast_on, linear
 from covey.networks.memory import Memory, State
 from covey.networks.mlp import mlp
 
@@ -70,7 +70,7 @@ class ResidualSelfAttention(nn.Module):
         attention call per set."""
         attend = members & present[:, None, :]  # (B, R, m)
         attend = attend | (members & ~attend.any(dim=-1, keepdim=True))
-        if SET_ATTENTION_BY_HAND and not _autocast_on() and qkv.dtype in (torch.float32, torch.float64):
+        if SET_ATTENTION_BY_HAND and not autocast_on() and qkv.dtype in (torch.float32, torch.float64):
             out = _SetAttention.apply(qkv, queries, attend, self.n_heads)
         else:
             out = set_attention(qkv, queries, attend, self.n_heads)
@@ -116,7 +116,6 @@ class _SetAttention(torch.autograd.Function):
         weights.div_(weights.sum(dim=-1, keepdim=True))
         out = torch.bmm(weights.view(bh, r, m), v)  # (B * heads, R, d)
         ctx.save_for_backward(heads, weights, queries)
-        ctx.n_heads = n_heads
         return out.view(b, n_heads, r, d).transpose(1, 2).reshape(b, r, n_heads * d)
 
     @staticmethod
@@ -126,7 +125,7 @@ class _SetAttention(torch.autograd.Function):
         _, b, n_heads, m, d = heads.shape
         r, bh = len(queries), b * n_heads
         q, k, v = (heads[i].view(bh, m, d) for i in range(3))
-        grad_out = grad.view(b, r, n_heads, d).transpose(1, 2).reshape(bh, r, d)
+        grad_out = grad.reshape(b, r, n_heads, d).transpose(1, 2).reshape(bh, r, d)
         w = weights.view(bh, r, m)
         grad_heads = torch.empty_like(heads).view(3, bh, m, d)
         torch.bmm(w.transpose(1, 2), grad_out, out=grad_heads[2])  # values

@@ -75,7 +75,7 @@ NARROW_MIN_OUTPUT_SIZE = 32768
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
-def _autocast_on() -> bool:
+def autocast_on() -> bool:
     """Whether autocast is on, on the CPU or on CUDA."""
     try:
         return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
@@ -162,7 +162,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
-        and not _autocast_on()
+        and not autocast_on()
         and not _compiling()
     ):
         return F.linear(x, weight, bias)
