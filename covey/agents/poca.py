@@ -23,7 +23,7 @@ from covey.wrappers.group_env import GroupVecEnv, make_group_env
 _EVAL_CHUNK = 2048
 DEFAULT_ATTENTION_WIDTH = 128
 """The critic's entity embedding width (``policy_kwargs=dict(attention_width=...)``). On simple_spread 64 makes a
-minibatch 0.64x as long as 128 (``python -m benchmarks.fast_paths``) with slightly lower returns (``python -m
+minibatch 0.68x as long as 128 (``python -m benchmarks.fast_paths``) with slightly lower returns (``python -m
 benchmarks.poca_width``). Model files keep their width; files from before it was saved were built with 128,
 which load restores."""
 
