@@ -80,23 +80,24 @@ class Timer:
         return name_a, t_a, name_b, t_b
 
 
-def with_linear_setting(fn: Callable[[], object], name: str, value: object) -> Callable[[], None]:
-    """``fn`` with ``covey.networks.linear``'s ``name`` set to ``value`` while it runs (restored after)."""
+def with_setting(fn: Callable[[], object], name: str, value: object, module=linear_module) -> Callable[[], None]:
+    """``fn`` with ``module``'s (default: ``covey.networks.linear``'s) ``name`` set to ``value`` while it runs
+    (restored after)."""
 
     def call() -> None:
-        saved = getattr(linear_module, name)
-        setattr(linear_module, name, value)
+        saved = getattr(module, name)
+        setattr(module, name, value)
         try:
             fn()
         finally:
-            setattr(linear_module, name, saved)
+            setattr(module, name, saved)
 
     return call
 
 
 def in_mkl(fn: Callable[[], object]) -> Callable[[], None]:
     """``fn`` with every float32 product in MKL, none in oneDNN (``covey.networks.linear.ONEDNN = False``)."""
-    return with_linear_setting(fn, "ONEDNN", False)
+    return with_setting(fn, "ONEDNN", False)
 
 
 def collected_ppo(n_envs: int, manual: bool, **kwargs) -> PPO:
@@ -380,9 +381,9 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             "SAC gradient step, Pendulum 256x256",
             *timed.versus(
                 "first layers' gradients transposed",
-                with_linear_setting(steps(fp32), "NARROW", True),
+                with_setting(steps(fp32), "NARROW", True),
                 "autograd's products",
-                with_linear_setting(steps(fp32), "NARROW", False),
+                with_setting(steps(fp32), "NARROW", False),
                 40,
             ),
         )
@@ -397,9 +398,9 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             "SAC gradient step, Pendulum 256x256",
             *timed.versus(
                 "covey (4 -> 256 layers: MKL, transposed gradients)",
-                with_linear_setting(steps(fp32), "in_onednn", large_only),
+                with_setting(steps(fp32), "in_onednn", large_only),
                 "4 -> 256 layers in oneDNN too",
-                with_linear_setting(steps(fp32), "in_onednn", also_narrow),
+                with_setting(steps(fp32), "in_onednn", also_narrow),
                 40,
             ),
         )
@@ -492,24 +493,14 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         )
     )
 
-    def set_attention_by_hand(on: bool) -> Callable[[], None]:
-        def step() -> None:
-            attention_module.SET_ATTENTION_BY_HAND = on
-            try:
-                update(models[128])()
-            finally:
-                attention_module.SET_ATTENTION_BY_HAND = True
-
-        return step
-
     rows.append(
         (
             f"POCA update per minibatch, {group}",
             *timed.versus(
                 "attention differentiated by hand",
-                set_attention_by_hand(True),
+                with_setting(update(models[128]), "SET_ATTENTION_BY_HAND", True, attention_module),
                 "autograd",
-                set_attention_by_hand(False),
+                with_setting(update(models[128]), "SET_ATTENTION_BY_HAND", False, attention_module),
                 30,
             ),
         )
