@@ -202,11 +202,12 @@ def test_manual_mlp_equals_autograd(hidden, activation):
 
 @pytest.mark.skipif(not linear_module.AVAILABLE, reason="this PyTorch has no oneDNN linear op")
 @pytest.mark.parametrize("activation", [nn.Tanh, nn.ReLU])
-def test_manual_mlp_with_large_products_in_onednn_equals_autograd(monkeypatch, activation):
-    """256-wide layers on 64 samples: the middle layer's forward, weight and input gradients go to oneDNN."""
+@pytest.mark.parametrize("first", [256, 64])  # 64 -> 256: the weight gradient transposes the layer's input
+def test_manual_mlp_with_large_products_in_onednn_equals_autograd(monkeypatch, activation, first):
+    """Wide layers on 64 samples: the middle layer's forward, weight and input gradients go to oneDNN."""
     monkeypatch.setattr(linear_module, "ONEDNN", True)
     torch.manual_seed(0)
-    trunk, out = mlp(3, [256, 256], activation), nn.Linear(256, 2)
+    trunk, out = mlp(3, [first, 256], activation), nn.Linear(256, 2)
     params = [*trunk.parameters(), *out.parameters()]
     for p in params:
         p.grad = torch.zeros_like(p)

@@ -87,9 +87,9 @@ def in_onednn(rows: int, n_in: int, n_out: int) -> bool:
     """Whether a layer of ``n_in`` inputs and ``n_out`` outputs on ``rows`` samples multiplies in oneDNN: its
     forward product and both gradient products. The layer decides, not the exact batch size, so every part
     of a batch (of at least :data:`ONEDNN_MIN_ROWS` rows) gets outputs bit-identical to the batch's own rows:
-    a rollout evaluated at once agrees exactly with its minibatches. (MKL is also slow on the input gradient
-    of a layer on a few features, 49 us against 19 us for 256x256x4 alone, but sending such layers to oneDNN
-    measured no gain on SAC's gradient step, whose critics' first layers are of that kind.)"""
+    a rollout evaluated at once agrees exactly with its minibatches. (MKL is also slow on the gradients of a
+    layer on a few features; such layers take them transposed instead, :func:`narrow`, which measured faster
+    on SAC's gradient step than sending them to oneDNN.)"""
     return rows >= ONEDNN_MIN_ROWS and n_in * n_out >= ONEDNN_MIN_WEIGHTS
 
 
@@ -105,6 +105,15 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """``x @ weight.T (+ bias)`` in oneDNN for 2-D float32 CPU tensors, no questions asked (hand-written
     gradients call it where :func:`in_onednn` says so; ``weight`` may be a transposed view)."""
     return _onednn_linear(x, weight, bias, "none", [], "")
+
+
+def onednn_weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A layer's weight gradient ``grad^T @ x`` ``(out, in)`` in oneDNN, from ``grad`` ``(rows, out)`` and its
+    input ``x`` ``(rows, in)``. oneDNN copies the transposed left operand into place, so the smaller of the two
+    goes there: ``(x^T @ grad)^T`` when the layer has fewer inputs than outputs (a transposed view then)."""
+    if x.shape[1] < grad.shape[1]:
+        return onednn_linear(x.t(), grad.t()).t()
+    return onednn_linear(grad.t(), x.t())
 
 
 class _Linear(torch.autograd.Function):
@@ -127,13 +136,7 @@ class _Linear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:  # grad @ weight
             grad_x = onednn_linear(grad, weight.t()) if ctx.onednn else (weight.t() @ grad.t()).t()
         if ctx.needs_input_grad[1]:  # grad.T @ x
-            if not ctx.onednn:
-                grad_weight = (x.t() @ grad).t()
-            elif x.shape[1] < grad.shape[1]:
-                # oneDNN copies the transposed left operand into place: transpose the smaller of the two.
-                grad_weight = onednn_linear(x.t(), grad.t()).t()
-            else:
-                grad_weight = onednn_linear(grad.t(), x.t())
+            grad_weight = onednn_weight_grad(grad, x) if ctx.onednn else (x.t() @ grad).t()
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
         return grad_x, grad_weight, grad_bias, None

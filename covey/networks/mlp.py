@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from covey.networks import linear as linear_module
-from covey.networks.linear import Linear, in_onednn, onednn_linear
+from covey.networks.linear import Linear, in_onednn, onednn_linear, onednn_weight_grad
 
 
 def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
@@ -137,7 +137,7 @@ class ManualMLP:
         for i in range(len(self.weights) - 1, -1, -1):
             narrow = self.narrow[i]
             if plan[i]:  # (out, B) @ (B, in)
-                self.weight_grads[i].copy_(onednn_linear(g.t(), inputs[i].t()))
+                self.weight_grads[i].copy_(onednn_weight_grad(g, inputs[i]))
             elif narrow is not None:
                 self.weight_grads[i].copy_(torch.mm(inputs[i].t(), g, out=narrow).t())
             else:
