@@ -8,8 +8,8 @@ Each row times one operation two ways on the same data, in alternating rounds (s
 drifting reaches both ways alike), and reports the minimum over the rounds of the mean time per call: PPO
 minibatch updates (hand-written gradients vs autograd; flat vs per-parameter optimizer step), acting, tanh,
 the Adam step, gradient clipping, batching two layers into one bmm, the matrix multiplies that bound the
-updates, torch.compile (its first call includes compiling), and SAC gradient steps (float32 vs bfloat16
-autocast, flushing denormals, in-place ReLU), and MA-POCA's attention critic (scores shared by all sets vs one
+updates, torch.compile (its first call includes compiling), and SAC gradient steps (hand-written gradients vs
+autograd, float32 vs bfloat16 autocast, flushing denormals, in-place ReLU), and MA-POCA's attention critic (scores shared by all sets vs one
 attention call per set, softmax by hand) and minibatch (widths 64 and 128, the attention differentiated by
 hand or by autograd); and covey's linear layers against F.linear, alone and in SAC's and POCA's updates (large
 float32 products in oneDNN vs all in MKL, transposed gradients of layers on few inputs vs autograd's).
@@ -312,20 +312,30 @@ def compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     ]
 
 
-def sac_model(bf16: bool = False) -> SAC:
-    model = SAC(
-        "MlpPolicy",
-        make_vec_env("Pendulum-v1", 1, seed=0),
-        learning_rate=1e-3,
-        learning_starts=300,
-        seed=0,
-        bf16_matmuls=bf16,
-    )
+def sac_model(bf16: bool = False, manual: bool = True) -> SAC:
+    """SAC on Pendulum after 100 gradient steps; ``manual``: hand-written gradients (where they apply)."""
+    previous = SAC.manual_gradients
+    SAC.manual_gradients = manual
+    try:
+        model = SAC(
+            "MlpPolicy",
+            make_vec_env("Pendulum-v1", 1, seed=0),
+            learning_rate=1e-3,
+            learning_starts=300,
+            seed=0,
+            bf16_matmuls=bf16,
+        )
+    finally:
+        SAC.manual_gradients = previous
     return model.learn(400)
 
 
 def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
-    fp32, bf16 = sac_model(), sac_model(bf16=True)
+    """SAC's gradient step. The rows on covey's linear layers and ReLU modules (transposed gradients, which
+    layers go to oneDNN, in-place ReLU) time the autograd step, where those apply; the others the default,
+    hand-written one."""
+    fp32, auto, bf16 = sac_model(), sac_model(manual=False), sac_model(bf16=True)
+    assert fp32._manual is not None and auto._manual is None and bf16._manual is None
 
     def steps(model: SAC) -> Callable[[], None]:
         return lambda: model.train(1, 256)
@@ -333,8 +343,12 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows = [
         (
             "SAC gradient step, Pendulum 256x256",
-            *timed.versus("bf16_matmuls=True", steps(bf16), "float32", steps(fp32), 40),
-        )
+            *timed.versus("hand-written gradients", steps(fp32), "autograd", steps(auto), 40),
+        ),
+        (
+            "SAC gradient step, Pendulum 256x256",
+            *timed.versus("bf16_matmuls=True (autograd)", steps(bf16), "float32, hand-written", steps(fp32), 40),
+        ),
     ]
 
     def with_flush(on: bool) -> Callable[[], None]:
@@ -380,10 +394,10 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         (
             "SAC gradient step, Pendulum 256x256",
             *timed.versus(
-                "first layers' gradients transposed",
-                with_setting(steps(fp32), "NARROW", True),
+                "first layers' gradients transposed (autograd step)",
+                with_setting(steps(auto), "NARROW", True),
                 "autograd's products",
-                with_setting(steps(fp32), "NARROW", False),
+                with_setting(steps(auto), "NARROW", False),
                 40,
             ),
         )
@@ -397,29 +411,37 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         (
             "SAC gradient step, Pendulum 256x256",
             *timed.versus(
-                "covey (4 -> 256 layers: MKL, transposed gradients)",
-                with_setting(steps(fp32), "in_onednn", large_only),
+                "covey (4 -> 256 layers: MKL, transposed gradients; autograd step)",
+                with_setting(steps(auto), "in_onednn", large_only),
                 "4 -> 256 layers in oneDNN too",
-                with_setting(steps(fp32), "in_onednn", also_narrow),
+                with_setting(steps(auto), "in_onednn", also_narrow),
                 40,
             ),
         )
     )
-    relus = [m for net in (fp32.actor, fp32.critic, fp32.critic_target) for m in net.modules()]
+    relus = [m for net in (auto.actor, auto.critic, auto.critic_target) for m in net.modules()]
     relus = [m for m in relus if isinstance(m, torch.nn.ReLU)]
 
     def with_inplace(on: bool) -> Callable[[], None]:
         def step() -> None:
             for m in relus:
                 m.inplace = on
-            fp32.train(1, 256)
+            auto.train(1, 256)
 
         return step
 
     inplace, out_of_place = timed.pair(with_inplace(True), with_inplace(False), 40)
     for m in relus:
         m.inplace = True
-    rows.append(("SAC gradient step, Pendulum 256x256", "in-place ReLU", inplace, "ReLU to a new tensor", out_of_place))
+    rows.append(
+        (
+            "SAC gradient step, Pendulum 256x256",
+            "in-place ReLU (autograd step)",
+            inplace,
+            "ReLU to a new tensor",
+            out_of_place,
+        )
+    )
     return rows
 
 

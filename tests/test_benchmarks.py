@@ -77,7 +77,8 @@ def test_fast_paths_smoke():
     for setting in ("1 env (batch 64)", "8 envs (batch 256)"):
         assert f"PPO update per minibatch, {setting}" in measurements
         assert f"PPO autograd minibatch step, {setting}" in measurements
-    assert measurements.count("SAC gradient step, Pendulum 256x256") == 7
+    assert measurements.count("SAC gradient step, Pendulum 256x256") == 8
+    assert ["SAC gradient step, Pendulum 256x256", "hand-written gradients"] in [row[:2] for row in rows]
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
     assert measurements.count("POCA update per minibatch, 256 groups of 3") == 3
     assert "float32 linear layer 256x256x256, forward" in measurements

@@ -13,7 +13,7 @@ from torch import nn
 from covey import PPO, SAC
 from covey.agents.base import FlatParameters
 from covey.networks import linear as linear_module
-from covey.networks.distributions import CategoricalHead, DiagGaussianHead
+from covey.networks.distributions import CategoricalHead, DiagGaussianHead, SquashedGaussianHead
 from covey.networks.mlp import ManualMLP, mlp
 
 
@@ -223,6 +223,35 @@ def test_manual_mlp_with_large_products_in_onednn_equals_autograd(monkeypatch, a
         assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-4 * g.abs().max().item())
 
 
+@pytest.mark.parametrize("onednn", [False, True])
+@pytest.mark.parametrize("activation", [nn.Tanh, nn.ReLU])
+def test_manual_mlp_input_gradient_and_one_output_head_equal_autograd(monkeypatch, onednn, activation):
+    """A critic-shaped network (4 inputs, one output): the weight gradients (the output layer's input
+    gradient is an outer product) and, without touching them, the gradient of the input's last columns."""
+    monkeypatch.setattr(linear_module, "ONEDNN", onednn and linear_module.AVAILABLE)
+    torch.manual_seed(0)
+    trunk, out = mlp(4, [64, 256], activation), nn.Linear(256, 1)
+    params = [*trunk.parameters(), *out.parameters()]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    manual = ManualMLP(trunk, out)
+    assert manual._plan(64) == [False, onednn and linear_module.AVAILABLE, False]
+    x = torch.randn(64, 4, requires_grad=True)
+    grad_out = torch.randn(64, 1)
+    expected = out(trunk(x))
+    *reference, grad_x = torch.autograd.grad((expected * grad_out).sum(), [*params, x])
+    with torch.no_grad():
+        y, inputs = manual.forward(x.detach())
+        assert torch.allclose(y, expected, atol=1e-5)
+        grad_action = manual.input_grad(inputs, grad_out, start=3)
+        assert all(not p.grad.any() for p in params)  # the weights' gradients are left alone
+        assert torch.allclose(grad_action, grad_x[:, 3:], atol=1e-5)
+        assert torch.allclose(manual.input_grad(inputs, grad_out), grad_x, atol=1e-5)
+        manual.backward(inputs, grad_out)
+    for p, g in zip(params, reference):
+        assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-4 * g.abs().max().item())
+
+
 def test_manual_mlp_refuses_unsupported_layers():
     assert not ManualMLP.supports(mlp(3, [4], nn.ELU), nn.Linear(4, 1))
     with pytest.raises(ValueError, match="Tanh or ReLU"):
@@ -252,6 +281,28 @@ def test_action_head_terms_and_gradients_equal_autograd(kind):
     assert torch.allclose(m_grad, grads[0], atol=1e-5)
     if kind == "gaussian":
         assert torch.allclose(head.log_std.grad, grads[1], atol=1e-5)
+
+
+def test_squashed_gaussian_sample_and_gradients_equal_autograd():
+    """The reparameterized sample, its log-probability and d(loss)/d(params) through both, with some
+    log-stds beyond the clamp (no gradient there) and one at its bound (a gradient, as torch.clamp gives)."""
+    head = SquashedGaussianHead(4, 2)
+    torch.manual_seed(0)
+    params = torch.randn(6, 4)
+    params[0, 2], params[1, 3], params[2, 2], params[3, 3] = 3.0, -25.0, 2.0, -20.0
+    params.requires_grad_(True)
+    weights_action, weights_log_prob = torch.randn(6, 2), torch.randn(6)
+    torch.manual_seed(1)
+    action, log_prob = head.rsample(params)
+    loss = (weights_action * action).sum() + (weights_log_prob * log_prob).sum()
+    (expected,) = torch.autograd.grad(loss, [params])
+    torch.manual_seed(1)
+    with torch.no_grad():
+        m_action, m_log_prob, terms = head.manual_rsample(params.detach())
+        grad = head.manual_grad(terms, weights_action, weights_log_prob)
+    assert torch.equal(m_action, action) and torch.equal(m_log_prob, log_prob)
+    assert torch.allclose(grad, expected, atol=1e-5)
+    assert grad[0, 2] == 0 and grad[1, 3] == 0 and grad[2, 2] != 0 and grad[3, 3] != 0
 
 
 def test_categorical_samples_follow_the_softmax():
@@ -438,3 +489,93 @@ def test_sac_bf16_matmuls_survives_save_and_load(tmp_path):
     assert SAC.load(tmp_path / "sac.zip").config.bf16_matmuls is True
     with pytest.raises(ValueError, match="bf16_matmuls"):
         SAC("MlpPolicy", "Pendulum-v1", bf16_matmuls="yes")
+
+
+def sac_pair(monkeypatch, env_id: str = "Pendulum-v1", **kwargs) -> tuple[SAC, SAC]:
+    """Two SAC models in the same state, the first with hand-written gradients, the second with autograd."""
+    models = []
+    for manual in (True, False):
+        monkeypatch.setattr(SAC, "manual_gradients", manual)
+        model = SAC("MlpPolicy", env_id, learning_starts=200, batch_size=64, seed=0, **kwargs)
+        assert (model._manual is not None) == manual
+        models.append(model)
+    ours, ref = models
+    ours.learn(200)  # the random warm-up fills the buffer; no gradient step yet
+    ref.set_parameters(ours.get_parameters())
+    ref.replay_buffer = ours.replay_buffer
+    return ours, ref
+
+
+SAC_CASES = {
+    "defaults": ("Pendulum-v1", {}),
+    "fixed temperature, three critics, tanh": (
+        "Pendulum-v1",
+        dict(ent_coef=0.2, policy_kwargs=dict(n_critics=3, activation_fn=nn.Tanh, net_arch=[32, 16])),
+    ),
+    "two action dimensions, delayed targets": (
+        "MountainCarContinuous-v0",
+        dict(target_update_interval=2, policy_kwargs=dict(net_arch=dict(pi=[64], qf=[256, 256]))),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SAC_CASES))
+def test_manual_sac_steps_equal_autograd_steps(monkeypatch, case):
+    """The same random draws, then the same parameters (actor, critics, target critics, temperature), Adam
+    states and logged statistics after several gradient steps. (Adam divides by the gradient's magnitude,
+    so a weight whose gradient is float rounding away from 0 moves by up to ~2 x the learning rate either
+    way; at the default rate that stays inside the tolerance.)"""
+    env_id, kwargs = SAC_CASES[case]
+    if env_id == "MountainCarContinuous-v0":
+        env_id = SpaceEnv(spaces.Box(-1, 1, (5,), np.float32), spaces.Box(-2, 2, (2,), np.float32))
+    ours, ref = sac_pair(monkeypatch, env_id, **kwargs)
+    logs = []
+    for model in (ours, ref):
+        recorder = Recorder()
+        model.set_logger(recorder)
+        torch.manual_seed(7)
+        np.random.seed(7)
+        model.train(4, 64)
+        model._dump_logs(1)
+        logs.append(recorder.values)
+    for name in ("actor", "critic", "critic_target"):
+        for (key, p), q in zip(getattr(ours, name).named_parameters(), getattr(ref, name).parameters()):
+            assert torch.allclose(p, q, atol=1e-5), (name, key)
+    moved = ours.actor_optimizer.flat_parameters.data - ref.actor_optimizer.flat_parameters.data
+    assert moved.abs().max() < 1e-5
+    for opt in ("actor_optimizer", "critic_optimizer"):
+        ours_state = getattr(ours, opt).state_dict()["state"]
+        ref_state = getattr(ref, opt).state_dict()["state"]
+        assert all(torch.allclose(ours_state[i]["exp_avg"], ref_state[i]["exp_avg"], atol=1e-6) for i in ref_state)
+    if ours.log_ent_coef is not None:
+        assert ours.log_ent_coef.item() == pytest.approx(ref.log_ent_coef.item(), abs=1e-6)
+        assert ours.log_ent_coef.item() != 0.0  # the temperature did move
+    train_keys = {key for key in logs[1] if key.startswith("train/")}
+    assert train_keys == {key for key in logs[0] if key.startswith("train/")}
+    assert {"train/actor_loss", "train/critic_loss", "train/q_mean", "train/ent_coef"} <= train_keys
+    for key in train_keys:
+        assert logs[0][key] == pytest.approx(logs[1][key], rel=1e-4, abs=1e-5), key
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(env_id="CartPole-v1"),
+        dict(bf16_matmuls=True),
+        dict(policy_kwargs=dict(value_head="twohot")),
+        dict(policy_kwargs=dict(critic_ema_decay=0.9)),
+        dict(policy_kwargs=dict(activation_fn=nn.ELU)),
+        dict(policy="CnnPolicy", env_id="image"),
+    ],
+)
+def test_sac_falls_back_to_autograd_outside_the_manual_path(kwargs):
+    kwargs = dict(kwargs)
+    env_id = kwargs.pop("env_id", "Pendulum-v1")
+    policy = kwargs.pop("policy", "MlpPolicy")
+    if env_id == "image":
+        env_id = SpaceEnv(image_space((36, 36, 1)), spaces.Box(-1, 1, (1,), np.float32))
+    model = SAC(policy, env_id, learning_starts=16, batch_size=16, buffer_size=100, seed=0, **kwargs)
+    assert model._manual is None
+    before = [p.detach().clone() for p in model.critic.parameters()]
+    model.learn(24)
+    assert any(not torch.equal(p, q) for p, q in zip(model.critic.parameters(), before))

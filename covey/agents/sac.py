@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -14,8 +14,11 @@ from gymnasium import spaces
 from covey.agents.base import BaseAgent, FlatParameters, Schedule, require, set_train_mode
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks
+from covey.networks.distributions import SquashedGaussianHead
 from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
+from covey.networks.mlp import ManualMLP
 from covey.networks.obs import batch_to_tensor
+from covey.networks.twohot import ScalarHead
 
 
 @dataclass
@@ -180,6 +183,101 @@ def temperature_loss(log_ent_coef: torch.Tensor, log_prob: torch.Tensor, target_
     return -(log_ent_coef * (log_prob + target_entropy).detach()).mean()
 
 
+# ---------------------------------------------------------------------------- hand-written gradients
+class ManualSACStep:
+    """SAC's gradient step for Box actions and MLP networks, with hand-written gradients.
+
+    The same losses (:func:`temperature_loss`, :func:`soft_q_target`, :func:`critic_loss`, :func:`actor_loss`),
+    in the same order, with the same random draws and optimizer steps as the autograd step
+    (:meth:`SAC._gradient_step`), but each network runs as a :class:`~covey.networks.mlp.ManualMLP` that writes
+    its gradients straight into the optimizer's flat gradient buffer: no autograd graph, no module calls, and
+    the critics in the actor's loss are differentiated with respect to the action only.
+
+    It applies (:meth:`applies`) to Box actions, weight-free encoders (``MlpPolicy`` on vector observations),
+    ``Linear`` + ReLU/Tanh trunks, the scalar value head, no critic EMA and float32 matrix multiplies
+    (``bf16_matmuls=False``); SAC uses autograd otherwise.
+    """
+
+    def __init__(self, actor: Any, critic: Any, critic_target: Any) -> None:
+        self.actor, self.critic, self.critic_target = actor, critic, critic_target
+        self.actor_net = ManualMLP(actor.trunk, actor.head.proj)
+        self.critic_nets = [ManualMLP(q.trunk, q.head.proj) for q in critic.qs]
+        self.target_nets = [ManualMLP(q.trunk, q.head.proj) for q in critic_target.qs]
+
+    @staticmethod
+    def applies(agent: SAC) -> bool:
+        """Whether ``agent``'s networks and settings are of the supported kind, and its optimizers step exactly
+        the parameters that the hand-written gradients cover."""
+        actor, critic = agent.actor, agent.critic
+        if agent.discrete or agent.config.bf16_matmuls or agent.critic_ema is not None or actor.memory is not None:
+            return False
+        if not isinstance(actor.head, SquashedGaussianHead) or not ManualMLP.supports(actor.trunk, actor.head.proj):
+            return False
+        if any(True for _ in actor.encoder.parameters()) or any(True for _ in critic.encoder.parameters()):
+            return False
+        for q in (*critic.qs, *agent.critic_target.qs):
+            if type(q.head) is not ScalarHead or q.head.n_outputs != 1 or not ManualMLP.supports(q.trunk, q.head.proj):
+                return False
+
+        def covers(optimizer: torch.optim.Optimizer, module: torch.nn.Module) -> bool:
+            params = optimizer.flat_parameters.params
+            return {id(p) for p in params} == {id(p) for p in module.parameters()}
+
+        return covers(agent.actor_optimizer, actor) and covers(agent.critic_optimizer, critic)
+
+    def bind(self) -> None:
+        """Read the parameters' ``.grad`` tensors again (before every ``train()`` call: they may be replaced)."""
+        for net in (self.actor_net, *self.critic_nets):
+            net.bind()
+
+    @torch.no_grad()
+    def step(self, agent: SAC, batch: ReplayBatch) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """One update of temperature, critics and actor: what :meth:`SAC._gradient_step` returns."""
+        head, size = self.actor.head, batch.actions.shape[0]
+        obs = self.actor.encoder(batch.observations)
+        params, h_pi = self.actor_net.forward(obs)
+        action, log_prob, terms = head.manual_rsample(params)
+        ent_coef = agent._ent_coef()
+        stats: dict[str, torch.Tensor] = {"ent_coef": ent_coef.reshape(())}
+        if agent.log_ent_coef is not None:
+            stats["ent_coef_loss"] = temperature_loss(agent.log_ent_coef, log_prob, agent.target_entropy)
+            flat = agent.ent_coef_optimizer.flat_parameters
+            flat.grad.copy_((log_prob + agent.target_entropy).mean().neg())  # d/d log(alpha)
+            flat.step(agent.ent_coef_optimizer)
+
+        # The critics, against the target critics at the policy's next action.
+        next_params = self.actor_net.forward(self.actor.encoder(batch.next_observations))[0]
+        next_action, next_log_prob, _ = head.manual_rsample(next_params)
+        next_x = torch.cat([self.critic_target.encoder(batch.next_observations), next_action], dim=-1)
+        next_q = torch.stack([net.forward(next_x)[0].view(-1) for net in self.target_nets])  # (n_critics, B)
+        target = soft_q_target(batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, agent.config.gamma)
+        features = self.critic.encoder(batch.observations)
+        x = torch.cat([features, batch.actions], dim=-1)
+        outputs = [net.forward(x) for net in self.critic_nets]
+        current_q = torch.stack([q.view(-1) for q, _ in outputs])  # (n_critics, B)
+        stats["critic_loss"] = critic_loss(current_q, target)
+        grad_q = (current_q - target).div_(size)  # d/dQ_i of 0.5 * mean((Q_i - target)^2)
+        for net, (_, inputs), grad in zip(self.critic_nets, outputs, grad_q):
+            net.backward(inputs, grad.unsqueeze(-1))
+        agent.critic_optimizer.flat_parameters.step(agent.critic_optimizer)
+
+        # The actor, against the updated critics; the critics pass gradients to the action only.
+        x = torch.cat([features, action], dim=-1)
+        outputs = [net.forward(x) for net in self.critic_nets]
+        q_pi = torch.stack([q.view(-1) for q, _ in outputs])  # (n_critics, B)
+        stats["actor_loss"] = actor_loss(q_pi, log_prob, ent_coef)
+        lowest = q_pi.min(dim=0).indices  # min's gradient goes to the critic it took, as autograd's does
+        grad_action = None
+        for i, (net, (_, inputs)) in enumerate(zip(self.critic_nets, outputs)):
+            grad = (lowest == i).to(q_pi.dtype).mul_(-1.0 / size).unsqueeze(-1)  # d/dQ_i of -mean(min_i Q_i)
+            part = net.input_grad(inputs, grad, start=features.shape[1])
+            grad_action = part if grad_action is None else grad_action.add_(part)
+        grad_log_prob = (ent_coef / size).expand(size)  # d/d log pi of mean(alpha * log pi)
+        self.actor_net.backward(h_pi, head.manual_grad(terms, grad_action, grad_log_prob))
+        agent.actor_optimizer.flat_parameters.step(agent.actor_optimizer)
+        return stats, (current_q, target)
+
+
 # ---------------------------------------------------------------------------- the agent
 class SAC(BaseAgent):
     """Soft Actor-Critic with the Stable-Baselines3 interface, for Box and Discrete actions.
@@ -196,6 +294,9 @@ class SAC(BaseAgent):
 
     agent_name = "SAC"
     supported_action_spaces = (spaces.Box, spaces.Discrete)
+    manual_gradients: ClassVar[bool] = True
+    """Take gradient steps with :class:`ManualSACStep` where it applies (set ``SAC.manual_gradients = False``
+    before building a model to use autograd for every network)."""
 
     def __init__(
         self,
@@ -322,6 +423,9 @@ class SAC(BaseAgent):
         self.critic.optimizer = self.critic_optimizer = self._make_optimizer(self._critic_params)
         # The target critics in one flat buffer with the critics' layout: the Polyak update is one lerp.
         self._target_flat = FlatParameters(self._target_params, with_grad=False)
+        self._manual: ManualSACStep | None = None
+        if self.manual_gradients and ManualSACStep.applies(self):
+            self._manual = ManualSACStep(self.actor, self.critic, self.critic_target)
         self.replay_buffer = ReplayBuffer(
             cfg.buffer_size,
             self.observation_space,
@@ -467,8 +571,12 @@ class SAC(BaseAgent):
         set_train_mode(self.actor, True)
         history: dict[str, list[torch.Tensor]] = {}
         self._q_and_targets = []
+        manual = self._manual
+        if manual is not None:
+            manual.bind()
         for _ in range(gradient_steps):
-            stats, q_and_target = self._gradient_step(self.replay_buffer.sample(batch_size))
+            batch = self.replay_buffer.sample(batch_size)
+            stats, q_and_target = self._gradient_step(batch) if manual is None else manual.step(self, batch)
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
             self._q_and_targets.append(q_and_target)

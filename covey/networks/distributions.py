@@ -230,10 +230,31 @@ class SquashedGaussianHead(nn.Module):
 
     def rsample(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A differentiable sample in [-1, 1] and its log-probability ``(B,)``."""
+        action, log_prob, _ = self.manual_rsample(params)
+        return action, log_prob
+
+    # -- hand-differentiated training (see covey.agents.sac.ManualSACStep)
+    def manual_rsample(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """:meth:`rsample` (differentiable where ``params`` is), and what :meth:`manual_grad` needs."""
         mean, log_std = self._split(params)
         noise = torch.randn_like(mean)
-        u = mean + log_std.exp() * noise
+        std = log_std.exp()
+        u = mean + std * noise
         gauss = (-0.5 * noise.pow(2) - log_std - 0.5 * _LOG_2PI).sum(-1)
         # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|.
         correction = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
-        return torch.tanh(u), gauss - correction
+        action = torch.tanh(u)
+        return action, gauss - correction, (params, noise, std, action)
+
+    def manual_grad(self, terms: tuple, grad_action: torch.Tensor, grad_log_prob: torch.Tensor) -> torch.Tensor:
+        """d(loss)/d(params) ``(B, 2d)`` from d(loss)/d(action) ``(B, d)`` and d(loss)/d(log-probability)
+        ``(B,)`` of a :meth:`manual_rsample`."""
+        params, noise, std, action = terms
+        grad_log_prob = grad_log_prob.unsqueeze(-1)
+        # u = mean + std * noise; d action / du = 1 - action^2; d log-probability / du = 2 tanh(u) (the
+        # correction's derivative) and d log-probability / d log_std = -1 at fixed noise.
+        grad_u = (1.0 - action * action).mul_(grad_action).addcmul_(action, grad_log_prob, value=2.0)
+        grad_log_std = (grad_u * std).mul_(noise).sub_(grad_log_prob)
+        log_std = params[..., self.action_dim :]  # the clamp passes gradients inside [min, max] only
+        grad_log_std.mul_((log_std >= self.LOG_STD_MIN) & (log_std <= self.LOG_STD_MAX))
+        return torch.cat([grad_u, grad_log_std], dim=-1)

@@ -145,12 +145,33 @@ class ManualMLP:
             torch.sum(g, 0, out=self.bias_grads[i])
             if i == 0:
                 break
-            # d/d(input of layer i) = d/d(output of layer i - 1), (B, in)
-            g = onednn_linear(g, self.weights[i].t()) if plan[i] else torch.mm(g, self.weights[i])
-            if self.kinds[i - 1] == "tanh":
-                g = torch.ops.aten.tanh_backward(g, inputs[i])  # g * (1 - h^2)
-            else:
-                g = torch.ops.aten.threshold_backward(g, inputs[i], 0.0)  # g * (h > 0)
+            g = self._below(i, g, inputs, plan)
+
+    def input_grad(self, inputs: list[torch.Tensor], grad_out: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """d(loss)/d(input) ``(B, in - start)`` for the input's columns from ``start`` on, from ``grad_out`` =
+        d(loss)/d(output), leaving the weights' gradients alone (a network that the loss reaches through but
+        does not train, e.g. SAC's critics in the actor's loss)."""
+        g = grad_out
+        plan = self._plan(g.shape[0])
+        for i in range(len(self.weights) - 1, 0, -1):
+            g = self._below(i, g, inputs, plan)
+        weight = self.weights[0][:, start:]  # (out, in - start)
+        if plan[0]:
+            return onednn_linear(g, weight.t())
+        return torch.mm(weight.t(), g.t()).t()  # transposed: MKL is slow at few output columns (see linear.narrow)
+
+    def _below(self, i: int, g: torch.Tensor, inputs: list[torch.Tensor], plan: list[bool]) -> torch.Tensor:
+        """d(loss)/d(output of layer i - 1) ``(B, in)`` from ``g`` = d(loss)/d(output of layer i)."""
+        weight = self.weights[i]
+        if plan[i]:
+            g = onednn_linear(g, weight.t())
+        elif weight.shape[0] == 1:  # one output (a value head): an outer product, which MKL is slow at
+            g = g * weight
+        else:
+            g = torch.mm(g, weight)
+        if self.kinds[i - 1] == "tanh":
+            return torch.ops.aten.tanh_backward(g, inputs[i])  # g * (1 - h^2)
+        return torch.ops.aten.threshold_backward(g, inputs[i], 0.0)  # g * (h > 0)
 
 
 def parse_net_arch(net_arch: Sequence[int] | dict | None, keys: tuple[str, ...], default: list[int]) -> dict:
