@@ -8,12 +8,12 @@ Each row times one operation two ways on the same data, in alternating rounds (s
 drifting reaches both ways alike), and reports the minimum over the rounds of the mean time per call: PPO
 minibatch updates (hand-written gradients vs autograd; flat vs per-parameter optimizer step), acting, tanh,
 the Adam step, gradient clipping, batching two layers into one bmm, the matrix multiplies that bound the
-updates, torch.compile (its first call includes compiling), and SAC gradient steps (hand-written gradients vs
-autograd, float32 vs bfloat16 autocast, flushing denormals, in-place ReLU), and MA-POCA's attention critic (scores shared by all sets vs one
-attention call per set, softmax by hand) and minibatch (widths 64 and 128, the attention differentiated by
-hand or by autograd); and covey's linear layers against F.linear, alone and in SAC's and POCA's updates (large
-float32 products in oneDNN vs all in MKL, transposed gradients of layers on few inputs vs autograd's).
-"""
+updates, torch.compile (its first call includes compiling), SAC gradient steps (hand-written gradients vs
+autograd, float32 vs bfloat16 autocast, flushing denormals, in-place ReLU), and MA-POCA's attention critic
+(scores shared by all sets vs one attention call per set, softmax by hand) and minibatch (widths 64 and 128,
+the attention differentiated by hand or by autograd); and covey's linear layers against F.linear, alone and in
+SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transposed gradients of layers on
+few inputs vs autograd's)."""
 
 from __future__ import annotations
 

@@ -297,11 +297,12 @@ def test_set_attention_takes_autograd_when_switched_off_or_under_autocast(monkey
 
     def backward_of_attention() -> str:
         out = attention.attend_sets(x, attention.project(x), queries, members, present)
-        names, seen, stack = set(), set(), [out.grad_fn]
-        while stack:  # every node of the graph
+        # every node of the graph; `seen` keeps the nodes' Python objects alive, so that no id is reused
+        names, seen, stack = set(), {}, [out.grad_fn]
+        while stack:
             fn = stack.pop()
             if fn is not None and id(fn) not in seen:
-                seen.add(id(fn))
+                seen[id(fn)] = fn
                 names.add(type(fn).__name__)
                 stack.extend(next_fn for next_fn, _ in fn.next_functions)
         return "by hand" if "_SetAttentionBackward" in names else "autograd"

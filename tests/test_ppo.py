@@ -64,7 +64,7 @@ def test_policy_loss_reaches_only_the_actor(image_ppo):
     """The clipped surrogate and the entropy have zero gradient on every critic parameter."""
     batch = next(image_ppo.rollout_buffer.minibatches(16))
     log_prob, entropy = image_ppo.actor.evaluate(batch.observations, batch.actions)
-    advantages = torch.linspace(-1, 1, len(log_prob))
+    advantages = torch.linspace(-1, 1, len(log_prob), device=log_prob.device)
     loss = clipped_surrogate_loss(log_prob, batch.old_log_prob, advantages, 0.2)[0] - 0.01 * entropy.mean()
     assert nonzero(grads_of(image_ppo.actor, loss))
     assert not nonzero(grads_of(image_ppo.critic, loss))
@@ -160,7 +160,7 @@ def _run(seed: int) -> tuple[np.ndarray, dict]:
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=2, seed=seed).learn(256)
     obs = np.linspace(-1, 1, 40, dtype=np.float32).reshape(10, 4)
     with torch.no_grad():
-        logits = model.actor(torch.as_tensor(obs)).numpy()
+        logits = model.actor(torch.as_tensor(obs, device=model.device)).cpu().numpy()
     return logits, copy.deepcopy(model.critic.state_dict())
 
 

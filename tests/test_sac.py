@@ -369,7 +369,7 @@ def test_save_load_predicts_identically(tmp_path, env_id):
     obs = model.replay_buffer.observations[None][:100, 0]
     np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
     with torch.no_grad():
-        t = torch.as_tensor(obs)
+        t = torch.as_tensor(obs, device=model.device)
         assert torch.equal(model.actor(t), loaded.actor(t))
     for name in ("critic", "critic_target"):
         ours, theirs = getattr(model, name).state_dict(), getattr(loaded, name).state_dict()

@@ -524,8 +524,8 @@ def test_activation_fn_relu(tmp_path):
 @pytest.mark.parametrize("ortho_init", [True, False])
 def test_ortho_init(ortho_init):
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(ortho_init=ortho_init), **FAST)
-    head = model.policy.head.proj.weight.detach().numpy()  # (2, 64)
-    first = linears(model.policy.trunk)[0].weight.detach().numpy()  # (64, 4)
+    head = model.policy.head.proj.weight.detach().cpu().numpy()  # (2, 64)
+    first = linears(model.policy.trunk)[0].weight.detach().cpu().numpy()  # (64, 4)
     head_gram = head @ head.T
     first_gram = first.T @ first
     if ortho_init:
@@ -539,7 +539,7 @@ def test_ortho_init(ortho_init):
 
 def test_log_std_init():
     model = PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(log_std_init=-1.0), **FAST)
-    np.testing.assert_allclose(model.policy.head.log_std.detach().exp().numpy(), [np.exp(-1.0)], rtol=1e-6)
+    np.testing.assert_allclose(model.policy.head.log_std.detach().exp().cpu().numpy(), [np.exp(-1.0)], rtol=1e-6)
     # Observable: stochastic actions spread around the deterministic one with std e^-1.
     obs = np.tile(np.array([1.0, 0.0, 0.0], np.float32), (4000, 1))
     model.set_random_seed(0)
@@ -763,6 +763,31 @@ def test_device():
     assert all(p.device == model.device for p in model.policy.parameters())
     auto = PPO("MlpPolicy", "CartPole-v1", **FAST)
     assert auto.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("make", ["poca", "recurrent ppo"])
+def test_cpu_only_models_take_the_cpu_for_auto_and_refuse_cuda(monkeypatch, tmp_path, make):
+    """POCA and recurrent PPO keep rollouts and memories on the CPU: where CUDA is available, device='auto'
+    picks the CPU for them (also when loading) and an explicit CUDA device is refused with the fix."""
+    from covey import POCA
+    from covey.envs import EarlyExitEnv
+
+    def build(device):
+        if make == "poca":
+            return POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0, device=device)
+        return PPO("MlpLstmPolicy", "CartPole-v1", device=device, **FAST)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    model = build("auto")
+    assert model.device == torch.device("cpu")
+    assert all(p.device.type == "cpu" for p in model.policy.parameters())
+    model.save(tmp_path / "model.zip")
+    assert type(model).load(tmp_path / "model.zip").device == torch.device("cpu")
+    for device in ("cuda", torch.device("cuda:0")):
+        with pytest.raises(ValueError, match="runs on the CPU only.*Pass device='cpu'"):
+            build(device)
+    with pytest.raises(ValueError, match="runs on the CPU only"):
+        type(model).load(tmp_path / "model.zip", device="cuda")
 
 
 def test_tensorboard_log(tmp_path):

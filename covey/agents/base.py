@@ -349,6 +349,14 @@ class BaseAgent:
         self.tensorboard_log = tensorboard_log
         self.verbose = verbose
         self.device = get_device(device)
+        cpu_only = self._cpu_only()
+        if cpu_only is not None and self.device.type != "cpu":
+            if not (isinstance(device, str) and device == "auto"):
+                raise ValueError(
+                    f"{cpu_only}, so it runs on the CPU only; got device={device!r}. Pass device='cpu' (or "
+                    "device='auto', which picks the CPU for it)."
+                )
+            self.device = torch.device("cpu")
         self.seed = seed
         self.stats_window_size = stats_window_size
         self.num_timesteps = 0
@@ -372,6 +380,10 @@ class BaseAgent:
             self._attach_env(self._wrap_env(env))
 
     # ------------------------------------------------------------------ environment
+    def _cpu_only(self) -> str | None:
+        """Why this model runs on the CPU only (``device='auto'`` then picks the CPU), or None."""
+        return None
+
     def _wrap_env(self, env: Any) -> Any:
         """What the user passed as ``env``, as the kind of env this agent steps (an SB3 VecEnv here)."""
         return as_vec_env(env)
@@ -727,8 +739,9 @@ class BaseAgent:
         replaces saved settings (e.g. a learning-rate schedule, or a custom activation class);
         ``kwargs`` override hyperparameters. Loading never runs code from the file.
         """
-        device = get_device(device)
-        settings, tensors = serialization.load_model_file(path, device)
+        # Tensors are read onto the CPU and copied into the model, built on the device that it resolves
+        # (some models run on the CPU only, whatever "auto" would pick).
+        settings, tensors = serialization.load_model_file(path, "cpu")
         if print_system_info:
             log.info("covey %s, torch %s, numpy %s", __version__, torch.__version__, np.__version__)
         agent = settings.get("agent")
@@ -772,7 +785,7 @@ class BaseAgent:
             if force_reset:
                 model._last_obs = None
         model._setup_model()
-        model.set_parameters(tensors, exact_match=True, device=device)
+        model.set_parameters(tensors, exact_match=True, device=model.device)
         model.num_timesteps = int(settings.get("num_timesteps", 0))
         model._n_updates = int(settings.get("n_updates", 0))
         return model

@@ -169,6 +169,9 @@ class POCA(BaseAgent):
         self.attention_heads = int(settings.get("attention_heads", self.attention_heads))
 
     # ------------------------------------------------------------------ model
+    def _cpu_only(self) -> str | None:
+        return "POCA keeps its group rollouts (and memories) on the CPU"
+
     def _setup_model(self) -> None:
         self._require_spaces()
         cfg = self.config

@@ -478,6 +478,11 @@ class PPO(BaseAgent):
         if _init_setup_model:
             self._setup_model()
 
+    def _cpu_only(self) -> str | None:
+        if memory_settings(self.policy_name, self.policy_config) is not None:
+            return "PPO with a recurrent policy keeps its memories on the CPU"
+        return None
+
     def _setup_model(self) -> None:
         self._require_spaces()
         cfg = self.config

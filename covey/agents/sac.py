@@ -396,9 +396,9 @@ class SAC(BaseAgent):
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.critic_target.requires_grad_(False)
         pc = self.policy_config
-        self.critic_ema = CriticEMA(self.critic, pc.critic_ema_decay) if pc.critic_ema_decay is not None else None
         for module in (self.actor, self.critic, self.critic_target):
             module.to(self.device)
+        self.critic_ema = CriticEMA(self.critic, pc.critic_ema_decay) if pc.critic_ema_decay is not None else None
         self.policy = self.actor
         self._critic_params = list(self.critic.parameters())
         self._target_params = list(self.critic_target.parameters())

@@ -1,0 +1,99 @@
+"""The agents on a CUDA device (skipped where there is none): training runs there, the hand-written
+gradients agree with autograd there too, and a model saved on the GPU predicts the same on the CPU."""
+
+import numpy as np
+import pytest
+import torch
+from stable_baselines3.common.env_util import make_vec_env
+
+from covey import POCA, PPO, SAC
+from covey.envs import EarlyExitEnv
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def devices(model) -> set[str]:
+    return {p.device.type for net in model._networks().values() for p in net.parameters()}
+
+
+def sac_pair(monkeypatch) -> tuple[SAC, SAC]:
+    models = []
+    for manual in (True, False):
+        monkeypatch.setattr(SAC, "manual_gradients", manual)
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=200, batch_size=64, seed=0, device="cuda")
+        assert (model._manual is not None) == manual
+        models.append(model)
+    ours, ref = models
+    ours.learn(200)
+    ref.set_parameters(ours.get_parameters())
+    ref.replay_buffer = ours.replay_buffer
+    return ours, ref
+
+
+def test_manual_sac_steps_equal_autograd_steps_on_cuda(monkeypatch):
+    ours, ref = sac_pair(monkeypatch)
+    assert devices(ours) == {"cuda"} and ours.replay_buffer.sample(4).observations.device.type == "cuda"
+    for model in (ours, ref):
+        torch.manual_seed(7)
+        np.random.seed(7)
+        model.train(4, 64)
+    for name in ("actor", "critic", "critic_target"):
+        for p, q in zip(getattr(ours, name).parameters(), getattr(ref, name).parameters()):
+            assert torch.allclose(p, q, atol=1e-5), name
+    assert ours.log_ent_coef.item() == pytest.approx(ref.log_ent_coef.item(), abs=1e-6)
+
+
+def test_manual_ppo_update_equals_autograd_update_on_cuda(monkeypatch):
+    models = []
+    for manual in (True, False):
+        monkeypatch.setattr(PPO, "manual_gradients", manual)
+        env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+        model = PPO("MlpPolicy", env, n_steps=64, batch_size=32, seed=0, device="cuda")
+        assert (model._manual is not None) == manual
+        _, callback = model._setup_learn(10_000, None, True, "test", False)
+        model.collect_rollouts(callback)
+        torch.manual_seed(123)
+        model.train()
+        models.append(model)
+    ours, ref = models
+    assert devices(ours) == {"cuda"}
+    assert max((p - q).abs().max().item() for p, q in zip(ours._params, ref._params)) < 1e-5
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC"])
+def test_trained_on_cuda_then_loaded_on_cpu_predicts_the_same(tmp_path, agent):
+    if agent == "PPO":
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, seed=0, device="cuda").learn(128)
+        obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    else:
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=64, batch_size=32, seed=0, device="cuda").learn(96)
+        obs = np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)
+    assert devices(model) == {"cuda"} and model._n_updates > 0
+    expected, _ = model.predict(obs, deterministic=True)
+    model.save(tmp_path / "model.zip")
+    loaded = type(model).load(tmp_path / "model.zip", device="cpu")
+    assert devices(loaded) == {"cpu"}
+    actions, _ = loaded.predict(obs, deterministic=True)
+    if agent == "SAC":
+        np.testing.assert_allclose(actions, expected, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(actions, expected)
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC"])
+def test_critic_ema_trains_on_cuda(agent):
+    kwargs = dict(policy_kwargs=dict(critic_ema_decay=0.9), seed=0, device="cuda")
+    if agent == "PPO":
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, **kwargs).learn(128)
+    else:
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=64, batch_size=32, **kwargs).learn(96)
+    assert devices(model) == {"cuda"} and model._n_updates > 0
+
+
+def test_poca_and_recurrent_ppo_pick_the_cpu_for_auto():
+    poca = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0).learn(64)
+    recurrent = PPO("MlpLstmPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0).learn(64)
+    for model in (poca, recurrent):
+        assert model.device.type == "cpu" and devices(model) == {"cpu"} and model._n_updates > 0
+    with pytest.raises(ValueError, match="runs on the CPU only"):
+        POCA("MlpPolicy", EarlyExitEnv, n_envs=2, seed=0, device="cuda")
