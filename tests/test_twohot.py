@@ -133,7 +133,8 @@ def test_ppo_trains_the_ema_and_saves_it(tmp_path):
     for p, q in zip(loaded.critic_ema.model.parameters(), model.critic_ema.model.parameters()):
         torch.testing.assert_close(p, q)
     obs = np.zeros((2, 4), np.float32)
-    torch.testing.assert_close(loaded.critic(torch.as_tensor(obs)), model.critic(torch.as_tensor(obs)))
+    t = torch.as_tensor(obs, device=model.device)
+    torch.testing.assert_close(loaded.critic(t), model.critic(t))
 
 
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])

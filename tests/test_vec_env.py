@@ -97,7 +97,7 @@ def test_truncation_bootstraps_from_final_observation():
     np.testing.assert_array_equal(buf.terminated[:, 0], [0] * 6)
     np.testing.assert_array_equal(buf.terminated[:, 1], [0, 1, 0, 1, 0, 1])
     with torch.no_grad():
-        v_final = model.critic(torch.tensor([[3.0]])).item()
+        v_final = model.critic(torch.tensor([[3.0]], device=model.device)).item()
     assert buf.truncation_values[2, 0] == pytest.approx(v_final, abs=1e-6)
     assert buf.truncation_values[5, 0] == pytest.approx(v_final, abs=1e-6)
     assert buf.truncation_values[1, 1] == 0.0
