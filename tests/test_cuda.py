@@ -1,10 +1,11 @@
-"""The agents on a CUDA device (skipped where there is none): training runs there, the hand-written
-gradients agree with autograd there too, and a model saved on the GPU predicts the same on the CPU."""
+"""The agents on a CUDA device (skipped where there is none): PPO and SAC train there, their hand-written
+gradients agree with autograd there too, a model saved on the GPU predicts the same on the CPU, and the models
+that run on the CPU only (POCA, recurrent PPO) take it for device='auto'."""
 
 import numpy as np
 import pytest
 import torch
-from stable_baselines3.common.env_util import make_vec_env
+from test_fast_paths import one_update, sac_pair
 
 from covey import POCA, PPO, SAC
 from covey.envs import EarlyExitEnv
@@ -16,22 +17,8 @@ def devices(model) -> set[str]:
     return {p.device.type for net in model._networks().values() for p in net.parameters()}
 
 
-def sac_pair(monkeypatch) -> tuple[SAC, SAC]:
-    models = []
-    for manual in (True, False):
-        monkeypatch.setattr(SAC, "manual_gradients", manual)
-        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=200, batch_size=64, seed=0, device="cuda")
-        assert (model._manual is not None) == manual
-        models.append(model)
-    ours, ref = models
-    ours.learn(200)
-    ref.set_parameters(ours.get_parameters())
-    ref.replay_buffer = ours.replay_buffer
-    return ours, ref
-
-
 def test_manual_sac_steps_equal_autograd_steps_on_cuda(monkeypatch):
-    ours, ref = sac_pair(monkeypatch)
+    ours, ref = sac_pair(monkeypatch, "Pendulum-v1", device="cuda")
     assert devices(ours) == {"cuda"} and ours.replay_buffer.sample(4).observations.device.type == "cuda"
     for model in (ours, ref):
         torch.manual_seed(7)
@@ -44,18 +31,8 @@ def test_manual_sac_steps_equal_autograd_steps_on_cuda(monkeypatch):
 
 
 def test_manual_ppo_update_equals_autograd_update_on_cuda(monkeypatch):
-    models = []
-    for manual in (True, False):
-        monkeypatch.setattr(PPO, "manual_gradients", manual)
-        env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
-        model = PPO("MlpPolicy", env, n_steps=64, batch_size=32, seed=0, device="cuda")
-        assert (model._manual is not None) == manual
-        _, callback = model._setup_learn(10_000, None, True, "test", False)
-        model.collect_rollouts(callback)
-        torch.manual_seed(123)
-        model.train()
-        models.append(model)
-    ours, ref = models
+    ours, _ = one_update(monkeypatch, True, "CartPole-v1", batch_size=32, device="cuda")
+    ref, _ = one_update(monkeypatch, False, "CartPole-v1", batch_size=32, device="cuda")
     assert devices(ours) == {"cuda"}
     assert max((p - q).abs().max().item() for p, q in zip(ours._params, ref._params)) < 1e-5
 

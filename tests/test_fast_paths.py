@@ -500,12 +500,12 @@ def test_sac_bf16_matmuls_survives_save_and_load(tmp_path):
         SAC("MlpPolicy", "Pendulum-v1", bf16_matmuls="yes")
 
 
-def sac_pair(monkeypatch, env_id: str = "Pendulum-v1", **kwargs) -> tuple[SAC, SAC]:
+def sac_pair(monkeypatch, env, policy: str = "MlpPolicy", **kwargs) -> tuple[SAC, SAC]:
     """Two SAC models in the same state, the first with hand-written gradients, the second with autograd."""
     models = []
     for manual in (True, False):
         monkeypatch.setattr(SAC, "manual_gradients", manual)
-        model = SAC("MlpPolicy", env_id, learning_starts=200, batch_size=64, seed=0, **kwargs)
+        model = SAC(policy, env, learning_starts=200, batch_size=64, seed=0, **kwargs)
         assert (model._manual is not None) == manual
         models.append(model)
     ours, ref = models
@@ -515,15 +515,25 @@ def sac_pair(monkeypatch, env_id: str = "Pendulum-v1", **kwargs) -> tuple[SAC, S
     return ours, ref
 
 
-SAC_CASES = {
-    "defaults": ("Pendulum-v1", {}),
+SAC_CASES = {  # (env, policy, hyperparameters)
+    "defaults": (lambda: "Pendulum-v1", "MlpPolicy", {}),
     "fixed temperature, three critics, tanh": (
-        "Pendulum-v1",
+        lambda: "Pendulum-v1",
+        "MlpPolicy",
         dict(ent_coef=0.2, policy_kwargs=dict(n_critics=3, activation_fn=nn.Tanh, net_arch=[32, 16])),
     ),
     "two action dimensions, delayed targets": (
-        "MountainCarContinuous-v0",
+        lambda: SpaceEnv(spaces.Box(-1, 1, (5,), np.float32), spaces.Box(-2, 2, (2,), np.float32)),
+        "MlpPolicy",
         dict(target_update_interval=2, policy_kwargs=dict(net_arch=dict(pi=[64], qf=[256, 256]))),
+    ),
+    "dict observations": (
+        lambda: SpaceEnv(
+            spaces.Dict({"x": spaces.Box(-1, 1, (3,), np.float32), "k": spaces.Discrete(4)}),
+            spaces.Box(-1, 1, (1,), np.float32),
+        ),
+        "MultiInputPolicy",
+        {},
     ),
 }
 
@@ -534,10 +544,8 @@ def test_manual_sac_steps_equal_autograd_steps(monkeypatch, case):
     states and logged statistics after several gradient steps. (Adam divides by the gradient's magnitude,
     so a weight whose gradient is float rounding away from 0 moves by up to ~2 x the learning rate either
     way; at the default rate that stays inside the tolerance.)"""
-    env_id, kwargs = SAC_CASES[case]
-    if env_id == "MountainCarContinuous-v0":
-        env_id = SpaceEnv(spaces.Box(-1, 1, (5,), np.float32), spaces.Box(-2, 2, (2,), np.float32))
-    ours, ref = sac_pair(monkeypatch, env_id, **kwargs)
+    make_env, policy, kwargs = SAC_CASES[case]
+    ours, ref = sac_pair(monkeypatch, make_env(), policy, **kwargs)
     logs = []
     for model in (ours, ref):
         recorder = Recorder()
