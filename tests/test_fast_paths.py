@@ -596,3 +596,17 @@ def test_sac_falls_back_to_autograd_outside_the_manual_path(kwargs):
     before = [p.detach().clone() for p in model.critic.parameters()]
     model.learn(24)
     assert any(not torch.equal(p, q) for p, q in zip(model.critic.parameters(), before))
+
+
+@pytest.mark.skipif(not linear_module.AVAILABLE, reason="this PyTorch has no oneDNN linear op")
+def test_manual_sac_step_reads_the_onednn_switch_at_every_train_call(monkeypatch):
+    """Every network of the hand-written step, the target critics included, follows
+    ``covey.networks.linear.ONEDNN`` as it is when ``train()`` is called."""
+    monkeypatch.setattr(linear_module, "ONEDNN", True)
+    model, _ = sac_pair(monkeypatch, "Pendulum-v1")
+    manual = model._manual
+    nets = [manual.actor_net, *manual.critic_nets, *manual.target_nets]
+    for setting in (False, True):
+        monkeypatch.setattr(linear_module, "ONEDNN", setting)
+        model.train(1, 64)
+        assert [net._plan(64) for net in nets] == [[False, setting, False]] * len(nets)

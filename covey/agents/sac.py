@@ -226,8 +226,9 @@ class ManualSACStep:
         return covers(agent.actor_optimizer, actor) and covers(agent.critic_optimizer, critic)
 
     def bind(self) -> None:
-        """Read the parameters' ``.grad`` tensors again (before every ``train()`` call: they may be replaced)."""
-        for net in (self.actor_net, *self.critic_nets):
+        """Read the parameters' ``.grad`` tensors again (before every ``train()`` call: they may be replaced), and
+        which products go to oneDNN (``covey.networks.linear.ONEDNN``), for the target critics too."""
+        for net in (self.actor_net, *self.critic_nets, *self.target_nets):
             net.bind()
 
     @torch.no_grad()
