@@ -1,6 +1,7 @@
 """SAC: the maths by hand, target critics, gradient isolation, save/load, SB3 argument semantics, logs, errors."""
 
 import csv
+import io
 
 import gymnasium as gym
 import numpy as np
@@ -379,6 +380,65 @@ def test_save_load_predicts_identically(tmp_path, env_id):
     assert torch.equal(loaded.log_ent_coef, model.log_ent_coef)
     assert loaded.ent_coef_optimizer.param_groups[0]["params"][0] is loaded.log_ent_coef
     assert loaded.target_entropy == model.target_entropy
+
+
+def test_replay_buffer_files_are_named_and_placed_as_sb3_names_them(tmp_path):
+    """A path without a suffix gets .pkl (the file is still an npz of plain arrays), missing folders are made,
+    and loading takes the path as given to save or the file's own name; a suffix is kept; open files work."""
+    model = sac("Pendulum-v1", buffer_size=200).learn(60)
+    target = tmp_path / "new" / "folder" / "buffer"
+    model.save_replay_buffer(target)
+    assert [p.name for p in target.parent.iterdir()] == ["buffer.pkl"]  # and no temporary file left behind
+    with np.load(target.parent / "buffer.pkl", allow_pickle=False) as data:
+        assert "meta" in data.files
+    model.save_replay_buffer(tmp_path / "buffer.v2")
+    stream = io.BytesIO()
+    model.save_replay_buffer(stream)
+    stream.seek(0)
+    for path in (target, str(target), target.parent / "buffer.pkl", tmp_path / "buffer.v2", stream):
+        fresh = sac("Pendulum-v1", buffer_size=200)
+        fresh.load_replay_buffer(path)
+        assert fresh.replay_buffer.size() == 60
+        np.testing.assert_array_equal(fresh.replay_buffer.actions, model.replay_buffer.actions)
+    with pytest.raises(FileNotFoundError):
+        fresh.load_replay_buffer(tmp_path / "missing")
+
+
+def test_a_failed_replay_buffer_save_keeps_the_previous_file(tmp_path, monkeypatch):
+    model = sac("Pendulum-v1", buffer_size=200).learn(60)
+    model.save_replay_buffer(tmp_path / "replay.npz")
+    before = (tmp_path / "replay.npz").read_bytes()
+
+    def full_disk(file, **arrays):
+        file.write(b"half a buffer")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(np, "savez", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        model.save_replay_buffer(tmp_path / "replay.npz")
+    assert [p.name for p in tmp_path.iterdir()] == ["replay.npz"]
+    assert (tmp_path / "replay.npz").read_bytes() == before
+
+
+def test_sb3_replay_buffer_arguments_that_match_covey_are_accepted_and_the_rest_refused():
+    from stable_baselines3 import HerReplayBuffer
+    from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
+
+    for cls in (None, ReplayBuffer, DictReplayBuffer):
+        model = sac("Pendulum-v1", replay_buffer_class=cls, replay_buffer_kwargs=dict(handle_timeout_termination=True))
+        assert model.replay_buffer is not None
+
+    class Prioritized(ReplayBuffer):
+        pass
+
+    with pytest.raises(NotImplementedError, match="HerReplayBuffer \\(hindsight experience replay\\)"):
+        sac("Pendulum-v1", replay_buffer_class=HerReplayBuffer)
+    with pytest.raises(NotImplementedError, match="Prioritized \\(a custom replay buffer\\).*Remove"):
+        sac("Pendulum-v1", replay_buffer_class=Prioritized)
+    with pytest.raises(NotImplementedError, match="handle_timeout_termination=False is not supported"):
+        sac("Pendulum-v1", replay_buffer_kwargs=dict(handle_timeout_termination=False))
+    with pytest.raises(NotImplementedError, match="\\['n_sampled_goal'\\] are not supported"):
+        sac("Pendulum-v1", replay_buffer_kwargs=dict(n_sampled_goal=4))
 
 
 def test_save_load_keeps_a_fixed_ent_coef(tmp_path):

@@ -765,6 +765,29 @@ def test_device():
     assert auto.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def test_cuda_on_a_machine_without_cuda_falls_back_to_the_cpu_with_a_warning(monkeypatch, tmp_path):
+    """As SB3 does (silently there): device='cuda' where CUDA is unavailable trains on the CPU."""
+    from covey import POCA, SAC
+    from covey.envs import EarlyExitEnv
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    builds = [
+        lambda: PPO("MlpPolicy", "CartPole-v1", device="cuda", **FAST),
+        lambda: SAC("MlpPolicy", "Pendulum-v1", device=torch.device("cuda:0"), learning_starts=10, seed=0),
+        lambda: POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0, device="cuda"),
+    ]
+    for build in builds:
+        with pytest.warns(UserWarning, match="CUDA is not available: using the CPU") as record:
+            model = build()
+        assert record[0].filename == __file__  # the warning points at the user's line
+        assert model.device == torch.device("cpu")
+        assert all(p.device.type == "cpu" for p in model.policy.parameters())
+        model.learn(64)
+    model.save(tmp_path / "poca.zip")
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        assert type(model).load(tmp_path / "poca.zip", device="cuda").device == torch.device("cpu")
+
+
 @pytest.mark.parametrize("make", ["poca", "recurrent ppo"])
 def test_cpu_only_models_take_the_cpu_for_auto_and_refuse_cuda(monkeypatch, tmp_path, make):
     """POCA and recurrent PPO keep rollouts and memories on the CPU: where CUDA is available, device='auto'

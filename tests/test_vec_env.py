@@ -77,6 +77,40 @@ def test_as_vec_env_accepts_every_kind_of_env():
         as_vec_env(42)
 
 
+class _NoRenderModeEnv(gym.Env):
+    """An env whose constructor takes no arguments at all (no render_mode)."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        pass
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, True, False, {}
+
+
+@pytest.mark.filterwarnings("ignore:.*render_mode='rgb_array' that is not in the possible render_modes")
+def test_an_env_id_is_made_with_rgb_array_rendering_as_sb3_makes_it():
+    """So that model.get_env().render() returns frames (SB3's "make a GIF" recipe); an env whose constructor
+    takes no render_mode is still made."""
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16)
+    assert model.get_env().envs[0].render_mode == "rgb_array"
+    model.get_env().reset()
+    frame = model.get_env().render()
+    assert isinstance(frame, np.ndarray) and frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3
+    gym.register("CoveyTestNoRenderMode-v0", entry_point=_NoRenderModeEnv)
+    try:
+        venv = as_vec_env("CoveyTestNoRenderMode-v0", n_envs=2)
+        assert venv.num_envs == 2 and venv.reset().shape == (2, 2)
+    finally:
+        gym.registry.pop("CoveyTestNoRenderMode-v0")
+
+
 def test_ppo_trains_on_gymnasium_vector_env():
     """PPO accepts a Gymnasium vector env and records SB3-style episode statistics from it."""
     model = PPO("MlpPolicy", gym.make_vec("CartPole-v1", num_envs=4), n_steps=32, batch_size=64, seed=0)

@@ -75,10 +75,16 @@ def require(ok: bool, agent: str, name: str, value: Any, rule: str) -> None:
 
 
 def get_device(device: torch.device | str = "auto") -> torch.device:
-    """``"auto"`` means CUDA when available, else CPU."""
+    """``"auto"`` means CUDA when available, else CPU. A CUDA device on a machine without CUDA falls back to the
+    CPU with a warning, as SB3 falls back (silently there)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(device)
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        # stacklevel: get_device <- BaseAgent.__init__ <- the agent's __init__ <- the user's call
+        warnings.warn(f"device={str(device)!r} was asked for, but CUDA is not available: using the CPU.", stacklevel=4)
+        return torch.device("cpu")
+    return device
 
 
 def as_schedule(value: float | Callable[[float], float]) -> Callable[[float], float]:

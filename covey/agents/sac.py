@@ -10,6 +10,8 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 from gymnasium import spaces
+from stable_baselines3.common.buffers import DictReplayBuffer as SB3DictReplayBuffer
+from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
 
 from covey.agents.base import BaseAgent, FlatParameters, Schedule, require, set_train_mode
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
@@ -280,6 +282,29 @@ class ManualSACStep:
 
 
 # ---------------------------------------------------------------------------- the agent
+def check_replay_buffer_args(replay_buffer_class: type | None, replay_buffer_kwargs: dict | None) -> None:
+    """Accept what SB3's own replay buffers do by default, which covey's buffer does too (uniform sampling, Dict
+    observations, time-limit truncations bootstrapped, not terminal); refuse the rest with what to change."""
+    if replay_buffer_class is not None and replay_buffer_class not in (SB3ReplayBuffer, SB3DictReplayBuffer):
+        name = getattr(replay_buffer_class, "__name__", repr(replay_buffer_class))
+        what = "hindsight experience replay" if name == "HerReplayBuffer" else "a custom replay buffer"
+        raise NotImplementedError(
+            f"replay_buffer_class={name} ({what}) is not supported: covey's SAC samples its own replay buffer "
+            "uniformly (as SB3's ReplayBuffer and DictReplayBuffer do). Remove replay_buffer_class."
+        )
+    kwargs = dict(replay_buffer_kwargs or {})
+    if kwargs.pop("handle_timeout_termination", True) is not True:
+        raise NotImplementedError(
+            "replay_buffer_kwargs: handle_timeout_termination=False is not supported: covey's replay buffer always "
+            "treats a time-limit truncation as not terminal and bootstraps from the final observation. Remove it."
+        )
+    if kwargs:
+        raise NotImplementedError(
+            f"replay_buffer_kwargs {sorted(kwargs)} are not supported by covey's replay buffer (it takes "
+            "handle_timeout_termination=True only; optimize_memory_usage is SAC's own argument). Remove them."
+        )
+
+
 class SAC(BaseAgent):
     """Soft Actor-Critic with the Stable-Baselines3 interface, for Box and Discrete actions.
 
@@ -335,8 +360,7 @@ class SAC(BaseAgent):
             raise NotImplementedError("use_sde (state-dependent exploration) is not supported by covey's SAC.")
         if action_noise is not None:
             raise NotImplementedError("action_noise is not supported by covey's SAC (its policy is stochastic).")
-        if replay_buffer_class is not None or replay_buffer_kwargs:
-            raise NotImplementedError("Custom replay buffers are not supported; remove replay_buffer_class/kwargs.")
+        check_replay_buffer_args(replay_buffer_class, replay_buffer_kwargs)
         if n_steps != 1:
             raise NotImplementedError("n-step returns (n_steps > 1) are not supported by covey's SAC.")
         self.config = SACConfig(
@@ -475,11 +499,12 @@ class SAC(BaseAgent):
 
     # ------------------------------------------------------------------ replay buffer files
     def save_replay_buffer(self, path) -> None:
-        """Write the replay buffer to an ``.npz`` file of plain arrays (no pickle)."""
+        """Write the replay buffer to ``path`` atomically, as an ``.npz`` archive of plain arrays (no pickle); a
+        path without a suffix gets ``.pkl``, as SB3 names the file (:meth:`covey.buffers.replay.ReplayBuffer.save`)."""
         self.replay_buffer.save(path)
 
     def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
-        """Fill the replay buffer from :meth:`save_replay_buffer`'s file."""
+        """Fill the replay buffer from :meth:`save_replay_buffer`'s file (``path`` as given there, or the file)."""
         self.replay_buffer.load(path)
 
     # ------------------------------------------------------------------ training loop

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import pathlib
+import tempfile
 from typing import NamedTuple
 
 import numpy as np
@@ -10,6 +12,12 @@ import torch
 from gymnasium import spaces
 
 from covey.networks.obs import ObsTensor, batch_to_tensor
+
+
+def buffer_path(path: str | os.PathLike) -> pathlib.Path:
+    """Where a replay buffer saved to ``path`` goes: ``.pkl`` added when it has no suffix, as in SB3."""
+    path = pathlib.Path(path)
+    return path.with_name(path.name + ".pkl") if path.suffix == "" else path
 
 
 class ReplayBatch(NamedTuple):
@@ -147,7 +155,9 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ files (no pickle)
     def save(self, path: str | os.PathLike) -> None:
-        """Write the buffer to an ``.npz`` file (plain arrays; loads with ``allow_pickle=False``)."""
+        """Write the buffer to ``path`` (or an open binary file), atomically: an ``.npz`` archive of plain arrays,
+        read back with ``allow_pickle=False``. As SB3 names its replay buffer files, a path without a suffix gets
+        ``.pkl`` (the file is still an ``.npz`` archive, not a pickle), and missing folders are created."""
         arrays = {
             "meta": np.array([self.capacity, self.n_envs, self.pos, int(self.full), int(self.optimize_memory_usage)]),
             "actions": self.actions,
@@ -168,13 +178,29 @@ class ReplayBuffer:
                 if finals
                 else np.zeros((0, *self.spaces[key].shape), self.spaces[key].dtype)
             )
-        path = os.fspath(path)
-        tmp = path + ".tmp.npz"
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
+        if not isinstance(path, (str, os.PathLike)):  # an open binary file
+            np.savez(path, **arrays)
+            return
+        path = buffer_path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written next to the target, then renamed over it: never a half-written file under the name.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp.npz", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
     def load(self, path: str | os.PathLike) -> None:
-        """Fill this buffer from a file written by :meth:`save` (shapes must match)."""
+        """Fill this buffer from a file written by :meth:`save` (shapes must match). A path without a suffix
+        that names no file is read with ``.pkl`` added, as :meth:`save` names it."""
+        if isinstance(path, (str, os.PathLike)):
+            path = pathlib.Path(path)
+            if not path.exists() and path.suffix == "" and buffer_path(path).exists():
+                path = buffer_path(path)
         with np.load(path, allow_pickle=False) as data:
             capacity, n_envs, pos, full, optimize = (int(x) for x in data["meta"])
             if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):

@@ -149,10 +149,19 @@ def _monitored(make: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
     return thunk
 
 
+def make_named(env_id: str) -> gym.Env:
+    """``gym.make(env_id)`` with ``render_mode="rgb_array"`` where the env takes one, as SB3 makes an env from
+    its id (so that ``model.get_env().render()`` returns frames, e.g. to record a video or a GIF)."""
+    try:
+        return gym.make(env_id, render_mode="rgb_array")
+    except TypeError:  # an env constructor without a render_mode argument
+        return gym.make(env_id)
+
+
 def as_vec_env(env: str | gym.Env | VecEnv | gym.vector.VectorEnv, n_envs: int = 1) -> VecEnv:
     """Wrap what a user passes as ``env`` into a VecEnv, as SB3 does.
 
-    - an env id: ``n_envs`` copies made with ``gym.make``, each wrapped in SB3's ``Monitor``;
+    - an env id: ``n_envs`` copies made with ``gym.make`` (:func:`make_named`), each wrapped in SB3's ``Monitor``;
     - a Gymnasium env: wrapped in ``Monitor`` (unless it is already) and vectorized;
     - an SB3 VecEnv: used as it is;
     - a Gymnasium vector env: adapted with :class:`GymnasiumVecEnv`.
@@ -163,9 +172,9 @@ def as_vec_env(env: str | gym.Env | VecEnv | gym.vector.VectorEnv, n_envs: int =
         return GymnasiumVecEnv(env)
     if isinstance(env, str):
         env_id = env
-        first = gym.make(env_id)
+        first = make_named(env_id)
         check_observation_space(first.observation_space)
-        makers = [lambda: first] + [lambda: gym.make(env_id) for _ in range(n_envs - 1)]
+        makers = [lambda: first] + [lambda: make_named(env_id) for _ in range(n_envs - 1)]
         return FastVecEnv([_monitored(make) for make in makers])
     if isinstance(env, gym.Env):
         # Check before vectorizing: SB3's buffers cannot even be allocated for unsupported spaces.
