@@ -163,3 +163,15 @@ def test_poca_width_smoke():
     for row in rows.values():
         assert number(row["seconds (median)"]) > 0
         assert number(row["per-agent return (median [min, max])"]) <= 0  # simple_spread rewards are <= 0
+
+
+def test_lunar_lander_env_smoke():
+    """One row per way of stepping LunarLander, each with a speed and the mean length of finished episodes."""
+    command = [sys.executable, "-m", "benchmarks.lunar_lander_env", "--seconds", "3"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert set(rows) == {"random actions", "heuristic lander", "random actions, render_mode='rgb_array'"}
+    for row in rows.values():
+        assert number(row["env steps/s"]) > 0
+        assert number(row["mean episode length"]) > 0  # episodes end within 3 s of 16 copies
