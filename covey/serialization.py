@@ -18,6 +18,7 @@ import pathlib
 import pickle
 import tempfile
 import zipfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,17 +48,22 @@ def save_model_file(path: str | os.PathLike | io.BufferedIOBase, settings: dict,
     if not isinstance(path, (str, os.PathLike)):
         _write_zip(path, settings, payload.getvalue())
         return
-    target = model_path(path)
+    write_atomically(model_path(path), lambda f: _write_zip(f, settings, payload.getvalue()))
+
+
+def write_atomically(target: pathlib.Path, write: Callable[[Any], None], suffix: str = ".tmp") -> None:
+    """``write(file)`` into a temporary file next to ``target`` (folders made as needed), synced to disk, then
+    renamed over ``target``: a crash or a full disk never leaves a half-written file under that name, and the
+    previous file (if any) stays untouched."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            _write_zip(f, settings, payload.getvalue())
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
-        # Never leave a half-written model behind; the previous file (if any) is untouched.
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import tempfile
 from typing import NamedTuple
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 from gymnasium import spaces
 
 from covey.networks.obs import ObsTensor, batch_to_tensor
+from covey.serialization import write_atomically
 
 
 def buffer_path(path: str | os.PathLike) -> pathlib.Path:
@@ -181,18 +181,7 @@ class ReplayBuffer:
         if not isinstance(path, (str, os.PathLike)):  # an open binary file
             np.savez(path, **arrays)
             return
-        path = buffer_path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Written next to the target, then renamed over it: never a half-written file under the name.
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp.npz", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_atomically(buffer_path(path), lambda f: np.savez(f, **arrays))
 
     def load(self, path: str | os.PathLike) -> None:
         """Fill this buffer from a file written by :meth:`save` (shapes must match). A path without a suffix
