@@ -51,12 +51,12 @@ def save_model_file(path: str | os.PathLike | io.BufferedIOBase, settings: dict,
     write_atomically(model_path(path), lambda f: _write_zip(f, settings, payload.getvalue()))
 
 
-def write_atomically(target: pathlib.Path, write: Callable[[Any], None], suffix: str = ".tmp") -> None:
+def write_atomically(target: pathlib.Path, write: Callable[[Any], None]) -> None:
     """``write(file)`` into a temporary file next to ``target`` (folders made as needed), synced to disk, then
     renamed over ``target``: a crash or a full disk never leaves a half-written file under that name, and the
     previous file (if any) stays untouched."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
