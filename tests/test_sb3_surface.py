@@ -765,6 +765,26 @@ def test_device():
     assert auto.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def test_policy_optimizer_is_the_models_optimizer_as_in_sb3(tmp_path):
+    """SB3 code reads and changes the optimizer through model.policy.optimizer (e.g. its learning rate)."""
+    from covey import POCA, SAC
+    from covey.envs import EarlyExitEnv
+
+    models = [
+        PPO("MlpPolicy", "CartPole-v1", learning_rate=1e-3, **FAST),
+        POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, learning_rate=1e-3, seed=0),
+        SAC("MlpPolicy", "Pendulum-v1", learning_starts=10, learning_rate=1e-3, seed=0),
+    ]
+    for model in models:
+        own = model.actor_optimizer if isinstance(model, SAC) else model.optimizer
+        assert model.policy.optimizer is own
+        model.learn(64)
+        assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+        model.save(tmp_path / "model.zip")
+        loaded = type(model).load(tmp_path / "model.zip")
+        assert loaded.policy.optimizer is (loaded.actor_optimizer if isinstance(model, SAC) else loaded.optimizer)
+
+
 def test_cuda_on_a_machine_without_cuda_falls_back_to_the_cpu_with_a_warning(monkeypatch, tmp_path):
     """As SB3 does (silently there): device='cuda' where CUDA is unavailable trains on the CPU."""
     from covey import POCA, SAC

@@ -190,7 +190,8 @@ class POCA(BaseAgent):
         pc = self.policy_config
         self.critic_ema = CriticEMA(self.critic, pc.critic_ema_decay) if pc.critic_ema_decay is not None else None
         self._params = [*self.actor.parameters(), *self.critic.parameters()]
-        self.optimizer = self._make_optimizer(self._params, adam_eps=1e-5)
+        # model.policy.optimizer as in SB3 (one optimizer steps the actor and the critic)
+        self.optimizer = self.actor.optimizer = self._make_optimizer(self._params, adam_eps=1e-5)
         n_slots = len(self.agent_ids) if self.agent_ids else 1
         self.rollout_buffer = GroupRolloutBuffer(
             cfg.n_steps, self.n_envs, n_slots, self.observation_space, self.action_space, self.device

@@ -511,7 +511,8 @@ class PPO(BaseAgent):
         # Unique parameters of both networks (a shared encoder appears in both modules).
         params = list({id(p): p for p in [*self.actor.parameters(), *self.critic.parameters()]}.values())
         self._params = params
-        self.optimizer = self._make_optimizer(params, adam_eps=1e-5)  # SB3's PPO uses eps=1e-5
+        # model.policy.optimizer as in SB3 (one optimizer steps the actor and the critic)
+        self.optimizer = self.actor.optimizer = self._make_optimizer(params, adam_eps=1e-5)  # SB3's PPO uses eps=1e-5
         self._manual: ManualPPOUpdate | None = None
         if (
             self.manual_gradients
