@@ -358,7 +358,7 @@ def export_onnx(
     if not isinstance(n_samples, (int, np.integer)) or isinstance(n_samples, bool) or n_samples < 1:
         raise ValueError(f"n_samples={n_samples!r} is invalid: it must be a positive integer.")
     agent = _resolve_agent(model)
-    policy = getattr(agent, "policy", None)
+    policy = getattr(agent, "actor", None)
     if policy is None:
         raise ValueError(
             f"This {type(agent).__name__} has no networks yet (it was built without an env); "

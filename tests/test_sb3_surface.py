@@ -417,6 +417,63 @@ def test_user_callback_actions_local_is_numpy_like_sb3():
         assert actions.shape == (3,)
 
 
+class LocalNames(BaseCallback):
+    """Records the names of ``self.locals`` at every step and the values of a few of them."""
+
+    def __init__(self, keep: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+        self.kept: list[dict] = []
+        self.keep = keep
+        self.at_start: set[str] = set()
+
+    def _on_training_start(self) -> None:
+        self.at_start = set(self.locals)
+
+    def _on_step(self) -> bool:
+        self.names |= set(self.locals)
+        self.kept.append({name: self.locals[name] for name in self.keep})
+        return True
+
+
+# Locals of SB3's loops that covey's do not have: PPO computes values and log-probabilities in one pass
+# after the rollout, not per step; done/idx are SB3's leftovers from its truncation loop; covey refuses
+# action_noise; continue_training is SB3's return flag.
+NOT_IN_COVEY = {"PPO": {"values", "log_probs", "done", "idx"}, "SAC": {"action_noise", "continue_training"}}
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_callback_locals_have_sb3s_names(name):
+    """A callback reading ``self.locals[...]`` finds SB3's names: the same callback run on SB3's agent."""
+    import stable_baselines3
+
+    import covey
+
+    if name == "PPO":
+        env_id, kwargs = "CartPole-v1", dict(n_steps=16, batch_size=16, n_epochs=1)
+        keep = ("rollout_buffer", "n_steps", "n_rollout_steps")
+    else:
+        env_id, kwargs = "Pendulum-v1", dict(learning_starts=8, batch_size=8)
+        keep = ("replay_buffer", "num_collected_steps", "actions", "buffer_actions", "train_freq", "learning_starts")
+    names = {}
+    for lib in (stable_baselines3, covey):
+        callback = LocalNames(keep if lib is covey else ())
+        model = getattr(lib, name)("MlpPolicy", env_id, seed=0, **kwargs).learn(32, callback=callback)
+        names[lib] = callback.names
+    assert names[stable_baselines3] - NOT_IN_COVEY[name] <= names[covey]
+    assert "iteration" in callback.at_start or name == "SAC"
+    if name == "PPO":
+        assert all(k["rollout_buffer"] is model.rollout_buffer for k in callback.kept)
+        assert [k["n_steps"] for k in callback.kept] == [*range(16), *range(16)]
+        assert {k["n_rollout_steps"] for k in callback.kept} == {16}
+    else:
+        assert all(k["replay_buffer"] is model.replay_buffer for k in callback.kept)
+        assert [k["num_collected_steps"] for k in callback.kept] == [1] * 32  # train_freq=1: one step per call
+        assert {k["learning_starts"] for k in callback.kept} == {8}
+        for k in callback.kept:  # actions as Pendulum takes them ([-2, 2]); the buffer's in [-1, 1]
+            np.testing.assert_allclose(k["actions"], 2.0 * k["buffer_actions"], rtol=1e-5, atol=1e-6)
+
+
 class StopAfter(BaseCallback):
     def __init__(self, n: int) -> None:
         super().__init__()
@@ -497,15 +554,15 @@ def test_make_vec_env_four_envs():
 # ---------------------------------------------------------------------------- 4. policy_kwargs
 def test_net_arch_list():
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[32, 16]), **FAST)
-    assert [m.out_features for m in linears(model.policy.trunk)] == [32, 16]
+    assert [m.out_features for m in linears(model.actor.trunk)] == [32, 16]
     assert [m.out_features for m in linears(model.critic.trunk)] == [32, 16]
-    assert model.policy.trunk is not model.critic.trunk  # same sizes, separate weights (SB3 >= 1.8)
+    assert model.actor.trunk is not model.critic.trunk  # same sizes, separate weights (SB3 >= 1.8)
     model.learn(32)
 
 
 def test_net_arch_dict():
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=dict(pi=[32], vf=[64, 8])), **FAST)
-    assert [m.out_features for m in linears(model.policy.trunk)] == [32]
+    assert [m.out_features for m in linears(model.actor.trunk)] == [32]
     assert [m.out_features for m in linears(model.critic.trunk)] == [64, 8]
     model.learn(32)
 
@@ -524,8 +581,8 @@ def test_activation_fn_relu(tmp_path):
 @pytest.mark.parametrize("ortho_init", [True, False])
 def test_ortho_init(ortho_init):
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(ortho_init=ortho_init), **FAST)
-    head = model.policy.head.proj.weight.detach().cpu().numpy()  # (2, 64)
-    first = linears(model.policy.trunk)[0].weight.detach().cpu().numpy()  # (64, 4)
+    head = model.actor.head.proj.weight.detach().cpu().numpy()  # (2, 64)
+    first = linears(model.actor.trunk)[0].weight.detach().cpu().numpy()  # (64, 4)
     head_gram = head @ head.T
     first_gram = first.T @ first
     if ortho_init:
@@ -539,7 +596,7 @@ def test_ortho_init(ortho_init):
 
 def test_log_std_init():
     model = PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(log_std_init=-1.0), **FAST)
-    np.testing.assert_allclose(model.policy.head.log_std.detach().exp().cpu().numpy(), [np.exp(-1.0)], rtol=1e-6)
+    np.testing.assert_allclose(model.actor.head.log_std.detach().exp().cpu().numpy(), [np.exp(-1.0)], rtol=1e-6)
     # Observable: stochastic actions spread around the deterministic one with std e^-1.
     obs = np.tile(np.array([1.0, 0.0, 0.0], np.float32), (4000, 1))
     model.set_random_seed(0)
@@ -564,9 +621,9 @@ def test_normalize_images_false_with_cnn_policy():
     )
     ones = np.ones((1, 36, 36, 3), np.uint8)
     with torch.no_grad():
-        out_raw = raw.policy(raw.policy.obs_to_tensor(ones)[0])
-        out_scaled = scaled.policy(scaled.policy.obs_to_tensor(ones * 255)[0])
-        out_scaled_ones = scaled.policy(scaled.policy.obs_to_tensor(ones)[0])
+        out_raw = raw.actor(raw.policy.obs_to_tensor(ones)[0])
+        out_scaled = scaled.actor(scaled.policy.obs_to_tensor(ones * 255)[0])
+        out_scaled_ones = scaled.actor(scaled.policy.obs_to_tensor(ones)[0])
     torch.testing.assert_close(out_raw, out_scaled)
     assert not torch.allclose(out_raw, out_scaled_ones)
     raw.learn(32)
@@ -584,8 +641,8 @@ def test_share_features_extractor(share):
         seed=0,
         policy_kwargs=dict(share_features_extractor=share),
     )
-    assert (model.policy.encoder is model.critic.encoder) == share
-    actor_ids = {id(p) for p in model.policy.encoder.parameters()}
+    assert (model.actor.encoder is model.critic.encoder) == share
+    actor_ids = {id(p) for p in model.actor.encoder.parameters()}
     critic_ids = {id(p) for p in model.critic.encoder.parameters()}
     assert bool(actor_ids & critic_ids) == share
     model.learn(32)
@@ -596,8 +653,8 @@ def test_custom_features_extractor_class(tmp_path):
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs, **FAST)
     extractors = [m for m in model.policy.modules() if isinstance(m, TinyExtractor)]
     assert len(extractors) == 1 and extractors[0].features_dim == 16
-    assert model.policy.encoder.out_dim == 16
-    assert linears(model.policy.trunk)[0].in_features == 16
+    assert model.actor.encoder.out_dim == 16
+    assert linears(model.actor.trunk)[0].in_features == 16
     before = extractors[0].net[0].weight.detach().clone()
     model.learn(64)
     assert not torch.equal(before, extractors[0].net[0].weight)  # the extractor is trained
@@ -616,8 +673,8 @@ def test_sb3_nature_cnn_as_features_extractor_class():
     policy_kwargs = dict(features_extractor_class=NatureCNN, features_extractor_kwargs=dict(features_dim=32))
     model = PPO("CnnPolicy", ImageEnv(), n_steps=16, batch_size=16, n_epochs=1, seed=0, policy_kwargs=policy_kwargs)
     assert any(isinstance(m, NatureCNN) for m in model.policy.modules())
-    assert model.policy.encoder.out_dim == 32
-    assert linears(model.policy.trunk) == []  # SB3: NatureCNN feeds the action layer directly
+    assert model.actor.encoder.out_dim == 32
+    assert linears(model.actor.trunk) == []  # SB3: NatureCNN feeds the action layer directly
     model.learn(32)
     obs = ImageEnv().reset(seed=0)[0]
     assert model.predict(obs)[0].shape == ()
@@ -635,7 +692,7 @@ def test_nature_cnn_extractor_with_mlp_policy_gets_no_hidden_layers():
         seed=0,
         policy_kwargs=dict(features_extractor_class=NatureCNN),
     )
-    assert linears(model.policy.trunk) == []
+    assert linears(model.actor.trunk) == []
     assert linears(model.critic.trunk) == []
 
 
@@ -714,11 +771,11 @@ def test_get_and_set_parameters():
     model_b = PPO("MlpPolicy", "CartPole-v1", **{**FAST, "seed": 1})
     batch = cartpole_obs_batch(64)
     with torch.no_grad():
-        logits_a = model_a.policy(model_a.policy.obs_to_tensor(batch)[0])
-        assert not torch.allclose(logits_a, model_b.policy(model_b.policy.obs_to_tensor(batch)[0]))
+        logits_a = model_a.actor(model_a.policy.obs_to_tensor(batch)[0])
+        assert not torch.allclose(logits_a, model_b.actor(model_b.policy.obs_to_tensor(batch)[0]))
     model_b.set_parameters(model_a.get_parameters())
     with torch.no_grad():
-        torch.testing.assert_close(model_b.policy(model_b.policy.obs_to_tensor(batch)[0]), logits_a, rtol=0, atol=0)
+        torch.testing.assert_close(model_b.actor(model_b.policy.obs_to_tensor(batch)[0]), logits_a, rtol=0, atol=0)
     np.testing.assert_array_equal(
         model_b.predict(batch, deterministic=True)[0], model_a.predict(batch, deterministic=True)[0]
     )
@@ -868,7 +925,7 @@ def test_predict_image_in_either_channel_order():
     chw = np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))
     with torch.no_grad():
         torch.testing.assert_close(
-            model.policy(model.policy.obs_to_tensor(hwc)[0]), model.policy(model.policy.obs_to_tensor(chw)[0])
+            model.actor(model.policy.obs_to_tensor(hwc)[0]), model.actor(model.policy.obs_to_tensor(chw)[0])
         )
     np.testing.assert_array_equal(model.predict(hwc, deterministic=True)[0], model.predict(chw, deterministic=True)[0])
     assert model.predict(hwc[0], deterministic=True)[0] == model.predict(chw[0], deterministic=True)[0]

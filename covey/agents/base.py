@@ -532,8 +532,8 @@ class BaseAgent:
         total_timesteps, callback = self._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
+        iteration = 0  # before on_training_start, which passes it to callbacks (as SB3 does)
         callback.on_training_start(locals(), globals())
-        iteration = 0
         while self.num_timesteps < total_timesteps:
             if not self.collect_rollouts(callback):
                 break

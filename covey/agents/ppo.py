@@ -17,6 +17,7 @@ from covey.networks.distributions import CategoricalHead, DiagGaussianHead
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.mlp import ManualMLP
 from covey.networks.obs import ObsTensor, batch_to_tensor
+from covey.networks.policies import ActorCriticPolicy
 from covey.networks.twohot import ScalarHead
 
 # Observations per forward pass when values and log-probs are computed for a whole rollout.
@@ -402,8 +403,9 @@ class PPO(BaseAgent):
     """Proximal Policy Optimization with the Stable-Baselines3 interface.
 
     Constructor arguments, defaults, ``learn``/``predict``/``save``/``load``, callbacks and logger keys
-    follow ``stable_baselines3.PPO``. Actor and critic are separate networks (``model.policy`` is the
-    actor; ``model.critic`` the value network).
+    follow ``stable_baselines3.PPO``. Actor and critic are separate networks (``model.actor``,
+    ``model.critic``); ``model.policy`` holds both with SB3's ``ActorCriticPolicy`` calls
+    (:class:`~covey.networks.policies.ActorCriticPolicy`).
 
     >>> from covey import PPO
     >>> model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, seed=0).learn(128)
@@ -500,7 +502,7 @@ class PPO(BaseAgent):
         )
         self.actor.to(self.device)
         self.critic.to(self.device)
-        self.policy = self.actor
+        self.policy = ActorCriticPolicy(self.actor, self.critic)  # SB3's model.policy over both networks
         pc = self.policy_config
         if pc.value_head == "twohot" and self.clip_range_vf is not None:
             raise ValueError(
@@ -512,7 +514,7 @@ class PPO(BaseAgent):
         params = list({id(p): p for p in [*self.actor.parameters(), *self.critic.parameters()]}.values())
         self._params = params
         # model.policy.optimizer as in SB3 (one optimizer steps the actor and the critic)
-        self.optimizer = self.actor.optimizer = self._make_optimizer(params, adam_eps=1e-5)  # SB3's PPO uses eps=1e-5
+        self.optimizer = self.policy.optimizer = self._make_optimizer(params, adam_eps=1e-5)  # SB3's PPO uses eps=1e-5
         self._manual: ManualPPOUpdate | None = None
         if (
             self.manual_gradients
@@ -557,18 +559,20 @@ class PPO(BaseAgent):
 
     def collect_rollouts(self, callback) -> bool:
         """Fill the rollout buffer with ``n_steps`` steps of every env; False when a callback stops training."""
-        buffer, actor, env = self.rollout_buffer, self.actor, self.env
+        # Callbacks read these locals by SB3's names: rollout_buffer, n_rollout_steps, n_steps (the step).
+        rollout_buffer, actor, env = self.rollout_buffer, self.actor, self.env
+        n_rollout_steps = self.config.n_steps
         space = self.observation_space
-        buffer.reset()
+        rollout_buffer.reset()
         set_train_mode(actor, False)
         callback.on_rollout_start()
         truncations: list[tuple[int, int, Any]] = []
         new_obs = self._last_obs
-        for step in range(self.config.n_steps):
+        for n_steps in range(n_rollout_steps):
             obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
             # Acting needs only the actor; values and log-probs come in one pass after the rollout.
             if self.recurrent is not None:
-                action_tensor = self.recurrent.act(actor, obs_tensor, self._last_episode_starts, step)
+                action_tensor = self.recurrent.act(actor, obs_tensor, self._last_episode_starts, n_steps)
             elif self._manual is not None:
                 with torch.inference_mode():
                     action_tensor = self._manual.act(obs_tensor)
@@ -589,17 +593,17 @@ class PPO(BaseAgent):
                 if infos[i].get("TimeLimit.truncated", False) and final_obs is not None:
                     # A time limit is not a terminal: bootstrap from V(true final observation).
                     terminated[i] = False
-                    truncations.append((step, int(i), final_obs))
-            buffer.add(obs_tensor, action_tensor, rewards, terminated, dones)
+                    truncations.append((n_steps, int(i), final_obs))
+            rollout_buffer.add(obs_tensor, action_tensor, rewards, terminated, dones)
             self._last_obs = new_obs
             self._last_episode_starts = dones
-        if buffer.has_nan_observations():
+        if rollout_buffer.has_nan_observations():
             raise ValueError(
                 "The env returned NaN observations during this rollout. Find the source with "
                 "stable_baselines3.common.vec_env.VecCheckNan(env, raise_exception=True)."
             )
         last_values = self._evaluate_rollout(new_obs, truncations)
-        buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
+        rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True

@@ -20,6 +20,7 @@ from covey.networks.distributions import SquashedGaussianHead
 from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
 from covey.networks.mlp import ManualMLP
 from covey.networks.obs import batch_to_tensor
+from covey.networks.policies import SACPolicy
 from covey.networks.twohot import ScalarHead
 
 
@@ -309,8 +310,9 @@ class SAC(BaseAgent):
     """Soft Actor-Critic with the Stable-Baselines3 interface, for Box and Discrete actions.
 
     Constructor arguments, defaults, ``learn``/``predict``/``save``/``load``, callbacks and logger keys
-    follow ``stable_baselines3.SAC``. ``model.policy`` is the actor; ``model.critic`` and
-    ``model.critic_target`` hold the ``n_critics`` Q networks; the temperature lives with the agent.
+    follow ``stable_baselines3.SAC``. ``model.actor`` is the actor; ``model.critic`` and
+    ``model.critic_target`` hold the ``n_critics`` Q networks; ``model.policy`` holds all three with SB3's
+    ``SACPolicy`` calls (:class:`~covey.networks.policies.SACPolicy`); the temperature lives with the agent.
 
     >>> from covey import SAC
     >>> model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=50, seed=0).learn(100)
@@ -424,7 +426,7 @@ class SAC(BaseAgent):
         for module in (self.actor, self.critic, self.critic_target):
             module.to(self.device)
         self.critic_ema = CriticEMA(self.critic, pc.critic_ema_decay) if pc.critic_ema_decay is not None else None
-        self.policy = self.actor
+        self.policy = SACPolicy(self.actor, self.critic, self.critic_target)  # SB3's model.policy
         self._critic_params = list(self.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
 
@@ -445,6 +447,7 @@ class SAC(BaseAgent):
             self.ent_coef_optimizer = None
             self._fixed_ent_coef = torch.tensor(float(cfg.ent_coef), device=self.device)
         self.actor.optimizer = self.actor_optimizer = self._make_optimizer(list(self.actor.parameters()))
+        self.policy.optimizer = self.actor_optimizer
         self.critic.optimizer = self.critic_optimizer = self._make_optimizer(self._critic_params)
         # The target critics in one flat buffer with the critics' layout: the Polyak update is one lerp.
         self._target_flat = FlatParameters(self._target_params, with_grad=False)
@@ -537,33 +540,36 @@ class SAC(BaseAgent):
     def collect_rollouts(self, callback, log_interval: int | None) -> tuple[int, bool]:
         """Step the envs until ``train_freq`` is met; returns (env steps of all envs, whether to continue)."""
         cfg, env, actor = self.config, self.env, self.actor
+        # Callbacks read these locals by SB3's names: actions (as the env takes them), buffer_actions,
+        # replay_buffer, train_freq, learning_starts, num_collected_steps, num_collected_episodes.
+        replay_buffer, train_freq, learning_starts = self.replay_buffer, cfg.train_freq, cfg.learning_starts
         set_train_mode(actor, False)
         callback.on_rollout_start()
-        steps = episodes = 0
-        while (steps if cfg.train_freq.unit == "step" else episodes) < cfg.train_freq.frequency:
-            if self.num_timesteps < cfg.learning_starts:
-                env_actions = np.array([self.action_space.sample() for _ in range(env.num_envs)])
-                buffer_actions = self._to_buffer_actions(env_actions)
+        num_collected_steps = num_collected_episodes = 0
+        while (num_collected_steps if train_freq.unit == "step" else num_collected_episodes) < train_freq.frequency:
+            if self.num_timesteps < learning_starts:
+                actions = np.array([self.action_space.sample() for _ in range(env.num_envs)])
+                buffer_actions = self._to_buffer_actions(actions)
             else:
                 obs = batch_to_tensor(self._last_obs, self.observation_space, self.device)
                 with torch.inference_mode():
                     buffer_actions = actor.act(obs).cpu().numpy()
-                env_actions = actor.to_env_actions(buffer_actions)
-            new_obs, rewards, dones, infos = env.step(env_actions)
+                actions = actor.to_env_actions(buffer_actions)
+            new_obs, rewards, dones, infos = env.step(actions)
             self.num_timesteps += env.num_envs
-            steps += 1
+            num_collected_steps += 1
             callback.update_locals(locals())
             if not callback.on_step():
-                return steps * env.num_envs, False
+                return num_collected_steps * env.num_envs, False
             self._update_info_buffer(infos, dones)
             self._store_transition(buffer_actions, new_obs, rewards, dones, infos)
             for _ in np.flatnonzero(dones):
-                episodes += 1
+                num_collected_episodes += 1
                 self._episode_num += 1
                 if log_interval is not None and self._episode_num % log_interval == 0:
                     self._dump_logs(self._episode_num, "time/episodes")
         callback.on_rollout_end()
-        return steps * env.num_envs, True
+        return num_collected_steps * env.num_envs, True
 
     def _to_buffer_actions(self, env_actions: np.ndarray) -> np.ndarray:
         """Env actions to what the buffer stores: Box actions rescaled into [-1, 1]."""

@@ -119,7 +119,8 @@ class PolicyConfig:
 class Actor(nn.Module):
     """Observations to an action distribution: encoder -> MLP trunk -> action head.
 
-    This is ``model.policy``; it has SB3's ``predict``, ``obs_to_tensor`` and ``set_training_mode``.
+    This is ``model.actor`` (and POCA's ``model.policy``); it has SB3's ``predict``, ``obs_to_tensor`` and
+    ``set_training_mode``. PPO's and SAC's ``model.policy`` hold it (:mod:`covey.networks.policies`).
 
     >>> import gymnasium as gym
     >>> actor, critic = build_actor_critic("MlpPolicy", gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
@@ -180,6 +181,15 @@ class Actor(nn.Module):
         """Distribution parameters ``(S, L, n_params)`` for observations ``(S, L, ...)`` from ``state``
         (``resets`` ``(S, L)``: where a new trajectory starts inside a sequence, see :meth:`Memory.sequences`)."""
         return self.head(self.trunk(self.memory.encode_sequences(self.encoder, obs, state, valid, resets)))
+
+    def action_log_prob(self, obs: ObsTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sampled action for every observation and its log-probability ``(B,)`` (SB3 SAC's
+        ``actor.action_log_prob``); differentiable through the sample for SAC's squashed Gaussian."""
+        params = self(obs)
+        if self.squashed:
+            return self.head.rsample(params)
+        actions = self.head.sample(params)
+        return actions, self.head.log_prob(params, actions)
 
     def evaluate_params(self, params: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities and entropies from distribution parameters."""

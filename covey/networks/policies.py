@@ -1,0 +1,279 @@
+"""``model.policy``: SB3's policy interface over covey's separate actor and critic modules.
+
+covey trains an :class:`~covey.networks.actor_critic.Actor` and a critic as two modules (``model.actor``,
+``model.critic``). SB3 scripts reach both through ``model.policy``: they call it, ask it for values or a
+distribution, save its ``state_dict``, or hand it to an exporter. :class:`ActorCriticPolicy` (PPO) and
+:class:`SACPolicy` (SAC) hold those modules (no copies) and answer those calls with SB3's signatures and
+shapes, computed by covey's own heads.
+
+>>> import gymnasium as gym
+>>> from covey.networks.actor_critic import build_actor_critic
+>>> actor, critic = build_actor_critic("MlpPolicy", gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
+>>> actions, values, log_prob = ActorCriticPolicy(actor, critic)(torch.zeros(5, 3))
+>>> actions.shape, values.shape, log_prob.shape
+(torch.Size([5]), torch.Size([5, 1]), torch.Size([5]))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from covey.networks.distributions import (
+    BernoulliHead,
+    CategoricalHead,
+    DiagGaussianHead,
+    MultiCategoricalHead,
+    SquashedGaussianHead,
+)
+from covey.networks.obs import ObsTensor
+
+
+class ActionDistribution:
+    """The action distribution of a batch of observations, with the methods of SB3's ``Distribution``.
+
+    ``log_prob``, ``entropy``, ``sample`` and ``mode`` are the head's own (what training uses);
+    ``distribution`` is the matching ``torch.distributions`` object (a list of them for MultiDiscrete
+    actions, as in SB3). ``params`` are the head's parameters (logits, or Gaussian means).
+    """
+
+    def __init__(self, head: nn.Module, params: torch.Tensor, action_space: spaces.Space) -> None:
+        self.head, self.params, self.action_space = head, params, action_space
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities ``(B,)`` of ``actions`` (summed over action dimensions)."""
+        return self.head.log_prob(self.params, _as_head_actions(actions, self.action_space, self.params))
+
+    def entropy(self) -> torch.Tensor:
+        """Entropies ``(B,)``; SAC's squashed Gaussian has no closed form, and SB3 returns None there too."""
+        if isinstance(self.head, SquashedGaussianHead):
+            return None
+        return self.head.entropy(self.params)
+
+    def sample(self) -> torch.Tensor:
+        return self.get_actions(deterministic=False)
+
+    def mode(self) -> torch.Tensor:
+        return self.get_actions(deterministic=True)
+
+    def get_actions(self, deterministic: bool = False) -> torch.Tensor:
+        """Actions shaped as the action space, batched (squashed into [-1, 1] for SAC)."""
+        actions = self.head.sample(self.params, deterministic)
+        return actions.reshape((-1, *self.action_space.shape))
+
+    @property
+    def distribution(self):
+        """The ``torch.distributions`` object (SB3's ``.distribution`` attribute)."""
+        head, params = self.head, self.params
+        dist = torch.distributions
+        if isinstance(head, CategoricalHead):
+            return dist.Categorical(logits=params)
+        if isinstance(head, MultiCategoricalHead):
+            return [dist.Categorical(logits=part) for part in params.split(head.nvec, dim=-1)]
+        if isinstance(head, BernoulliHead):
+            return dist.Bernoulli(logits=params)
+        if isinstance(head, DiagGaussianHead):
+            return dist.Normal(params, head.log_std.exp().expand_as(params))
+        if isinstance(head, SquashedGaussianHead):  # before the tanh, as SB3's
+            mean, log_std = head._split(params)
+            return dist.Normal(mean, log_std.exp())
+        raise TypeError(f"No torch distribution for {type(head).__name__}.")
+
+
+def _as_head_actions(actions: torch.Tensor, space: spaces.Space, params: torch.Tensor) -> torch.Tensor:
+    """Actions as SB3 passes them (Discrete as ``(B,)`` or ``(B, 1)``, any float or int dtype) in the
+    layout covey's heads take: ``(B,)`` for Discrete, ``(B, k)`` for the others."""
+    if not isinstance(actions, torch.Tensor):
+        raise TypeError(f"actions must be a torch.Tensor, got {type(actions).__name__}; use torch.as_tensor(actions).")
+    batch = params.shape[0]
+    actions = actions.to(params.device)
+    return actions.reshape(batch) if isinstance(space, spaces.Discrete) else actions.reshape(batch, -1)
+
+
+def _check_obs(obs) -> None:
+    if isinstance(obs, torch.Tensor):
+        return
+    if isinstance(obs, dict) and all(isinstance(v, torch.Tensor) for v in obs.values()):
+        return
+    raise TypeError(
+        f"The policy takes observation tensors (a dict of them for Dict spaces), got {type(obs).__name__}. "
+        "Convert with policy.obs_to_tensor(observation)[0], or call policy.predict(observation) for numpy actions."
+    )
+
+
+class _PolicyBase(nn.Module):
+    """What SB3's ``BasePolicy`` offers on every policy: predict, tensors, modes, action scaling, vectors."""
+
+    actor: nn.Module
+
+    @property
+    def observation_space(self) -> spaces.Space:
+        return self.actor.observation_space
+
+    @property
+    def action_space(self) -> spaces.Space:
+        return self.actor.action_space
+
+    @property
+    def device(self) -> torch.device:
+        return self.actor.device
+
+    @property
+    def squash_output(self) -> bool:
+        """Whether actions come squashed into [-1, 1] (SAC's Box actions)."""
+        return bool(self.actor.squashed)
+
+    def obs_to_tensor(self, observation) -> tuple[ObsTensor, bool]:
+        return self.actor.obs_to_tensor(observation)
+
+    def predict(
+        self,
+        observation,
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """SB3's ``predict``: observations (numpy) to env actions (numpy), and the recurrent state."""
+        return self.actor.predict(observation, state, episode_start, deterministic)
+
+    def scale_action(self, action: np.ndarray) -> np.ndarray:
+        """Actions in the Box bounds to [-1, 1]."""
+        low, high = self.action_space.low, self.action_space.high
+        return 2.0 * ((action - low) / (high - low)) - 1.0
+
+    def unscale_action(self, scaled_action: np.ndarray) -> np.ndarray:
+        """Actions in [-1, 1] to the Box bounds."""
+        low, high = self.action_space.low, self.action_space.high
+        return low + 0.5 * (scaled_action + 1.0) * (high - low)
+
+    def parameters_to_vector(self) -> np.ndarray:
+        """Every parameter, flattened into one numpy vector (SB3's order: ``self.parameters()``)."""
+        return torch.nn.utils.parameters_to_vector(self.parameters()).detach().cpu().numpy()
+
+    def load_from_vector(self, vector: np.ndarray) -> None:
+        """Set the parameters from a vector made by :meth:`parameters_to_vector`."""
+        vector = np.asarray(vector)
+        size = sum(p.numel() for p in self.parameters())
+        if vector.shape != (size,):
+            raise ValueError(f"The vector has shape {vector.shape}; this policy has {size} parameters: ({size},).")
+        with torch.no_grad():
+            values = torch.as_tensor(vector, dtype=torch.float32, device=self.device)
+            torch.nn.utils.vector_to_parameters(values, self.parameters())
+
+    def _no_memory(self, method: str) -> None:
+        if self.actor.memory is not None:
+            raise NotImplementedError(
+                f"policy.{method} has no memory input; a recurrent policy acts with "
+                "model.predict(obs, state=state, episode_start=episode_start)."
+            )
+
+
+class ActorCriticPolicy(_PolicyBase):
+    """PPO's ``model.policy``: SB3's ``ActorCriticPolicy`` calls over the actor and the critic.
+
+    ``policy(obs)`` returns ``(actions, values, log_prob)``; ``evaluate_actions``, ``get_distribution``,
+    ``predict_values`` and ``predict`` are SB3's. Both networks are submodules, so ``parameters()``,
+    ``state_dict()``, ``to()`` and ``train()`` cover actor and critic together, as SB3's policy does.
+    ``optimizer`` is the one optimizer that steps them.
+    """
+
+    def __init__(self, actor: nn.Module, critic: nn.Module) -> None:
+        super().__init__()
+        self.actor = actor
+        self.critic = critic
+
+    def forward(self, obs: ObsTensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Actions (shaped as the action space, batched), values ``(B, 1)`` and log-probabilities ``(B,)``."""
+        dist = self.get_distribution(obs)
+        actions = dist.head.sample(dist.params, deterministic)
+        log_prob = dist.head.log_prob(dist.params, actions)
+        return actions.reshape((-1, *self.action_space.shape)), self.predict_values(obs), log_prob
+
+    def evaluate_actions(
+        self, obs: ObsTensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Values ``(B, 1)``, log-probabilities ``(B,)`` of ``actions`` and entropies ``(B,)``."""
+        dist = self.get_distribution(obs)
+        return self.predict_values(obs), dist.log_prob(actions), dist.entropy()
+
+    def get_distribution(self, obs: ObsTensor) -> ActionDistribution:
+        """The action distribution for a batch of observation tensors."""
+        _check_obs(obs)
+        self._no_memory("get_distribution")
+        return ActionDistribution(self.actor.head, self.actor(obs), self.action_space)
+
+    def _predict(self, observation: ObsTensor, deterministic: bool = False) -> torch.Tensor:
+        """Actions for a batch of observation tensors (SB3's ``_predict``; Box actions not yet clipped)."""
+        return self.get_distribution(observation).get_actions(deterministic)
+
+    def predict_values(self, obs: ObsTensor) -> torch.Tensor:
+        """State values ``(B, 1)``."""
+        _check_obs(obs)
+        self._no_memory("predict_values")
+        return self.critic(obs).unsqueeze(-1)
+
+    def set_training_mode(self, mode: bool) -> None:
+        self.train(mode)
+
+    # SB3's names for parts of its policy, where covey has the same part.
+    @property
+    def log_std(self) -> torch.nn.Parameter | None:
+        """The state-independent log-std of a Gaussian policy, else None."""
+        return self.actor.log_std
+
+    @property
+    def features_extractor(self) -> nn.Module:
+        return self.actor.encoder
+
+    @property
+    def pi_features_extractor(self) -> nn.Module:
+        return self.actor.encoder
+
+    @property
+    def vf_features_extractor(self) -> nn.Module:
+        return self.critic.encoder
+
+    @property
+    def share_features_extractor(self) -> bool:
+        return self.actor.encoder is self.critic.encoder
+
+    @property
+    def action_net(self) -> nn.Module:
+        """The last layer: latent features to the distribution's parameters."""
+        return self.actor.head.proj
+
+    @property
+    def value_net(self) -> nn.Module:
+        """The last layer: latent features to the value (to the buckets' logits for a two-hot critic)."""
+        return self.critic.value_head.proj
+
+
+class SACPolicy(_PolicyBase):
+    """SAC's ``model.policy``: SB3's ``SACPolicy`` over the actor, the critics and the target critics.
+
+    ``policy(obs, deterministic)`` returns actions, squashed into [-1, 1] for Box action spaces (SB3's
+    ``forward``; ``predict`` rescales them to the bounds). ``actor``, ``critic`` and ``critic_target`` are the
+    model's own modules. ``optimizer`` is the actor's optimizer (the critics have ``model.critic.optimizer``).
+    """
+
+    def __init__(self, actor: nn.Module, critic: nn.Module, critic_target: nn.Module) -> None:
+        super().__init__()
+        self.actor = actor
+        self.critic = critic
+        self.critic_target = critic_target
+
+    def forward(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
+        _check_obs(obs)
+        return self.actor.act(obs, deterministic).reshape((-1, *self.action_space.shape))
+
+    def _predict(self, observation: ObsTensor, deterministic: bool = False) -> torch.Tensor:
+        """SB3's ``_predict``: :meth:`forward`."""
+        return self(observation, deterministic)
+
+    def set_training_mode(self, mode: bool) -> None:
+        """Actor and critics (the target critics stay as they are, as in SB3)."""
+        self.actor.train(mode)
+        self.critic.train(mode)
+        self.training = mode

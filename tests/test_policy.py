@@ -1,0 +1,283 @@
+"""``model.policy`` answers SB3's policy calls: PPO's ``ActorCriticPolicy`` (forward, evaluate_actions,
+get_distribution, predict_values) and SAC's ``SACPolicy`` (forward, actor/critic/critic_target, action
+scaling), checked against torch.distributions and the model's own networks; SB3's documented recipes that
+use the policy (ONNX export, parameter vectors) run unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from envs import SpaceEnv
+from gymnasium import spaces
+
+from covey import PPO, SAC
+from covey.networks.policies import ActionDistribution, ActorCriticPolicy, SACPolicy
+
+FAST = dict(n_steps=32, batch_size=32, n_epochs=1, seed=0)
+BOX_OBS = spaces.Box(-1.0, 1.0, (3,), np.float32)
+ACTION_SPACES = {
+    "discrete": spaces.Discrete(3),
+    "box": spaces.Box(-2.0, 2.0, (2,), np.float32),
+    "multidiscrete": spaces.MultiDiscrete([2, 3]),
+    "multibinary": spaces.MultiBinary(3),
+}
+
+
+def ppo_model(action_space: spaces.Space) -> PPO:
+    return PPO("MlpPolicy", SpaceEnv(BOX_OBS, action_space), **FAST).learn(32)
+
+
+def obs_batch(n: int = 7, seed: int = 0) -> torch.Tensor:
+    return torch.as_tensor(np.random.default_rng(seed).uniform(-1, 1, (n, 3)).astype(np.float32))
+
+
+def torch_log_prob_entropy(space: spaces.Space, params: torch.Tensor, log_std, actions: torch.Tensor):
+    """Log-probabilities and entropies ``(B,)`` by torch.distributions, independently of covey's heads."""
+    d = torch.distributions
+    if isinstance(space, spaces.Discrete):
+        dist = d.Categorical(logits=params)
+        return dist.log_prob(actions.reshape(-1).long()), dist.entropy()
+    if isinstance(space, spaces.MultiDiscrete):
+        parts = [d.Categorical(logits=p) for p in params.split(list(space.nvec), dim=-1)]
+        log_prob = sum(dist.log_prob(actions[:, i].long()) for i, dist in enumerate(parts))
+        return log_prob, sum(dist.entropy() for dist in parts)
+    if isinstance(space, spaces.MultiBinary):
+        dist = d.Bernoulli(logits=params)
+        return dist.log_prob(actions.float()).sum(-1), dist.entropy().sum(-1)
+    dist = d.Normal(params, log_std.exp().expand_as(params))
+    return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
+
+
+# ============================================================================================ PPO
+
+
+def test_ppo_policy_holds_both_networks_as_sb3s_does():
+    model = ppo_model(ACTION_SPACES["discrete"])
+    policy = model.policy
+    assert isinstance(policy, ActorCriticPolicy)
+    assert policy.actor is model.actor and policy.critic is model.critic
+    # parameters(), state_dict() and train() cover actor and critic together
+    assert {id(p) for p in policy.parameters()} == {id(p) for p in model._params}
+    assert {k.split(".")[0] for k in policy.state_dict()} == {"actor", "critic"}
+    policy.set_training_mode(False)
+    assert not model.actor.training and not model.critic.training
+    policy.set_training_mode(True)
+    assert model.actor.training and model.critic.training
+    assert policy.optimizer is model.optimizer
+    assert policy.observation_space == model.observation_space and policy.action_space == model.action_space
+    assert policy.squash_output is False
+    assert policy.action_net is model.actor.head.proj and policy.value_net is model.critic.value_head.proj
+    assert policy.features_extractor is model.actor.encoder
+    assert policy.share_features_extractor == (model.actor.encoder is model.critic.encoder)
+
+
+@pytest.mark.parametrize("kind", sorted(ACTION_SPACES))
+def test_ppo_policy_forward_evaluate_and_distribution_match_torch_distributions(kind):
+    space = ACTION_SPACES[kind]
+    model = ppo_model(space)
+    policy, obs = model.policy, obs_batch()
+    with torch.no_grad():
+        params = model.actor(obs)
+        values = model.critic(obs)
+        log_std = model.actor.log_std
+
+        torch.manual_seed(0)
+        actions, values_f, log_prob_f = policy(obs)
+        assert actions.shape == (7, *space.shape)
+        assert values_f.shape == (7, 1) and log_prob_f.shape == (7,)
+        torch.testing.assert_close(values_f, values.unsqueeze(-1))
+        expected_lp, expected_ent = torch_log_prob_entropy(space, params, log_std, actions)
+        torch.testing.assert_close(log_prob_f, expected_lp, rtol=1e-5, atol=1e-5)
+
+        # SB3's rollout buffer stores Discrete actions as float (B, 1); evaluate_actions takes them so
+        sb3_actions = actions.float().reshape(7, -1)
+        values_e, log_prob_e, entropy_e = policy.evaluate_actions(obs, sb3_actions)
+        assert values_e.shape == (7, 1) and log_prob_e.shape == (7,) and entropy_e.shape == (7,)
+        torch.testing.assert_close(values_e, values.unsqueeze(-1))
+        torch.testing.assert_close(log_prob_e, expected_lp, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(entropy_e, expected_ent, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(policy.predict_values(obs), values.unsqueeze(-1))
+
+        dist = policy.get_distribution(obs)
+        assert isinstance(dist, ActionDistribution)
+        torch.testing.assert_close(dist.log_prob(sb3_actions), expected_lp, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dist.entropy(), expected_ent, rtol=1e-5, atol=1e-5)
+        mode = dist.mode()
+        assert mode.shape == (7, *space.shape)
+        torch.testing.assert_close(policy(obs, deterministic=True)[0], mode)
+        torch.testing.assert_close(policy._predict(obs, deterministic=True), mode)
+        assert dist.sample().shape == (7, *space.shape)
+        if kind == "discrete":
+            assert isinstance(dist.distribution, torch.distributions.Categorical)
+            torch.testing.assert_close(dist.distribution.probs, params.softmax(-1))
+            torch.testing.assert_close(mode, params.argmax(-1))
+        if kind == "box":
+            assert isinstance(dist.distribution, torch.distributions.Normal)
+            torch.testing.assert_close(dist.distribution.mean, params)
+            torch.testing.assert_close(dist.distribution.stddev, log_std.exp().expand_as(params))
+            torch.testing.assert_close(mode, params)
+        if kind == "multidiscrete":
+            assert [c.probs.shape for c in dist.distribution] == [(7, 2), (7, 3)]
+
+    # deterministic actions are predict()'s, before its clipping to the bounds
+    expected = model.predict(obs.numpy(), deterministic=True)[0]
+    if kind == "box":
+        np.testing.assert_allclose(expected, np.clip(mode.numpy(), space.low, space.high), rtol=1e-6)
+    else:
+        np.testing.assert_array_equal(expected, mode.numpy())
+
+
+def test_ppo_evaluate_actions_gradients_reach_actor_and_critic():
+    """SB3 code trains through evaluate_actions (e.g. behaviour cloning): its outputs carry gradients."""
+    model = ppo_model(ACTION_SPACES["box"])
+    obs = obs_batch()
+    values, log_prob, entropy = model.policy.evaluate_actions(obs, torch.zeros(7, 2))
+    (values.sum() + log_prob.sum() + entropy.sum()).backward()
+    for net in (model.actor, model.critic):
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.trunk.parameters())
+
+
+def test_ppo_policy_takes_dict_observations():
+    space = spaces.Dict({"a": BOX_OBS, "b": spaces.Discrete(4)})
+    model = PPO("MultiInputPolicy", SpaceEnv(space, spaces.Discrete(2)), **FAST).learn(32)
+    obs = {"a": obs_batch(5), "b": torch.tensor([0, 1, 2, 3, 0])}
+    with torch.no_grad():
+        actions, values, log_prob = model.policy(obs, deterministic=True)
+    np.testing.assert_array_equal(
+        actions.numpy(), model.predict({"a": obs["a"].numpy(), "b": obs["b"].numpy()}, deterministic=True)[0]
+    )
+    assert values.shape == (5, 1) and log_prob.shape == (5,)
+
+
+def test_policy_state_dict_and_parameter_vector_round_trip():
+    """SB3's "accessing and modifying model parameters" recipes: state_dict copies, parameter vectors."""
+    model_a = ppo_model(ACTION_SPACES["discrete"])
+    model_b = PPO("MlpPolicy", SpaceEnv(BOX_OBS, ACTION_SPACES["discrete"]), **{**FAST, "seed": 1})
+    obs = obs_batch()
+    with torch.no_grad():
+        logits_a = model_a.actor(obs)
+        assert not torch.allclose(model_b.actor(obs), logits_a)
+        model_b.policy.load_state_dict(model_a.policy.state_dict())
+        torch.testing.assert_close(model_b.actor(obs), logits_a, rtol=0, atol=0)
+        torch.testing.assert_close(model_b.critic(obs), model_a.critic(obs), rtol=0, atol=0)
+
+    vector = model_a.policy.parameters_to_vector()
+    assert vector.shape == (sum(p.numel() for p in model_a.policy.parameters()),)
+    model_a.policy.load_from_vector(vector + 1.0)
+    with torch.no_grad():
+        assert not torch.allclose(model_a.actor(obs), logits_a)
+    model_a.policy.load_from_vector(vector)
+    with torch.no_grad():
+        torch.testing.assert_close(model_a.actor(obs), logits_a, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"parameters: \(\d+,\)"):
+        model_a.policy.load_from_vector(vector[:-1])
+
+
+def test_ppo_policy_after_load(tmp_path):
+    model = ppo_model(ACTION_SPACES["box"])
+    model.save(tmp_path / "m")
+    loaded = PPO.load(tmp_path / "m")
+    assert isinstance(loaded.policy, ActorCriticPolicy) and loaded.policy.actor is loaded.actor
+    obs = obs_batch()
+    with torch.no_grad():
+        for a, b in zip(model.policy(obs, deterministic=True), loaded.policy(obs, deterministic=True)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_sb3_onnx_export_recipe_runs_on_the_ppo_policy(tmp_path):
+    """SB3's documented ONNX recipe: a module returning policy(obs, deterministic=True), exported with
+    torch.onnx.export, gives the policy's actions, values and log-probabilities in onnxruntime."""
+
+    class OnnxablePolicy(torch.nn.Module):
+        def __init__(self, policy):
+            super().__init__()
+            self.policy = policy
+
+        def forward(self, observation):
+            return self.policy(observation, deterministic=True)
+
+    model = ppo_model(ACTION_SPACES["discrete"])
+    path = tmp_path / "policy.onnx"
+    torch.onnx.export(OnnxablePolicy(model.policy), torch.randn(1, 3), path, opset_version=17, input_names=["input"])
+    obs = obs_batch(1, seed=3)
+    outputs = ort.InferenceSession(str(path)).run(None, {"input": obs.numpy()})
+    with torch.no_grad():
+        expected = model.policy(obs, deterministic=True)
+    for got, want in zip(outputs, expected):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+    assert outputs[0][0] == model.predict(obs.numpy()[0], deterministic=True)[0]
+
+
+def test_policy_refuses_numpy_observations_and_recurrent_calls_without_memory():
+    model = ppo_model(ACTION_SPACES["discrete"])
+    with pytest.raises(TypeError, match=r"obs_to_tensor"):
+        model.policy(np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError, match=r"torch.as_tensor"):
+        model.policy.evaluate_actions(obs_batch(2), np.zeros(2))
+    recurrent = PPO("MlpLstmPolicy", SpaceEnv(BOX_OBS, spaces.Discrete(2)), **FAST)
+    with pytest.raises(NotImplementedError, match=r"model.predict\(obs, state=state, episode_start"):
+        recurrent.policy(obs_batch(2))
+    with pytest.raises(NotImplementedError, match=r"recurrent"):
+        recurrent.policy.predict_values(obs_batch(2))
+    actions, state = recurrent.policy.predict(np.zeros((2, 3), np.float32))
+    assert actions.shape == (2,) and state is not None
+
+
+# ============================================================================================ SAC
+
+
+def sac_model() -> SAC:
+    return SAC("MlpPolicy", "Pendulum-v1", learning_starts=16, batch_size=16, seed=0).learn(32)
+
+
+def test_sac_policy_is_sb3s_sacpolicy():
+    model = sac_model()
+    policy = model.policy
+    assert isinstance(policy, SACPolicy)
+    assert policy.actor is model.actor and policy.critic is model.critic
+    assert policy.critic_target is model.critic_target
+    assert policy.squash_output is True
+    assert {k.split(".")[0] for k in policy.state_dict()} == {"actor", "critic", "critic_target"}
+    policy.set_training_mode(False)
+    assert not model.actor.training and not model.critic.training and not policy.training
+    policy.set_training_mode(True)
+    assert model.actor.training and model.critic.training and policy.training
+
+    obs = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (6, 3)).astype(np.float32))
+    with torch.no_grad():
+        mean = model.actor(obs)[:, :1]
+        deterministic = policy(obs, deterministic=True)
+        torch.testing.assert_close(deterministic, torch.tanh(mean))
+        torch.testing.assert_close(policy._predict(obs, deterministic=True), deterministic)
+        sampled = policy(obs)
+    assert sampled.shape == (6, 1) and bool((sampled.abs() <= 1).all())
+    # predict() is forward's action rescaled to the bounds ([-2, 2] for Pendulum)
+    predicted = model.predict(obs.numpy(), deterministic=True)[0]
+    np.testing.assert_allclose(predicted, policy.unscale_action(deterministic.numpy()), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(predicted, 2.0 * deterministic.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(policy.scale_action(predicted), deterministic.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_sac_actor_action_log_prob_is_the_squashed_gaussians():
+    """SB3 SAC's ``model.actor.action_log_prob(obs)``: a reparameterized action in [-1, 1] and its
+    log-probability with the tanh change of variables, checked against torch.distributions."""
+    model = sac_model()
+    obs = torch.as_tensor(np.random.default_rng(1).uniform(-1, 1, (6, 3)).astype(np.float32))
+    actions, log_prob = model.actor.action_log_prob(obs)
+    assert actions.shape == (6, 1) and log_prob.shape == (6,) and actions.requires_grad
+    with torch.no_grad():
+        dist = ActionDistribution(model.actor.head, model.actor(obs), model.action_space).distribution
+        u = torch.atanh(actions.detach().clamp(-1 + 1e-6, 1 - 1e-6))
+        expected = dist.log_prob(u).sum(-1) - torch.log1p(-actions.detach().pow(2) + 1e-12).sum(-1)
+    torch.testing.assert_close(log_prob.detach(), expected, rtol=1e-3, atol=1e-3)
+
+
+def test_sac_policy_on_discrete_actions():
+    model = SAC("MlpPolicy", SpaceEnv(BOX_OBS, spaces.Discrete(3)), learning_starts=8, batch_size=8, seed=0).learn(16)
+    obs = obs_batch(4)
+    with torch.no_grad():
+        actions = model.policy(obs, deterministic=True)
+    np.testing.assert_array_equal(actions.numpy(), model.predict(obs.numpy(), deterministic=True)[0])
+    assert model.policy.squash_output is False
