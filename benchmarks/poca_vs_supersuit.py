@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         "agent_return"
     ]
     print(f"- command: `python -m benchmarks.poca_vs_supersuit {shlex.join(argv or sys.argv[1:])}`")
-    print(f"- simple_spread N={N_AGENTS}, {args.timesteps} env steps per run, {args.seeds} seeds, 1 torch thread")
+    threads = f"{args.threads} torch thread" + ("s" if args.threads != 1 else "")
+    print(f"- simple_spread N={N_AGENTS}, {args.timesteps} env steps per run, {args.seeds} seeds, {threads}")
     print()
     print("| learner | seconds (median) | env steps/s | per-agent return (median [min, max]) |")
     print("|---|---:|---:|---:|")
