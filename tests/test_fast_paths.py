@@ -482,8 +482,8 @@ def test_sac_bf16_matmuls_is_opt_in_and_close_to_float32():
     torch.manual_seed(0)
     np.random.seed(0)
     batch = fp32.replay_buffer.sample(256)
-    q32 = fp32._run(fp32.critic, batch.observations, batch.actions)
-    q16 = bf16._run(bf16.critic, batch.observations, batch.actions)
+    q32 = fp32._run(fp32.critic.values, batch.observations, batch.actions)
+    q16 = bf16._run(bf16.critic.values, batch.observations, batch.actions)
     assert q16.dtype == torch.float32
     assert not torch.equal(q16, q32)  # bfloat16 did run
     assert torch.allclose(q16, q32, rtol=0.05, atol=0.05)

@@ -11,6 +11,8 @@ import pytest
 import torch
 from envs import SpaceEnv
 from gymnasium import spaces
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
 
 from covey import PPO, SAC
 from covey.networks.policies import ActionDistribution, ActorCriticPolicy, SACPolicy
@@ -225,6 +227,46 @@ def test_policy_refuses_numpy_observations_and_recurrent_calls_without_memory():
     assert actions.shape == (2,) and state is not None
 
 
+class RolloutReader(BaseCallback):
+    """At the end of each rollout (before the update), reads the buffer the way SB3 code does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buffer = self.model.rollout_buffer
+        assert buffer.size() == 16
+        with torch.no_grad():
+            for batch in buffer.get(48):
+                values, log_prob, _ = self.model.policy.evaluate_actions(batch.observations, batch.actions)
+                self.batches.append((batch, values, log_prob))
+
+
+@pytest.mark.parametrize("kind", ["discrete", "box"])
+def test_rollout_buffer_get_gives_sb3s_samples_that_match_the_policy(kind):
+    """SB3's ``rollout_buffer.get(batch_size)`` pattern: minibatches with SB3's field names whose stored
+    values and log-probabilities are what ``policy.evaluate_actions`` gives before the update."""
+    env = make_vec_env(lambda: SpaceEnv(BOX_OBS, ACTION_SPACES[kind]), n_envs=6, seed=0)
+    reader = RolloutReader()
+    model = PPO("MlpPolicy", env, n_steps=16, batch_size=32, n_epochs=1, seed=0)
+    model.learn(96, callback=reader)
+    sizes = [len(batch.returns) for batch, _, _ in reader.batches]
+    assert sizes == [48, 48]
+    for batch, values, log_prob in reader.batches:
+        assert set(batch._fields) == {"observations", "actions", "old_values", "old_log_prob", "advantages", "returns"}
+        torch.testing.assert_close(values.flatten(), batch.old_values, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(log_prob, batch.old_log_prob, rtol=1e-5, atol=1e-5)
+    stored = torch.cat([batch.returns for batch, _, _ in reader.batches]).sort().values
+    torch.testing.assert_close(stored, model.rollout_buffer.returns.flatten().sort().values)  # every sample once
+    model.rollout_buffer.reset()
+    with pytest.raises(ValueError, match=r"holds 0 of its 16 steps"):
+        next(model.rollout_buffer.get())
+
+
 # ============================================================================================ SAC
 
 
@@ -281,3 +323,35 @@ def test_sac_policy_on_discrete_actions():
         actions = model.policy(obs, deterministic=True)
     np.testing.assert_array_equal(actions.numpy(), model.predict(obs.numpy(), deterministic=True)[0])
     assert model.policy.squash_output is False
+
+
+def test_sac_critics_answer_as_sb3s_continuous_critic():
+    """``model.critic(obs, actions)`` is a tuple of one ``(B, 1)`` tensor per critic, so SB3's
+    ``torch.cat(model.critic(obs, actions), dim=1)`` works; ``q1_forward`` is the first critic's."""
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=16, batch_size=16, seed=0, policy_kwargs=dict(n_critics=3))
+    model.learn(32)
+    obs = torch.as_tensor(np.random.default_rng(2).uniform(-1, 1, (5, 3)).astype(np.float32))
+    actions = torch.as_tensor(np.random.default_rng(3).uniform(-1, 1, (5, 1)).astype(np.float32))
+    with torch.no_grad():
+        stacked = model.critic.values(obs, actions)  # (3, 5): what training uses
+        qs = model.critic(obs, actions)
+        q1 = model.critic.q1_forward(obs, actions)
+        targets = model.critic_target(obs, actions)
+    assert isinstance(qs, tuple) and len(qs) == 3 and all(q.shape == (5, 1) for q in qs)
+    torch.testing.assert_close(torch.cat(qs, dim=1), stacked.T)
+    assert q1.shape == (5, 1)
+    torch.testing.assert_close(q1, qs[0])
+    # each critic is its own network: different values (the target critics are copies of them until trained)
+    assert not torch.allclose(qs[0], qs[1])
+    assert len(targets) == 3 and targets[0].shape == (5, 1)
+
+
+def test_sac_discrete_critics_give_one_value_per_action():
+    model = SAC("MlpPolicy", SpaceEnv(BOX_OBS, spaces.Discrete(3)), learning_starts=8, batch_size=8, seed=0).learn(16)
+    obs = obs_batch(4)
+    with torch.no_grad():
+        qs = model.critic(obs)
+        q1 = model.critic.q1_forward(obs)
+    assert len(qs) == 2 and all(q.shape == (4, 3) for q in qs)
+    torch.testing.assert_close(q1, qs[0])
+    torch.testing.assert_close(torch.stack(qs), model.critic.values(obs))

@@ -270,16 +270,16 @@ def test_critic_objective_regresses_taken_actions_on_target_critics(env_id):
     with torch.no_grad():
         next_params = model.actor(b.next_observations)
         if model.discrete:
-            q_all = model.critic(b.observations)  # (2, B, n_actions): Q of the taken actions
+            q_all = model.critic.values(b.observations)  # (2, B, n_actions): Q of the taken actions
             expected_q = q_all[:, torch.arange(32), b.actions]
-            next_q = model.critic_target(b.next_observations)
+            next_q = model.critic_target.values(b.next_observations)
             target = discrete_soft_q_target(
                 b.rewards, b.terminated, next_q, next_params.log_softmax(-1), alpha, model.gamma
             )
         else:
-            expected_q = model.critic(b.observations, b.actions)
+            expected_q = model.critic.values(b.observations, b.actions)
             next_actions, next_log_prob = model.actor.head.rsample(next_params)
-            next_q = model.critic_target(b.next_observations, next_actions)
+            next_q = model.critic_target.values(b.next_observations, next_actions)
             target = soft_q_target(b.rewards, b.terminated, next_q, next_log_prob, alpha, model.gamma)
     assert expected_q.shape == (2, 32)
     torch.testing.assert_close(q, expected_q)

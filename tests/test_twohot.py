@@ -152,7 +152,7 @@ def test_sac_twohot_q_heads_train_and_isolate(env_id):
     loss, stats, _ = model._critic_objective(b, model._ent_coef())
     assert _grads(model.critic, loss) and not _grads(model.actor, loss)
     assert {"q_entropy", "critic_ema_loss"} <= set(stats)
-    q = model.critic(b.observations) if model.discrete else model.critic(b.observations, b.actions)
+    q = model.critic.values(b.observations) if model.discrete else model.critic.values(b.observations, b.actions)
     assert q.shape[:2] == (2, 32) and torch.isfinite(q).all()
 
 

@@ -697,13 +697,13 @@ class SAC(BaseAgent):
         with torch.no_grad():
             next_params = self._run(self.actor, batch.next_observations)
             if self.discrete:
-                next_q = self._run(self.critic_target, batch.next_observations)
+                next_q = self._run(self.critic_target.values, batch.next_observations)
                 target = discrete_soft_q_target(
                     batch.rewards, batch.terminated, next_q, next_params.log_softmax(-1), ent_coef, cfg.gamma
                 )
             else:
                 next_actions, next_log_prob = self.actor.head.rsample(next_params)
-                next_q = self._run(self.critic_target, batch.next_observations, next_actions)
+                next_q = self._run(self.critic_target.values, batch.next_observations, next_actions)
                 target = soft_q_target(batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, cfg.gamma)
         head = self.critic.value_head
         raw = self._raw_q_taken(self.critic, batch)  # (n_critics, B) or (n_critics, B, K)
@@ -740,8 +740,8 @@ class SAC(BaseAgent):
         self.critic.requires_grad_(False)
         try:
             if self.discrete:
-                return discrete_actor_loss(self._run(self.critic, batch.observations), sample[0], ent_coef)
-            return actor_loss(self._run(self.critic, batch.observations, sample[0]), sample[1], ent_coef)
+                return discrete_actor_loss(self._run(self.critic.values, batch.observations), sample[0], ent_coef)
+            return actor_loss(self._run(self.critic.values, batch.observations, sample[0]), sample[1], ent_coef)
         finally:
             self.critic.requires_grad_(True)
 

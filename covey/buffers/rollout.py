@@ -143,6 +143,21 @@ class RolloutBuffer:
         self.advantages = torch.as_tensor(adv, dtype=torch.float32, device=self.device)
         self.returns = torch.as_tensor(ret, dtype=torch.float32, device=self.device)
 
+    def size(self) -> int:
+        """Steps stored per env (SB3's ``size()``)."""
+        return self.pos
+
+    def get(self, batch_size: int | None = None) -> Iterator[RolloutBatch]:
+        """SB3's ``get``: shuffled minibatches of ``batch_size`` samples (the whole rollout when None) with
+        SB3's field names (``observations``, ``actions``, ``old_values``, ``old_log_prob``, ``advantages``,
+        ``returns``), each ``(batch, ...)``; it needs a full buffer with its returns computed, as SB3's does."""
+        if not self.full:
+            raise ValueError(
+                f"The rollout buffer holds {self.pos} of its {self.n_steps} steps; get() reads a full rollout "
+                "(after collect_rollouts)."
+            )
+        return self.minibatches(batch_size if batch_size is not None else self.n_steps * self.n_envs)
+
     def minibatches(self, batch_size: int, generator: torch.Generator | None = None) -> Iterator[RolloutBatch]:
         """Shuffled minibatches over all ``n_steps * n_envs`` samples (the last one may be smaller).
 

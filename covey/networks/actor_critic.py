@@ -468,10 +468,12 @@ class QNetwork(nn.Module):
 
 
 class QEnsemble(nn.Module):
-    """``n_critics`` Q networks over one shared critic encoder; outputs are stacked on dim 0.
+    """``n_critics`` Q networks over one shared critic encoder.
 
-    ``forward`` gives Q values: Box actions ``(n_critics, B)``, Discrete ``(n_critics, B, n_actions)``;
-    ``raw`` the heads' outputs (two-hot logits carry a trailing bucket axis).
+    ``values`` gives the Q values stacked on dim 0: Box actions ``(n_critics, B)``, Discrete
+    ``(n_critics, B, n_actions)``; ``raw`` the heads' outputs (two-hot logits carry a trailing bucket axis).
+    Called, it answers as SB3's ``ContinuousCritic``: a tuple of one ``(B, 1)`` tensor per critic (``(B,
+    n_actions)`` for Discrete actions); ``q1_forward`` the first critic's alone.
     """
 
     def __init__(
@@ -496,8 +498,18 @@ class QEnsemble(nn.Module):
         features = self.encoder(obs)
         return torch.stack([q(features, actions) for q in self.qs])
 
-    def forward(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+    def values(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
         return self.value_head.value(self.raw(obs, actions))
+
+    def forward(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        return tuple(self._sb3_shape(q) for q in self.values(obs, actions))
+
+    def q1_forward(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+        """The first critic's Q values, ``(B, 1)`` (``(B, n_actions)`` for Discrete actions), as SB3's."""
+        return self._sb3_shape(self.value_head.value(self.qs[0](self.encoder(obs), actions)))
+
+    def _sb3_shape(self, q: torch.Tensor) -> torch.Tensor:
+        return q if self.qs[0].discrete else q.unsqueeze(-1)
 
 
 def build_sac_networks(
