@@ -358,8 +358,8 @@ def export_onnx(
     if not isinstance(n_samples, (int, np.integer)) or isinstance(n_samples, bool) or n_samples < 1:
         raise ValueError(f"n_samples={n_samples!r} is invalid: it must be a positive integer.")
     agent = _resolve_agent(model)
-    policy = getattr(agent, "actor", None)
-    if policy is None:
+    trained = getattr(agent, "actor", None)
+    if trained is None:
         raise ValueError(
             f"This {type(agent).__name__} has no networks yet (it was built without an env); "
             "build it with an env or load a saved model."
@@ -371,7 +371,7 @@ def export_onnx(
         target = target.with_suffix(".onnx")
 
     # Export a CPU copy in eval mode: the agent the caller holds is left exactly as it was.
-    actor = copy.deepcopy(policy).cpu().eval()
+    actor = copy.deepcopy(trained).cpu().eval()
     onnx_bytes = _add_metadata(_export_bytes(ExportedActor(actor), actor), agent)
     input_names, output_names = _names(actor)
 

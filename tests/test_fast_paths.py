@@ -446,14 +446,14 @@ def test_manual_path_is_taken_for_discrete_observations_and_learns_without_autog
 def test_ppo_optimizer_state_keeps_the_per_parameter_layout_in_files(tmp_path):
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, seed=0).learn(64)
     reference = torch.optim.Adam(model._params, lr=1e-3)
-    state = model.get_parameters()["optimizer"]
+    state = model.get_parameters()["policy.optimizer"]
     assert len(state["state"]) == len(model._params)
     for i, p in enumerate(model._params):
         assert state["state"][i]["exp_avg"].shape == p.shape
     assert state["param_groups"][0]["params"] == reference.state_dict()["param_groups"][0]["params"]
     model.save(tmp_path / "model.zip")
     loaded = PPO.load(tmp_path / "model.zip")
-    restored = loaded.get_parameters()["optimizer"]
+    restored = loaded.get_parameters()["policy.optimizer"]
     for i in state["state"]:
         assert torch.equal(restored["state"][i]["exp_avg_sq"], state["state"][i]["exp_avg_sq"])
 

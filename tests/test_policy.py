@@ -355,3 +355,28 @@ def test_sac_discrete_critics_give_one_value_per_action():
     assert len(qs) == 2 and all(q.shape == (4, 3) for q in qs)
     torch.testing.assert_close(q1, qs[0])
     torch.testing.assert_close(torch.stack(qs), model.critic.values(obs))
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_get_parameters_has_sb3s_groups_and_policy_state(name):
+    """``get_parameters()`` names its groups as SB3's does (``policy``, ``policy.optimizer``, ...), and
+    ``"policy"`` is ``model.policy.state_dict()``: SB3 code that copies it into another policy works."""
+    import stable_baselines3
+
+    import covey
+
+    kwargs = dict(n_steps=16, batch_size=16) if name == "PPO" else dict(learning_starts=8, batch_size=8)
+    env_id = "CartPole-v1" if name == "PPO" else "Pendulum-v1"
+    sb3_model = getattr(stable_baselines3, name)("MlpPolicy", env_id, seed=0, **kwargs)
+    model_a = getattr(covey, name)("MlpPolicy", env_id, seed=0, **kwargs).learn(32)
+    model_b = getattr(covey, name)("MlpPolicy", env_id, seed=1, **kwargs)
+    params = model_a.get_parameters()
+    extra = {"ent_coef"} if name == "SAC" else set()  # SAC's learned temperature, which SB3 saves apart
+    assert set(params) == set(sb3_model.get_parameters()) | extra
+    assert params["policy"].keys() == model_a.policy.state_dict().keys()
+    model_b.policy.load_state_dict(params["policy"])
+    obs = np.zeros((3, *model_a.observation_space.shape), np.float32)
+    predicted = [model.predict(obs, deterministic=True)[0] for model in (model_a, model_b)]
+    np.testing.assert_array_equal(*predicted)
+    with pytest.raises(ValueError, match=r"Unknown parameter groups \['actors'\]"):
+        model_b.set_parameters({"actors": {}})

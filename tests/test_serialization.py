@@ -32,7 +32,7 @@ def test_file_holds_json_settings_and_tensors(saved):
         tensors = torch.load(io.BytesIO(zf.read("tensors.pt")), weights_only=True)
     assert settings["format_version"] == serialization.FORMAT_VERSION
     assert settings["agent"] == "PPO" and settings["hyperparameters"]["n_steps"] == 32
-    assert set(tensors) == {"actor", "critic", "optimizer"}
+    assert set(tensors) == {"policy", "policy.optimizer"}  # SB3's get_parameters() names
 
 
 class _Exploit:
@@ -131,10 +131,10 @@ def test_corrupt_tensor_entry_and_newer_format(saved, tmp_path):
 def test_save_to_a_file_object_and_exclude(saved, tmp_path):
     model, _ = saved
     buf = io.BytesIO()
-    model.save(buf, exclude=["optimizer"])
+    model.save(buf, exclude=["policy.optimizer"])
     buf.seek(0)
     settings, tensors = serialization.load_model_file(buf)
-    assert set(tensors) == {"actor", "critic"}
+    assert set(tensors) == {"policy"}
     buf.seek(0)
     loaded = PPO.load(buf)
     obs = np.zeros((3, 4), np.float32)
@@ -207,3 +207,45 @@ def test_schedule_that_decayed_to_zero_still_loads(tmp_path):
     model.save(tmp_path / "half.zip")
     half = PPO.load(tmp_path / "half.zip")
     assert half.learning_rate == pytest.approx(5e-4) and half.clip_range(1.0) == pytest.approx(0.1)
+
+
+def _as_earlier_file(model, path) -> None:
+    """Rewrite a saved model file with the parameter group names that earlier covey versions wrote: one group
+    per network (actor, critic, ...) and per optimizer (optimizer, actor_optimizer, ...)."""
+    settings, _ = serialization.load_model_file(path)
+    settings.pop("format_version")
+    tensors = {name: net.state_dict() for name, net in model._networks().items()}
+    tensors |= {name: opt.state_dict() for name, opt in model._optimizers().items()}
+    if getattr(model, "log_ent_coef", None) is not None:
+        tensors["ent_coef"] = {"log_ent_coef": model.log_ent_coef.detach().clone()}
+    serialization.save_model_file(path, settings, tensors)
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC"])
+def test_files_with_earlier_parameter_group_names_still_load(agent, tmp_path):
+    from covey import SAC
+
+    if agent == "PPO":
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0).learn(64)
+        old_names = {"actor", "critic", "optimizer"}
+        obs = np.random.default_rng(0).uniform(-1, 1, (5, 4)).astype(np.float32)
+    else:
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=16, batch_size=16, seed=0).learn(32)
+        old_names = {"actor", "critic", "critic_target", "actor_optimizer", "critic_optimizer", "ent_coef_optimizer"}
+        obs = np.random.default_rng(0).uniform(-1, 1, (5, 3)).astype(np.float32)
+    path = tmp_path / "old.zip"
+    model.save(path)
+    _as_earlier_file(model, path)
+    assert old_names <= set(serialization.load_model_file(path)[1])
+
+    loaded = type(model).load(path)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+    for name, group in loaded.get_parameters().items():
+        expected = model.get_parameters()[name]
+        if name == "policy" or name == "ent_coef":
+            assert expected.keys() == group.keys()
+            for key in expected:
+                torch.testing.assert_close(group[key], expected[key], rtol=0, atol=0)
+        else:  # an optimizer: its state per parameter
+            for index, state in expected["state"].items():
+                torch.testing.assert_close(group["state"][index]["exp_avg"], state["exp_avg"], rtol=0, atol=0)

@@ -111,7 +111,7 @@ def assert_valid_action(action: np.ndarray, space: spaces.Space) -> None:
 def test_learn_and_predict(policy: str, obs_space: spaces.Space, action_space: spaces.Space) -> None:
     env = make_vec_env(obs_space, action_space)
     model = PPO(policy, env, n_steps=16, batch_size=32, n_epochs=2, seed=0)
-    networks = {"policy": model.policy, "critic": model.critic}
+    networks = {"actor": model.actor, "critic": model.critic}
     before = {name: snapshot(net) for name, net in networks.items()}
 
     model.learn(256)

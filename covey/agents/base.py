@@ -647,11 +647,18 @@ class BaseAgent:
         for key, value in config_dict(self.config).items():
             setattr(self, key, value)
 
-    def get_parameters(self) -> dict[str, dict]:
-        """State dicts of every network and optimizer, by name (SB3's ``get_parameters``)."""
-        params = {name: module.state_dict() for name, module in self._networks().items()}
-        params.update({name: opt.state_dict() for name, opt in self._optimizers().items()})
+    def _parameter_groups(self) -> dict[str, torch.nn.Module | torch.optim.Optimizer]:
+        """What ``get_parameters`` returns and ``set_parameters`` and model files restore, by name (PPO and SAC
+        use SB3's names: ``policy``, ``policy.optimizer``, ...)."""
+        return {**self._networks(), **self._optimizers()}
+
+    def _legacy_parameter_names(self, params: dict) -> dict:
+        """Parameter groups under the names of earlier covey files, renamed to :meth:`_parameter_groups`'."""
         return params
+
+    def get_parameters(self) -> dict[str, dict]:
+        """State dicts of every parameter group, by name (SB3's ``get_parameters``)."""
+        return {name: group.state_dict() for name, group in self._parameter_groups().items()}
 
     def set_parameters(
         self,
@@ -664,11 +671,13 @@ class BaseAgent:
             params = load_path_or_dict
         else:
             _, params = serialization.load_model_file(load_path_or_dict, self.device)
-        targets: dict[str, Any] = {**self._networks(), **self._optimizers()}
+        params = self._legacy_parameter_names(params)
+        targets = self._parameter_groups()
         unknown = sorted(set(params) - set(targets))
         if unknown:
             raise ValueError(f"Unknown parameter groups {unknown}; this model has {sorted(targets)}.")
-        missing = sorted(set(self._networks()) - set(params))
+        modules = [name for name, group in targets.items() if isinstance(group, torch.nn.Module)]
+        missing = sorted(set(modules) - set(params))
         if exact_match and missing:
             raise ValueError(f"Parameter groups {missing} are missing (pass exact_match=False to load a subset).")
         for name, state in params.items():
@@ -689,7 +698,7 @@ class BaseAgent:
     ) -> None:
         """Write the model to one ``.zip`` file (suffix added when missing), atomically.
 
-        ``exclude`` names parameter groups (e.g. ``"optimizer"``) to leave out; ``include`` is kept
+        ``exclude`` names parameter groups (e.g. ``"policy.optimizer"``) to leave out; ``include`` is kept
         for SB3 compatibility (every group is saved unless excluded).
         """
         exclude = set(exclude or [])
@@ -795,6 +804,22 @@ class BaseAgent:
         model.num_timesteps = int(settings.get("num_timesteps", 0))
         model._n_updates = int(settings.get("n_updates", 0))
         return model
+
+
+def merge_parameter_groups(params: dict, into: str, modules: tuple[str, ...], renames: dict[str, str]) -> dict:
+    """``params`` with the module groups ``modules`` (e.g. earlier files' ``actor`` and ``critic``) merged into
+    one state dict ``into`` under their names as prefixes (``actor.trunk.0.weight``), and other groups renamed
+    by ``renames``. A dict that already has ``into``, or none of ``modules``, only gets the renames."""
+    merged: dict = {}
+    out: dict = {}
+    for name, state in params.items():
+        if name in modules and into not in params:
+            merged.update({f"{name}.{key}": value for key, value in state.items()})
+        else:
+            out[renames.get(name, name)] = state
+    if merged:
+        out[into] = merged
+    return out
 
 
 def _class_name(cls: type) -> str:

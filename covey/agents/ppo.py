@@ -9,7 +9,15 @@ import numpy as np
 import torch
 from stable_baselines3.common.utils import explained_variance
 
-from covey.agents.base import BaseAgent, Schedule, as_schedule, require, set_train_mode, warn_batch_size
+from covey.agents.base import (
+    BaseAgent,
+    Schedule,
+    as_schedule,
+    merge_parameter_groups,
+    require,
+    set_train_mode,
+    warn_batch_size,
+)
 from covey.agents.recurrent import RecurrentRollout
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import Actor, Critic, PolicyConfig, build_actor_critic, memory_settings
@@ -541,6 +549,15 @@ class PPO(BaseAgent):
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"optimizer": self.optimizer}
+
+    def _parameter_groups(self) -> dict[str, torch.nn.Module | torch.optim.Optimizer]:
+        groups = {"policy": self.policy, "policy.optimizer": self.optimizer}  # SB3's names
+        if self.critic_ema is not None:
+            groups["critic_ema"] = self.critic_ema.model
+        return groups
+
+    def _legacy_parameter_names(self, params: dict) -> dict:
+        return merge_parameter_groups(params, "policy", ("actor", "critic"), {"optimizer": "policy.optimizer"})
 
     # ------------------------------------------------------------------ training loop
     def learn(

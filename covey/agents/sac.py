@@ -13,7 +13,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictReplayBuffer as SB3DictReplayBuffer
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
 
-from covey.agents.base import BaseAgent, FlatParameters, Schedule, require, set_train_mode
+from covey.agents.base import BaseAgent, FlatParameters, Schedule, merge_parameter_groups, require, set_train_mode
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks
 from covey.networks.distributions import SquashedGaussianHead
@@ -474,6 +474,19 @@ class SAC(BaseAgent):
         if self.ent_coef_optimizer is not None:
             opts["ent_coef_optimizer"] = self.ent_coef_optimizer
         return opts
+
+    def _parameter_groups(self) -> dict[str, torch.nn.Module | torch.optim.Optimizer]:
+        groups = {"policy": self.policy, "actor.optimizer": self.actor_optimizer}  # SB3's names
+        groups["critic.optimizer"] = self.critic_optimizer
+        if self.ent_coef_optimizer is not None:
+            groups["ent_coef_optimizer"] = self.ent_coef_optimizer
+        if self.critic_ema is not None:
+            groups["critic_ema"] = self.critic_ema.model
+        return groups
+
+    def _legacy_parameter_names(self, params: dict) -> dict:
+        renames = {"actor_optimizer": "actor.optimizer", "critic_optimizer": "critic.optimizer"}
+        return merge_parameter_groups(params, "policy", ("actor", "critic", "critic_target"), renames)
 
     def get_parameters(self) -> dict[str, dict]:
         params = super().get_parameters()
