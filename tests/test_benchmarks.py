@@ -175,3 +175,15 @@ def test_lunar_lander_env_smoke():
     for row in rows.values():
         assert number(row["env steps/s"]) > 0
         assert number(row["mean episode length"]) > 0  # episodes end within 3 s of 16 copies
+
+
+def test_ppo_cnn_smoke():
+    """covey's and SB3's CnnPolicy PPO side by side: a time and a ratio to SB3 per learner."""
+    command = [sys.executable, "-m", "benchmarks.ppo_cnn", "--timesteps", "512", "--repeats", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert set(rows) == {"covey", "SB3", "covey, batched evaluation"}
+    for row in rows.values():
+        assert number(row["seconds (median)"]) > 0
+    assert rows["SB3"]["time / SB3's (median [min, max] per repeat)"].startswith("1.00")

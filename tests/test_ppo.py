@@ -100,6 +100,70 @@ def test_shared_encoder_receives_both_losses():
     assert not nonzero(grads_of(model.actor.head, loss))
 
 
+def count_calls(module: torch.nn.Module) -> list[int]:
+    """A counter of ``module``'s forward calls (a one-element list) and the batch size of each."""
+    calls: list[int] = []
+    module.register_forward_hook(lambda mod, args, out: calls.append(out.shape[0]))
+    return calls
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_cnn_encoders_run_once_per_step_and_minibatch(share):
+    """An encoder with weights is the costly part: acting also gives the values and log-probs (no second
+    pass over the rollout), and a shared encoder runs once per minibatch for actor and critic together."""
+    env = make_vec_env(ImageEnv, n_envs=2, seed=0)  # episodes never end: no bootstraps inside the rollout
+    kwargs = dict(n_steps=8, batch_size=8, n_epochs=2, seed=0, policy_kwargs=dict(share_features_extractor=share))
+    model = PPO("CnnPolicy", env, **kwargs)
+    actor_calls = count_calls(model.actor.encoder)
+    critic_calls = actor_calls if share else count_calls(model.critic.encoder)
+    collected(model)
+    # every step of the 2 envs once, then the critic on the last observations (the rollout's bootstrap)
+    if share:
+        assert actor_calls == [2] * 9
+    else:
+        assert actor_calls == [2] * 8 and critic_calls == [2] * 9
+    actor_calls.clear()
+    critic_calls.clear()
+    model.train()
+    assert actor_calls == [8] * 4  # 2 epochs of 2 minibatches of 8, each once
+    assert critic_calls == [8] * 4
+
+
+class BeforeUpdate(BaseCallback):
+    """Checks at the end of each rollout, before the update, that the stored values and log-probs are what
+    a batched pass over the rollout gives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checked = 0
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buffer, model = self.model.rollout_buffer, self.model
+        obs, actions = buffer.flat_observations(), buffer.flat_actions()
+        with torch.no_grad():
+            values = model.critic(obs)
+            log_prob = model.actor.evaluate(obs, actions)[0]
+        torch.testing.assert_close(buffer.values.reshape(-1), values, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(buffer.log_probs.reshape(-1), log_prob, rtol=1e-4, atol=1e-5)
+        self.checked += 1
+
+
+@pytest.mark.parametrize("value_head", ["scalar", "twohot"])
+def test_values_and_log_probs_computed_while_acting_match_a_batched_pass(value_head):
+    env = make_vec_env(lambda: gym.wrappers.TimeLimit(ImageEnv(), 5), n_envs=2, seed=0)
+    model = PPO(
+        "CnnPolicy", env, n_steps=8, batch_size=16, n_epochs=1, seed=0, policy_kwargs=dict(value_head=value_head)
+    )
+    assert model._evaluate_while_acting
+    callback = BeforeUpdate()
+    model.learn(32, callback=callback)
+    assert callback.checked == 2
+    assert (model._value_entropy is not None) == (value_head == "twohot")
+
+
 def test_value_clipping_takes_the_larger_error():
     """clip_range_vf: the loss is max((R - V)^2, (R - V_clip)^2), computed by hand."""
     values, old, returns = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]), torch.tensor([2.0, -1.0])

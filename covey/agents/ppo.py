@@ -20,7 +20,14 @@ from covey.agents.base import (
 )
 from covey.agents.recurrent import RecurrentRollout
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
-from covey.networks.actor_critic import Actor, Critic, PolicyConfig, build_actor_critic, memory_settings
+from covey.networks.actor_critic import (
+    Actor,
+    Critic,
+    PolicyConfig,
+    actor_critic_forward,
+    build_actor_critic,
+    memory_settings,
+)
 from covey.networks.distributions import CategoricalHead, DiagGaussianHead
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.mlp import ManualMLP
@@ -148,8 +155,8 @@ def ppo_loss(
     scale does not depend on the reward scale, and value clipping does not apply. ``critic_ema`` adds the
     EMA regularizer to the value loss.
     """
-    log_prob, entropy = actor.evaluate(batch.observations, batch.actions)
-    raw = critic.raw(batch.observations)
+    params, raw = actor_critic_forward(actor, critic, batch.observations)
+    log_prob, entropy = actor.evaluate_params(params, batch.actions)
     ema_raw = None
     if critic_ema is not None:
         with torch.no_grad():
@@ -531,6 +538,14 @@ class PPO(BaseAgent):
             and ManualPPOUpdate.applies(self.actor, self.critic, params)
         ):
             self._manual = ManualPPOUpdate(self.actor, self.critic)
+        # An encoder with weights (a CNN, an SB3 features extractor) is the costly part of every pass: acting
+        # then also gives the values and log-probs (one pass over each step, as SB3 does) instead of a second
+        # pass over the rollout. Weight-free encoders keep the one batched pass after the rollout.
+        self._evaluate_while_acting = (
+            self._manual is None
+            and self.actor.memory is None
+            and any(True for _ in [*self.actor.encoder.parameters(), *self.critic.encoder.parameters()])
+        )
         self.rollout_buffer = RolloutBuffer(
             cfg.n_steps, self.n_envs, self.observation_space, self.action_space, self.device
         )
@@ -584,15 +599,22 @@ class PPO(BaseAgent):
         set_train_mode(actor, False)
         callback.on_rollout_start()
         truncations: list[tuple[int, int, Any]] = []
+        acted: list[tuple[torch.Tensor, torch.Tensor]] = []  # (critic's raw output, log-prob) per step
         new_obs = self._last_obs
         for n_steps in range(n_rollout_steps):
             obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
-            # Acting needs only the actor; values and log-probs come in one pass after the rollout.
+            # Acting needs only the actor; values and log-probs come in one pass after the rollout (or with
+            # the action, for encoders with weights).
             if self.recurrent is not None:
                 action_tensor = self.recurrent.act(actor, obs_tensor, self._last_episode_starts, n_steps)
             elif self._manual is not None:
                 with torch.inference_mode():
                     action_tensor = self._manual.act(obs_tensor)
+            elif self._evaluate_while_acting:
+                with torch.inference_mode():
+                    params, raw = actor_critic_forward(actor, self.critic, obs_tensor)
+                    action_tensor = actor.head.sample(params)
+                    acted.append((raw, actor.head.log_prob(params, action_tensor)))
             else:
                 with torch.inference_mode():
                     action_tensor = actor.act(obs_tensor)
@@ -619,16 +641,22 @@ class PPO(BaseAgent):
                 "The env returned NaN observations during this rollout. Find the source with "
                 "stable_baselines3.common.vec_env.VecCheckNan(env, raise_exception=True)."
             )
-        last_values = self._evaluate_rollout(new_obs, truncations)
+        last_values = self._evaluate_rollout(new_obs, truncations, acted)
         rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
 
     @torch.no_grad()
-    def _evaluate_rollout(self, last_obs: Any, truncations: list[tuple[int, int, Any]]) -> np.ndarray:
+    def _evaluate_rollout(
+        self,
+        last_obs: Any,
+        truncations: list[tuple[int, int, Any]],
+        acted: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> np.ndarray:
         """Values and old log-probs of the whole rollout in batched passes (parameters are unchanged
-        since acting); returns V(last observation) per env and fills the truncation bootstraps."""
+        since acting), or from ``acted``, the critic's raw outputs and the log-probs computed with each
+        action; returns V(last observation) per env and fills the truncation bootstraps."""
         buffer = self.rollout_buffer
         if self.recurrent is not None:
             last_values, self._value_entropy = self.recurrent.evaluate(
@@ -648,6 +676,13 @@ class PPO(BaseAgent):
         # The hand-differentiated update evaluates with its own arithmetic, so that both agree exactly.
         critic = manual.value if manual is not None else self.critic
         values, log_probs, entropies = [], [], []
+        if acted:
+            raw = torch.cat([raw for raw, _ in acted])
+            values.append(head.value(raw))
+            if head.distributional:
+                entropies.append(head.entropy(raw))
+            log_probs.append(torch.cat([log_prob for _, log_prob in acted]))
+            n = 0  # nothing left to evaluate
         for start in range(0, n, _EVAL_CHUNK):
             chunk = _slice(obs, start, start + _EVAL_CHUNK)
             if manual is not None:
@@ -655,11 +690,11 @@ class PPO(BaseAgent):
                 values.append(value)
                 log_probs.append(log_prob)
                 continue
-            raw = self.critic.raw(chunk)
+            params, raw = actor_critic_forward(self.actor, self.critic, chunk)
             values.append(head.value(raw))
             if head.distributional:
                 entropies.append(head.entropy(raw))
-            log_probs.append(self.actor.evaluate(chunk, actions[start : start + _EVAL_CHUNK])[0])
+            log_probs.append(self.actor.evaluate_params(params, actions[start : start + _EVAL_CHUNK])[0])
         self._value_entropy = torch.cat(entropies).mean().item() if entropies else None
         buffer.values = torch.cat(values).reshape(buffer.n_steps, buffer.n_envs)
         buffer.log_probs = torch.cat(log_probs).reshape(buffer.n_steps, buffer.n_envs)

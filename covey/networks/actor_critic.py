@@ -307,6 +307,17 @@ class Critic(nn.Module):
         return self.value_head.value(self.raw(obs))
 
 
+def actor_critic_forward(actor: Actor, critic: Critic, obs: ObsTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The actor's distribution parameters and the critic's raw output on one batch (feed-forward networks).
+
+    A shared encoder (``share_features_extractor=True``, the default) runs once for both, as SB3's shared
+    features extractor does; on images that is half the convolutions of a minibatch, forward and backward.
+    """
+    if actor.encoder is critic.encoder:
+        features = actor.encoder(obs)
+        return actor.head(actor.trunk(features)), critic.value_head(critic.trunk(features))
+    return actor(obs), critic.raw(obs)
+
 def policy_kind(policy: str, observation_space: spaces.Space) -> str:
     """Map an SB3 policy name to an encoder kind, with a clear error for unknown names."""
     policy = LSTM_POLICIES.get(policy, policy)
