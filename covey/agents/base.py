@@ -647,13 +647,15 @@ class BaseAgent:
         for key, value in config_dict(self.config).items():
             setattr(self, key, value)
 
-    def _parameter_groups(self) -> dict[str, torch.nn.Module | torch.optim.Optimizer]:
+    def _parameter_groups(self) -> dict[str, Any]:
         """What ``get_parameters`` returns and ``set_parameters`` and model files restore, by name (PPO and SAC
-        use SB3's names: ``policy``, ``policy.optimizer``, ...)."""
+        use SB3's names: ``policy``, ``policy.optimizer``, ...): modules, optimizers and anything else with
+        ``state_dict``/``load_state_dict``."""
         return {**self._networks(), **self._optimizers()}
 
-    def _legacy_parameter_names(self, params: dict) -> dict:
-        """Parameter groups under the names of earlier covey files, renamed to :meth:`_parameter_groups`'."""
+    def _translate_parameter_names(self, params: dict) -> dict:
+        """Parameter groups named as earlier covey files (or SB3, for PPO and SAC) name them, renamed to
+        :meth:`_parameter_groups`'."""
         return params
 
     def get_parameters(self) -> dict[str, dict]:
@@ -671,7 +673,7 @@ class BaseAgent:
             params = load_path_or_dict
         else:
             _, params = serialization.load_model_file(load_path_or_dict, self.device)
-        params = self._legacy_parameter_names(params)
+        params = self._translate_parameter_names(params)
         targets = self._parameter_groups()
         unknown = sorted(set(params) - set(targets))
         if unknown:

@@ -33,6 +33,7 @@ from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.mlp import ManualMLP
 from covey.networks.obs import ObsTensor, batch_to_tensor
 from covey.networks.policies import ActorCriticPolicy
+from covey.networks.sb3_names import translate_groups
 from covey.networks.twohot import ScalarHead
 
 # Observations per forward pass when values and log-probs are computed for a whole rollout.
@@ -565,14 +566,15 @@ class PPO(BaseAgent):
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"optimizer": self.optimizer}
 
-    def _parameter_groups(self) -> dict[str, torch.nn.Module | torch.optim.Optimizer]:
+    def _parameter_groups(self) -> dict[str, Any]:
         groups = {"policy": self.policy, "policy.optimizer": self.optimizer}  # SB3's names
         if self.critic_ema is not None:
             groups["critic_ema"] = self.critic_ema.model
         return groups
 
-    def _legacy_parameter_names(self, params: dict) -> dict:
-        return merge_parameter_groups(params, "policy", ("actor", "critic"), {"optimizer": "policy.optimizer"})
+    def _translate_parameter_names(self, params: dict) -> dict:
+        params = merge_parameter_groups(params, "policy", ("actor", "critic"), {"optimizer": "policy.optimizer"})
+        return translate_groups("PPO", params, ("policy.optimizer",))
 
     # ------------------------------------------------------------------ training loop
     def learn(

@@ -21,6 +21,7 @@ from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
 from covey.networks.mlp import ManualMLP
 from covey.networks.obs import batch_to_tensor
 from covey.networks.policies import SACPolicy
+from covey.networks.sb3_names import translate_groups
 from covey.networks.twohot import ScalarHead
 
 
@@ -475,38 +476,20 @@ class SAC(BaseAgent):
             opts["ent_coef_optimizer"] = self.ent_coef_optimizer
         return opts
 
-    def _parameter_groups(self) -> dict[str, torch.nn.Module | torch.optim.Optimizer]:
+    def _parameter_groups(self) -> dict[str, Any]:
         groups = {"policy": self.policy, "actor.optimizer": self.actor_optimizer}  # SB3's names
         groups["critic.optimizer"] = self.critic_optimizer
         if self.ent_coef_optimizer is not None:
             groups["ent_coef_optimizer"] = self.ent_coef_optimizer
+            groups["ent_coef"] = _Temperature(self.log_ent_coef)  # covey's; SB3 saves it apart
         if self.critic_ema is not None:
             groups["critic_ema"] = self.critic_ema.model
         return groups
 
-    def _legacy_parameter_names(self, params: dict) -> dict:
+    def _translate_parameter_names(self, params: dict) -> dict:
         renames = {"actor_optimizer": "actor.optimizer", "critic_optimizer": "critic.optimizer"}
-        return merge_parameter_groups(params, "policy", ("actor", "critic", "critic_target"), renames)
-
-    def get_parameters(self) -> dict[str, dict]:
-        params = super().get_parameters()
-        if self.log_ent_coef is not None:
-            params["ent_coef"] = {"log_ent_coef": self.log_ent_coef.detach().clone()}
-        return params
-
-    def set_parameters(self, load_path_or_dict, exact_match: bool = True, device="auto") -> None:
-        if isinstance(load_path_or_dict, dict) and "ent_coef" in load_path_or_dict:
-            params = dict(load_path_or_dict)
-            state = params.pop("ent_coef")
-            if self.log_ent_coef is not None:
-                with torch.no_grad():
-                    self.log_ent_coef.copy_(state["log_ent_coef"])
-            load_path_or_dict = params
-        elif not isinstance(load_path_or_dict, dict):
-            from covey.serialization import load_model_file
-
-            return self.set_parameters(load_model_file(load_path_or_dict, self.device)[1], exact_match, device)
-        super().set_parameters(load_path_or_dict, exact_match, device)
+        params = merge_parameter_groups(params, "policy", ("actor", "critic", "critic_target"), renames)
+        return translate_groups("SAC", params, ("actor.optimizer", "critic.optimizer", "ent_coef_optimizer"))
 
     def _hyperparameters(self) -> dict[str, Any]:
         params = super()._hyperparameters()
@@ -758,6 +741,19 @@ class SAC(BaseAgent):
         finally:
             self.critic.requires_grad_(True)
 
+
+class _Temperature:
+    """The learned log-temperature as a parameter group: ``{"log_ent_coef": tensor}``."""
+
+    def __init__(self, log_ent_coef: torch.Tensor) -> None:
+        self.log_ent_coef = log_ent_coef
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"log_ent_coef": self.log_ent_coef.detach().clone()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            self.log_ent_coef.copy_(state["log_ent_coef"])
 
 def _copy_obs(obs):
     return {k: v.copy() for k, v in obs.items()} if isinstance(obs, dict) else obs.copy()

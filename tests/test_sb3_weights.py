@@ -1,0 +1,113 @@
+"""An SB3 user brings a trained model over: ``covey_model.set_parameters(sb3_model.get_parameters())`` copies
+SB3's PPO and SAC ``MlpPolicy`` weights, after which covey's model acts, values and scores actions exactly
+as SB3's; what cannot be copied (optimizer states, CNN extractors, other sizes) is said clearly."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import stable_baselines3
+import torch
+from envs import SpaceEnv, image_space
+from gymnasium import spaces
+
+import covey
+from covey.serialization import ModelFileError
+
+
+def trained_pair(name: str, env_id: str, **kwargs):
+    """An SB3 model trained a little (so that its weights are not an initialization) and a fresh covey model
+    with the same settings and another seed."""
+    sb3_model = getattr(stable_baselines3, name)("MlpPolicy", env_id, seed=0, **kwargs).learn(256)
+    model = getattr(covey, name)("MlpPolicy", env_id, seed=1, **kwargs)
+    return sb3_model, model
+
+
+def observations(space: spaces.Box, n: int = 32) -> np.ndarray:
+    return np.random.default_rng(0).uniform(-1, 1, (n, *space.shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_ppo_takes_sb3s_weights_and_acts_values_and_scores_as_sb3(env_id):
+    sb3_model, model = trained_pair("PPO", env_id, n_steps=64, batch_size=64, n_epochs=2)
+    obs = observations(model.observation_space)
+    assert not np.allclose(model.predict(obs, deterministic=True)[0], sb3_model.predict(obs, deterministic=True)[0])
+    with pytest.warns(UserWarning, match=r"optimizer states \(policy.optimizer\) .* not copied"):
+        model.set_parameters(sb3_model.get_parameters())
+    np.testing.assert_allclose(
+        model.predict(obs, deterministic=True)[0], sb3_model.predict(obs, deterministic=True)[0], rtol=1e-5, atol=1e-6
+    )
+    obs_t = torch.as_tensor(obs)
+    with torch.no_grad():
+        actions = sb3_model.policy(obs_t)[0]
+        sb3_values, sb3_log_prob, sb3_entropy = sb3_model.policy.evaluate_actions(obs_t, actions)
+        values, log_prob, entropy = model.policy.evaluate_actions(obs_t, actions)
+    torch.testing.assert_close(values, sb3_values, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(log_prob, sb3_log_prob, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, sb3_entropy, rtol=1e-5, atol=1e-5)
+
+
+def test_sac_takes_sb3s_weights_and_acts_and_values_as_sb3():
+    sb3_model, model = trained_pair("SAC", "Pendulum-v1", learning_starts=64, batch_size=32)
+    obs = observations(model.observation_space)
+    with pytest.warns(UserWarning, match=r"actor.optimizer, critic.optimizer, ent_coef_optimizer"):
+        model.set_parameters(sb3_model.get_parameters())
+    np.testing.assert_allclose(
+        model.predict(obs, deterministic=True)[0], sb3_model.predict(obs, deterministic=True)[0], rtol=1e-5, atol=1e-6
+    )
+    obs_t = torch.as_tensor(obs)
+    actions = torch.as_tensor(np.random.default_rng(1).uniform(-1, 1, (32, 1)).astype(np.float32))
+    with torch.no_grad():
+        for ours, theirs in ((model.critic, sb3_model.critic), (model.critic_target, sb3_model.critic_target)):
+            for q, sb3_q in zip(ours(obs_t, actions), theirs(obs_t, actions), strict=True):
+                torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
+
+
+def test_the_policy_alone_copies_without_a_warning():
+    sb3_model, model = trained_pair("PPO", "CartPole-v1", n_steps=64, batch_size=64, n_epochs=1)
+    obs = observations(model.observation_space)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.set_parameters({"policy": sb3_model.policy.state_dict()})
+    ours, theirs = (m.predict(obs, deterministic=True)[0] for m in (model, sb3_model))
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_what_cannot_be_copied_is_refused_clearly():
+    sb3_model = stable_baselines3.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[32]))
+    model = covey.PPO("MlpPolicy", "CartPole-v1")
+    with pytest.raises(ValueError, match=r"Parameters for 'policy' do not fit this model"):
+        model.set_parameters({"policy": sb3_model.policy.state_dict()})
+    env = SpaceEnv(image_space((36, 36, 1)), spaces.Discrete(2))
+    cnn = stable_baselines3.PPO("CnnPolicy", env, n_steps=16, batch_size=16)
+    with pytest.raises(ValueError, match=r"features extractor with weights .* only SB3 MlpPolicy weights"):
+        covey.PPO("CnnPolicy", env, n_steps=16, batch_size=16).set_parameters({"policy": cnn.policy.state_dict()})
+
+
+def test_loading_an_sb3_file_says_how_to_bring_its_weights(tmp_path):
+    path = tmp_path / "sb3_ppo.zip"
+    stable_baselines3.PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16).save(path)
+    with pytest.raises(ModelFileError, match=r"set_parameters\(sb3_model.get_parameters\(\)\)"):
+        covey.PPO.load(path)
+
+
+def test_multi_input_policy_weights_see_the_dict_keys_in_sb3s_order():
+    """Dict observations are flattened key by key in SB3's order (and Discrete parts one-hot), so the first
+    layer's copied weights read the same features."""
+    space = spaces.Dict(
+        {"b": spaces.Box(-1, 1, (3,), np.float32), "a": spaces.Box(-1, 1, (2,), np.float32), "c": spaces.Discrete(4)}
+    )
+    env = SpaceEnv(space, spaces.Discrete(3))
+    sb3_model = stable_baselines3.PPO("MultiInputPolicy", env, n_steps=16, batch_size=16, seed=0)
+    model = covey.PPO("MultiInputPolicy", env, n_steps=16, batch_size=16, seed=1)
+    model.set_parameters({"policy": sb3_model.policy.state_dict()})
+    rng = np.random.default_rng(0)
+    obs = {"a": rng.uniform(-1, 1, (50, 2)), "b": rng.uniform(-1, 1, (50, 3)), "c": rng.integers(0, 4, 50)}
+    obs = {k: v.astype(np.float32) if k != "c" else v for k, v in obs.items()}
+    with torch.no_grad():
+        sb3_obs, ours = sb3_model.policy.obs_to_tensor(obs)[0], model.policy.obs_to_tensor(obs)[0]
+        torch.testing.assert_close(model.policy.predict_values(ours), sb3_model.policy.predict_values(sb3_obs))
+        logits = model.policy.get_distribution(ours).distribution.logits
+        torch.testing.assert_close(logits, sb3_model.policy.get_distribution(sb3_obs).distribution.logits)
