@@ -102,7 +102,7 @@ def _read_entries(path: str | os.PathLike | io.BufferedIOBase) -> tuple[str, dic
                     f"{name} is a zip file but not a covey model (it lacks {SETTINGS_ENTRY} or {TENSORS_ENTRY}). "
                     "Stable-Baselines3 model files cannot be loaded (they unpickle code). Load it with "
                     "stable_baselines3 and copy its weights into a covey model with the same settings: "
-                    "model.set_parameters(sb3_model.get_parameters()) (PPO and SAC with MlpPolicy)."
+                    "model.set_parameters(sb3_model.get_parameters()) (PPO and SAC with MlpPolicy or CnnPolicy)."
                 )
             settings = json.loads(zf.read(SETTINGS_ENTRY))
             tensor_bytes = zf.read(TENSORS_ENTRY)

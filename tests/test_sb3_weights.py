@@ -75,15 +75,53 @@ def test_the_policy_alone_copies_without_a_warning():
     np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.mark.parametrize("share", [True, False])
+def test_cnn_policy_weights_copy_into_covey_nature_cnn(share):
+    """SB3's NatureCNN is covey's (``cnn`` named ``convs``): a CnnPolicy copies, shared encoder or not."""
+    env = SpaceEnv(image_space((36, 36, 3)), spaces.Discrete(3))
+    kwargs = dict(n_steps=16, batch_size=16, policy_kwargs=dict(share_features_extractor=share))
+    sb3_model = stable_baselines3.PPO("CnnPolicy", env, seed=0, **kwargs)
+    model = covey.PPO("CnnPolicy", env, seed=1, **kwargs)
+    model.set_parameters({"policy": sb3_model.policy.state_dict()})
+    frames = np.random.default_rng(0).integers(0, 256, (8, 36, 36, 3), dtype=np.uint8)
+    with torch.no_grad():
+        sb3_obs, ours = sb3_model.policy.obs_to_tensor(frames)[0], model.policy.obs_to_tensor(frames)[0]
+        torch.testing.assert_close(model.policy.predict_values(ours), sb3_model.policy.predict_values(sb3_obs))
+        logits = model.policy.get_distribution(ours).distribution.logits
+        torch.testing.assert_close(logits, sb3_model.policy.get_distribution(sb3_obs).distribution.logits)
+
+
+def test_sac_cnn_policy_weights_copy():
+    env = SpaceEnv(image_space((36, 36, 1)), spaces.Box(-1, 1, (2,), np.float32))
+    sb3_model = stable_baselines3.SAC("CnnPolicy", env, buffer_size=100, seed=0)
+    model = covey.SAC("CnnPolicy", env, buffer_size=100, seed=1)
+    model.set_parameters({"policy": sb3_model.policy.state_dict()})
+    frames = np.random.default_rng(0).integers(0, 256, (8, 36, 36, 1), dtype=np.uint8)
+    actions = torch.as_tensor(np.random.default_rng(1).uniform(-1, 1, (8, 2)).astype(np.float32))
+    np.testing.assert_allclose(
+        model.predict(frames, deterministic=True)[0], sb3_model.predict(frames, deterministic=True)[0], atol=1e-5
+    )
+    with torch.no_grad():
+        sb3_obs, ours = sb3_model.policy.obs_to_tensor(frames)[0], model.policy.obs_to_tensor(frames)[0]
+        for q, sb3_q in zip(model.critic_target(ours, actions), sb3_model.critic_target(sb3_obs, actions), strict=True):
+            torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
+
+
 def test_what_cannot_be_copied_is_refused_clearly():
     sb3_model = stable_baselines3.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[32]))
     model = covey.PPO("MlpPolicy", "CartPole-v1")
     with pytest.raises(ValueError, match=r"Parameters for 'policy' do not fit this model"):
         model.set_parameters({"policy": sb3_model.policy.state_dict()})
-    env = SpaceEnv(image_space((36, 36, 1)), spaces.Discrete(2))
-    cnn = stable_baselines3.PPO("CnnPolicy", env, n_steps=16, batch_size=16)
-    with pytest.raises(ValueError, match=r"features extractor with weights .* only SB3 MlpPolicy weights"):
-        covey.PPO("CnnPolicy", env, n_steps=16, batch_size=16).set_parameters({"policy": cnn.policy.state_dict()})
+    # SB3's CombinedExtractor (dict observations with an image) has no counterpart in covey
+    space = spaces.Dict({"image": image_space((36, 36, 1)), "vector": spaces.Box(-1, 1, (3,), np.float32)})
+    env = SpaceEnv(space, spaces.Discrete(2))
+    combined = stable_baselines3.PPO("MultiInputPolicy", env, n_steps=16, batch_size=16)
+    with pytest.raises(
+        ValueError, match=r"features_extractor.extractors.image.* no counterpart .* MlpPolicy and CnnPolicy"
+    ):
+        covey.PPO("MultiInputPolicy", env, n_steps=16, batch_size=16).set_parameters(
+            {"policy": combined.policy.state_dict()}
+        )
 
 
 def test_loading_an_sb3_file_says_how_to_bring_its_weights(tmp_path):

@@ -1,10 +1,11 @@
-"""SB3's ``MlpPolicy`` weights under covey's names: how an SB3 user brings a trained model over.
+"""SB3's policy weights under covey's names: how an SB3 user brings a trained model over.
 
 ``covey_model.set_parameters(sb3_model.get_parameters())`` reads the ``"policy"`` state dict of SB3's PPO or
 SAC (recognized by SB3's module names) through :func:`from_sb3`. The layers are the same (covey's actor and
-critic trunks are SB3's ``mlp_extractor``/``latent_pi``/``qf`` layers, index for index); only the names
-differ, and SAC's mean and log-std layers are covey's one head layer. Networks with SB3 features extractors
-that have weights (CNNs, custom extractors) have no counterpart here.
+critic trunks are SB3's ``mlp_extractor``/``latent_pi``/``qf`` layers, index for index, and covey's
+``NatureCNN`` is SB3's, ``convs`` for its ``cnn``); only the names differ, and SAC's mean and log-std layers
+are covey's one head layer. Other SB3 features extractors with weights (``CombinedExtractor`` on images,
+custom classes) have no counterpart here.
 
 >>> sd = {"mlp_extractor.policy_net.0.weight": 1, "action_net.bias": 2, "log_std": 3}
 >>> sorted(from_sb3("PPO", sd))
@@ -27,6 +28,10 @@ _PPO = (
     ("log_std", "actor.head.log_std"),
 )
 _SAC_Q = re.compile(r"^(critic|critic_target)\.qf(\d+)\.(\d+)\.(weight|bias)$")
+# A NatureCNN features extractor: PPO's pi_/vf_ ones (features_extractor is pi's under another name) and
+# SAC's, one per network.
+_NATURE_CNN = re.compile(r"^(?:(actor|critic|critic_target)\.)?(pi_|vf_)?features_extractor\.(cnn|linear)\.(.+)$")
+_PPO_ENCODERS = {"pi_": "actor.encoder", "vf_": "critic.encoder"}
 
 
 def translate_groups(agent: str, params: dict, optimizers: tuple[str, ...]) -> dict:
@@ -55,14 +60,23 @@ def is_sb3(agent: str, state_dict: dict) -> bool:
 
 
 def from_sb3(agent: str, state_dict: dict) -> dict:
-    """An SB3 PPO or SAC ``MlpPolicy`` state dict renamed to covey's ``model.policy`` names."""
-    out = _ppo(state_dict) if agent == "PPO" else _sac(state_dict)
-    extractors = sorted(key for key in state_dict if "features_extractor." in key)
-    if extractors:
-        raise ValueError(
-            f"The SB3 parameters include a features extractor with weights ({extractors[0]}, ...): only SB3 "
-            "MlpPolicy weights (trunks and heads on flattened observations) can be copied into covey."
-        )
+    """An SB3 PPO or SAC ``MlpPolicy`` or ``CnnPolicy`` state dict renamed to covey's ``model.policy`` names."""
+    nets = {key: value for key, value in state_dict.items() if "features_extractor." not in key}
+    out = _ppo(nets) if agent == "PPO" else _sac(nets)
+    for key, value in state_dict.items():
+        if "features_extractor." not in key:
+            continue
+        match = _NATURE_CNN.match(key)
+        if match is None:
+            raise ValueError(
+                f"SB3 parameter {key!r} belongs to a features extractor that covey has no counterpart for: "
+                "weights copy from SB3's MlpPolicy and CnnPolicy (NatureCNN) only."
+            )
+        network, branch, part, rest = match.groups()
+        if agent == "PPO" and branch is None:
+            continue  # PPO's features_extractor is its pi_features_extractor
+        encoder = _PPO_ENCODERS[branch] if agent == "PPO" else f"{network}.encoder"
+        out[f"{encoder}.{'convs' if part == 'cnn' else part}.{rest}"] = value
     return out
 
 
@@ -74,8 +88,7 @@ def _ppo(state_dict: dict) -> dict:
                 out[ours + key[len(sb3) :]] = value
                 break
         else:
-            if "features_extractor." not in key:
-                raise ValueError(f"SB3 PPO parameter {key!r} has no counterpart in covey's MlpPolicy.")
+            raise ValueError(f"SB3 PPO parameter {key!r} has no counterpart in covey's networks.")
     return out
 
 
@@ -96,8 +109,8 @@ def _sac(state_dict: dict) -> dict:
             out["actor.trunk." + key[len("actor.latent_pi.") :]] = value
         elif key.startswith(("actor.mu.", "actor.log_std.")):
             continue  # below: one layer of means then log-stds
-        elif "features_extractor." not in key:
-            raise ValueError(f"SB3 SAC parameter {key!r} has no counterpart in covey's MlpPolicy.")
+        else:
+            raise ValueError(f"SB3 SAC parameter {key!r} has no counterpart in covey's networks.")
     for kind in ("weight", "bias"):
         if f"actor.mu.{kind}" in state_dict:
             mean, log_std = state_dict[f"actor.mu.{kind}"], state_dict[f"actor.log_std.{kind}"]
