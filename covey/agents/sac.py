@@ -755,6 +755,7 @@ class _Temperature:
         with torch.no_grad():
             self.log_ent_coef.copy_(state["log_ent_coef"])
 
+
 def _copy_obs(obs):
     return {k: v.copy() for k, v in obs.items()} if isinstance(obs, dict) else obs.copy()
 

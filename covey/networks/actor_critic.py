@@ -318,6 +318,7 @@ def actor_critic_forward(actor: Actor, critic: Critic, obs: ObsTensor) -> tuple[
         return actor.head(actor.trunk(features)), critic.value_head(critic.trunk(features))
     return actor(obs), critic.raw(obs)
 
+
 def policy_kind(policy: str, observation_space: spaces.Space) -> str:
     """Map an SB3 policy name to an encoder kind, with a clear error for unknown names."""
     policy = LSTM_POLICIES.get(policy, policy)
