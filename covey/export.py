@@ -120,7 +120,7 @@ class ExportedActor(nn.Module):
             episode_start = inputs[n_obs + self.n_state]
             params, next_state = self.actor.forward_step(obs, state, episode_start)
         else:
-            params, next_state = self.actor(obs), ()
+            params, next_state = self.actor.distribution_params(obs), ()
         action = self.actor.head.sample(params, deterministic=True)
         action = self._to_env_actions(action)
         return (action, *next_state) if self.recurrent else action

@@ -81,7 +81,7 @@ def test_ppo_policy_forward_evaluate_and_distribution_match_torch_distributions(
     model = ppo_model(space)
     policy, obs = model.policy, obs_batch()
     with torch.no_grad():
-        params = model.actor(obs)
+        params = model.actor.distribution_params(obs)
         values = model.critic(obs)
         log_std = model.actor.log_std
 
@@ -159,20 +159,20 @@ def test_policy_state_dict_and_parameter_vector_round_trip():
     model_b = PPO("MlpPolicy", SpaceEnv(BOX_OBS, ACTION_SPACES["discrete"]), **{**FAST, "seed": 1})
     obs = obs_batch()
     with torch.no_grad():
-        logits_a = model_a.actor(obs)
-        assert not torch.allclose(model_b.actor(obs), logits_a)
+        logits_a = model_a.actor.distribution_params(obs)
+        assert not torch.allclose(model_b.actor.distribution_params(obs), logits_a)
         model_b.policy.load_state_dict(model_a.policy.state_dict())
-        torch.testing.assert_close(model_b.actor(obs), logits_a, rtol=0, atol=0)
+        torch.testing.assert_close(model_b.actor.distribution_params(obs), logits_a, rtol=0, atol=0)
         torch.testing.assert_close(model_b.critic(obs), model_a.critic(obs), rtol=0, atol=0)
 
     vector = model_a.policy.parameters_to_vector()
     assert vector.shape == (sum(p.numel() for p in model_a.policy.parameters()),)
     model_a.policy.load_from_vector(vector + 1.0)
     with torch.no_grad():
-        assert not torch.allclose(model_a.actor(obs), logits_a)
+        assert not torch.allclose(model_a.actor.distribution_params(obs), logits_a)
     model_a.policy.load_from_vector(vector)
     with torch.no_grad():
-        torch.testing.assert_close(model_a.actor(obs), logits_a, rtol=0, atol=0)
+        torch.testing.assert_close(model_a.actor.distribution_params(obs), logits_a, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"parameters: \(\d+,\)"):
         model_a.policy.load_from_vector(vector[:-1])
 
@@ -188,7 +188,8 @@ def test_ppo_policy_after_load(tmp_path):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_sb3_onnx_export_recipe_runs_on_the_ppo_policy(tmp_path):
+@pytest.mark.parametrize("kind", ["discrete", "multidiscrete", "box"])
+def test_sb3_onnx_export_recipe_runs_on_the_ppo_policy(kind, tmp_path):
     """SB3's documented ONNX recipe: a module returning policy(obs, deterministic=True), exported with
     torch.onnx.export, gives the policy's actions, values and log-probabilities in onnxruntime."""
 
@@ -200,16 +201,21 @@ def test_sb3_onnx_export_recipe_runs_on_the_ppo_policy(tmp_path):
         def forward(self, observation):
             return self.policy(observation, deterministic=True)
 
-    model = ppo_model(ACTION_SPACES["discrete"])
+    model = ppo_model(ACTION_SPACES[kind])
     path = tmp_path / "policy.onnx"
     torch.onnx.export(OnnxablePolicy(model.policy), torch.randn(1, 3), path, opset_version=17, input_names=["input"])
     obs = obs_batch(1, seed=3)
     outputs = ort.InferenceSession(str(path)).run(None, {"input": obs.numpy()})
     with torch.no_grad():
         expected = model.policy(obs, deterministic=True)
-    for got, want in zip(outputs, expected):
+    for got, want in zip(outputs, expected, strict=True):
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
-    assert outputs[0][0] == model.predict(obs.numpy()[0], deterministic=True)[0]
+    predicted = model.predict(obs.numpy()[0], deterministic=True)[0]
+    if kind == "box":  # predict clips to the bounds
+        predicted_mean = np.clip(outputs[0][0], ACTION_SPACES[kind].low, ACTION_SPACES[kind].high)
+        np.testing.assert_allclose(predicted, predicted_mean, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(outputs[0][0], predicted)
 
 
 def test_policy_refuses_numpy_observations_and_recurrent_calls_without_memory():
@@ -289,7 +295,7 @@ def test_sac_policy_is_sb3s_sacpolicy():
 
     obs = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (6, 3)).astype(np.float32))
     with torch.no_grad():
-        mean = model.actor(obs)[:, :1]
+        mean = model.actor.distribution_params(obs)[:, :1]
         deterministic = policy(obs, deterministic=True)
         torch.testing.assert_close(deterministic, torch.tanh(mean))
         torch.testing.assert_close(policy._predict(obs, deterministic=True), deterministic)
@@ -310,7 +316,9 @@ def test_sac_actor_action_log_prob_is_the_squashed_gaussians():
     actions, log_prob = model.actor.action_log_prob(obs)
     assert actions.shape == (6, 1) and log_prob.shape == (6,) and actions.requires_grad
     with torch.no_grad():
-        dist = ActionDistribution(model.actor.head, model.actor(obs), model.action_space).distribution
+        dist = ActionDistribution(
+            model.actor.head, model.actor.distribution_params(obs), model.action_space
+        ).distribution
         u = torch.atanh(actions.detach().clamp(-1 + 1e-6, 1 - 1e-6))
         expected = dist.log_prob(u).sum(-1) - torch.log1p(-actions.detach().pow(2) + 1e-12).sum(-1)
     torch.testing.assert_close(log_prob.detach(), expected, rtol=1e-3, atol=1e-3)
@@ -380,3 +388,32 @@ def test_get_parameters_has_sb3s_groups_and_policy_state(name):
     np.testing.assert_array_equal(*predicted)
     with pytest.raises(ValueError, match=r"Unknown parameter groups \['actors'\]"):
         model_b.set_parameters({"actors": {}})
+
+
+def test_sb3_sac_onnx_recipe_runs_on_the_sac_actor(tmp_path):
+    """SB3's ONNX recipe for SAC calls ``model.policy.actor(obs, deterministic=True)``: covey's actor answers
+    a call with actions (squashed into [-1, 1]), as SB3's does, and exports with it."""
+
+    class OnnxableActor(torch.nn.Module):
+        def __init__(self, actor):
+            super().__init__()
+            self.actor = actor
+
+        def forward(self, observation):
+            return self.actor(observation, deterministic=True)
+
+    model = sac_model()
+    obs = torch.as_tensor(np.random.default_rng(4).uniform(-1, 1, (1, 3)).astype(np.float32))
+    with torch.no_grad():
+        actions = model.policy.actor(obs, deterministic=True)
+        torch.testing.assert_close(actions, model.policy(obs, deterministic=True))
+        sampled = model.actor(obs)
+    assert actions.shape == sampled.shape == (1, 1) and bool((sampled.abs() <= 1).all())
+    path = tmp_path / "actor.onnx"
+    torch.onnx.export(OnnxableActor(model.policy.actor), torch.randn(1, 3), path, opset_version=17)
+    session = ort.InferenceSession(str(path))
+    (onnx_actions,) = session.run(None, {session.get_inputs()[0].name: obs.numpy()})
+    np.testing.assert_allclose(onnx_actions, actions.numpy(), rtol=1e-5, atol=1e-6)
+    # rescaled to Pendulum's bounds, they are predict()'s
+    predicted = model.predict(obs.numpy(), deterministic=True)[0]
+    np.testing.assert_allclose(model.policy.unscale_action(onnx_actions), predicted, rtol=1e-5, atol=1e-5)

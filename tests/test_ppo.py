@@ -224,7 +224,7 @@ def _run(seed: int) -> tuple[np.ndarray, dict]:
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=2, seed=seed).learn(256)
     obs = np.linspace(-1, 1, 40, dtype=np.float32).reshape(10, 4)
     with torch.no_grad():
-        logits = model.actor(torch.as_tensor(obs, device=model.device)).cpu().numpy()
+        logits = model.actor.distribution_params(torch.as_tensor(obs, device=model.device)).cpu().numpy()
     return logits, copy.deepcopy(model.critic.state_dict())
 
 

@@ -268,7 +268,7 @@ def test_critic_objective_regresses_taken_actions_on_target_critics(env_id):
     loss, _, (q, q_target) = model._critic_objective(b, alpha)
     torch.manual_seed(5)  # the same next-action noise
     with torch.no_grad():
-        next_params = model.actor(b.next_observations)
+        next_params = model.actor.distribution_params(b.next_observations)
         if model.discrete:
             q_all = model.critic.values(b.observations)  # (2, B, n_actions): Q of the taken actions
             expected_q = q_all[:, torch.arange(32), b.actions]
@@ -371,7 +371,7 @@ def test_save_load_predicts_identically(tmp_path, env_id):
     np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
     with torch.no_grad():
         t = torch.as_tensor(obs, device=model.device)
-        assert torch.equal(model.actor(t), loaded.actor(t))
+        assert torch.equal(model.actor.distribution_params(t), loaded.actor.distribution_params(t))
     for name in ("critic", "critic_target"):
         ours, theirs = getattr(model, name).state_dict(), getattr(loaded, name).state_dict()
         assert all(torch.equal(ours[k], theirs[k]) for k in ours)

@@ -621,9 +621,9 @@ def test_normalize_images_false_with_cnn_policy():
     )
     ones = np.ones((1, 36, 36, 3), np.uint8)
     with torch.no_grad():
-        out_raw = raw.actor(raw.policy.obs_to_tensor(ones)[0])
-        out_scaled = scaled.actor(scaled.policy.obs_to_tensor(ones * 255)[0])
-        out_scaled_ones = scaled.actor(scaled.policy.obs_to_tensor(ones)[0])
+        out_raw = raw.actor.distribution_params(raw.policy.obs_to_tensor(ones)[0])
+        out_scaled = scaled.actor.distribution_params(scaled.policy.obs_to_tensor(ones * 255)[0])
+        out_scaled_ones = scaled.actor.distribution_params(scaled.policy.obs_to_tensor(ones)[0])
     torch.testing.assert_close(out_raw, out_scaled)
     assert not torch.allclose(out_raw, out_scaled_ones)
     raw.learn(32)
@@ -771,11 +771,13 @@ def test_get_and_set_parameters():
     model_b = PPO("MlpPolicy", "CartPole-v1", **{**FAST, "seed": 1})
     batch = cartpole_obs_batch(64)
     with torch.no_grad():
-        logits_a = model_a.actor(model_a.policy.obs_to_tensor(batch)[0])
-        assert not torch.allclose(logits_a, model_b.actor(model_b.policy.obs_to_tensor(batch)[0]))
+        logits_a = model_a.actor.distribution_params(model_a.policy.obs_to_tensor(batch)[0])
+        assert not torch.allclose(logits_a, model_b.actor.distribution_params(model_b.policy.obs_to_tensor(batch)[0]))
     model_b.set_parameters(model_a.get_parameters())
     with torch.no_grad():
-        torch.testing.assert_close(model_b.actor(model_b.policy.obs_to_tensor(batch)[0]), logits_a, rtol=0, atol=0)
+        torch.testing.assert_close(
+            model_b.actor.distribution_params(model_b.policy.obs_to_tensor(batch)[0]), logits_a, rtol=0, atol=0
+        )
     np.testing.assert_array_equal(
         model_b.predict(batch, deterministic=True)[0], model_a.predict(batch, deterministic=True)[0]
     )
@@ -925,7 +927,8 @@ def test_predict_image_in_either_channel_order():
     chw = np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))
     with torch.no_grad():
         torch.testing.assert_close(
-            model.actor(model.policy.obs_to_tensor(hwc)[0]), model.actor(model.policy.obs_to_tensor(chw)[0])
+            model.actor.distribution_params(model.policy.obs_to_tensor(hwc)[0]),
+            model.actor.distribution_params(model.policy.obs_to_tensor(chw)[0]),
         )
     np.testing.assert_array_equal(model.predict(hwc, deterministic=True)[0], model.predict(chw, deterministic=True)[0])
     assert model.predict(hwc[0], deterministic=True)[0] == model.predict(chw[0], deterministic=True)[0]

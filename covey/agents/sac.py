@@ -671,7 +671,7 @@ class SAC(BaseAgent):
     def _policy_sample(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy at ``obs``: ``(actions, log_prob)`` for Box (a reparameterized sample), and
         ``(log_probs over all actions, E[log pi])`` for Discrete."""
-        params = self._run(self.actor, obs)
+        params = self._run(self.actor.distribution_params, obs)
         if self.discrete:
             log_probs = params.log_softmax(-1)  # (B, n_actions)
             return log_probs, (log_probs.exp() * log_probs).sum(-1)  # E[log pi] = -entropy, (B,)
@@ -691,7 +691,7 @@ class SAC(BaseAgent):
         """
         cfg = self.config
         with torch.no_grad():
-            next_params = self._run(self.actor, batch.next_observations)
+            next_params = self._run(self.actor.distribution_params, batch.next_observations)
             if self.discrete:
                 next_q = self._run(self.critic_target.values, batch.next_observations)
                 target = discrete_soft_q_target(

@@ -161,13 +161,18 @@ class Actor(nn.Module):
         """The state-independent log-std of a Gaussian policy (SB3's ``policy.log_std``), else None."""
         return getattr(self.head, "log_std", None)
 
-    def forward(self, obs: ObsTensor) -> torch.Tensor:
-        """Distribution parameters (logits or Gaussian means), ``(B, n_params)``."""
+    def distribution_params(self, obs: ObsTensor) -> torch.Tensor:
+        """Distribution parameters (logits, Gaussian means, or SAC's means and log-stds), ``(B, n_params)``."""
         return self.head(self.trunk(self.encoder(obs)))
+
+    def forward(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
+        """Actions for a batch of observations, as SB3's actors answer a call (SAC's squashed into [-1, 1]):
+        :meth:`act`."""
+        return self.act(obs, deterministic)
 
     def act(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
         """Sample (or take the mode of) an action for every observation in the batch."""
-        return self.head.sample(self(obs), deterministic)
+        return self.head.sample(self.distribution_params(obs), deterministic)
 
     # -- recurrent actors: the memory sits between the encoder and the trunk
     def forward_step(self, obs: ObsTensor, state: State, episode_starts: torch.Tensor) -> tuple[torch.Tensor, State]:
@@ -185,7 +190,7 @@ class Actor(nn.Module):
     def action_log_prob(self, obs: ObsTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A sampled action for every observation and its log-probability ``(B,)`` (SB3 SAC's
         ``actor.action_log_prob``); differentiable through the sample for SAC's squashed Gaussian."""
-        params = self(obs)
+        params = self.distribution_params(obs)
         if self.squashed:
             return self.head.rsample(params)
         actions = self.head.sample(params)
@@ -199,7 +204,7 @@ class Actor(nn.Module):
 
     def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities of ``actions`` and entropies, both ``(B,)``."""
-        return self.evaluate_params(self(obs), actions)
+        return self.evaluate_params(self.distribution_params(obs), actions)
 
     def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Actions as the env takes them: squashed actions rescaled from [-1, 1] to the bounds, other Box
@@ -316,7 +321,7 @@ def actor_critic_forward(actor: Actor, critic: Critic, obs: ObsTensor) -> tuple[
     if actor.encoder is critic.encoder:
         features = actor.encoder(obs)
         return actor.head(actor.trunk(features)), critic.value_head(critic.trunk(features))
-    return actor(obs), critic.raw(obs)
+    return actor.distribution_params(obs), critic.raw(obs)
 
 
 def policy_kind(policy: str, observation_space: spaces.Space) -> str:

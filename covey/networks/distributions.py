@@ -219,7 +219,10 @@ class SquashedGaussianHead(nn.Module):
         return self.proj(latent)
 
     def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, log_std = params.split(self.action_dim, dim=-1)
+        # Slices, not params.split(d): torch's ONNX exporter writes an equal split as a Split node with an
+        # opset-18 attribute even at opset 17 (SB3's export recipe), which onnxruntime then refuses.
+        d = self.action_dim
+        mean, log_std = params[..., :d], params[..., d:]
         return mean, log_std.clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
 
     def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:

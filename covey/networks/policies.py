@@ -202,7 +202,7 @@ class ActorCriticPolicy(_PolicyBase):
         """The action distribution for a batch of observation tensors."""
         _check_obs(obs)
         self._no_memory("get_distribution")
-        return ActionDistribution(self.actor.head, self.actor(obs), self.action_space)
+        return ActionDistribution(self.actor.head, self.actor.distribution_params(obs), self.action_space)
 
     def _predict(self, observation: ObsTensor, deterministic: bool = False) -> torch.Tensor:
         """Actions for a batch of observation tensors (SB3's ``_predict``; Box actions not yet clipped)."""
