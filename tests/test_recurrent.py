@@ -182,3 +182,32 @@ def test_dict_observations_with_memory(tmp_path):
     a2, s2 = PPO.load(tmp_path / "d.zip").predict(obs, deterministic=True)
     np.testing.assert_array_equal(a1, a2)
     np.testing.assert_allclose(s1[0], s2[0])
+
+
+def test_a_shared_cnn_runs_once_per_minibatch_for_both_memories():
+    """CnnLstmPolicy with the shared encoder (SB3's default): the actor's and the critic's memories read one
+    pass of the CNN per minibatch, and the outputs are exactly those of running each network alone."""
+    from envs import image_space
+
+    from covey.networks.actor_critic import actor_critic_sequences
+
+    env = make_vec_env(lambda: SpaceEnv(image_space((36, 36, 1)), spaces.Discrete(2), episode_length=6), n_envs=2)
+    model = PPO("CnnLstmPolicy", env, n_steps=8, batch_size=8, n_epochs=2, seed=0)
+    assert model.actor.encoder is model.critic.encoder
+    model.learn(16)
+    calls: list[int] = []
+    model.actor.encoder.register_forward_hook(lambda mod, args, out: calls.append(out.shape[0]))
+    minibatches = list(model.recurrent.minibatches(8))
+    model.train()
+    assert len(calls) == 2 * len(minibatches)  # n_epochs passes over the minibatches, one encoder call each
+
+    rec, buffer = model.recurrent, model.rollout_buffer
+    rows = minibatches[0]
+    valid = rec.sequences.valid_tensor(rows)
+    obs = rec.sequences.gather(buffer.flat_observations(), rows)
+    actor_init = rec.sequences.initial_states(rec.actor_states, rows)
+    critic_init = rec.sequences.initial_states(rec.critic_states, rows)
+    with torch.no_grad():
+        params, raw = actor_critic_sequences(model.actor, model.critic, obs, actor_init, critic_init, valid)
+        torch.testing.assert_close(params, model.actor.forward_sequences(obs, actor_init, valid), rtol=0, atol=0)
+        torch.testing.assert_close(raw, model.critic.raw_sequences(obs, critic_init, valid), rtol=0, atol=0)

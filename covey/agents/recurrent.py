@@ -13,7 +13,7 @@ import torch
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.buffers.sequences import cut_sequences
-from covey.networks.actor_critic import Actor, Critic
+from covey.networks.actor_critic import Actor, Critic, actor_critic_sequences
 from covey.networks.attention import POCACritic
 from covey.networks.memory import State
 from covey.networks.obs import batch_to_tensor
@@ -128,10 +128,12 @@ class RecurrentRollout:
         valid = seq.valid_tensor(rows)
         obs = seq.gather(buffer.flat_observations(), rows)
         actions = seq.gather(buffer.flat_actions(), rows)[valid]
-        params = actor.forward_sequences(obs, seq.initial_states(self.actor_states, rows), valid)
-        log_prob, entropy = actor.evaluate_params(params[valid], actions)
         critic_init = seq.initial_states(self.critic_states, rows)
-        raw = critic.raw_sequences(obs, critic_init, valid)[valid]
+        params, raw = actor_critic_sequences(
+            actor, critic, obs, seq.initial_states(self.actor_states, rows), critic_init, valid
+        )
+        log_prob, entropy = actor.evaluate_params(params[valid], actions)
+        raw = raw[valid]
         ema_raw = None
         if critic_ema is not None:
             with torch.no_grad():

@@ -20,7 +20,7 @@ from torch import nn
 from covey.networks.attention import EntityEncoder, POCACritic
 from covey.networks.distributions import SquashedGaussianHead, make_action_head
 from covey.networks.encoders import ExternalEncoder, make_encoder
-from covey.networks.memory import Memory, State
+from covey.networks.memory import Memory, State, sequence_features
 from covey.networks.mlp import mlp, parse_net_arch
 from covey.networks.obs import ObsTensor, obs_to_tensor
 from covey.networks.twohot import ScalarHead, make_value_head
@@ -322,6 +322,18 @@ def actor_critic_forward(actor: Actor, critic: Critic, obs: ObsTensor) -> tuple[
         features = actor.encoder(obs)
         return actor.head(actor.trunk(features)), critic.value_head(critic.trunk(features))
     return actor.distribution_params(obs), critic.raw(obs)
+
+
+def actor_critic_sequences(
+    actor: Actor, critic: Critic, obs, actor_state: State, critic_state: State, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recurrent networks on sequences ``(S, L, ...)``: the actor's distribution parameters and the critic's raw
+    output, each from its own memory. A shared encoder runs once for both (:func:`actor_critic_forward`)."""
+    if actor.encoder is not critic.encoder:
+        return actor.forward_sequences(obs, actor_state, valid), critic.raw_sequences(obs, critic_state, valid)
+    features = sequence_features(actor.encoder, obs, valid)
+    params = actor.head(actor.trunk(actor.memory.sequences(features, actor_state, valid)))
+    return params, critic.value_head(critic.trunk(critic.memory.sequences(features, critic_state, valid)))
 
 
 def policy_kind(policy: str, observation_space: spaces.Space) -> str:

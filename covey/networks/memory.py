@@ -62,14 +62,7 @@ class Memory(nn.Module):
     ) -> torch.Tensor:
         """``encoder`` on observations ``(S, L, ...)`` (or a dict of such) then the memory over the sequences:
         ``(S, L, hidden)``."""
-        s, length = valid.shape
-
-        def merge(x: torch.Tensor) -> torch.Tensor:
-            return x.reshape(s * length, *x.shape[2:])
-
-        flat = {k: merge(v) for k, v in obs.items()} if isinstance(obs, dict) else merge(obs)
-        features = encoder(flat).reshape(s, length, -1)
-        return self.sequences(features, state, valid, resets)
+        return self.sequences(sequence_features(encoder, obs, valid), state, valid, resets)
 
     def read(self, x: torch.Tensor, state: State) -> torch.Tensor:
         """The output ``(B, hidden)`` of one step from ``state`` without keeping the new state: for a head
@@ -127,6 +120,17 @@ class Memory(nn.Module):
             return tuple(torch.stack([s[i][0] for s in states], dim=1) for i in range(self.n_state))
 
         return stack(started), stack(finished)
+
+
+def sequence_features(encoder: nn.Module, obs, valid: torch.Tensor) -> torch.Tensor:
+    """``encoder`` on observations ``(S, L, ...)`` (or a dict of such), as one batch: features ``(S, L, F)``."""
+    s, length = valid.shape
+
+    def merge(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(s * length, *x.shape[2:])
+
+    flat = {k: merge(v) for k, v in obs.items()} if isinstance(obs, dict) else merge(obs)
+    return encoder(flat).reshape(s, length, -1)
 
 
 def _roll_rows(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
