@@ -46,8 +46,8 @@ class ActionDistribution:
         """Log-probabilities ``(B,)`` of ``actions`` (summed over action dimensions)."""
         return self.head.log_prob(self.params, _as_head_actions(actions, self.action_space, self.params))
 
-    def entropy(self) -> torch.Tensor:
-        """Entropies ``(B,)``; SAC's squashed Gaussian has no closed form, and SB3 returns None there too."""
+    def entropy(self) -> torch.Tensor | None:
+        """Entropies ``(B,)``; None for SAC's squashed Gaussian, which has no closed form (SB3's too)."""
         if isinstance(self.head, SquashedGaussianHead):
             return None
         return self.head.entropy(self.params)
@@ -149,7 +149,7 @@ class _PolicyBase(nn.Module):
         return low + 0.5 * (scaled_action + 1.0) * (high - low)
 
     def parameters_to_vector(self) -> np.ndarray:
-        """Every parameter, flattened into one numpy vector (SB3's order: ``self.parameters()``)."""
+        """Every parameter, flattened into one numpy vector in the order of ``self.parameters()`` (as SB3's)."""
         return torch.nn.utils.parameters_to_vector(self.parameters()).detach().cpu().numpy()
 
     def load_from_vector(self, vector: np.ndarray) -> None:
