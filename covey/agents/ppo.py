@@ -671,33 +671,32 @@ class PPO(BaseAgent):
                 self.observation_space,
             )
             return last_values
-        obs, actions = buffer.flat_observations(), buffer.flat_actions()
-        n = actions.shape[0]
         head = self.critic.value_head
         manual = self._manual
         # The hand-differentiated update evaluates with its own arithmetic, so that both agree exactly.
         critic = manual.value if manual is not None else self.critic
-        values, log_probs, entropies = [], [], []
+        values, log_probs, raws = [], [], []
         if acted:
-            raw = torch.cat([raw for raw, _ in acted])
-            values.append(head.value(raw))
-            if head.distributional:
-                entropies.append(head.entropy(raw))
-            log_probs.append(torch.cat([log_prob for _, log_prob in acted]))
-            n = 0  # nothing left to evaluate
-        for start in range(0, n, _EVAL_CHUNK):
-            chunk = _slice(obs, start, start + _EVAL_CHUNK)
-            if manual is not None:
-                value, log_prob = manual.evaluate(chunk, actions[start : start + _EVAL_CHUNK])
-                values.append(value)
+            raws = [raw for raw, _ in acted]
+            log_probs = [log_prob for _, log_prob in acted]
+        else:
+            obs, actions = buffer.flat_observations(), buffer.flat_actions()
+            for start in range(0, actions.shape[0], _EVAL_CHUNK):
+                chunk, chunk_actions = _slice(obs, start, start + _EVAL_CHUNK), actions[start : start + _EVAL_CHUNK]
+                if manual is not None:
+                    value, log_prob = manual.evaluate(chunk, chunk_actions)
+                    values.append(value)
+                else:
+                    params, raw = actor_critic_forward(self.actor, self.critic, chunk)
+                    raws.append(raw)
+                    log_prob = self.actor.evaluate_params(params, chunk_actions)[0]
                 log_probs.append(log_prob)
-                continue
-            params, raw = actor_critic_forward(self.actor, self.critic, chunk)
-            values.append(head.value(raw))
+        self._value_entropy = None
+        if raws:  # the critic's raw outputs (values, or two-hot logits) of the whole rollout
+            raw = torch.cat(raws)
+            values = [head.value(raw)]
             if head.distributional:
-                entropies.append(head.entropy(raw))
-            log_probs.append(self.actor.evaluate_params(params, actions[start : start + _EVAL_CHUNK])[0])
-        self._value_entropy = torch.cat(entropies).mean().item() if entropies else None
+                self._value_entropy = head.entropy(raw).mean().item()
         buffer.values = torch.cat(values).reshape(buffer.n_steps, buffer.n_envs)
         buffer.log_probs = torch.cat(log_probs).reshape(buffer.n_steps, buffer.n_envs)
         if truncations:
