@@ -72,12 +72,15 @@ def make_poca(seed: int, **policy_kwargs) -> POCA:
     )
 
 
-def run_poca(timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES) -> tuple[float, float, int]:
-    """Train covey's POCA for ``timesteps`` env steps; (seconds of ``learn``, per-agent return, env steps)."""
+def run_poca(
+    timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES, callback=None
+) -> tuple[float, float, int]:
+    """Train covey's POCA for ``timesteps`` env steps; (seconds of ``learn``, per-agent return, env steps).
+
+    ``callback`` (an SB3 callback) is passed to ``learn``; a :class:`benchmarks.poca_curve.LearningCurve`'s own
+    evaluation time is left out of the seconds."""
     model = make_poca(seed)
-    start = time.perf_counter()
-    model.learn(timesteps)
-    seconds = time.perf_counter() - start
+    seconds = timed_learn(model, timesteps, callback)
     agent_return = evaluate_group(model, make_env, n_eval_episodes=n_eval_episodes, seed=EVAL_SEED_OFFSET + seed)
     return seconds, agent_return["agent_return"], model.num_timesteps
 
@@ -95,13 +98,12 @@ def make_supersuit_env(seed: int) -> VecEnv:
     return venv
 
 
-def run_supersuit_ppo(timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES) -> tuple[float, float, int]:
-    """Train SB3 PPO with parameter sharing for ``timesteps`` env steps; as :func:`run_poca`."""
+def make_supersuit_ppo(seed: int) -> SB3PPO:
+    """SB3's PPO with this benchmark's settings on :func:`make_supersuit_env` (torch and NumPy seeded first)."""
     set_random_seed(seed)
-    venv = make_supersuit_env(seed)
-    model = SB3PPO(
+    return SB3PPO(
         "MlpPolicy",
-        venv,
+        make_supersuit_env(seed),
         n_steps=N_STEPS,
         batch_size=BATCH_GROUP_STEPS * N_AGENTS,
         n_epochs=EPOCHS,
@@ -109,13 +111,28 @@ def run_supersuit_ppo(timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_E
         ent_coef=5e-3,
         policy_kwargs=dict(net_arch=[128, 128]),
     )
-    start = time.perf_counter()
-    model.learn(timesteps * N_AGENTS)  # SB3 counts one step per agent entry
-    seconds = time.perf_counter() - start
-    venv.close()
+
+
+def run_supersuit_ppo(
+    timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES, callback=None
+) -> tuple[float, float, int]:
+    """Train SB3 PPO with parameter sharing for ``timesteps`` env steps; as :func:`run_poca`."""
+    model = make_supersuit_ppo(seed)
+    seconds = timed_learn(model, timesteps * N_AGENTS, callback)  # SB3 counts one step per agent entry
+    model.get_env().close()
     policy = _SharedPolicy(model)
     agent_return = evaluate_group(policy, make_env, n_eval_episodes=n_eval_episodes, seed=EVAL_SEED_OFFSET + seed)
     return seconds, agent_return["agent_return"], model.num_timesteps // N_AGENTS
+
+
+def timed_learn(model, total_timesteps: int, callback=None) -> float:
+    """Seconds of ``model.learn(total_timesteps, callback)``, less any time the callback spent evaluating
+    (its ``eval_seconds``, e.g. :class:`benchmarks.poca_curve.LearningCurve`'s)."""
+    start = time.perf_counter()
+    if callback is not None:
+        callback.start = start
+    model.learn(total_timesteps, callback=callback)
+    return time.perf_counter() - start - getattr(callback, "eval_seconds", 0.0)
 
 
 def measure_env_speed(seconds: float, seed: int = 0) -> float:

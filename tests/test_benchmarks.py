@@ -187,3 +187,42 @@ def test_ppo_cnn_smoke():
     for row in rows.values():
         assert number(row["seconds (median)"]) > 0
     assert rows["SB3"]["time / SB3's (median [min, max] per repeat)"].startswith("1.00")
+
+
+def test_poca_curve_smoke():
+    """Both learners' returns along training, a row per evaluation point, and the time-to-return summary."""
+    command = [sys.executable, "-m", "benchmarks.poca_curve"]
+    command += ["--timesteps", "2048", "--every", "1024", "--seeds", "1", "--eval-episodes", "2"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert list(rows) == ["1,024", "2,048"]  # one point per 1024 env steps, the last after learn
+    for row in rows.values():
+        assert float(cell(row, "covey POCA s")) > 0 and float(cell(row, "SB3 PPO + SuperSuit s")) > 0
+    assert "SB3 PPO + SuperSuit's final return (median over seeds)" in result.stdout
+
+
+def test_poca_curve_evaluating_along_the_way_leaves_the_run_unchanged():
+    """The curve's last point is the run of benchmarks.poca_vs_supersuit (same return and env steps): the
+    evaluations in between draw nothing from the training's random generators. Its points' seconds grow."""
+    from benchmarks.poca_curve import learning_curve
+    from benchmarks.poca_vs_supersuit import run_poca, run_supersuit_ppo
+
+    for name, run in (("covey POCA", run_poca), ("SB3 PPO + SuperSuit", run_supersuit_ppo)):
+        _, agent_return, steps = run(3072, 1, 3)
+        points = learning_curve(name, 3072, 1, 1024, 3)
+        assert [p[0] for p in points] == [1024, 2048, 3072]
+        assert points[-1][2] == agent_return and points[-1][0] == steps
+        assert 0 < points[0][1] < points[1][1] < points[2][1]
+
+
+def test_poca_curve_first_reach_and_median_curve():
+    from benchmarks.poca_curve import first_reach, median_curve
+
+    a = [(1024, 1.0, -30.0), (2048, 2.0, -20.0), (3072, 3.0, -25.0)]
+    b = [(1024, 1.2, -26.0), (2048, 2.4, -28.0), (3072, 3.6, -19.0)]
+    c = [(1024, 1.1, -40.0), (2048, 2.2, -21.0)]  # stopped early: the median curve ends with it
+    assert first_reach(a, -26.0) == (2048, 2.0, -20.0)  # the first crossing, although it drops after
+    assert first_reach(b, -26.0) == (1024, 1.2, -26.0)  # "at least" the target
+    assert first_reach(a, -10.0) is None
+    assert median_curve([a, b, c]) == [(1024, 1.1, -30.0), (2048, 2.2, -21.0)]
