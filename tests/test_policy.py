@@ -417,3 +417,73 @@ def test_sb3_sac_onnx_recipe_runs_on_the_sac_actor(tmp_path):
     # rescaled to Pendulum's bounds, they are predict()'s
     predicted = model.predict(obs.numpy(), deterministic=True)[0]
     np.testing.assert_allclose(model.policy.unscale_action(onnx_actions), predicted, rtol=1e-5, atol=1e-5)
+
+
+def test_sb3_policy_save_and_load_recipe(tmp_path):
+    """SB3's "save the policy independently from the model" example with covey's names: policy.save, then
+    MlpPolicy.load gives a policy that predicts as the trained one and scores the same in evaluate_policy."""
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    from covey import ppo, sac, serialization
+
+    cases = (
+        (ppo, ppo_model(ACTION_SPACES["box"]), lambda: SpaceEnv(BOX_OBS, ACTION_SPACES["box"])),
+        (sac, sac_model(), "Pendulum-v1"),
+    )
+    for module, model, env_id in cases:
+        path = tmp_path / module.__name__
+        model.policy.save(path)
+        saved = module.MlpPolicy.load(path)
+        assert type(saved) is type(model.policy) and saved.actor is not model.actor
+        obs = obs_batch().numpy()
+        for deterministic in (True, False):
+            torch.manual_seed(0)
+            expected = model.policy.predict(obs, deterministic=deterministic)[0]
+            torch.manual_seed(0)
+            np.testing.assert_array_equal(saved.predict(obs, deterministic=deterministic)[0], expected)
+        returns = []
+        for policy in (model.policy, saved):
+            env = make_vec_env(env_id, n_envs=1, seed=3)
+            returns.append(evaluate_policy(policy, env, n_eval_episodes=2, deterministic=True)[0])
+        assert returns[0] == returns[1]
+        # The file is a model file of the networks only (no optimizer states): the agent's load reads it too.
+        _, tensors = serialization.load_model_file(path, "cpu")
+        groups = model._parameter_groups()
+        assert set(tensors) == {name for name, g in groups.items() if not isinstance(g, torch.optim.Optimizer)}
+        assert "policy" in tensors and type(model).load(path).num_timesteps == model.num_timesteps
+
+
+def test_policy_load_names_the_right_class_and_copies_do_not_save(tmp_path):
+    import copy
+    import pickle
+
+    from covey import ppo, sac, serialization
+
+    model = ppo_model(ACTION_SPACES["discrete"])
+    model.policy.save(tmp_path / "p")
+    assert (tmp_path / "p.zip").exists()  # SB3's suffix rule for model files
+    with pytest.raises(serialization.ModelFileError, match=r"holds a PPO model.*covey\.ppo\.MlpPolicy\.load"):
+        sac.MlpPolicy.load(tmp_path / "p")
+    assert isinstance(ppo.CnnPolicy.load(tmp_path / "p"), ActorCriticPolicy)  # the file says which networks
+    # A copy or a pickle holds the networks, not the agent (env, buffers), so it has nothing to save from.
+    for other in (copy.deepcopy(model.policy), pickle.loads(pickle.dumps(model.policy))):
+        obs = obs_batch()
+        torch.testing.assert_close(other.actor.distribution_params(obs), model.actor.distribution_params(obs))
+        with pytest.raises(RuntimeError, match="save the model it came from"):
+            other.save(tmp_path / "copy")
+    assert not (tmp_path / "copy.zip").exists()
+
+
+def test_sb3_policy_classes_pick_the_networks():
+    """SB3 scripts pass policy classes: stable_baselines3.sac.MlpPolicy is SACPolicy; covey's own aliases."""
+    from stable_baselines3.ppo import CnnPolicy as SB3PPOCnn
+    from stable_baselines3.sac import MlpPolicy as SB3SACMlp
+
+    from covey import ppo, sac
+
+    pendulum = dict(learning_starts=16, batch_size=16, seed=0)
+    assert SAC(SB3SACMlp, "Pendulum-v1", **pendulum).policy_name == "MlpPolicy"
+    assert SAC(sac.MlpPolicy, "Pendulum-v1", **pendulum).policy_name == "MlpPolicy"
+    assert PPO(ppo.MlpPolicy, "CartPole-v1", **FAST).policy_name == "MlpPolicy"
+    assert PPO(ppo.MultiInputPolicy, "CartPole-v1", **FAST).policy_name == "MultiInputPolicy"
+    assert SB3PPOCnn.__name__ == "ActorCriticCnnPolicy" and ppo.CnnPolicy.__name__ == "CnnPolicy"

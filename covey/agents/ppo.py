@@ -518,7 +518,7 @@ class PPO(BaseAgent):
         )
         self.actor.to(self.device)
         self.critic.to(self.device)
-        self.policy = ActorCriticPolicy(self.actor, self.critic)  # SB3's model.policy over both networks
+        self.policy = ActorCriticPolicy(self.actor, self.critic, self)  # SB3's model.policy over both networks
         pc = self.policy_config
         if pc.value_head == "twohot" and self.clip_range_vf is not None:
             raise ValueError(

@@ -37,6 +37,7 @@ POLICY_CLASS_NAMES = {
     "ActorCriticCnnPolicy": "CnnPolicy",
     "MultiInputPolicy": "MultiInputPolicy",
     "MultiInputActorCriticPolicy": "MultiInputPolicy",
+    "SACPolicy": "MlpPolicy",  # stable_baselines3.sac.MlpPolicy
 }
 
 

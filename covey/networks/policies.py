@@ -16,6 +16,8 @@ shapes, computed by covey's own heads.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from gymnasium import spaces
@@ -104,9 +106,49 @@ def _check_obs(obs) -> None:
 
 
 class _PolicyBase(nn.Module):
-    """What SB3's ``BasePolicy`` offers on every policy: predict, tensors, modes, action scaling, vectors."""
+    """What SB3's ``BasePolicy`` offers on every policy: predict, tensors, modes, action scaling, vectors,
+    ``save`` and ``load``."""
 
     actor: nn.Module
+    agent_name = ""
+    """The agent whose model files :meth:`load` reads ("PPO" or "SAC")."""
+    _model = None  # the agent this policy belongs to (what ``save`` writes), set by the agent
+
+    def __getstate__(self) -> dict:
+        # Copies and pickles of the policy hold its networks, not the whole agent (env, buffers) it came from.
+        state = dict(self.__dict__)
+        state.pop("_model", None)
+        return state
+
+    def save(self, path: str | os.PathLike) -> None:
+        """SB3's ``policy.save``: the networks of the model this policy belongs to, written as a covey model
+        file without optimizer states (atomically; ``.zip`` added to a path without a suffix), which
+        :meth:`load` (or the agent's ``load``, to train on) reads back. Like SB3's, the file cannot resume
+        training where it stopped: save the model for that."""
+        model = self._model
+        if model is None:
+            raise RuntimeError(
+                "This policy is a copy that no longer belongs to a model, so it cannot be saved on its own; "
+                "save the model it came from (model.save(path) or model.policy.save(path))."
+            )
+        groups = model._parameter_groups()
+        model.save(path, exclude=[name for name, group in groups.items() if isinstance(group, torch.optim.Optimizer)])
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: torch.device | str = "auto") -> _PolicyBase:
+        """SB3's ``Policy.load``: the policy of a file written by :meth:`save` (or by the model's ``save``),
+        ready to predict, e.g. in ``evaluate_policy``. Loading never runs code from the file."""
+        from covey import serialization
+        from covey.agents import agent_class
+
+        agent = serialization.read_settings(path).get("agent")
+        if agent != cls.agent_name:
+            where = f"covey.{agent.lower()}.MlpPolicy.load" if agent in ("PPO", "SAC") else f"covey.{agent}.load"
+            raise serialization.ModelFileError(
+                f"The file holds a {agent} model, not a {cls.agent_name} one; load it with {where}."
+            )
+        model = agent_class(agent).load(path, device=device)
+        return model.policy
 
     @property
     def observation_space(self) -> spaces.Space:
@@ -179,10 +221,13 @@ class ActorCriticPolicy(_PolicyBase):
     ``optimizer`` is the one optimizer that steps them.
     """
 
-    def __init__(self, actor: nn.Module, critic: nn.Module) -> None:
+    agent_name = "PPO"
+
+    def __init__(self, actor: nn.Module, critic: nn.Module, model=None) -> None:
         super().__init__()
         self.actor = actor
         self.critic = critic
+        self._model = model
 
     def forward(self, obs: ObsTensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Actions (shaped as the action space, batched), values ``(B, 1)`` and log-probabilities ``(B,)``."""
@@ -258,11 +303,14 @@ class SACPolicy(_PolicyBase):
     model's own modules. ``optimizer`` is the actor's optimizer (the critics have ``model.critic.optimizer``).
     """
 
-    def __init__(self, actor: nn.Module, critic: nn.Module, critic_target: nn.Module) -> None:
+    agent_name = "SAC"
+
+    def __init__(self, actor: nn.Module, critic: nn.Module, critic_target: nn.Module, model=None) -> None:
         super().__init__()
         self.actor = actor
         self.critic = critic
         self.critic_target = critic_target
+        self._model = model
 
     def forward(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
         _check_obs(obs)

@@ -1,0 +1,6 @@
+"""``stable_baselines3.ppo``'s names: ``from covey.ppo import PPO, MlpPolicy``."""
+
+from covey.agents.ppo import PPO
+from covey.ppo.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
+
+__all__ = ["PPO", "MlpPolicy", "CnnPolicy", "MultiInputPolicy"]
