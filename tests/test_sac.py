@@ -640,3 +640,68 @@ def test_invalid_train_freq_is_refused(train_freq):
 def test_invalid_tau_is_refused(tau):
     with pytest.raises(ValueError, match="tau"):
         sac("Pendulum-v1", tau=tau)
+
+
+class _RecordRaw(gym.Wrapper):
+    """Keeps what the env itself returns (before any VecNormalize): ("reset", obs, None) and ("step", obs, r)."""
+
+    def __init__(self, env: gym.Env, log: list) -> None:
+        super().__init__(env)
+        self.log = log
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.log.append(("reset", obs.copy(), None))
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.log.append(("step", obs.copy(), float(reward)))
+        return obs, reward, terminated, truncated, info
+
+
+def test_sac_behind_vecnormalize_stores_original_data_and_samples_it_normalized():
+    """As SB3 does: behind a VecNormalize the buffer holds the env's original observations and rewards (stored
+    normalized ones would go stale as the statistics move), and sample(env=...) normalizes them with the
+    statistics as they are when sampled. Episodes of 20 steps: the final observations of the time limits too."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    log: list = []
+    venv = VecNormalize(DummyVecEnv([lambda: _RecordRaw(gym.make("Pendulum-v1", max_episode_steps=20), log)]))
+    model = SAC("MlpPolicy", venv, learning_starts=1000, seed=0).learn(50)  # random actions, no update yet
+    obs, next_obs, rewards = [], [], []
+    current = None
+    for kind, o, r in log:
+        if kind == "reset":
+            current = o
+            continue
+        obs.append(current)
+        next_obs.append(o)
+        rewards.append(r)
+        current = o
+    buf = model.replay_buffer
+    n = buf.size()
+    assert n == 50 == len(obs)
+    np.testing.assert_array_equal(buf.observations[None][:n, 0], np.array(obs))
+    np.testing.assert_array_equal(buf.rewards[:n, 0], np.array(rewards, dtype=np.float32))
+    # a final observation comes normalized in the info; unnormalized back it is the original up to rounding
+    np.testing.assert_allclose(buf.next_observations[None][:n, 0], np.array(next_obs), rtol=1e-5, atol=1e-5)
+    assert buf.terminated[:n].sum() == 0 and buf.dones[:n, 0].sum() == 2  # two time limits, no terminal
+
+    np.random.seed(3)
+    batch = buf.sample(16, env=venv)
+    np.random.seed(3)
+    rows = np.random.randint(0, n, size=16)  # the draws sample() makes: rows, then envs (all 0 here)
+    expect = {
+        "observations": venv.normalize_obs(buf.observations[None][rows, 0]),
+        "next_observations": venv.normalize_obs(buf.next_observations[None][rows, 0]),
+        "rewards": venv.normalize_reward(buf.rewards[rows, 0]),
+    }
+    for name, value in expect.items():
+        torch.testing.assert_close(getattr(batch, name), torch.as_tensor(value, dtype=torch.float32))
+    assert not np.allclose(expect["observations"], buf.observations[None][rows, 0])  # normalization did something
+    # and training samples that way: gradient steps run behind the VecNormalize
+    model.learning_starts = 40
+    model.config.learning_starts = 40
+    model.learn(20, reset_num_timesteps=False)
+    assert model._n_updates > 0

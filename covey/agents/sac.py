@@ -574,20 +574,38 @@ class SAC(BaseAgent):
         low, high = self.action_space.low, self.action_space.high
         return (2.0 * (env_actions - low) / (high - low) - 1.0).reshape(env_actions.shape[0], -1)
 
+    def _reset_env(self) -> None:
+        super()._reset_env()
+        vec_normalize = self.get_vec_normalize_env()
+        self._last_original_obs = vec_normalize.get_original_obs() if vec_normalize is not None else None
+
     def _store_transition(self, actions, new_obs, rewards, dones, infos) -> None:
-        next_obs = new_obs
+        # Behind a VecNormalize the buffer keeps the original observations and rewards, normalized when sampled
+        # with the statistics of that time (as SB3 does): stored normalized ones would go stale as they move.
+        vec_normalize = self.get_vec_normalize_env()
+        obs, stored_new_obs = self._last_obs, new_obs
+        if vec_normalize is not None:
+            obs = getattr(self, "_last_original_obs", None)
+            if obs is None:  # an env attached without a reset: the best original there is
+                obs = vec_normalize.unnormalize_obs(self._last_obs)
+            stored_new_obs, rewards = vec_normalize.get_original_obs(), vec_normalize.get_original_reward()
+        next_obs = stored_new_obs
         terminated = dones.copy()
         for i in np.flatnonzero(dones):
             final = infos[i].get("terminal_observation")
             if final is not None:
                 # The true final observation, not the reset one, is the next state of this transition.
-                if next_obs is new_obs:
-                    next_obs = _copy_obs(new_obs)
+                if next_obs is stored_new_obs:
+                    next_obs = _copy_obs(stored_new_obs)
+                if vec_normalize is not None:  # VecNormalize normalized it in the info
+                    final = vec_normalize.unnormalize_obs(final)
                 _set_env_obs(next_obs, i, final)
             if infos[i].get("TimeLimit.truncated", False):
                 terminated[i] = False  # a time limit keeps the bootstrap
-        self.replay_buffer.add(self._last_obs, next_obs, actions, rewards, terminated, dones)
+        self.replay_buffer.add(obs, next_obs, actions, rewards, terminated, dones)
         self._last_obs = new_obs
+        if vec_normalize is not None:
+            self._last_original_obs = stored_new_obs
 
     def _ent_coef(self) -> torch.Tensor:
         return self.log_ent_coef.detach().exp() if self.log_ent_coef is not None else self._fixed_ent_coef
@@ -602,8 +620,9 @@ class SAC(BaseAgent):
         manual = self._manual
         if manual is not None:
             manual.bind()
+        vec_normalize = self.get_vec_normalize_env()
         for _ in range(gradient_steps):
-            batch = self.replay_buffer.sample(batch_size)
+            batch = self.replay_buffer.sample(batch_size, env=vec_normalize)
             stats, q_and_target = self._gradient_step(batch) if manual is None else manual.step(self, batch)
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)

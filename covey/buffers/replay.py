@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -113,8 +113,11 @@ class ReplayBuffer:
         self.pos = (self.pos + 1) % self.capacity
         self.full = self.full or self.pos == 0
 
-    def sample(self, batch_size: int) -> ReplayBatch:
-        """A uniform minibatch (with replacement) of stored transitions, as tensors."""
+    def sample(self, batch_size: int, env: Any = None) -> ReplayBatch:
+        """A uniform minibatch (with replacement) of stored transitions, as tensors.
+
+        ``env``, a ``VecNormalize`` (SB3's argument): the buffer then holds the env's original observations and
+        rewards, and the minibatch's are normalized with its statistics as they are now, as in SB3."""
         rows = self._sample_rows(batch_size)
         envs = np.random.randint(0, self.n_envs, size=batch_size)
         obs = {k: v[rows, envs] for k, v in self.observations.items()}
@@ -127,13 +130,24 @@ class ReplayBuffer:
                 final = self.final_observations[(int(rows[i]), int(envs[i]))]
                 for k in next_obs:
                     next_obs[k][i] = final[k]
+        rewards = self.rewards[rows, envs]
+        if env is not None:
+            obs, next_obs = self._normalized(obs, env), self._normalized(next_obs, env)
+            rewards = np.asarray(env.normalize_reward(rewards), dtype=np.float32)
         return ReplayBatch(
             self._to_tensor(obs),
             torch.as_tensor(self.actions[rows, envs], device=self.device),
             self._to_tensor(next_obs),
-            torch.as_tensor(self.rewards[rows, envs], device=self.device),
+            torch.as_tensor(rewards, device=self.device),
             torch.as_tensor(self.terminated[rows, envs], device=self.device),
         )
+
+    @staticmethod
+    def _normalized(obs: dict, env: Any) -> dict:
+        """Sampled observations (``{key: array}``, ``None`` for a non-Dict space) through ``env.normalize_obs``."""
+        if None in obs:
+            return {None: env.normalize_obs(obs[None])}
+        return dict(env.normalize_obs(obs))
 
     def _sample_rows(self, batch_size: int) -> np.ndarray:
         if self.size() == 0:
