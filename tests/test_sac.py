@@ -10,6 +10,7 @@ import torch
 from gymnasium import spaces
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.noise import VectorizedActionNoise
 from stable_baselines3.common.vec_env import DummyVecEnv
 from torch.distributions import Normal, TransformedDistribution
 from torch.distributions.transforms import TanhTransform
@@ -705,3 +706,61 @@ def test_sac_behind_vecnormalize_stores_original_data_and_samples_it_normalized(
     model.config.learning_starts = 40
     model.learn(20, reset_num_timesteps=False)
     assert model._n_updates > 0
+
+
+def _recording_noise(value: np.ndarray):
+    """An SB3 ActionNoise that adds a fixed vector and counts its resets."""
+    from stable_baselines3.common.noise import ActionNoise
+
+    class RecordingNoise(ActionNoise):
+        def __init__(self) -> None:
+            super().__init__()
+            self.resets = 0
+
+        def __call__(self) -> np.ndarray:
+            return value
+
+        def reset(self) -> None:
+            self.resets += 1
+
+    return RecordingNoise()
+
+
+@pytest.mark.parametrize("learning_starts", [100, 0])  # random warm-up actions, then the policy's
+def test_sac_action_noise_as_sb3(learning_starts):
+    """SB3's action_noise: added to the actions in [-1, 1] and clipped there (the buffer stores the noisy ones,
+    the env gets them rescaled), also during warm-up; each env's noise is reset when its episode ends."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    def run(noise):
+        env = make_vec_env("Pendulum-v1", n_envs=2, seed=0, env_kwargs=dict(max_episode_steps=10))
+        kwargs = dict(learning_starts=learning_starts, gradient_steps=0, seed=0)  # no updates: same policy
+        return SAC("MlpPolicy", env, action_noise=noise, **kwargs).learn(40)
+
+    shift = np.array([0.3], dtype=np.float32)
+    plain, model = run(None).replay_buffer, run(_recording_noise(shift))
+    noisy = model.replay_buffer
+    assert plain.pos == noisy.pos == 20
+    # Random warm-up actions do not depend on the observations, so every step compares; the policy's do, and
+    # the noisy actions lead elsewhere: its first step compares (same observation, same random draws).
+    n = 20 if learning_starts else 1
+    np.testing.assert_allclose(noisy.actions[:n], np.clip(plain.actions[:n] + shift, -1, 1), rtol=0, atol=1e-6)
+    if learning_starts:
+        assert (noisy.actions[:n] == 1.0).any() and not (plain.actions[:n] == 1.0).any()  # clipped
+    # two envs: one noise process each (SB3's VectorizedActionNoise), reset as SB3's SAC resets them: when it
+    # is made, when learn starts, and at each of its two 10-step episodes' ends
+    import stable_baselines3
+
+    env = make_vec_env("Pendulum-v1", n_envs=2, seed=0, env_kwargs=dict(max_episode_steps=10))
+    sb3 = stable_baselines3.SAC("MlpPolicy", env, action_noise=_recording_noise(shift), gradient_steps=0, seed=0)
+    sb3.learn(40)
+    assert isinstance(model.action_noise, VectorizedActionNoise)
+    resets = [process.resets for process in model.action_noise.noises]
+    assert resets == [process.resets for process in sb3.action_noise.noises] == [4, 4]
+
+
+def test_sac_action_noise_is_refused_for_discrete_actions():
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    with pytest.raises(ValueError, match="action_noise applies to Box actions"):
+        SAC("MlpPolicy", "CartPole-v1", action_noise=NormalActionNoise(np.zeros(1), np.ones(1)))

@@ -437,9 +437,9 @@ class LocalNames(BaseCallback):
 
 
 # Locals of SB3's loops that covey's do not have: PPO computes values and log-probabilities in one pass
-# after the rollout, not per step; done/idx are SB3's leftovers from its truncation loop; covey refuses
-# action_noise; continue_training is SB3's return flag.
-NOT_IN_COVEY = {"PPO": {"values", "log_probs", "done", "idx"}, "SAC": {"action_noise", "continue_training"}}
+# after the rollout, not per step; done/idx are SB3's leftovers from its truncation loop; continue_training
+# is SB3's return flag.
+NOT_IN_COVEY = {"PPO": {"values", "log_probs", "done", "idx"}, "SAC": {"continue_training"}}
 
 
 @pytest.mark.parametrize("name", ["PPO", "SAC"])

@@ -12,6 +12,7 @@ import torch
 from gymnasium import spaces
 from stable_baselines3.common.buffers import DictReplayBuffer as SB3DictReplayBuffer
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+from stable_baselines3.common.noise import VectorizedActionNoise
 
 from covey.agents.base import BaseAgent, FlatParameters, Schedule, merge_parameter_groups, require, set_train_mode
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
@@ -361,8 +362,6 @@ class SAC(BaseAgent):
     ) -> None:
         if use_sde or use_sde_at_warmup:
             raise NotImplementedError("use_sde (state-dependent exploration) is not supported by covey's SAC.")
-        if action_noise is not None:
-            raise NotImplementedError("action_noise is not supported by covey's SAC (its policy is stochastic).")
         check_replay_buffer_args(replay_buffer_class, replay_buffer_kwargs)
         if n_steps != 1:
             raise NotImplementedError("n-step returns (n_steps > 1) are not supported by covey's SAC.")
@@ -386,6 +385,9 @@ class SAC(BaseAgent):
         self.policy_config = PolicyConfig.from_kwargs(
             kwargs, activation_fn=torch.nn.ReLU, ortho_init=False, share_features_extractor=False
         )
+        self.action_noise = action_noise
+        """SB3's exploration noise (a ``stable_baselines3.common.noise.ActionNoise``) added to Box actions in
+        [-1, 1] while collecting, as in SB3; not saved with the model (set ``model.action_noise`` again)."""
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
@@ -407,6 +409,11 @@ class SAC(BaseAgent):
                 f"SAC needs finite Box action bounds (its tanh-squashed actions are scaled to them), got "
                 f"{env.action_space}. Give the action space finite low/high, e.g. with "
                 "gymnasium.wrappers.RescaleAction or ClipAction."
+            )
+        if getattr(self, "action_noise", None) is not None and not isinstance(env.action_space, spaces.Box):
+            raise ValueError(
+                f"action_noise applies to Box actions, the env's are {env.action_space}: SAC explores Discrete "
+                "actions by sampling its policy. Remove action_noise."
             )
         super()._attach_env(env)
 
@@ -517,6 +524,11 @@ class SAC(BaseAgent):
         progress_bar: bool = False,
     ) -> SAC:
         """Collect and train until ``total_timesteps`` env steps (over all envs); returns self."""
+        noise = self.action_noise
+        if noise is not None:  # as SB3: one noise process per env, each started afresh
+            if self.env is not None and self.env.num_envs > 1 and not isinstance(noise, VectorizedActionNoise):
+                self.action_noise = noise = VectorizedActionNoise(noise, self.env.num_envs)
+            noise.reset()
         total_timesteps, callback = self._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
@@ -539,6 +551,7 @@ class SAC(BaseAgent):
         # Callbacks read these locals by SB3's names: actions (as the env takes them), buffer_actions,
         # replay_buffer, train_freq, learning_starts, num_collected_steps, num_collected_episodes.
         replay_buffer, train_freq, learning_starts = self.replay_buffer, cfg.train_freq, cfg.learning_starts
+        action_noise = self.action_noise
         set_train_mode(actor, False)
         callback.on_rollout_start()
         num_collected_steps = num_collected_episodes = 0
@@ -551,6 +564,9 @@ class SAC(BaseAgent):
                 with torch.inference_mode():
                     buffer_actions = actor.act(obs).cpu().numpy()
                 actions = actor.to_env_actions(buffer_actions)
+            if action_noise is not None:  # as SB3: on the actions in [-1, 1], also while acting at random
+                buffer_actions = np.clip(buffer_actions + action_noise(), -1.0, 1.0).astype(buffer_actions.dtype)
+                actions = actor.to_env_actions(buffer_actions)
             new_obs, rewards, dones, infos = env.step(actions)
             self.num_timesteps += env.num_envs
             num_collected_steps += 1
@@ -559,9 +575,11 @@ class SAC(BaseAgent):
                 return num_collected_steps * env.num_envs, False
             self._update_info_buffer(infos, dones)
             self._store_transition(buffer_actions, new_obs, rewards, dones, infos)
-            for _ in np.flatnonzero(dones):
+            for idx in np.flatnonzero(dones):
                 num_collected_episodes += 1
                 self._episode_num += 1
+                if action_noise is not None:  # a fresh noise process for the env's next episode
+                    action_noise.reset(**({"indices": [int(idx)]} if env.num_envs > 1 else {}))
                 if log_interval is not None and self._episode_num % log_interval == 0:
                     self._dump_logs(self._episode_num, "time/episodes")
         callback.on_rollout_end()
