@@ -388,6 +388,7 @@ class SAC(BaseAgent):
         self.action_noise = action_noise
         """SB3's exploration noise (a ``stable_baselines3.common.noise.ActionNoise``) added to Box actions in
         [-1, 1] while collecting, as in SB3; not saved with the model (set ``model.action_noise`` again)."""
+        self._last_original_obs = None  # behind a VecNormalize: the original of _last_obs
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
@@ -410,7 +411,7 @@ class SAC(BaseAgent):
                 f"{env.action_space}. Give the action space finite low/high, e.g. with "
                 "gymnasium.wrappers.RescaleAction or ClipAction."
             )
-        if getattr(self, "action_noise", None) is not None and not isinstance(env.action_space, spaces.Box):
+        if self.action_noise is not None and not isinstance(env.action_space, spaces.Box):
             raise ValueError(
                 f"action_noise applies to Box actions, the env's are {env.action_space}: SAC explores Discrete "
                 "actions by sampling its policy. Remove action_noise."
@@ -603,7 +604,7 @@ class SAC(BaseAgent):
         vec_normalize = self.get_vec_normalize_env()
         obs, stored_new_obs = self._last_obs, new_obs
         if vec_normalize is not None:
-            obs = getattr(self, "_last_original_obs", None)
+            obs = self._last_original_obs
             if obs is None:  # an env attached without a reset: the best original there is
                 obs = vec_normalize.unnormalize_obs(self._last_obs)
             stored_new_obs, rewards = vec_normalize.get_original_obs(), vec_normalize.get_original_reward()
