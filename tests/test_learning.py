@@ -90,6 +90,27 @@ def test_sac_reaches_minus_250_on_pendulum_within_20k_steps():
 
 
 @pytest.mark.slow
+def test_ppo_with_sde_reaches_minus_250_on_pendulum_within_100k_steps():
+    """PPO with state-dependent exploration at RL-Zoo's Pendulum settings (use_sde, sde_sample_freq=4): mean
+    return >= -250 after 100k steps (a random policy scores about -1200)."""
+    model = PPO(
+        "MlpPolicy",
+        make_vec_env("Pendulum-v1", n_envs=4, seed=0),
+        n_steps=1024,
+        gae_lambda=0.95,
+        gamma=0.9,
+        n_epochs=10,
+        learning_rate=1e-3,
+        use_sde=True,
+        sde_sample_freq=4,
+        seed=0,
+    )
+    model.learn(100_000)
+    mean, _ = evaluate_policy(model, make_vec_env("Pendulum-v1", n_envs=1, seed=100), n_eval_episodes=10)
+    assert mean >= -250
+
+
+@pytest.mark.slow
 def test_discrete_sac_reaches_300_on_cartpole_within_50k_steps():
     """SAC for Discrete actions (exact expectation over actions): mean return >= 300 within 40k steps."""
     model = SAC(

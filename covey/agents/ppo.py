@@ -100,9 +100,15 @@ class PPOConfig(OnPolicyConfig):
     """Clipping of the value change around the old value (None: no value clipping)."""
     target_kl: float | None = None
     """Stop the epochs early when the approximate KL of a minibatch exceeds 1.5 * target_kl."""
+    use_sde: bool = False
+    """Generalized state-dependent exploration for Box actions (the noise a linear function of the state)."""
+    sde_sample_freq: int = -1
+    """With use_sde: draw new exploration matrices every this many steps (-1, or any value < 1: once per
+    rollout)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.need(isinstance(self.sde_sample_freq, (int, np.integer)), "sde_sample_freq", "it must be an int")
         self.need(
             self.clip_range_vf is None or callable(self.clip_range_vf) or self.clip_range_vf > 0,
             "clip_range_vf",
@@ -464,10 +470,6 @@ class PPO(BaseAgent):
         device: torch.device | str = "auto",
         _init_setup_model: bool = True,
     ) -> None:
-        if use_sde:
-            raise NotImplementedError(
-                "use_sde=True (generalized state-dependent exploration) is not supported by covey."
-            )
         if rollout_buffer_class is not None or rollout_buffer_kwargs:
             raise NotImplementedError("Custom rollout buffers are not supported; remove rollout_buffer_class/kwargs.")
         self.config = PPOConfig(
@@ -485,8 +487,11 @@ class PPO(BaseAgent):
             max_grad_norm=max_grad_norm,
             target_kl=target_kl,
             stats_window_size=stats_window_size,
+            use_sde=use_sde,
+            sde_sample_freq=sde_sample_freq,
         )
         self.policy_config = PolicyConfig.from_kwargs(policy_kwargs)
+        self.policy_config.use_sde = bool(use_sde)
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
@@ -599,11 +604,16 @@ class PPO(BaseAgent):
         space = self.observation_space
         rollout_buffer.reset()
         set_train_mode(actor, False)
+        use_sde, sde_sample_freq = self.config.use_sde, self.config.sde_sample_freq
+        if use_sde:  # as SB3: exploration matrices for the rollout (one per env)
+            actor.head.reset_noise(env.num_envs)
         callback.on_rollout_start()
         truncations: list[tuple[int, int, Any]] = []
         acted: list[tuple[torch.Tensor, torch.Tensor]] = []  # (critic's raw output, log-prob) per step
         new_obs = self._last_obs
         for n_steps in range(n_rollout_steps):
+            if use_sde and sde_sample_freq > 0 and n_steps % sde_sample_freq == 0:
+                actor.head.reset_noise(env.num_envs)
             obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
             # Acting needs only the actor; values and log-probs come in one pass after the rollout (or with
             # the action, for encoders with weights).

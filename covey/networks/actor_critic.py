@@ -55,7 +55,7 @@ def policy_name(policy: str | type) -> str:
 
 
 # SB3 options covey does not implement; they are refused by name rather than silently ignored.
-_UNSUPPORTED = ("use_sde", "use_expln", "squash_output", "full_std", "sde_net_arch")
+_UNSUPPORTED = ("use_sde", "squash_output", "sde_net_arch")
 
 
 @dataclass
@@ -100,16 +100,20 @@ class PolicyConfig:
     kind="lstm" | "gru"); set by the *LstmPolicy names."""
     entity_encoder: bool = False
     """Encode 2-D Box observations (n_entities, n_features) with entity attention instead of flattening."""
+    full_std: bool = True
+    """With ``use_sde``: one log-std per latent feature and action (False: per latent feature)."""
+    use_expln: bool = False
+    """With ``use_sde``: std from log-std by ``exp`` below 0 and ``log1p(x) + 1`` above (grows slower)."""
+    use_sde: bool = False
+    """Box actions with state-dependent exploration; set by the agent's ``use_sde`` argument, not here."""
 
     @classmethod
     def from_kwargs(cls, policy_kwargs: dict | None, **defaults: Any) -> PolicyConfig:
         kwargs = dict(policy_kwargs or {})
         for key in _UNSUPPORTED:
             if kwargs.pop(key, False):
-                raise NotImplementedError(
-                    f"policy_kwargs[{key!r}] (state-dependent exploration / squashing) is not supported by "
-                    "covey's PPO; remove it."
-                )
+                where = "; pass use_sde=True to PPO instead" if key == "use_sde" else " by covey; remove it"
+                raise NotImplementedError(f"policy_kwargs[{key!r}] is not supported{where}.")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
@@ -139,6 +143,7 @@ class Actor(nn.Module):
         log_std_init: float = 0.0,
         squashed: bool = False,
         memory: Memory | None = None,
+        sde: dict | None = None,
     ) -> None:
         super().__init__()
         self.observation_space = observation_space
@@ -151,7 +156,7 @@ class Actor(nn.Module):
         if self.squashed:
             self.head = SquashedGaussianHead(self.trunk.out_dim, int(np.prod(action_space.shape)))
         else:
-            self.head = make_action_head(action_space, self.trunk.out_dim, log_std_init)
+            self.head = make_action_head(action_space, self.trunk.out_dim, log_std_init, sde)
 
     @property
     def device(self) -> torch.device:
@@ -413,6 +418,7 @@ def _actor(
         config.activation_fn,
         config.log_std_init,
         memory=_memory(encoder, memory),
+        sde=dict(full_std=config.full_std, use_expln=config.use_expln) if config.use_sde else None,
     )
 
 

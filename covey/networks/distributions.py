@@ -187,8 +187,85 @@ class DiagGaussianHead(nn.Module):
         return (z * inv_std).mul_(grad_log_prob.unsqueeze(-1))
 
 
-def make_action_head(space: spaces.Space, in_dim: int, log_std_init: float = 0.0) -> nn.Module:
-    """The head for ``space`` (Discrete, MultiDiscrete, MultiBinary or Box)."""
+class StateDependentGaussianHead(nn.Module):
+    """Box actions with generalized state-dependent exploration (gSDE, Raffin et al. 2021,
+    https://arxiv.org/abs/2005.05719): SB3's ``use_sde=True``.
+
+    The exploration noise is a linear function of the latent features, ``latent @ E`` with ``E`` ``(in_dim,
+    d)`` drawn from N(0, std^2) and kept for a while (:meth:`reset_noise`): the same state gives the same
+    noise until ``E`` is drawn again, which makes for smoother exploration than fresh noise at every step.
+    The action distribution is then N(mean, latent^2 @ std^2) per dimension. ``log_std`` is a learned
+    ``(in_dim, d)`` matrix (``(in_dim, 1)`` shared by all actions with ``full_std=False``); ``use_expln``
+    maps it to std with ``exp`` below 0 and ``log1p(x) + 1`` above, which grows slower. The latent enters
+    the variance without a gradient (SB3's default, ``learn_features=False``).
+
+    Parameters are ``(B, d + in_dim)``: the means, then the (detached) latent the variance needs.
+    """
+
+    epsilon = 1e-6
+    """Added to the variance, as in SB3."""
+
+    def __init__(
+        self, in_dim: int, action_dim: int, log_std_init: float = 0.0, full_std: bool = True, use_expln: bool = False
+    ) -> None:
+        super().__init__()
+        self.proj = Linear(in_dim, action_dim)
+        self.in_dim, self.action_dim, self.use_expln = in_dim, action_dim, use_expln
+        self.log_std = nn.Parameter(torch.full((in_dim, action_dim if full_std else 1), float(log_std_init)))
+        self.exploration: torch.Tensor | None = None  # E for one observation (or a batch of another size)
+        self.explorations: torch.Tensor | None = None  # one E per env, (n, in_dim, d)
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.proj(latent), latent.detach()], dim=-1)
+
+    def std(self) -> torch.Tensor:
+        """The weights' standard deviations ``(in_dim, d)``."""
+        log_std = self.log_std
+        if self.use_expln:
+            std = torch.where(log_std <= 0, log_std.clamp_max(0.0).exp(), torch.log1p(log_std.clamp_min(0.0)) + 1.0)
+        else:
+            std = log_std.exp()
+        return std.expand(self.in_dim, self.action_dim)
+
+    @torch.no_grad()
+    def reset_noise(self, n: int = 1) -> None:
+        """Draw new exploration matrices: one for single observations and one per row of batches of ``n``."""
+        std = self.std()
+        self.exploration = torch.normal(torch.zeros_like(std), std)
+        self.explorations = torch.normal(torch.zeros_like(std).expand(n, -1, -1), std.expand(n, -1, -1))
+
+    def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return params[..., : self.action_dim], params[..., self.action_dim :]
+
+    def _scale(self, latent: torch.Tensor) -> torch.Tensor:
+        return (latent.square() @ self.std().square() + self.epsilon).sqrt()
+
+    def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        mean, latent = self._split(params)
+        if deterministic:
+            return mean
+        if self.exploration is None:
+            self.reset_noise()
+        if self.explorations is not None and len(latent) == len(self.explorations) > 1:
+            return mean + torch.bmm(latent.unsqueeze(1), self.explorations).squeeze(1)  # each row its own E
+        return mean + latent @ self.exploration
+
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        mean, latent = self._split(params)
+        scale = self._scale(latent)
+        return (-0.5 * ((actions - mean) / scale).square() - scale.log() - 0.5 * _LOG_2PI).sum(-1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        return (0.5 + 0.5 * _LOG_2PI + self._scale(self._split(params)[1]).log()).sum(-1)
+
+
+def make_action_head(space: spaces.Space, in_dim: int, log_std_init: float = 0.0, sde: dict | None = None) -> nn.Module:
+    """The head for ``space`` (Discrete, MultiDiscrete, MultiBinary or Box); ``sde`` (``full_std``,
+    ``use_expln``): Box actions with state-dependent exploration (:class:`StateDependentGaussianHead`)."""
+    if sde is not None:
+        if not isinstance(space, spaces.Box):
+            raise ValueError(f"use_sde=True applies to Box actions, not {space}: remove use_sde.")
+        return StateDependentGaussianHead(in_dim, int(np.prod(space.shape)), log_std_init, **sde)
     if isinstance(space, spaces.Discrete):
         return CategoricalHead(in_dim, int(space.n), int(space.start))
     if isinstance(space, spaces.MultiDiscrete):

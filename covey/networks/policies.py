@@ -29,6 +29,7 @@ from covey.networks.distributions import (
     DiagGaussianHead,
     MultiCategoricalHead,
     SquashedGaussianHead,
+    StateDependentGaussianHead,
 )
 from covey.networks.obs import ObsTensor
 
@@ -78,6 +79,9 @@ class ActionDistribution:
             return dist.Bernoulli(logits=params)
         if isinstance(head, DiagGaussianHead):
             return dist.Normal(params, head.log_std.exp().expand_as(params))
+        if isinstance(head, StateDependentGaussianHead):
+            mean, latent = head._split(params)
+            return dist.Normal(mean, head._scale(latent))
         if isinstance(head, SquashedGaussianHead):  # before the tanh, as SB3's
             mean, log_std = head._split(params)
             return dist.Normal(mean, log_std.exp())
@@ -261,6 +265,13 @@ class ActorCriticPolicy(_PolicyBase):
 
     def set_training_mode(self, mode: bool) -> None:
         self.train(mode)
+
+    def reset_noise(self, n_envs: int = 1) -> None:
+        """Draw new exploration matrices (``use_sde=True``): one for single observations, one per env of batches
+        of ``n_envs``."""
+        if not isinstance(self.actor.head, StateDependentGaussianHead):
+            raise ValueError("reset_noise() is only available with state-dependent exploration (use_sde=True).")
+        self.actor.head.reset_noise(n_envs)
 
     # SB3's names for parts of its policy, where covey has the same part.
     @property
