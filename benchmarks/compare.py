@@ -139,6 +139,25 @@ TASKS = [
         budgets={"quick": 50_000, "full": 1_000_000},
         hyperparameters=dict(n_steps=1024, batch_size=64, n_epochs=4, gamma=0.999, gae_lambda=0.98, ent_coef=0.01),
     ),
+    # RL-Zoo's Pendulum settings, with generalized state-dependent exploration (use_sde).
+    Task(
+        "ppo_pendulum_sde",
+        "PPO",
+        "Pendulum-v1",
+        n_envs=4,
+        budgets={"quick": 50_000, "full": 100_000},
+        hyperparameters=dict(
+            n_steps=1024,
+            gae_lambda=0.95,
+            gamma=0.9,
+            n_epochs=10,
+            ent_coef=0.0,
+            learning_rate=1e-3,
+            clip_range=0.2,
+            use_sde=True,
+            sde_sample_freq=4,
+        ),
+    ),
     Task(
         "sac_pendulum",
         "SAC",
