@@ -111,6 +111,22 @@ def test_ppo_with_sde_reaches_minus_250_on_pendulum_within_100k_steps():
 
 
 @pytest.mark.slow
+def test_sac_with_sde_reaches_minus_250_on_pendulum_within_20k_steps():
+    """SAC with state-dependent exploration (use_sde; the settings of the test above): mean return >= -250."""
+    model = SAC(
+        "MlpPolicy",
+        make_vec_env("Pendulum-v1", n_envs=1, seed=0),
+        learning_rate=1e-3,
+        use_sde=True,
+        policy_kwargs=dict(net_arch=[64, 64]),
+        seed=0,
+    )
+    model.learn(20_000)
+    mean, _ = evaluate_policy(model, make_vec_env("Pendulum-v1", n_envs=1, seed=100), n_eval_episodes=10)
+    assert mean >= -250
+
+
+@pytest.mark.slow
 def test_discrete_sac_reaches_300_on_cartpole_within_50k_steps():
     """SAC for Discrete actions (exact expectation over actions): mean return >= 300 within 40k steps."""
     model = SAC(

@@ -620,9 +620,9 @@ def test_unsupported_action_spaces_are_refused(space):
     assert "Discrete" in str(err.value)
 
 
-def test_use_sde_is_refused():
-    with pytest.raises(NotImplementedError, match="use_sde"):
-        sac("Pendulum-v1", use_sde=True)
+def test_use_sde_is_refused_for_discrete_actions():
+    with pytest.raises(ValueError, match="use_sde=True applies to Box actions"):
+        sac("CartPole-v1", use_sde=True)
 
 
 @pytest.mark.parametrize("ent_coef", ["autox", "auto_", "auto_abc", "auto_0", -1, -0.5])

@@ -129,3 +129,130 @@ def test_recurrent_ppo_with_sde_explores_with_its_latent():
     again, _ = model.predict(obs, episode_start=np.ones(1, bool))
     np.testing.assert_array_equal(first, again)  # same state, same matrices: same action
     assert not np.allclose(first, model.predict(obs, episode_start=np.ones(1, bool), deterministic=True)[0])
+
+
+# ============================================================================================ SAC
+
+
+def test_squashed_head_matches_sb3s_squashed_state_dependent_noise():
+    """SAC's gSDE head against SB3's StateDependentNoiseDistribution(learn_features=True, squash_output=True):
+    the same sample and log-probability from the same exploration matrix, and the same gradients into log_std
+    (through the matrix drawn as std * N(0, 1)) and into the latent (through noise and variance)."""
+    from covey.networks.distributions import SquashedStateDependentHead
+
+    torch.manual_seed(0)
+    latent_dim, action_dim, batch = 6, 2, 9
+    head = SquashedStateDependentHead(latent_dim, action_dim, clip_mean=2.0)
+    with torch.no_grad():
+        head.log_std.uniform_(-2.0, 0.0)
+        head.proj.weight.mul_(10.0)  # means beyond clip_mean, which the head clips
+    latent = torch.randn(batch, latent_dim, requires_grad=True)
+    params = head(latent)
+    assert params[:, :action_dim].abs().max() == 2.0
+    head.reset_noise(1, differentiable=True)
+    actions, log_prob = head.rsample(params)
+    sb3 = StateDependentNoiseDistribution(action_dim, learn_features=True, squash_output=True)
+    sb3.latent_sde_dim = latent_dim
+    sb3.proba_distribution(params[:, :action_dim], head.log_std, latent)
+    sb3.exploration_mat, sb3.exploration_matrices = head.exploration, head.explorations
+    sb3_actions = sb3.sample()
+    sb3_log_prob = sb3.log_prob(sb3_actions)
+    torch.testing.assert_close(actions, sb3_actions)
+    torch.testing.assert_close(log_prob, sb3_log_prob)
+    ours = torch.autograd.grad(log_prob.sum() + actions.sum(), [head.log_std, latent], retain_graph=True)
+    theirs = torch.autograd.grad(sb3_log_prob.sum() + sb3_actions.sum(), [head.log_std, latent])
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b)
+    assert ours[0].abs().sum() > 0
+    torch.testing.assert_close(head.log_prob(params, actions), log_prob, atol=1e-3, rtol=1e-4)
+    assert torch.equal(head.sample(params, deterministic=True), torch.tanh(params[:, :action_dim]))
+
+
+def _count_reset_noise(model, calls: list) -> None:
+    """Record every reset_noise call of the model's actor (SB3's or covey's) as (n, kind)."""
+    actor = model.actor
+    original = actor.reset_noise
+
+    def record(*args, **kwargs):
+        calls.append(args[0] if args else kwargs.get("batch_size", kwargs.get("n_envs", 1)))
+        return original(*args, **kwargs)
+
+    actor.reset_noise = record
+
+
+def test_sac_draws_exploration_matrices_as_sb3_does():
+    """SB3's SAC draws one matrix per env at every collection (every step with train_freq=1) and a new one
+    before every gradient step; covey's the same, and the gradient steps draw it differentiably."""
+    import stable_baselines3
+
+    from covey import SAC
+
+    def kwargs():  # a fresh dict each time: SB3 writes use_sde into the policy_kwargs it is given
+        return dict(use_sde=True, learning_starts=8, batch_size=8, seed=0, policy_kwargs=dict(net_arch=[16]))
+
+    calls = {"sb3": [], "covey": []}
+    sb3 = stable_baselines3.SAC("MlpPolicy", "Pendulum-v1", **kwargs())
+    _count_reset_noise(sb3, calls["sb3"])
+    sb3.learn(24)
+    model = SAC("MlpPolicy", "Pendulum-v1", **kwargs())
+    _count_reset_noise(model, calls["covey"])
+    steps = []
+    draw = model.actor.head.reset_noise
+
+    def record(n=1, differentiable=False):
+        steps.append(differentiable)
+        draw(n, differentiable)
+
+    model.actor.head.reset_noise = record
+    model.learn(24)
+    collections = 24
+    assert len(calls["sb3"]) == len(calls["covey"]) + model._n_updates  # SB3's gradient steps go through actor
+    assert calls["covey"] == [1] * collections and steps.count(True) == model._n_updates == 16
+
+
+def test_sac_use_sde_at_warmup_acts_with_the_policy():
+    """Before learning_starts SAC acts uniformly at random (the action space's samples), or with the policy's
+    gSDE noise with use_sde_at_warmup."""
+    from covey import SAC
+
+    def counted(method, calls: list):
+        def call(*args, **kwargs):
+            calls.append(1)
+            return method(*args, **kwargs)
+
+        return call
+
+    for at_warmup in (False, True):
+        model = SAC("MlpPolicy", "Pendulum-v1", use_sde=True, use_sde_at_warmup=at_warmup, learning_starts=100)
+        draws, acts = [], []
+        model.action_space.sample = counted(model.action_space.sample, draws)
+        model.actor.act = counted(model.actor.act, acts)
+        model.learn(20)
+        assert (len(draws), len(acts)) == ((0, 20) if at_warmup else (20, 0))
+
+
+def test_sac_with_sde_saves_loads_and_copies_sb3_weights(tmp_path):
+    import warnings
+
+    import stable_baselines3
+
+    from covey import SAC
+    from covey.networks.distributions import SquashedStateDependentHead
+
+    kwargs = dict(use_sde=True, learning_starts=8, batch_size=8, seed=0, policy_kwargs=dict(net_arch=[16, 16]))
+    model = SAC("MlpPolicy", "Pendulum-v1", **kwargs)
+    assert isinstance(model.actor.head, SquashedStateDependentHead)
+    torch.testing.assert_close(model.actor.head.log_std.detach(), torch.full((16, 1), -3.0))  # SB3's SAC default
+    model.learn(16)
+    model.save(tmp_path / "m")
+    loaded = SAC.load(tmp_path / "m")
+    obs = np.random.default_rng(0).uniform(-1, 1, (5, 3)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+    sb3 = stable_baselines3.SAC("MlpPolicy", "Pendulum-v1", **kwargs).learn(16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # optimizer states are not copied
+        model.set_parameters(sb3.get_parameters(), exact_match=False)
+    np.testing.assert_allclose(
+        model.predict(obs, deterministic=True)[0], sb3.predict(obs, deterministic=True)[0], rtol=0, atol=1e-6
+    )
+    torch.testing.assert_close(model.actor.head.log_std, sb3.actor.log_std)

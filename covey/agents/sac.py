@@ -60,6 +60,14 @@ class SACConfig:
     """covey's opt-in: the gradient steps run the networks under bfloat16 autocast (matrix multiplies in
     bfloat16, network outputs back in float32; parameters, optimizer and losses stay float32). About 2x
     faster gradient steps on a CPU with bfloat16 units, at bfloat16's 8-bit mantissa in the layers."""
+    use_sde: bool = False
+    """Generalized state-dependent exploration for Box actions (the noise a linear function of the state)."""
+    sde_sample_freq: int = -1
+    """With use_sde: draw new exploration matrices every this many steps within a collection (-1, or any value
+    < 1: once per collection, which with ``train_freq=1`` is every step, as in SB3)."""
+    use_sde_at_warmup: bool = False
+    """With use_sde: before ``learning_starts``, act with the policy's state-dependent noise instead of
+    uniformly random actions."""
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
@@ -72,6 +80,7 @@ class SACConfig:
         need(0.0 <= self.gamma <= 1.0, "gamma", "it must lie in [0, 1]")
         need(self.gradient_steps == -1 or self.gradient_steps >= 0, "gradient_steps", "it must be >= 0, or -1")
         need(self.target_update_interval >= 1, "target_update_interval", "it must be >= 1")
+        need(isinstance(self.sde_sample_freq, (int, np.integer)), "sde_sample_freq", "it must be an int")
         need(callable(self.learning_rate) or self.learning_rate >= 0, "learning_rate", "it must be >= 0 or a schedule")
         ok = isinstance(self.ent_coef, (int, float)) and self.ent_coef >= 0
         if isinstance(self.ent_coef, str) and self.ent_coef.startswith("auto"):
@@ -360,8 +369,6 @@ class SAC(BaseAgent):
         bf16_matmuls: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
-        if use_sde or use_sde_at_warmup:
-            raise NotImplementedError("use_sde (state-dependent exploration) is not supported by covey's SAC.")
         check_replay_buffer_args(replay_buffer_class, replay_buffer_kwargs)
         if n_steps != 1:
             raise NotImplementedError("n-step returns (n_steps > 1) are not supported by covey's SAC.")
@@ -380,11 +387,16 @@ class SAC(BaseAgent):
             target_entropy=target_entropy,
             stats_window_size=stats_window_size,
             bf16_matmuls=bf16_matmuls,
+            use_sde=use_sde,
+            sde_sample_freq=sde_sample_freq,
+            use_sde_at_warmup=use_sde_at_warmup,
         )
         kwargs = dict(policy_kwargs or {})
+        kwargs.pop("use_sde", None)  # SB3's off-policy agents set the policy's use_sde from their own argument
         self.policy_config = PolicyConfig.from_kwargs(
-            kwargs, activation_fn=torch.nn.ReLU, ortho_init=False, share_features_extractor=False
+            kwargs, activation_fn=torch.nn.ReLU, ortho_init=False, share_features_extractor=False, log_std_init=-3.0
         )
+        self.policy_config.use_sde = bool(use_sde)
         self.action_noise = action_noise
         """SB3's exploration noise (a ``stable_baselines3.common.noise.ActionNoise``) added to Box actions in
         [-1, 1] while collecting, as in SB3; not saved with the model (set ``model.action_noise`` again)."""
@@ -554,10 +566,15 @@ class SAC(BaseAgent):
         replay_buffer, train_freq, learning_starts = self.replay_buffer, cfg.train_freq, cfg.learning_starts
         action_noise = self.action_noise
         set_train_mode(actor, False)
+        use_sde, sde_sample_freq = cfg.use_sde, cfg.sde_sample_freq
+        if use_sde:  # as SB3: exploration matrices for this collection (one per env)
+            actor.reset_noise(env.num_envs)
         callback.on_rollout_start()
         num_collected_steps = num_collected_episodes = 0
         while (num_collected_steps if train_freq.unit == "step" else num_collected_episodes) < train_freq.frequency:
-            if self.num_timesteps < learning_starts:
+            if use_sde and sde_sample_freq > 0 and num_collected_steps % sde_sample_freq == 0:
+                actor.reset_noise(env.num_envs)
+            if self.num_timesteps < learning_starts and not (use_sde and cfg.use_sde_at_warmup):
                 actions = np.array([self.action_space.sample() for _ in range(env.num_envs)])
                 buffer_actions = self._to_buffer_actions(actions)
             else:
@@ -670,6 +687,8 @@ class SAC(BaseAgent):
         """One SAC update: temperature, critics, actor (in SB3's order). Returns the losses and other detached
         statistics, and the critics' values with their targets (for :func:`q_diagnostics`)."""
         stats: dict[str, torch.Tensor] = {}
+        if self.config.use_sde:  # as SB3: a new exploration matrix, through which the actor's loss reaches log_std
+            self.actor.head.reset_noise(differentiable=True)
         sample = self._policy_sample(batch.observations)
         # This step's losses use the temperature from before its update (SB3's order).
         ent_coef = self._ent_coef()

@@ -18,7 +18,12 @@ from gymnasium import spaces
 from torch import nn
 
 from covey.networks.attention import EntityEncoder, POCACritic
-from covey.networks.distributions import SquashedGaussianHead, make_action_head
+from covey.networks.distributions import (
+    SquashedGaussianHead,
+    SquashedStateDependentHead,
+    StateDependentGaussianHead,
+    make_action_head,
+)
 from covey.networks.encoders import ExternalEncoder, make_encoder
 from covey.networks.memory import Memory, State, sequence_features
 from covey.networks.mlp import mlp, parse_net_arch
@@ -104,6 +109,8 @@ class PolicyConfig:
     """With ``use_sde``: one log-std per latent feature and action (False: per latent feature)."""
     use_expln: bool = False
     """With ``use_sde``: std from log-std by ``exp`` below 0 and ``log1p(x) + 1`` above (grows slower)."""
+    clip_mean: float = 2.0
+    """SAC with ``use_sde``: the Gaussian's mean is kept in [-clip_mean, clip_mean] (0: not clipped)."""
     use_sde: bool = False
     """Box actions with state-dependent exploration; set by the agent's ``use_sde`` argument, not here."""
 
@@ -153,8 +160,11 @@ class Actor(nn.Module):
         self.trunk = mlp(memory.out_dim if memory is not None else encoder.out_dim, hidden, activation)
         # SAC squashes Box actions into [-1, 1] with tanh and rescales them to the bounds for the env.
         self.squashed = squashed and isinstance(action_space, spaces.Box)
-        if self.squashed:
-            self.head = SquashedGaussianHead(self.trunk.out_dim, int(np.prod(action_space.shape)))
+        action_dim = int(np.prod(action_space.shape)) if self.squashed else 0
+        if self.squashed and sde is not None:
+            self.head = SquashedStateDependentHead(self.trunk.out_dim, action_dim, log_std_init, **sde)
+        elif self.squashed:
+            self.head = SquashedGaussianHead(self.trunk.out_dim, action_dim)
         else:
             self.head = make_action_head(action_space, self.trunk.out_dim, log_std_init, sde)
 
@@ -192,6 +202,13 @@ class Actor(nn.Module):
         """Distribution parameters ``(S, L, n_params)`` for observations ``(S, L, ...)`` from ``state``
         (``resets`` ``(S, L)``: where a new trajectory starts inside a sequence, see :meth:`Memory.sequences`)."""
         return self.head(self.trunk(self.memory.encode_sequences(self.encoder, obs, state, valid, resets)))
+
+    def reset_noise(self, n_envs: int = 1) -> None:
+        """Draw new exploration matrices (``use_sde=True``): one for single observations, one per env of batches
+        of ``n_envs`` (SB3's ``reset_noise``)."""
+        if not isinstance(self.head, StateDependentGaussianHead):
+            raise ValueError("reset_noise() is only available with state-dependent exploration (use_sde=True).")
+        self.head.reset_noise(n_envs)
 
     def action_log_prob(self, obs: ObsTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A sampled action for every observation and its log-probability ``(B,)`` (SB3 SAC's
@@ -566,7 +583,17 @@ def build_sac_networks(
     encoder = _encoder_factory(kind, observation_space, config)
 
     arch = parse_net_arch(config.net_arch, ("pi", "qf"), [256, 256])
-    actor = Actor(observation_space, action_space, encoder(), arch["pi"], config.activation_fn, squashed=True)
+    sde = dict(full_std=config.full_std, use_expln=config.use_expln, clip_mean=config.clip_mean)
+    actor = Actor(
+        observation_space,
+        action_space,
+        encoder(),
+        arch["pi"],
+        config.activation_fn,
+        config.log_std_init,
+        squashed=True,
+        sde=sde if config.use_sde else None,
+    )
     critic = QEnsemble(encoder(), action_space, arch["qf"], config.activation_fn, config)
     return actor, critic
 

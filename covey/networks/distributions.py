@@ -227,12 +227,16 @@ class StateDependentGaussianHead(nn.Module):
             std = log_std.exp()
         return std.expand(self.in_dim, self.action_dim)
 
-    @torch.no_grad()
-    def reset_noise(self, n: int = 1) -> None:
-        """Draw new exploration matrices: one for single observations and one per row of batches of ``n``."""
-        std = self.std()
-        self.exploration = torch.normal(torch.zeros_like(std), std)
-        self.explorations = torch.normal(torch.zeros_like(std).expand(n, -1, -1), std.expand(n, -1, -1))
+    def reset_noise(self, n: int = 1, differentiable: bool = False) -> None:
+        """Draw new exploration matrices: one for single observations and one per row of batches of ``n``.
+        ``differentiable``: the single one as ``std * N(0, 1)``, through which a loss reaches ``log_std``
+        (SAC's gradient steps, as SB3's ``rsample`` of the weights)."""
+        with torch.no_grad():
+            std = self.std()
+            self.explorations = torch.normal(torch.zeros_like(std).expand(n, -1, -1), std.expand(n, -1, -1))
+            self.exploration = torch.normal(torch.zeros_like(std), std)
+        if differentiable:
+            self.exploration = self.std() * torch.randn_like(std)
 
     def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return params[..., : self.action_dim], params[..., self.action_dim :]
@@ -257,6 +261,53 @@ class StateDependentGaussianHead(nn.Module):
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
         return (0.5 + 0.5 * _LOG_2PI + self._scale(self._split(params)[1]).log()).sum(-1)
+
+
+class SquashedStateDependentHead(StateDependentGaussianHead):
+    """SAC's Box actions with state-dependent exploration (SB3's SAC ``use_sde=True``): the Gaussian of
+    :class:`StateDependentGaussianHead`, its mean kept in [-clip_mean, clip_mean] (SB3's Hardtanh), squashed by
+    tanh into [-1, 1]. The latent takes gradients through the noise and the variance too (SB3's
+    ``learn_features=True`` for SAC). ``rsample`` uses the single exploration matrix, which SAC draws anew,
+    differentiably, at every gradient step."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        action_dim: int,
+        log_std_init: float = -3.0,
+        full_std: bool = True,
+        use_expln: bool = False,
+        clip_mean: float = 2.0,
+    ) -> None:
+        super().__init__(in_dim, action_dim, log_std_init, full_std, use_expln)
+        self.clip_mean = clip_mean
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        mean = self.proj(latent)
+        if self.clip_mean > 0:
+            mean = F.hardtanh(mean, -self.clip_mean, self.clip_mean)
+        return torch.cat([mean, latent], dim=-1)
+
+    def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        return torch.tanh(super().sample(params, deterministic))
+
+    def rsample(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A differentiable sample in [-1, 1] and its log-probability ``(B,)`` (with tanh's change of variables,
+        ``log(1 - tanh(u)^2 + 1e-6)`` as in SB3)."""
+        if self.exploration is None:
+            self.reset_noise()
+        mean, latent = self._split(params)
+        u = mean + latent @ self.exploration
+        scale = self._scale(latent)
+        gauss = (-0.5 * ((u - mean) / scale).square() - scale.log() - 0.5 * _LOG_2PI).sum(-1)
+        action = torch.tanh(u)
+        return action, gauss - torch.log(1.0 - action.square() + self.epsilon).sum(-1)
+
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of actions in [-1, 1] (clipped just inside, to invert tanh)."""
+        a = actions.clamp(-1.0 + 1e-6, 1.0 - 1e-6)
+        u = torch.atanh(a)
+        return super().log_prob(params, u) - torch.log(1.0 - a.square() + self.epsilon).sum(-1)
 
 
 def make_action_head(space: spaces.Space, in_dim: int, log_std_init: float = 0.0, sde: dict | None = None) -> nn.Module:

@@ -29,6 +29,7 @@ from covey.networks.distributions import (
     DiagGaussianHead,
     MultiCategoricalHead,
     SquashedGaussianHead,
+    SquashedStateDependentHead,
     StateDependentGaussianHead,
 )
 from covey.networks.obs import ObsTensor
@@ -51,7 +52,7 @@ class ActionDistribution:
 
     def entropy(self) -> torch.Tensor | None:
         """Entropies ``(B,)``; None for SAC's squashed Gaussian, which has no closed form (SB3's too)."""
-        if isinstance(self.head, SquashedGaussianHead):
+        if isinstance(self.head, (SquashedGaussianHead, SquashedStateDependentHead)):
             return None
         return self.head.entropy(self.params)
 
@@ -184,6 +185,10 @@ class _PolicyBase(nn.Module):
         """SB3's ``predict``: observations (numpy) to env actions (numpy), and the recurrent state."""
         return self.actor.predict(observation, state, episode_start, deterministic)
 
+    def reset_noise(self, n_envs: int = 1) -> None:
+        """SB3's ``reset_noise`` (``use_sde=True``): :meth:`Actor.reset_noise`."""
+        self.actor.reset_noise(n_envs)
+
     def scale_action(self, action: np.ndarray) -> np.ndarray:
         """Actions in the Box bounds to [-1, 1]."""
         low, high = self.action_space.low, self.action_space.high
@@ -265,13 +270,6 @@ class ActorCriticPolicy(_PolicyBase):
 
     def set_training_mode(self, mode: bool) -> None:
         self.train(mode)
-
-    def reset_noise(self, n_envs: int = 1) -> None:
-        """Draw new exploration matrices (``use_sde=True``): one for single observations, one per env of batches
-        of ``n_envs``."""
-        if not isinstance(self.actor.head, StateDependentGaussianHead):
-            raise ValueError("reset_noise() is only available with state-dependent exploration (use_sde=True).")
-        self.actor.head.reset_noise(n_envs)
 
     # SB3's names for parts of its policy, where covey has the same part.
     @property

@@ -107,12 +107,16 @@ def _sac(state_dict: dict) -> dict:
             out[f"{critic}.qs.{q}.{where}.{kind}"] = value
         elif key.startswith("actor.latent_pi."):
             out["actor.trunk." + key[len("actor.latent_pi.") :]] = value
+        elif key == "actor.log_std":  # use_sde: the exploration's log-std matrix, and the mean layer (before
+            out["actor.head.log_std"] = value  # SB3's Hardtanh when clip_mean > 0)
+        elif key.startswith("actor.mu.") and "actor.log_std" in state_dict:
+            out["actor.head.proj." + key.removeprefix("actor.mu.").removeprefix("0.")] = value
         elif key.startswith(("actor.mu.", "actor.log_std.")):
             continue  # below: one layer of means then log-stds
         else:
             raise ValueError(f"SB3 SAC parameter {key!r} has no counterpart in covey's networks.")
     for kind in ("weight", "bias"):
-        if f"actor.mu.{kind}" in state_dict:
+        if f"actor.mu.{kind}" in state_dict and "actor.log_std" not in state_dict:
             mean, log_std = state_dict[f"actor.mu.{kind}"], state_dict[f"actor.log_std.{kind}"]
             out[f"actor.head.proj.{kind}"] = torch.cat([mean, log_std])
     return out
