@@ -226,3 +226,15 @@ def test_poca_curve_first_reach_and_median_curve():
     assert first_reach(b, -26.0) == (1024, 1.2, -26.0)  # "at least" the target
     assert first_reach(a, -10.0) is None
     assert median_curve([a, b, c]) == [(1024, 1.1, -30.0), (2048, 2.2, -21.0)]
+
+
+def test_compare_suites_hold_the_tasks_with_a_budget_there():
+    """The gSDE tasks run in the full suite only; naming one for the quick suite is an error that says so."""
+    from benchmarks.compare import TASKS, parse_args
+
+    quick, full = parse_args([]).task_list, parse_args(["--suite", "full"]).task_list
+    assert full == [task.name for task in TASKS]
+    assert set(full) - set(quick) == {"ppo_pendulum_sde", "sac_pendulum_sde"}
+    command = [sys.executable, "-m", "benchmarks.compare", "--tasks", "sac_pendulum_sde"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2 and "have no quick budget; run them with --suite full" in result.stderr
