@@ -41,7 +41,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 import covey
 from benchmarks import poca_vs_supersuit
-from benchmarks.common import median_range, random_stepping_speed
+from benchmarks.common import cpu_description, median_range, random_stepping_speed
 
 FRAMEWORKS: dict[str, dict[str, type]] = {
     "covey": {"PPO": covey.PPO, "SAC": covey.SAC},
@@ -367,6 +367,7 @@ def format_report(
         f"gymnasium {gymnasium.__version__}, pettingzoo {pettingzoo.__version__}, supersuit {supersuit.__version__}, "
         f"numpy {np.__version__}, Python {platform.python_version()}",
         f"- platform: {platform.platform()}, CUDA available: {torch.cuda.is_available()}",
+        f"- CPU: {cpu_description()}",
         "- load average (1/5/15 min) at start: "
         + "/".join(f"{value:.2f}" for value in load_at_start)
         + f", at end: {load}",

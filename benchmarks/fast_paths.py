@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from stable_baselines3.common.env_util import make_vec_env
 
+from benchmarks.common import cpu_description
 from benchmarks.poca_vs_supersuit import make_poca
 from covey import PPO, SAC
 from covey.agents.base import FlatParameters
@@ -556,6 +557,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for what, name_a, a, name_b, b in rows(timed):
             print(f"| {what} | {name_a} | {duration(a)} | {name_b} | {duration(b)} | {a / b:.2f} |", flush=True)
     print(f"\ncommand: python -m benchmarks.fast_paths {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"CPU: {cpu_description()}")
 
 
 if __name__ == "__main__":

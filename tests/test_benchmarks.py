@@ -52,6 +52,7 @@ def test_compare_quick_smoke():
         assert per_agent_return <= 0  # simple_spread rewards: minus distances to landmarks and collisions
     assert "poca_simple_spread:" in result.stdout and "per-agent returns" in result.stdout
     assert "python -m benchmarks.compare --suite quick" in result.stdout
+    assert "- CPU: " in result.stdout and "torch CPU capability: " in result.stdout
 
 
 def test_compare_rejects_unknown_task():
@@ -238,3 +239,17 @@ def test_compare_suites_hold_the_tasks_with_a_budget_there():
     command = [sys.executable, "-m", "benchmarks.compare", "--tasks", "sac_pendulum_sde"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 2 and "have no quick budget; run them with --suite full" in result.stderr
+
+
+def test_cpu_description_reads_the_first_processor():
+    from benchmarks.common import cpu_description
+
+    cpuinfo = (
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+        "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_bf16\n\n"
+        "processor\t: 1\nmodel name\t: something else\nflags\t\t: fpu\n"
+    )
+    text = cpu_description(cpuinfo)
+    assert text.startswith("AMD EPYC 9R14, family 25 model 17, AVX-512: yes, AVX-512 BF16: yes, ")
+    no_avx512 = cpu_description("model name\t: Old CPU\nflags\t\t: fpu sse2 avx2\n")
+    assert no_avx512.startswith("Old CPU, AVX-512: no, AVX-512 BF16: no, torch CPU capability: ")
