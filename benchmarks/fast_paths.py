@@ -336,7 +336,8 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     layers go to oneDNN, in-place ReLU) time the autograd step, where those apply; the others the default,
     hand-written one."""
     fp32, auto, bf16 = sac_model(), sac_model(manual=False), sac_model(bf16=True)
-    assert fp32._manual is not None and auto._manual is None and bf16._manual is None
+    bf16_auto = sac_model(bf16=True, manual=False)
+    assert fp32._manual is not None and bf16._manual is not None and auto._manual is None and bf16_auto._manual is None
 
     def steps(model: SAC) -> Callable[[], None]:
         return lambda: model.train(1, 256)
@@ -348,7 +349,11 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         ),
         (
             "SAC gradient step, Pendulum 256x256",
-            *timed.versus("bf16_matmuls=True (autograd)", steps(bf16), "float32, hand-written", steps(fp32), 40),
+            *timed.versus("bf16_matmuls=True, hand-written", steps(bf16), "float32, hand-written", steps(fp32), 40),
+        ),
+        (
+            "SAC gradient step, Pendulum 256x256, bf16_matmuls=True",
+            *timed.versus("hand-written gradients", steps(bf16), "autograd under autocast", steps(bf16_auto), 40),
         ),
     ]
 

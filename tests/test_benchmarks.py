@@ -80,6 +80,8 @@ def test_fast_paths_smoke():
         assert f"PPO autograd minibatch step, {setting}" in measurements
     assert measurements.count("SAC gradient step, Pendulum 256x256") == 8
     assert ["SAC gradient step, Pendulum 256x256", "hand-written gradients"] in [row[:2] for row in rows]
+    bf16_rows = [row for row in rows if row[0] == "SAC gradient step, Pendulum 256x256, bf16_matmuls=True"]
+    assert [row[1] for row in bf16_rows] == ["hand-written gradients"]
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
     assert measurements.count("POCA update per minibatch, 256 groups of 3") == 3
     assert "float32 linear layer 256x256x256, forward" in measurements

@@ -252,6 +252,62 @@ def test_manual_mlp_input_gradient_and_one_output_head_equal_autograd(monkeypatc
         assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-4 * g.abs().max().item())
 
 
+def bf16_reference(trunk: nn.Sequential, out: nn.Linear, x: torch.Tensor, large: list[bool]) -> torch.Tensor:
+    """The network through autograd, the ``large`` layers' products rounded as :class:`ManualMLP` with
+    ``bf16=True`` rounds them: inputs and weights to bfloat16, the product in bfloat16, the bias in float32."""
+    layers = [*list(trunk)[0::2], out]
+    activations = list(trunk)[1::2]
+    h = x
+    for i, (layer, is_large) in enumerate(zip(layers, large)):
+        if is_large:
+            h = torch.add(torch.mm(h.to(torch.bfloat16), layer.weight.to(torch.bfloat16).t()), layer.bias)
+        else:
+            h = layer(h)
+        if i < len(activations):
+            h = activations[i](h)
+    return h
+
+
+@pytest.mark.parametrize("activation", [nn.Tanh, nn.ReLU])
+def test_manual_mlp_with_bfloat16_products_equals_its_autograd_reference(monkeypatch, activation):
+    """``bf16=True``: the middle 256x256 layer multiplies in bfloat16 (the small first and last layers in
+    float32), forward, weight and input gradients alike, whether or not oneDNN is switched on; the results
+    are not float32's, but within bfloat16's rounding of them."""
+    torch.manual_seed(0)
+    trunk, out = mlp(4, [256, 256], activation), nn.Linear(256, 1)
+    params = [*trunk.parameters(), *out.parameters()]
+    x = torch.randn(64, 4, requires_grad=True)
+    grad_out = torch.randn(64, 1)
+    expected = bf16_reference(trunk, out, x, [False, True, False])
+    *reference, grad_x = torch.autograd.grad((expected * grad_out).sum(), [*params, x])
+    plain = out(trunk(x))
+    *fp32_grads, _ = torch.autograd.grad((plain * grad_out).sum(), [*params, x])
+    for onednn in (False, True):
+        monkeypatch.setattr(linear_module, "ONEDNN", onednn and linear_module.AVAILABLE)
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        manual = ManualMLP(trunk, out, bf16=True)
+        assert manual._plan(64) == [False, True, False]
+        with torch.no_grad():
+            y, inputs = manual.forward(x.detach())
+            assert y.dtype == torch.float32
+            assert torch.allclose(y, expected, atol=1e-5)
+            assert not torch.allclose(y, plain, atol=1e-6)  # bfloat16 did run
+            assert torch.allclose(y, plain, rtol=0.02, atol=0.02 * plain.abs().max().item())
+            assert torch.allclose(manual.input_grad(inputs, grad_out), grad_x, atol=1e-5)
+            manual.backward(inputs, grad_out)
+        for p, g, g32 in zip(params, reference, fp32_grads):
+            assert p.grad.dtype == torch.float32
+            assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-4 * g.abs().max().item())
+            # against float32 as a whole: a ReLU input rounded across 0 changes single entries entirely
+            assert (p.grad - g32).norm() <= 0.05 * g32.norm()
+    # Small batches keep every product in float32: the result is float32's.
+    manual = ManualMLP(trunk, out, bf16=True)
+    assert manual._plan(8) == [False, False, False]
+    with torch.no_grad():
+        assert torch.allclose(manual.forward(x[:8].detach())[0], plain[:8], atol=1e-5)
+
+
 def test_manual_mlp_refuses_unsupported_layers():
     assert not ManualMLP.supports(mlp(3, [4], nn.ELU), nn.Linear(4, 1))
     with pytest.raises(ValueError, match="Tanh or ReLU"):
@@ -578,7 +634,7 @@ def test_manual_sac_steps_equal_autograd_steps(monkeypatch, case):
     "kwargs",
     [
         dict(env_id="CartPole-v1"),
-        dict(bf16_matmuls=True),
+        dict(env_id="CartPole-v1", bf16_matmuls=True),
         dict(policy_kwargs=dict(value_head="twohot")),
         dict(policy_kwargs=dict(critic_ema_decay=0.9)),
         dict(policy_kwargs=dict(activation_fn=nn.ELU)),
@@ -610,3 +666,39 @@ def test_manual_sac_step_reads_the_onednn_switch_at_every_train_call(monkeypatch
         monkeypatch.setattr(linear_module, "ONEDNN", setting)
         model.train(1, 64)
         assert [net._plan(64) for net in nets] == [[False, setting, False]] * len(nets)
+
+
+def test_manual_sac_step_with_bf16_matmuls_stays_close_to_float32(monkeypatch):
+    """``bf16_matmuls=True`` keeps the hand-written step, its large products in bfloat16: from the same state
+    and batches, the losses and parameters of a few steps stay within bfloat16's rounding of float32's, and
+    differ from them (bfloat16 did run); parameters and optimizer states stay float32."""
+    models = []
+    for bf16 in (False, True):
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=200, batch_size=64, seed=0, bf16_matmuls=bf16)
+        assert model._manual is not None
+        assert [net.bf16 for net in (model._manual.actor_net, *model._manual.critic_nets)] == [bf16] * 3
+        models.append(model)
+    fp32, bf16 = models
+    fp32.learn(200)
+    bf16.set_parameters(fp32.get_parameters())
+    bf16.replay_buffer = fp32.replay_buffer
+    before = [p.detach().clone() for p in bf16.critic.parameters()]
+    stats = []
+    for model in (fp32, bf16):
+        torch.manual_seed(7)
+        np.random.seed(7)
+        model._manual.bind()
+        batch = model.replay_buffer.sample(64)
+        stats.append(model._manual.step(model, batch)[0])
+    for key in ("critic_loss", "actor_loss"):
+        assert stats[1][key].item() != stats[0][key].item()
+        assert stats[1][key].item() == pytest.approx(stats[0][key].item(), rel=0.02, abs=1e-3), key
+    lr = fp32.learning_rate
+    for name in ("actor", "critic"):
+        for p, q in zip(getattr(bf16, name).parameters(), getattr(fp32, name).parameters()):
+            assert p.dtype == torch.float32
+            assert (p - q).abs().max() <= 2 * lr + 1e-6  # Adam's first step moves each weight by at most ~lr
+    moved = [(p - q).abs().max().item() for p, q in zip(bf16.critic.parameters(), before)]
+    assert max(moved) > 0.5 * lr  # the step did update the critics
+    bf16.learn(64)  # training continues through learn()
+    assert all(torch.isfinite(p).all() for p in bf16.critic.parameters())

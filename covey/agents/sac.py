@@ -57,9 +57,11 @@ class SACConfig:
     stats_window_size: int = 100
     """Episodes averaged for rollout/ep_rew_mean."""
     bf16_matmuls: bool = False
-    """covey's opt-in: the gradient steps run the networks under bfloat16 autocast (matrix multiplies in
-    bfloat16, network outputs back in float32; parameters, optimizer and losses stay float32). About 2x
-    faster gradient steps on a CPU with bfloat16 units, at bfloat16's 8-bit mantissa in the layers."""
+    """covey's opt-in: the gradient steps multiply in bfloat16 (parameters, optimizer and losses stay float32).
+    With hand-written gradients (:class:`ManualSACStep`) the large layers' products do, each rounded to
+    bfloat16 as autocast rounds them; otherwise the networks run under bfloat16 autocast, with float32
+    outputs. Faster gradient steps on a CPU with bfloat16 units (where a 256x256 product takes half the
+    float32 time or less), at bfloat16's 8-bit mantissa in those layers."""
     use_sde: bool = False
     """Generalized state-dependent exploration for Box actions (the noise a linear function of the state)."""
     sde_sample_freq: int = -1
@@ -208,22 +210,23 @@ class ManualSACStep:
     the critics in the actor's loss are differentiated with respect to the action only.
 
     It applies (:meth:`applies`) to Box actions, weight-free encoders (``MlpPolicy`` on vector observations),
-    ``Linear`` + ReLU/Tanh trunks, the scalar value head, no critic EMA and float32 matrix multiplies
-    (``bf16_matmuls=False``); SAC uses autograd otherwise.
+    ``Linear`` + ReLU/Tanh trunks, the scalar value head and no critic EMA; SAC uses autograd otherwise. With
+    ``bf16``, the large layers' products (the 256x256 ones of SB3's default networks) run in bfloat16
+    (:class:`~covey.networks.mlp.ManualMLP`), the rest in float32.
     """
 
-    def __init__(self, actor: Any, critic: Any, critic_target: Any) -> None:
+    def __init__(self, actor: Any, critic: Any, critic_target: Any, bf16: bool = False) -> None:
         self.actor, self.critic, self.critic_target = actor, critic, critic_target
-        self.actor_net = ManualMLP(actor.trunk, actor.head.proj)
-        self.critic_nets = [ManualMLP(q.trunk, q.head.proj) for q in critic.qs]
-        self.target_nets = [ManualMLP(q.trunk, q.head.proj) for q in critic_target.qs]
+        self.actor_net = ManualMLP(actor.trunk, actor.head.proj, bf16=bf16)
+        self.critic_nets = [ManualMLP(q.trunk, q.head.proj, bf16=bf16) for q in critic.qs]
+        self.target_nets = [ManualMLP(q.trunk, q.head.proj, bf16=bf16) for q in critic_target.qs]
 
     @staticmethod
     def applies(agent: SAC) -> bool:
         """Whether ``agent``'s networks and settings are of the supported kind, and its optimizers step exactly
         the parameters that the hand-written gradients cover."""
         actor, critic = agent.actor, agent.critic
-        if agent.discrete or agent.config.bf16_matmuls or agent.critic_ema is not None or actor.memory is not None:
+        if agent.discrete or agent.critic_ema is not None or actor.memory is not None:
             return False
         if not isinstance(actor.head, SquashedGaussianHead) or not ManualMLP.supports(actor.trunk, actor.head.proj):
             return False
@@ -474,7 +477,7 @@ class SAC(BaseAgent):
         self._target_flat = FlatParameters(self._target_params, with_grad=False)
         self._manual: ManualSACStep | None = None
         if self.manual_gradients and ManualSACStep.applies(self):
-            self._manual = ManualSACStep(self.actor, self.critic, self.critic_target)
+            self._manual = ManualSACStep(self.actor, self.critic, self.critic_target, bf16=self.config.bf16_matmuls)
         self.replay_buffer = ReplayBuffer(
             cfg.buffer_size,
             self.observation_space,

@@ -42,6 +42,11 @@ class ManualMLP:
     them. Tanh is evaluated as ``2 * sigmoid(2x) - 1``: the same function to float rounding (absolute
     error ~1e-7) and several times faster than ``torch.tanh`` on CPU.
 
+    ``bf16=True``: the large layers (:func:`~covey.networks.linear.in_onednn`'s size rule) multiply in
+    bfloat16: their inputs, weights and output gradients rounded to bfloat16, the products accumulated in
+    float32 and rounded to bfloat16 (as under autocast), everything else in float32. Half the time of a
+    float32 product on CPUs with bfloat16 units.
+
     >>> net = mlp(3, [8], nn.Tanh)
     >>> head = nn.Linear(8, 2)
     >>> manual = ManualMLP(net, head)
@@ -50,11 +55,12 @@ class ManualMLP:
     True
     """
 
-    def __init__(self, trunk: nn.Sequential, out: nn.Linear) -> None:
+    def __init__(self, trunk: nn.Sequential, out: nn.Linear, bf16: bool = False) -> None:
         if not self.supports(trunk, out):
             raise ValueError(
                 "ManualMLP takes Linear layers (with biases) each followed by Tanh or ReLU, then a Linear output."
             )
+        self.bf16 = bool(bf16)
         modules = list(trunk)
         self.kinds = [_MANUAL_ACTIVATIONS[type(act)] for act in modules[1::2]]
         self.linears = [*modules[0::2], out]
@@ -88,7 +94,8 @@ class ManualMLP:
 
     def bind(self) -> None:
         """Read the parameters' current ``.grad`` tensors (before every update: they may have been replaced),
-        and whether large products go to oneDNN (``covey.networks.linear.ONEDNN``, float32 CPU weights)."""
+        and whether large products go to oneDNN (``covey.networks.linear.ONEDNN``, float32 CPU weights; with
+        ``bf16`` they multiply in bfloat16 instead)."""
         self.weight_grads = [linear.weight.grad for linear in self.linears]
         self.bias_grads = [linear.bias.grad for linear in self.linears]
         first = self.weights[0]
@@ -100,10 +107,10 @@ class ManualMLP:
         inputs = [x]
         h = x
         plan = self._plan(x.shape[0])
-        for weight, weight_t, bias, kind, large in zip(self.weights, self.weights_t, self.biases, self.kinds, plan):
+        for i, (weight_t, bias, kind, large) in enumerate(zip(self.weights_t, self.biases, self.kinds, plan)):
             tanh = kind == "tanh"
             if large:
-                z = onednn_linear(h, weight, bias).mul_(2.0) if tanh else onednn_linear(h, weight, bias)
+                z = self._large_linear(i, h).mul_(2.0) if tanh else self._large_linear(i, h)
             elif tanh:  # tanh(z) = 2 * sigmoid(2z) - 1, with the factor 2 folded into the matrix multiply
                 z = torch.addmm(bias, h, weight_t, beta=2.0, alpha=2.0)
             else:
@@ -111,16 +118,31 @@ class ManualMLP:
             h = torch.add(self._minus_one, z.sigmoid_(), alpha=2.0) if tanh else z.relu_()
             inputs.append(h)
         if plan[-1]:
-            return onednn_linear(h, self.weights[-1], self.biases[-1]), inputs
+            return self._large_linear(len(self.weights) - 1, h), inputs
         return torch.addmm(self.biases[-1], h, self.weights_t[-1]), inputs
 
     def _plan(self, rows: int) -> list[bool]:
-        """Per layer, for a batch of ``rows``: whether its products (forward and both gradients) go to oneDNN
-        (:func:`covey.networks.linear.in_onednn`). Worked out once per batch size."""
+        """Per layer, for a batch of ``rows``: whether its products (forward and both gradients) are large ones,
+        in bfloat16 (``bf16``) or in oneDNN (:func:`covey.networks.linear.in_onednn`). Worked out once per batch
+        size."""
         plan = self._plans.get(rows)
         if plan is None:
-            plan = self._plans[rows] = [self.onednn and in_onednn(rows, n_in, n_out) for n_out, n_in in self.shapes]
+            large = self.onednn or self.bf16
+            plan = self._plans[rows] = [large and in_onednn(rows, n_in, n_out) for n_out, n_in in self.shapes]
         return plan
+
+    def _large_linear(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """Layer ``i``'s output ``h @ W^T + b`` in float32, its product in bfloat16 (``bf16``) or oneDNN."""
+        if self.bf16:
+            product = torch.mm(h.to(torch.bfloat16), self.weights[i].to(torch.bfloat16).t())
+            return torch.add(product, self.biases[i])  # bfloat16 + float32: a float32 result
+        return onednn_linear(h, self.weights[i], self.biases[i])
+
+    def _large_input_grad(self, g: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``g @ weight`` in float32 for a large layer's ``weight`` ``(out, in)``: in bfloat16 or oneDNN."""
+        if self.bf16:
+            return torch.mm(g.to(torch.bfloat16), weight.to(torch.bfloat16)).float()
+        return onednn_linear(g, weight.t())
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         """The output ``(B, out)`` with the exact activations, as the modules compute it (acting)."""
@@ -136,7 +158,9 @@ class ManualMLP:
         plan = self._plan(g.shape[0])
         for i in range(len(self.weights) - 1, -1, -1):
             narrow = self.narrow[i]
-            if plan[i]:  # (out, B) @ (B, in)
+            if plan[i] and self.bf16:  # (out, B) @ (B, in), rounded to float32 by the copy
+                self.weight_grads[i].copy_(torch.mm(g.to(torch.bfloat16).t(), inputs[i].to(torch.bfloat16)))
+            elif plan[i]:
                 self.weight_grads[i].copy_(onednn_weight_grad(g, inputs[i]))
             elif narrow is not None:
                 self.weight_grads[i].copy_(torch.mm(inputs[i].t(), g, out=narrow).t())
@@ -157,14 +181,14 @@ class ManualMLP:
             g = self._below(i, g, inputs, plan)
         weight = self.weights[0][:, start:]  # (out, in - start)
         if plan[0]:
-            return onednn_linear(g, weight.t())
+            return self._large_input_grad(g, weight)
         return torch.mm(weight.t(), g.t()).t()  # transposed: MKL is slow at few output columns (see linear.narrow)
 
     def _below(self, i: int, g: torch.Tensor, inputs: list[torch.Tensor], plan: list[bool]) -> torch.Tensor:
         """d(loss)/d(output of layer i - 1) ``(B, in)`` from ``g`` = d(loss)/d(output of layer i)."""
         weight = self.weights[i]
         if plan[i]:
-            g = onednn_linear(g, weight.t())
+            g = self._large_input_grad(g, weight)
         elif weight.shape[0] == 1:  # one output (a value head): an outer product, which MKL is slow at
             g = g * weight
         else:
