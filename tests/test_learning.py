@@ -127,6 +127,24 @@ def test_sac_with_sde_reaches_minus_250_on_pendulum_within_20k_steps():
 
 
 @pytest.mark.slow
+def test_sac_with_bf16_matmuls_reaches_minus_250_on_pendulum_within_10k_steps():
+    """SAC with bf16_matmuls=True on SB3's 256x256 networks, whose middle layers then multiply in bfloat16
+    in the hand-written step: mean return >= -250 after 10k steps."""
+    model = SAC(
+        "MlpPolicy",
+        make_vec_env("Pendulum-v1", n_envs=1, seed=0),
+        learning_rate=1e-3,
+        bf16_matmuls=True,
+        seed=0,
+    )
+    assert model._manual is not None and model._manual.actor_net.bf16
+    assert model._manual.actor_net._plan(256) == [False, True, False]  # the 256x256 layer in bfloat16
+    model.learn(10_000)
+    mean, _ = evaluate_policy(model, make_vec_env("Pendulum-v1", n_envs=1, seed=100), n_eval_episodes=10)
+    assert mean >= -250
+
+
+@pytest.mark.slow
 def test_discrete_sac_reaches_300_on_cartpole_within_50k_steps():
     """SAC for Discrete actions (exact expectation over actions): mean return >= 300 within 40k steps."""
     model = SAC(
