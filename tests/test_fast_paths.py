@@ -370,6 +370,88 @@ def test_categorical_samples_follow_the_softmax():
     assert torch.equal(head.sample(logits[:2], deterministic=True), torch.tensor([3, 3]))
 
 
+# ---------------------------------------------------------------------------- PPO: acting in NumPy
+@pytest.mark.parametrize(
+    ("env_id", "kwargs"),
+    [("CartPole-v1", {}), ("Pendulum-v1", {}), ("CartPole-v1", dict(policy_kwargs=dict(activation_fn=nn.ReLU)))],
+)
+def test_numpy_acting_equals_the_actor_and_follows_its_updates(env_id, kwargs):
+    """The NumPy forward reads the live weights: after updates it still equals the actor's own forward."""
+    model = PPO("MlpPolicy", env_id, n_steps=64, batch_size=32, seed=0, **kwargs)
+    acting = model._numpy_acting
+    assert acting is not None
+    before = acting.forward(np.ones((1, *model.observation_space.shape), np.float32)).copy()
+    model.learn(256)
+    obs = np.random.default_rng(0).normal(size=(9, *model.observation_space.shape)).astype(np.float32)
+    with torch.no_grad():
+        expected = model.actor.distribution_params(torch.as_tensor(obs)).numpy()
+    assert np.allclose(acting.forward(obs), expected, atol=1e-5)
+    assert not np.allclose(acting.forward(np.ones_like(obs[:1])), before)  # the weights did move
+    assert np.allclose(acting.forward(obs.astype(np.float64)), expected, atol=1e-5)  # float64 observations
+
+
+def test_numpy_acting_samples_follow_the_policy():
+    """Discrete: action frequencies are the softmax of the logits (Gumbel-max); Box: mean + std * N(0, 1)."""
+    np.random.seed(0)
+    model = PPO("MlpPolicy", "CartPole-v1", seed=0)
+    obs = np.repeat(np.array([[0.1, -0.2, 0.05, 0.3]], np.float32), 30_000, axis=0)
+    actions = model._numpy_acting.act(obs)
+    assert actions.dtype == np.int64 and actions.shape == (30_000,)
+    logits = torch.as_tensor(model._numpy_acting.forward(obs[:1]))[0]
+    counts = np.bincount(actions, minlength=2) / 30_000
+    assert np.allclose(counts, logits.softmax(-1).numpy(), atol=0.01)
+    model = PPO("MlpPolicy", "Pendulum-v1", seed=0)
+    with torch.no_grad():
+        model.actor.head.log_std.fill_(-1.0)
+    obs = np.repeat(np.array([[0.5, -0.5, 0.2]], np.float32), 30_000, axis=0)
+    actions = model._numpy_acting.act(obs)
+    assert actions.dtype == np.float32 and actions.shape == (30_000, 1)
+    mean = model._numpy_acting.forward(obs[:1])[0]
+    assert abs(actions.mean() - mean[0]) < 0.01 and abs(actions.std() - np.exp(-1.0)) < 0.01
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(env_id="discrete observations"),
+        dict(policy="CnnPolicy", env_id="image"),
+        dict(env_id="Pendulum-v1", use_sde=True),
+        dict(policy="MlpLstmPolicy"),
+        dict(policy_kwargs=dict(value_head="twohot")),
+    ],
+)
+def test_numpy_acting_applies_only_with_the_manual_update_and_a_flatten_encoder(kwargs):
+    kwargs = dict(kwargs)
+    env_id = kwargs.pop("env_id", "CartPole-v1")
+    policy = kwargs.pop("policy", "MlpPolicy")
+    if env_id == "image":
+        env_id = SpaceEnv(image_space((36, 36, 1)), spaces.Discrete(2))
+    elif env_id == "discrete observations":
+        env_id = SpaceEnv(spaces.Discrete(5), spaces.Discrete(2))
+    model = PPO(policy, env_id, n_steps=16, batch_size=16, seed=0, **kwargs)
+    assert model._numpy_acting is None
+    before = [p.detach().clone() for p in model.actor.parameters()]
+    model.learn(32)
+    assert any(not torch.equal(p, q) for p, q in zip(model.actor.parameters(), before))
+
+
+def test_numpy_acting_can_be_switched_off(monkeypatch):
+    """``PPO.numpy_acting = False``: acting in PyTorch, with PyTorch's random generator."""
+    actions = {}
+    for switch in (True, False):
+        monkeypatch.setattr(PPO, "numpy_acting", switch)
+        for torch_seed in (0, 1):
+            model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0)
+            assert (model._numpy_acting is not None) == switch and model._manual is not None
+            np.random.seed(0)
+            torch.manual_seed(torch_seed)
+            model.learn(32)
+            actions[switch, torch_seed] = model.rollout_buffer.actions.clone()
+    # NumPy's generator draws NumPy acting's actions, PyTorch's those of acting in PyTorch.
+    assert torch.equal(actions[True, 0], actions[True, 1])
+    assert not torch.equal(actions[False, 0], actions[False, 1])
+
+
 # ---------------------------------------------------------------------------- PPO: hand-written update vs autograd
 class Recorder(Logger):
     """A logger that keeps the last value of every key."""
@@ -387,6 +469,7 @@ class Recorder(Logger):
 
 def one_update(monkeypatch, manual: bool, env_id: str, **kwargs):
     monkeypatch.setattr(PPO, "manual_gradients", manual)
+    monkeypatch.setattr(PPO, "numpy_acting", False)  # both act in PyTorch: the same rollout
     model = PPO("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=0), n_steps=64, seed=0, **kwargs)
     assert (model._manual is not None) == manual
     recorder = Recorder()
