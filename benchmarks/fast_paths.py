@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from stable_baselines3.common.env_util import make_vec_env
 
@@ -159,6 +160,18 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             )
         what = f"PPO acting, a batch of {n_envs} observation{'s' if n_envs > 1 else ''}"
         rows.append((what, "manual forward", t_act, "Actor.act (modules)", t_module))
+
+        def in_torch(m: PPO = manual) -> np.ndarray:  # collect_rollouts' acting with PPO.numpy_acting = False
+            o = batch_to_tensor(m._last_obs, m.observation_space, m.device)
+            with torch.inference_mode():
+                action = m._manual.act(o)
+            return m.actor.to_env_actions(action.cpu().numpy())
+
+        def in_numpy(m: PPO = manual) -> np.ndarray:
+            return m.actor.to_env_actions(m._numpy_acting.act(m._last_obs))
+
+        t_numpy, t_torch = timed.pair(in_numpy, in_torch, 2000)
+        rows.append((f"{what}, VecEnv array to env actions", "NumPy", t_numpy, "PyTorch", t_torch))
     n_envs, kwargs = PPO_SETTINGS["8 envs (batch 256)"]
     wide = collected_ppo(n_envs, True, **kwargs, policy_kwargs=dict(net_arch=[256, 256]))
     minibatches = wide.n_epochs * -(-wide.n_steps * n_envs // wide.batch_size)

@@ -78,6 +78,8 @@ def test_fast_paths_smoke():
     for setting in ("1 env (batch 64)", "8 envs (batch 256)"):
         assert f"PPO update per minibatch, {setting}" in measurements
         assert f"PPO autograd minibatch step, {setting}" in measurements
+    for n in ("1 observation", "8 observations"):
+        assert [f"PPO acting, a batch of {n}, VecEnv array to env actions", "NumPy"] in [row[:2] for row in rows]
     assert measurements.count("SAC gradient step, Pendulum 256x256") == 8
     assert ["SAC gradient step, Pendulum 256x256", "hand-written gradients"] in [row[:2] for row in rows]
     bf16_rows = [row for row in rows if row[0] == "SAC gradient step, Pendulum 256x256, bf16_matmuls=True"]
