@@ -6,10 +6,12 @@
 
 Each row times one operation two ways on the same data, in alternating rounds (so that the machine's speed
 drifting reaches both ways alike), and reports the minimum over the rounds of the mean time per call: PPO
-minibatch updates (hand-written gradients vs autograd; flat vs per-parameter optimizer step), acting, tanh,
+minibatch updates (hand-written gradients vs autograd; torch.tanh vs 2 * sigmoid(2x) - 1 in them; flat vs
+per-parameter optimizer step), acting, tanh,
 the Adam step, gradient clipping, batching two layers into one bmm, the matrix multiplies that bound the
 updates, torch.compile (its first call includes compiling), SAC gradient steps (hand-written gradients vs
-autograd, float32 vs bfloat16 autocast, flushing denormals, in-place ReLU), and MA-POCA's attention critic
+autograd, float32 vs bfloat16 autocast, the critics' action gradients direct or transposed, flushing denormals,
+in-place ReLU), and MA-POCA's attention critic
 (scores shared by all sets vs one attention call per set, softmax by hand) and minibatch (widths 64 and 128,
 the attention differentiated by hand or by autograd); and covey's linear layers against F.linear, alone and in
 SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transposed gradients of layers on
@@ -18,6 +20,7 @@ few inputs vs autograd's)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +41,8 @@ from covey.networks import attention as attention_module
 from covey.networks import linear as linear_module
 from covey.networks.attention import POCACritic
 from covey.networks.obs import batch_to_tensor
+
+mlp_module = importlib.import_module("covey.networks.mlp")  # covey.networks.mlp is also the function's name
 
 PPO_SETTINGS = {
     "1 env (batch 64)": (1, {}),
@@ -142,6 +147,15 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         minibatches = manual.n_epochs * -(-manual.n_steps * n_envs // manual.batch_size)
         t_manual, t_auto = (t / minibatches for t in timed.pair(manual.train, auto.train, 3))
         rows.append((f"PPO update per minibatch, {name}", "hand-written gradients", t_manual, "autograd", t_auto))
+        t_tanh, t_sigmoid = (
+            t / minibatches
+            for t in timed.pair(
+                with_setting(manual.train, "SIGMOID_TANH", False, mlp_module),
+                with_setting(manual.train, "SIGMOID_TANH", True, mlp_module),
+                3,
+            )
+        )
+        rows.append((f"PPO update per minibatch, {name}", "torch.tanh", t_tanh, "2 * sigmoid(2x) - 1", t_sigmoid))
         flat_step, per_parameter_step = autograd_minibatch(auto, True), autograd_minibatch(auto, False)
 
         def flat_step_linked(step=flat_step, flat: FlatParameters = auto.optimizer.flat_parameters) -> None:
@@ -377,6 +391,18 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
 
         return step
 
+    rows.append(
+        (
+            "SAC gradient step, Pendulum 256x256",
+            *timed.versus(
+                "critics' action gradients g @ W",
+                with_setting(steps(fp32), "TRANSPOSED_INPUT_GRADS", False),
+                "transposed, (W^T g^T)^T",
+                with_setting(steps(fp32), "TRANSPOSED_INPUT_GRADS", True),
+                40,
+            ),
+        )
+    )
     flushed, plain = timed.pair(with_flush(True), with_flush(False), 40)
     torch.set_flush_denormal(False)
     rows.append(("SAC gradient step, Pendulum 256x256", "flush denormals", flushed, "default", plain))

@@ -1,6 +1,8 @@
 """The training fast paths against their plain references: flat parameter buffers, the direct fused Adam
 step, hand-differentiated MLPs and PPO updates, flat Polyak averaging, bfloat16 SAC and action sampling."""
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,8 @@ from covey.agents.base import FlatParameters
 from covey.networks import linear as linear_module
 from covey.networks.distributions import CategoricalHead, DiagGaussianHead, SquashedGaussianHead
 from covey.networks.mlp import ManualMLP, mlp
+
+mlp_module = importlib.import_module("covey.networks.mlp")  # covey.networks.mlp is also the function's name
 
 
 def two_layers(seed: int = 0) -> nn.Sequential:
@@ -174,11 +178,22 @@ def test_polyak_update_of_flat_buffers_equals_per_parameter_lerp():
 
 
 # ---------------------------------------------------------------------------- hand-differentiated networks
+@pytest.fixture(params=["other CPUs", "Intel MKL"])
+def kernel_forms(request, monkeypatch):
+    """Both forms of the CPU-dependent kernel choices, whichever CPU runs the tests: tanh as
+    ``2 * sigmoid(2x) - 1`` and transposed input gradients (other CPUs), or ``torch.tanh`` and direct
+    products (Intel CPUs with MKL)."""
+    other = request.param == "other CPUs"
+    monkeypatch.setattr(mlp_module, "SIGMOID_TANH", other)
+    monkeypatch.setattr(linear_module, "TRANSPOSED_INPUT_GRADS", other)
+    return request.param
+
+
 @pytest.mark.parametrize(
     ("hidden", "activation"),
     [([8, 6], nn.Tanh), ([8], nn.ReLU), ([], nn.Tanh), ([4, 4, 4], nn.ReLU), ([32, 20], nn.Tanh), ([20], nn.ReLU)],
 )
-def test_manual_mlp_equals_autograd(hidden, activation):
+def test_manual_mlp_equals_autograd(hidden, activation, kernel_forms):
     """Forward, acting and every weight and bias gradient equal autograd's; the wide first layers (3 inputs,
     at least 16 outputs) take the transposed weight-gradient product."""
     torch.manual_seed(0)
@@ -188,11 +203,14 @@ def test_manual_mlp_equals_autograd(hidden, activation):
         p.grad = torch.zeros_like(p)
     manual = ManualMLP(trunk, out)
     assert (manual.narrow[0] is not None) == (bool(hidden) and hidden[0] >= 16)
+    assert manual.sigmoid_tanh == (kernel_forms == "other CPUs")
     x = torch.randn(7, 3)
     grad_out = torch.randn(7, 2)
     y, inputs = manual.forward(x)
     expected = out(trunk(x))
     assert torch.allclose(y, expected, atol=1e-6)
+    if not manual.sigmoid_tanh:  # the modules' own operations
+        assert torch.equal(y, expected)
     assert torch.allclose(manual.infer(x), expected, atol=1e-6)
     manual.backward(inputs, grad_out)
     reference = torch.autograd.grad((expected * grad_out).sum(), params)
@@ -225,7 +243,7 @@ def test_manual_mlp_with_large_products_in_onednn_equals_autograd(monkeypatch, a
 
 @pytest.mark.parametrize("onednn", [False, True])
 @pytest.mark.parametrize("activation", [nn.Tanh, nn.ReLU])
-def test_manual_mlp_input_gradient_and_one_output_head_equal_autograd(monkeypatch, onednn, activation):
+def test_manual_mlp_input_gradient_and_one_output_head_equal_autograd(monkeypatch, onednn, activation, kernel_forms):
     """A critic-shaped network (4 inputs, one output): the weight gradients (the output layer's input
     gradient is an outer product) and, without touching them, the gradient of the input's last columns."""
     monkeypatch.setattr(linear_module, "ONEDNN", onednn and linear_module.AVAILABLE)
@@ -496,7 +514,7 @@ CASES = {
 
 @pytest.mark.filterwarnings("ignore:batch_size=48 does not divide")
 @pytest.mark.parametrize("case", list(CASES))
-def test_manual_ppo_update_equals_autograd_update(monkeypatch, case):
+def test_manual_ppo_update_equals_autograd_update(monkeypatch, case, kernel_forms):
     """Same parameters after one update (epochs of minibatches), same logged statistics, same epoch count."""
     env_id, kwargs = CASES[case]
     ours, ours_log = one_update(monkeypatch, True, env_id, **kwargs)
@@ -678,7 +696,7 @@ SAC_CASES = {  # (env, policy, hyperparameters)
 
 
 @pytest.mark.parametrize("case", list(SAC_CASES))
-def test_manual_sac_steps_equal_autograd_steps(monkeypatch, case):
+def test_manual_sac_steps_equal_autograd_steps(monkeypatch, case, kernel_forms):
     """The same random draws, then the same parameters (actor, critics, target critics, temperature), Adam
     states and logged statistics after several gradient steps. (Adam divides by the gradient's magnitude,
     so a weight whose gradient is float rounding away from 0 moves by up to ~2 x the learning rate either

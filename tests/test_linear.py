@@ -17,8 +17,10 @@ needs_onednn = pytest.mark.skipif(not AVAILABLE, reason="this PyTorch has no one
 
 @pytest.fixture(autouse=True)
 def onednn_on(monkeypatch):
-    """The oneDNN path is tested wherever PyTorch has it, also on CPUs where covey leaves it off by default."""
+    """The oneDNN path and the transposed gradients are tested wherever PyTorch has them, also on CPUs where
+    covey leaves them off by default."""
     monkeypatch.setattr(linear_module, "ONEDNN", AVAILABLE)
+    monkeypatch.setattr(linear_module, "NARROW", True)
 
 
 def _covey_backward(out: torch.Tensor):
@@ -109,18 +111,22 @@ def test_small_products_other_dtypes_and_autocast_stay_with_f_linear(monkeypatch
     assert not _through_onednn(linear(torch.randn(512, 128, requires_grad=True), torch.randn(96, 128)))
 
 
-def test_onednn_is_chosen_only_for_mkl_on_x86_cpus_other_than_intels(monkeypatch):
+def test_mkl_is_told_apart_by_the_cpus_vendor(monkeypatch):
+    """oneDNN for MKL on x86 CPUs other than Intel's; MKL's own fast code (no detours) on Intel's; neither
+    without MKL or off x86."""
     monkeypatch.setattr(linear_module.torch.backends.mkl, "is_available", lambda: True)
     monkeypatch.setattr(linear_module.platform, "machine", lambda: "x86_64")
-    for vendor, expected in (("AuthenticAMD", True), ("GenuineIntel", False), ("", False)):
+    for vendor, other, intel in (("AuthenticAMD", True, False), ("GenuineIntel", False, True), ("", False, False)):
         monkeypatch.setattr(linear_module, "_cpu_vendor", lambda vendor=vendor: vendor)
-        assert linear_module._mkl_without_its_fast_path() is expected
+        assert linear_module._mkl_on(intel=False) is other
+        assert linear_module._mkl_on(intel=True) is intel
     monkeypatch.setattr(linear_module, "_cpu_vendor", lambda: "AuthenticAMD")
     monkeypatch.setattr(linear_module.platform, "machine", lambda: "arm64")
-    assert not linear_module._mkl_without_its_fast_path()
+    assert not linear_module._mkl_on(intel=False)
     monkeypatch.setattr(linear_module.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(linear_module.torch.backends.mkl, "is_available", lambda: False)
-    assert not linear_module._mkl_without_its_fast_path()
+    assert not linear_module._mkl_on(intel=False)
+    assert linear_module.TRANSPOSED_INPUT_GRADS is not linear_module.INTEL_MKL
 
 
 def test_covey_networks_are_built_from_linear_layers_with_nn_linear_state():
@@ -134,7 +140,11 @@ def test_covey_networks_are_built_from_linear_layers_with_nn_linear_state():
 
 @pytest.mark.parametrize("shape", [(256, 4), (3, 100, 6), (512, 24)])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_layers_on_few_inputs_take_transposed_gradients_equal_to_f_linears(shape, with_bias):
+@pytest.mark.parametrize("transposed_input_grads", [True, False])  # other CPUs' form, Intel MKL's
+def test_layers_on_few_inputs_take_transposed_gradients_equal_to_f_linears(
+    monkeypatch, shape, with_bias, transposed_input_grads
+):
+    monkeypatch.setattr(linear_module, "TRANSPOSED_INPUT_GRADS", transposed_input_grads)
     torch.manual_seed(0)
     n_in = shape[-1]
     x, w = torch.randn(*shape), torch.randn(256, n_in)
@@ -191,9 +201,11 @@ def test_shapes_that_f_linear_takes_pass_through():
 
 
 @pytest.mark.parametrize("n_in, n_out", [(4, 256), pytest.param(128, 128, marks=needs_onednn)])
-def test_frozen_layers_give_input_gradients_only(n_in, n_out):
+@pytest.mark.parametrize("transposed_input_grads", [True, False])
+def test_frozen_layers_give_input_gradients_only(monkeypatch, n_in, n_out, transposed_input_grads):
     """SAC's actor loss reaches the action through critics whose weights are frozen (4 -> 256: transposed
-    gradients; 128 -> 128: oneDNN)."""
+    gradients, the input's transposed or not; 128 -> 128: oneDNN)."""
+    monkeypatch.setattr(linear_module, "TRANSPOSED_INPUT_GRADS", transposed_input_grads)
     torch.manual_seed(0)
     x, w, b = torch.randn(256, n_in, requires_grad=True), torch.randn(n_out, n_in), torch.randn(n_out)
     out = linear(x, w, b)

@@ -14,11 +14,12 @@ whose BLAS is not MKL or that has no oneDNN, other devices and dtypes, autocast,
 ``F.linear`` unchanged. ``covey.networks.linear.ONEDNN`` is the switch.
 
 A second case is a layer on few input features (a first layer on a small observation, a critic's on an
-observation and an action): MKL computes both of its gradient products several times slower than their
-transposes, so that a 4 -> 256 layer's forward and backward on 256 samples takes 72 us this way against 140 us
-(``python -m benchmarks.fast_paths``). On float32 CPU tensors such layers (:func:`narrow`) take their gradients
-as those transposed products; the forward product is ``F.linear``'s. ``covey.networks.linear.NARROW`` is the
-switch.
+observation and an action): on the same CPU MKL computes both of its gradient products several times slower
+than their transposes, so that a 4 -> 256 layer's forward and backward on 256 samples takes 72 us this way
+against 140 us (``python -m benchmarks.fast_paths``). On float32 CPU tensors such layers (:func:`narrow`) take
+their gradients as those transposed products; the forward product is ``F.linear``'s.
+``covey.networks.linear.NARROW`` is the switch, off on Intel CPUs (:data:`INTEL_MKL`), where MKL's own
+products are the fast ones.
 """
 
 from __future__ import annotations
@@ -52,19 +53,30 @@ def _cpu_vendor() -> str:
     return platform.processor()  # Windows: "... GenuineIntel" or "... AuthenticAMD"
 
 
-def _mkl_without_its_fast_path() -> bool:
-    """Whether PyTorch's BLAS is MKL on an x86 CPU that is not Intel's."""
+def _mkl_on(intel: bool) -> bool:
+    """Whether PyTorch's BLAS is MKL on an x86 CPU that is Intel's (``intel``) or another vendor's."""
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     vendor = _cpu_vendor()
-    return torch.backends.mkl.is_available() and x86 and bool(vendor) and "GenuineIntel" not in vendor
+    return torch.backends.mkl.is_available() and x86 and bool(vendor) and ("GenuineIntel" in vendor) == intel
 
 
-ONEDNN = AVAILABLE and _mkl_without_its_fast_path()
+INTEL_MKL = _mkl_on(intel=True)
+"""Whether PyTorch's BLAS is MKL on an Intel CPU, where MKL and its vector math take their fast code: there
+the products of layers on few inputs, and ``torch.tanh``, need none of the detours below (on a Xeon of family
+6 model 207 the transposed input gradient of a 4 -> 256 layer on 256 samples took 89 us against 17 us direct,
+and ``torch.tanh`` of 64x64 2.7 us against 10.4 us for ``2 * sigmoid(2x) - 1``; ``python -m
+benchmarks.fast_paths``)."""
+
+ONEDNN = AVAILABLE and _mkl_on(intel=False)
 """Whether covey sends large float32 CPU products to oneDNN here (set it to False to keep them in MKL)."""
 
 
-NARROW = True
-"""Whether float32 CPU layers on few input features take their gradients as transposed products (:func:`narrow`)."""
+NARROW = not INTEL_MKL
+"""Whether float32 CPU layers on few input features take their gradients as transposed products (:func:`narrow`):
+not on Intel CPUs with MKL, where SAC's autograd step took 1.08-1.12x the time with them."""
+TRANSPOSED_INPUT_GRADS = not INTEL_MKL
+"""... their input gradients too (and :class:`~covey.networks.mlp.ManualMLP`'s input gradients): MKL is slow at
+``grad @ weight`` with few output columns except on Intel CPUs, where the transposed product is the slow one."""
 NARROW_MAX_INPUTS = 32
 """Layers with fewer inputs than this ..."""
 NARROW_MIN_OUTPUTS = 64
@@ -134,7 +146,10 @@ class _Linear(torch.autograd.Function):
         x, weight = ctx.saved_tensors  # x: (rows, in), grad: (rows, out)
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:  # grad @ weight
-            grad_x = onednn_linear(grad, weight.t()) if ctx.onednn else (weight.t() @ grad.t()).t()
+            if ctx.onednn:
+                grad_x = onednn_linear(grad, weight.t())
+            else:
+                grad_x = (weight.t() @ grad.t()).t() if TRANSPOSED_INPUT_GRADS else grad @ weight
         if ctx.needs_input_grad[1]:  # grad.T @ x
             grad_weight = onednn_weight_grad(grad, x) if ctx.onednn else (x.t() @ grad).t()
         if ctx.has_bias and ctx.needs_input_grad[2]:

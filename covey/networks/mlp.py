@@ -31,6 +31,11 @@ def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tan
 _MANUAL_ACTIVATIONS = {nn.Tanh: "tanh", nn.ReLU: "relu"}
 _NARROW_INPUTS = 16  # layers with fewer inputs (and at least this many outputs) take the transposed weight gradient
 
+SIGMOID_TANH = not linear_module.INTEL_MKL
+"""Whether :class:`ManualMLP` evaluates tanh as ``2 * sigmoid(2x) - 1`` in training: several times faster than
+``torch.tanh`` on CPUs other than Intel's (5.9 us vs 10.0 us for 64x64 on an AMD EPYC), several times slower on
+Intel's, where ``torch.tanh`` runs in MKL's vector math (10.4 us vs 2.7 us; ``python -m benchmarks.fast_paths``)."""
+
 
 class ManualMLP:
     """An :func:`mlp` trunk and a linear output layer, run with plain tensor operations and differentiated
@@ -39,8 +44,8 @@ class ManualMLP:
 
     :meth:`forward` keeps the layer outputs; :meth:`backward` takes d(loss)/d(output) and writes the
     gradients of every weight and bias into their ``.grad`` tensors (bound by :meth:`bind`), overwriting
-    them. Tanh is evaluated as ``2 * sigmoid(2x) - 1``: the same function to float rounding (absolute
-    error ~1e-7) and several times faster than ``torch.tanh`` on CPU.
+    them. Tanh is evaluated as ``2 * sigmoid(2x) - 1`` where that is faster (:data:`SIGMOID_TANH`): the same
+    function to float rounding (absolute error ~1e-7).
 
     ``bf16=True``: the large layers (:func:`~covey.networks.linear.in_onednn`'s size rule) multiply in
     bfloat16: their inputs, weights and output gradients rounded to bfloat16, the products accumulated in
@@ -94,12 +99,15 @@ class ManualMLP:
 
     def bind(self) -> None:
         """Read the parameters' current ``.grad`` tensors (before every update: they may have been replaced),
-        and whether large products go to oneDNN (``covey.networks.linear.ONEDNN``, float32 CPU weights; with
-        ``bf16`` they multiply in bfloat16 instead)."""
+        and the CPU's kernel choices: whether large products go to oneDNN (``covey.networks.linear.ONEDNN``,
+        float32 CPU weights; with ``bf16`` they multiply in bfloat16 instead), tanh's form (:data:`SIGMOID_TANH`)
+        and the input gradient's (``covey.networks.linear.TRANSPOSED_INPUT_GRADS``)."""
         self.weight_grads = [linear.weight.grad for linear in self.linears]
         self.bias_grads = [linear.bias.grad for linear in self.linears]
         first = self.weights[0]
         self.onednn = linear_module.ONEDNN and first.device.type == "cpu" and first.dtype == torch.float32
+        self.sigmoid_tanh = SIGMOID_TANH
+        self.transposed_input_grads = linear_module.TRANSPOSED_INPUT_GRADS
         self._plans: dict[int, list[bool]] = {}
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -108,14 +116,17 @@ class ManualMLP:
         h = x
         plan = self._plan(x.shape[0])
         for i, (weight_t, bias, kind, large) in enumerate(zip(self.weights_t, self.biases, self.kinds, plan)):
-            tanh = kind == "tanh"
+            by_sigmoid = kind == "tanh" and self.sigmoid_tanh
             if large:
-                z = self._large_linear(i, h).mul_(2.0) if tanh else self._large_linear(i, h)
-            elif tanh:  # tanh(z) = 2 * sigmoid(2z) - 1, with the factor 2 folded into the matrix multiply
+                z = self._large_linear(i, h).mul_(2.0) if by_sigmoid else self._large_linear(i, h)
+            elif by_sigmoid:  # tanh(z) = 2 * sigmoid(2z) - 1, with the factor 2 folded into the matrix multiply
                 z = torch.addmm(bias, h, weight_t, beta=2.0, alpha=2.0)
             else:
                 z = torch.addmm(bias, h, weight_t)
-            h = torch.add(self._minus_one, z.sigmoid_(), alpha=2.0) if tanh else z.relu_()
+            if by_sigmoid:
+                h = torch.add(self._minus_one, z.sigmoid_(), alpha=2.0)
+            else:
+                h = z.tanh_() if kind == "tanh" else z.relu_()
             inputs.append(h)
         if plan[-1]:
             return self._large_linear(len(self.weights) - 1, h), inputs
@@ -182,7 +193,9 @@ class ManualMLP:
         weight = self.weights[0][:, start:]  # (out, in - start)
         if plan[0]:
             return self._large_input_grad(g, weight)
-        return torch.mm(weight.t(), g.t()).t()  # transposed: MKL is slow at few output columns (see linear.narrow)
+        if self.transposed_input_grads:  # MKL is slow at few output columns, except on Intel CPUs
+            return torch.mm(weight.t(), g.t()).t()
+        return torch.mm(g, weight)
 
     def _below(self, i: int, g: torch.Tensor, inputs: list[torch.Tensor], plan: list[bool]) -> torch.Tensor:
         """d(loss)/d(output of layer i - 1) ``(B, in)`` from ``g`` = d(loss)/d(output of layer i)."""
