@@ -15,7 +15,7 @@ in-place ReLU), and MA-POCA's attention critic
 (scores shared by all sets vs one attention call per set, softmax by hand) and minibatch (widths 64 and 128,
 the attention differentiated by hand or by autograd); and covey's linear layers against F.linear, alone and in
 SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transposed gradients of layers on
-few inputs vs autograd's)."""
+few inputs vs autograd's, and those products alone)."""
 
 from __future__ import annotations
 
@@ -289,6 +289,19 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             ),
         )
     )
+    x4 = torch.randn(256, 4)
+    rows.append(
+        (
+            "input gradient of a 4 -> 256 layer on 256 samples",
+            *timed.versus("transposed, (W^T g^T)^T", lambda: (w4.t() @ g.t()).t(), "g @ W", lambda: g @ w4, 500),
+        )
+    )
+    rows.append(
+        (
+            "weight gradient of a 4 -> 256 layer on 256 samples",
+            *timed.versus("transposed, (x^T g)^T", lambda: (x4.t() @ g).t(), "g^T x", lambda: g.t() @ x4, 500),
+        )
+    )
     x4, w256, b256 = (torch.randn(*shape, requires_grad=True) for shape in ((256, 4), (256, 4), (256,)))
     g256 = torch.randn(256, 256)
     rows.append(
@@ -296,7 +309,7 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             "linear layer 4 -> 256 on 256 samples, forward and backward",
             *timed.versus(
                 "transposed gradient products (covey linear)",
-                lambda: linear_module.linear(x4, w256, b256).backward(g256),
+                with_setting(lambda: linear_module.linear(x4, w256, b256).backward(g256), "NARROW", True),
                 "F.linear's autograd",
                 lambda: torch.nn.functional.linear(x4, w256, b256).backward(g256),
                 500,

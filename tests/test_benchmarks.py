@@ -80,7 +80,11 @@ def test_fast_paths_smoke():
         assert f"PPO autograd minibatch step, {setting}" in measurements
     for n in ("1 observation", "8 observations"):
         assert [f"PPO acting, a batch of {n}, VecEnv array to env actions", "NumPy"] in [row[:2] for row in rows]
-    assert measurements.count("SAC gradient step, Pendulum 256x256") == 8
+    assert measurements.count("SAC gradient step, Pendulum 256x256") == 9
+    assert ["SAC gradient step, Pendulum 256x256", "critics' action gradients g @ W"] in [row[:2] for row in rows]
+    for setting in ("1 env (batch 64)", "8 envs (batch 256)"):
+        assert [f"PPO update per minibatch, {setting}", "torch.tanh"] in [row[:2] for row in rows]
+    assert "input gradient of a 4 -> 256 layer on 256 samples" in measurements
     assert ["SAC gradient step, Pendulum 256x256", "hand-written gradients"] in [row[:2] for row in rows]
     bf16_rows = [row for row in rows if row[0] == "SAC gradient step, Pendulum 256x256, bf16_matmuls=True"]
     assert [row[1] for row in bf16_rows] == ["hand-written gradients"]

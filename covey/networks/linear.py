@@ -63,8 +63,8 @@ def _mkl_on(intel: bool) -> bool:
 INTEL_MKL = _mkl_on(intel=True)
 """Whether PyTorch's BLAS is MKL on an Intel CPU, where MKL and its vector math take their fast code: there
 the products of layers on few inputs, and ``torch.tanh``, need none of the detours below (on a Xeon of family
-6 model 207 the transposed input gradient of a 4 -> 256 layer on 256 samples took 89 us against 17 us direct,
-and ``torch.tanh`` of 64x64 2.7 us against 10.4 us for ``2 * sigmoid(2x) - 1``; ``python -m
+6 model 207 the transposed input gradient of a 4 -> 256 layer on 256 samples is the slow form, and
+``torch.tanh`` of 64x64 took 3.1 us against 11.2 us for ``2 * sigmoid(2x) - 1``; ``python -m
 benchmarks.fast_paths``)."""
 
 ONEDNN = AVAILABLE and _mkl_on(intel=False)
@@ -73,7 +73,8 @@ ONEDNN = AVAILABLE and _mkl_on(intel=False)
 
 NARROW = not INTEL_MKL
 """Whether float32 CPU layers on few input features take their gradients as transposed products (:func:`narrow`):
-not on Intel CPUs with MKL, where SAC's autograd step took 1.08-1.12x the time with them."""
+not on Intel CPUs with MKL, where SAC's autograd step gained nothing from them (0.97-1.12x the time over three
+runs of ``python -m benchmarks.fast_paths``), so ``F.linear`` keeps those layers."""
 TRANSPOSED_INPUT_GRADS = not INTEL_MKL
 """... their input gradients too (and :class:`~covey.networks.mlp.ManualMLP`'s input gradients): MKL is slow at
 ``grad @ weight`` with few output columns except on Intel CPUs, where the transposed product is the slow one."""

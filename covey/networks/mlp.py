@@ -34,7 +34,7 @@ _NARROW_INPUTS = 16  # layers with fewer inputs (and at least this many outputs)
 SIGMOID_TANH = not linear_module.INTEL_MKL
 """Whether :class:`ManualMLP` evaluates tanh as ``2 * sigmoid(2x) - 1`` in training: several times faster than
 ``torch.tanh`` on CPUs other than Intel's (5.9 us vs 10.0 us for 64x64 on an AMD EPYC), several times slower on
-Intel's, where ``torch.tanh`` runs in MKL's vector math (10.4 us vs 2.7 us; ``python -m benchmarks.fast_paths``)."""
+Intel's, where ``torch.tanh`` runs in MKL's vector math (11.2 us vs 3.1 us; ``python -m benchmarks.fast_paths``)."""
 
 
 class ManualMLP:
