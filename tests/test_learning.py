@@ -91,23 +91,28 @@ def test_sac_reaches_minus_250_on_pendulum_within_20k_steps():
 
 @pytest.mark.slow
 def test_ppo_with_sde_reaches_minus_250_on_pendulum_within_100k_steps():
-    """PPO with state-dependent exploration at RL-Zoo's Pendulum settings (use_sde, sde_sample_freq=4): mean
-    return >= -250 after 100k steps (a random policy scores about -1200)."""
-    model = PPO(
-        "MlpPolicy",
-        make_vec_env("Pendulum-v1", n_envs=4, seed=0),
-        n_steps=1024,
-        gae_lambda=0.95,
-        gamma=0.9,
-        n_epochs=10,
-        learning_rate=1e-3,
-        use_sde=True,
-        sde_sample_freq=4,
-        seed=0,
-    )
-    model.learn(100_000)
-    mean, _ = evaluate_policy(model, make_vec_env("Pendulum-v1", n_envs=1, seed=100), n_eval_episodes=10)
-    assert mean >= -250
+    """PPO with state-dependent exploration at RL-Zoo's Pendulum settings (use_sde, sde_sample_freq=4): the
+    median over three seeds of the mean return is >= -250 after 100k steps (a random policy scores about -1200).
+    The median, because at this budget about one run in three ends near -300, SB3's as well as covey's: on an
+    Intel Xeon, seeds 0-2 gave covey -314.0, -227.8, -229.7 and SB3 -223.9, -301.4, -220.9."""
+    returns = []
+    for seed in range(3):
+        model = PPO(
+            "MlpPolicy",
+            make_vec_env("Pendulum-v1", n_envs=4, seed=seed),
+            n_steps=1024,
+            gae_lambda=0.95,
+            gamma=0.9,
+            n_epochs=10,
+            learning_rate=1e-3,
+            use_sde=True,
+            sde_sample_freq=4,
+            seed=seed,
+        )
+        model.learn(100_000)
+        mean, _ = evaluate_policy(model, make_vec_env("Pendulum-v1", n_envs=1, seed=100), n_eval_episodes=10)
+        returns.append(mean)
+    assert np.median(returns) >= -250, returns
 
 
 @pytest.mark.slow
