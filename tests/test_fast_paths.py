@@ -428,6 +428,17 @@ def test_numpy_acting_samples_follow_the_policy():
     assert abs(actions.mean() - mean[0]) < 0.01 and abs(actions.std() - np.exp(-1.0)) < 0.01
 
 
+def ppo_test_env(env_id: str):
+    """The envs the tests below name ("image", "discrete observations", "multidiscrete"), or a Gymnasium id."""
+    if env_id == "image":
+        return SpaceEnv(image_space((36, 36, 1)), spaces.Discrete(2))
+    if env_id == "discrete observations":
+        return SpaceEnv(spaces.Discrete(5), spaces.Discrete(2))
+    if env_id == "multidiscrete":
+        return SpaceEnv(spaces.Box(-1, 1, (2,), np.float32), spaces.MultiDiscrete([2, 3]))
+    return env_id
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -440,13 +451,8 @@ def test_numpy_acting_samples_follow_the_policy():
 )
 def test_numpy_acting_applies_only_with_the_manual_update_and_a_flatten_encoder(kwargs):
     kwargs = dict(kwargs)
-    env_id = kwargs.pop("env_id", "CartPole-v1")
-    policy = kwargs.pop("policy", "MlpPolicy")
-    if env_id == "image":
-        env_id = SpaceEnv(image_space((36, 36, 1)), spaces.Discrete(2))
-    elif env_id == "discrete observations":
-        env_id = SpaceEnv(spaces.Discrete(5), spaces.Discrete(2))
-    model = PPO(policy, env_id, n_steps=16, batch_size=16, seed=0, **kwargs)
+    env = ppo_test_env(kwargs.pop("env_id", "CartPole-v1"))
+    model = PPO(kwargs.pop("policy", "MlpPolicy"), env, n_steps=16, batch_size=16, seed=0, **kwargs)
     assert model._numpy_acting is None
     before = [p.detach().clone() for p in model.actor.parameters()]
     model.learn(32)
@@ -545,15 +551,8 @@ def test_manual_ppo_update_equals_autograd_update(monkeypatch, case, kernel_form
 )
 def test_ppo_falls_back_to_autograd_outside_the_manual_path(kwargs):
     kwargs = dict(kwargs)
-    env_id = kwargs.pop("env_id", "CartPole-v1")
-    policy = kwargs.pop("policy", "MlpPolicy")
-    if env_id == "image":
-        env = SpaceEnv(image_space((36, 36, 1)), spaces.Discrete(2))
-    elif env_id == "multidiscrete":
-        env = SpaceEnv(spaces.Box(-1, 1, (2,), np.float32), spaces.MultiDiscrete([2, 3]))
-    else:
-        env = env_id
-    model = PPO(policy, env, n_steps=16, batch_size=16, seed=0, **kwargs)
+    env = ppo_test_env(kwargs.pop("env_id", "CartPole-v1"))
+    model = PPO(kwargs.pop("policy", "MlpPolicy"), env, n_steps=16, batch_size=16, seed=0, **kwargs)
     assert model._manual is None
     model.learn(32)
 
