@@ -73,7 +73,7 @@ ONEDNN = AVAILABLE and _mkl_on(intel=False)
 
 NARROW = not INTEL_MKL
 """Whether float32 CPU layers on few input features take their gradients as transposed products (:func:`narrow`):
-not on Intel CPUs with MKL, where SAC's autograd step gained nothing from them (0.97-1.12x the time over three
+not on Intel CPUs with MKL, where SAC's autograd step gained nothing from them (0.97-1.12x the time over four
 runs of ``python -m benchmarks.fast_paths``), so ``F.linear`` keeps those layers."""
 TRANSPOSED_INPUT_GRADS = not INTEL_MKL
 """... their input gradients too (and :class:`~covey.networks.mlp.ManualMLP`'s input gradients): MKL is slow at
