@@ -288,6 +288,56 @@ def test_set_attention_by_hand_equals_autograd_and_passes_gradcheck():
     )
 
 
+def test_set_attention_by_hand_floors_only_what_float32_cannot_see_and_zeroes_the_unattended():
+    """The hand-written softmax exponentiates shifted scores floored at -30 (exp of -inf or of underflowing
+    numbers is slow on CPUs) and zeroes masked entries. Scores 1000 apart still give autograd's outputs and
+    gradients, and an entity that no row attends to gets no gradient at all through its key or value."""
+    qkv, queries, attend = _set_attention_inputs()
+    qkv[:, 1, 8:16] *= 300.0  # entity 1's keys: its scores dwarf the others' (theirs underflow)
+    attend = attend.clone()
+    attend[..., 5] = False  # nobody attends to entity 5 ...
+    attend[:, :, 0] |= ~attend.any(dim=-1)  # ... and every row still attends to someone
+    grad_out = torch.randn(5, len(queries), 8, generator=torch.Generator().manual_seed(1))
+    results = []
+    for fn in (attention_module._SetAttention.apply, set_attention):
+        x = qkv.clone().requires_grad_()
+        out = fn(x, queries, attend, 2)
+        (grad,) = torch.autograd.grad((out * grad_out).sum(), [x])
+        results.append((out, grad))
+    (out, grad), (out_ref, grad_ref) = results
+    assert out_ref.abs().max() > 0.1 and grad_ref.abs().max() > 0.1
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-6)
+    assert (grad[:, 5, 8:] == 0).all()  # entity 5's keys and values: exactly zero
+    assert grad[:, 5, :8].abs().max() > 0  # its queries (rows of sets it is in) still learn
+
+
+def test_critic_raw_equals_the_head_on_each_sets_pooled_features():
+    """``raw`` runs the trunk and head once on the value's and every baseline's pooled features together."""
+    critic = make_critic(*CRITIC_CASES["discrete-twohot"])
+    obs, actions, present = group_inputs(spaces.Discrete(3))
+    with torch.no_grad():
+        raw_value, raw_baseline = critic.raw(obs, actions, present)
+        value, baseline = critic.pooled_per_set(obs, actions, present)
+        torch.testing.assert_close(raw_value, critic.head(value), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(raw_baseline[present], critic.head(baseline)[present], rtol=1e-5, atol=1e-5)
+    assert raw_value.shape == (BATCH, critic.value_head.proj.out_features)
+    assert raw_baseline.shape == (BATCH, N_SLOTS, critic.value_head.proj.out_features)
+
+
+def test_critic_trains_after_its_first_call_ran_in_inference_mode():
+    """The POCA sets are built once and shared; built first under ``torch.inference_mode`` (acting, evaluating),
+    they must still be usable in a training pass (autograd cannot save inference tensors for backward)."""
+    attention_module._poca_sets.cache_clear()
+    critic = make_critic(*CRITIC_CASES["discrete-scalar"])
+    obs, actions, present = group_inputs(spaces.Discrete(3))
+    with torch.inference_mode():
+        critic.raw(obs, actions, present)
+    raw_value, raw_baseline = critic.raw(obs, actions, present)
+    (raw_value.sum() + raw_baseline[present].sum()).backward()
+    assert critic.attention.attention.in_proj_weight.grad.abs().sum() > 0
+
+
 def test_set_attention_takes_autograd_when_switched_off_or_under_autocast(monkeypatch):
     attention = ResidualSelfAttention(8, 2)
     qkv, queries, attend = _set_attention_inputs()

@@ -8,6 +8,8 @@ NaN there cannot leak into the outputs.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -74,12 +76,13 @@ class ResidualSelfAttention(nn.Module):
             out = _SetAttention.apply(qkv, queries, attend, self.n_heads)
         else:
             out = set_attention(qkv, queries, attend, self.n_heads)
-        return self.norm(x[:, queries] + self._out_proj(out))
+        return self.norm(x.index_select(1, queries) + self._out_proj(out))
 
 
 SET_ATTENTION_BY_HAND = True
 """Whether :meth:`ResidualSelfAttention.attend_sets` differentiates its attention by hand (:class:`_SetAttention`)
-instead of through autograd (:func:`set_attention`): the same values, with fewer copies between layouts."""
+instead of through autograd (:func:`set_attention`): the same values (up to a floor on the exponent that float32
+cannot see), with fewer copies between layouts."""
 
 
 def set_attention(qkv: torch.Tensor, queries: torch.Tensor, attend: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -97,10 +100,16 @@ def set_attention(qkv: torch.Tensor, queries: torch.Tensor, attend: torch.Tensor
     return out.transpose(1, 2).reshape(b, len(queries), width)
 
 
+_EXP_FLOOR = -30.0
+"""The lowest shifted attention score :class:`_SetAttention` exponentiates (exp(-30) = 9.4e-14)."""
+
+
 class _SetAttention(torch.autograd.Function):
     """:func:`set_attention` with its gradient written out. Autograd's version moves queries, keys, values
     and their gradients between the projection's layout ``(B, m, 3, heads, d)`` and the heads' ``(B, heads, m,
-    d)`` one tensor at a time; here each direction is one copy, and the softmax runs in place."""
+    d)`` one tensor at a time; here each direction is one copy. The softmax runs in place, over attention
+    weights laid out keys first, ``(m, B, heads, R)``: its sums and maxima over the m keys then run along
+    B * heads * R contiguous numbers instead of over rows of m (several times faster on CPU for m = 6)."""
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, queries: torch.Tensor, attend: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -109,33 +118,37 @@ class _SetAttention(torch.autograd.Function):
         r, bh = len(queries), b * n_heads
         heads = qkv.view(b, m, 3, n_heads, d).permute(2, 0, 3, 1, 4).contiguous()  # (3, B, heads, m, d)
         q, k, v = (heads[i].view(bh, m, d) for i in range(3))
-        scores = torch.bmm(q, k.transpose(1, 2)).view(b, n_heads, m, m)  # every entity pair once
-        weights = scores[:, :, queries]  # (B, heads, R, m)
-        weights.mul_(d**-0.5).masked_fill_(~attend[:, None], float("-inf"))
-        weights.sub_(weights.amax(dim=-1, keepdim=True)).exp_()
-        weights.div_(weights.sum(dim=-1, keepdim=True))
-        out = torch.bmm(weights.view(bh, r, m), v)  # (B * heads, R, d)
+        scores = torch.bmm(k, q.transpose(1, 2)).view(b, n_heads, m, m)  # (key, query): every entity pair once
+        weights = scores.permute(2, 0, 1, 3).index_select(3, queries)  # (m, B, heads, R), a new tensor
+        attended = attend.permute(2, 0, 1).unsqueeze(2)  # (m, B, 1, R)
+        weights.mul_(d**-0.5).add_(torch.where(attended, 0.0, float("-inf")).to(weights.dtype))
+        # exp of the shifted scores, floored at exp(-30): exp of -inf, or of a number so low that the result is
+        # zero or denormal, is over ten times slower on CPUs; the masked entries are then zeroed exactly. The
+        # floor moves a weight by at most 1e-13 against the row's largest, 1.
+        weights.sub_(weights.amax(dim=0)).clamp_(min=_EXP_FLOOR).exp_().mul_(attended)
+        weights.div_(weights.sum(dim=0))
+        out = torch.bmm(weights.permute(1, 2, 3, 0).reshape(bh, r, m), v)  # (B * heads, R, d)
         ctx.save_for_backward(heads, weights, queries)
         return out.view(b, n_heads, r, d).transpose(1, 2).reshape(b, r, n_heads * d)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        heads, weights, queries = ctx.saved_tensors
+        heads, weights, queries = ctx.saved_tensors  # weights: (m, B, heads, R)
         _, b, n_heads, m, d = heads.shape
         r, bh = len(queries), b * n_heads
         q, k, v = (heads[i].view(bh, m, d) for i in range(3))
         grad_out = grad.reshape(b, r, n_heads, d).transpose(1, 2).reshape(bh, r, d)
-        w = weights.view(bh, r, m)
+        w = weights.permute(1, 2, 3, 0).reshape(bh, r, m)  # a view
         grad_heads = torch.empty_like(heads).view(3, bh, m, d)
         torch.bmm(w.transpose(1, 2), grad_out, out=grad_heads[2])  # values
-        grad_w = torch.bmm(grad_out, v.transpose(1, 2))  # (B * heads, R, m)
-        # softmax: dL/ds = w * (dL/dw - sum(w * dL/dw)); masked entries have w = 0 and get none
-        grad_s = grad_w.sub_((grad_w * w).sum(dim=-1, keepdim=True)).mul_(w).mul_(d**-0.5)
-        grad_scores = torch.zeros(b, n_heads, m, m, dtype=grad_s.dtype, device=grad_s.device)
-        grad_scores = grad_scores.index_add_(2, queries, grad_s.view(b, n_heads, r, m)).view(bh, m, m)
-        torch.bmm(grad_scores, k, out=grad_heads[0])  # queries
-        torch.bmm(grad_scores.transpose(1, 2), q, out=grad_heads[1])  # keys
+        grad_w = torch.bmm(v, grad_out.transpose(1, 2)).view(b, n_heads, m, r).permute(2, 0, 1, 3).contiguous()
+        # softmax: dL/ds = w * (dL/dw - sum_j(w * dL/dw)); masked entries have w = 0 and get none
+        grad_s = grad_w.sub_((grad_w * weights).sum(dim=0)).mul_(weights).mul_(d**-0.5)  # (m, B, heads, R)
+        grad_scores = torch.zeros(b, n_heads, m, m, dtype=grad_s.dtype, device=grad_s.device)  # (key, query)
+        grad_scores = grad_scores.index_add_(3, queries, grad_s.permute(1, 2, 0, 3)).view(bh, m, m)
+        torch.bmm(grad_scores.transpose(1, 2), k, out=grad_heads[0])  # queries
+        torch.bmm(grad_scores, q, out=grad_heads[1])  # keys
         grad_qkv = grad_heads.view(3, b, n_heads, m, d).permute(1, 3, 0, 2, 4)  # (B, m, 3, heads, d)
         return grad_qkv.reshape(b, m, 3 * n_heads * d), None, None, None
 
@@ -191,11 +204,20 @@ def action_features_dim(space: spaces.Space) -> int:
     return int(np.prod(space.shape))
 
 
+@lru_cache(maxsize=16)
 def _poca_sets(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The value's set and every agent's baseline set over the entities ``[own_0..own_n-1, mates_0..mates_n-1]``
     (observation embeddings, then observation-action embeddings): ``(queries (R,), members (R, 2n))`` with
     ``R = n + n * n``. Rows ``0..n-1``: own_j in the value's set {own_*}; row ``n + i * n + j``: slot j in agent
-    i's set {own_i} + {mates_k, k != i}, i.e. own_i for j == i and mates_j otherwise."""
+    i's set {own_i} + {mates_k, k != i}, i.e. own_i for j == i and mates_j otherwise.
+
+    Built once per group size and device and shared: callers never modify them in place. They are built
+    outside inference mode even when first asked for inside it, so that training can save them for backward."""
+    with torch.inference_mode(False):
+        return _build_poca_sets(n, device)
+
+
+def _build_poca_sets(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     slots = torch.arange(n, device=device)
     in_set = torch.where(slots[:, None] == slots[None, :], slots[None, :], n + slots[None, :])  # (i, j) -> entity
     members = torch.zeros(n + n * n, 2 * n, dtype=torch.bool, device=device)
@@ -254,10 +276,14 @@ class POCACritic(nn.Module):
         return masked_mean(self.attention(entities, present), present)
 
     def raw(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed-forward critics: raw values ``(B[, K])`` and raw baselines ``(B, n_slots[, K])`` in one pass."""
+        """Feed-forward critics: raw values ``(B[, K])`` and raw baselines ``(B, n_slots[, K])`` in one pass (the
+        trunk and head run once, on the value's and every baseline's pooled features together)."""
         self._no_memory("raw")
-        value, baseline = self.pooled(obs, actions, present)
-        return self.head(value), self.head(baseline)
+        pooled = self.pooled_together(obs, actions, present)  # (B, 1 + n_slots, width)
+        # 2-D rows: a 3-D input would make each layer's output a view, which an in-place activation copies
+        raw = self.head(pooled.reshape(-1, pooled.shape[-1]))
+        raw = raw.view(*pooled.shape[:2], *raw.shape[1:])  # (B, 1 + n_slots[, K])
+        return raw[:, 0], raw[:, 1:]
 
     def head(self, features: torch.Tensor) -> torch.Tensor:
         """Pooled features (or memory outputs) to the value head's raw output."""
@@ -271,22 +297,28 @@ class POCACritic(nn.Module):
     def pooled(
         self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pooled features for the value ``(B, width)`` and for every agent's baseline ``(B, n_slots, width)``.
+        """Pooled features for the value ``(B, width)`` and for every agent's baseline ``(B, n_slots, width)``
+        (views of :meth:`pooled_together`)."""
+        pooled = self.pooled_together(obs, actions, present)
+        return pooled[:, 0], pooled[:, 1:]
+
+    def pooled_together(self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """Pooled features for the value and then every agent's baseline, ``(B, 1 + n_slots, width)``.
 
         Agent i's baseline attends over its own observation embedding and its groupmates' observation-action
         embeddings. Attention projects each entity alone, so the projections of both embeddings are computed
         once per slot, and the scores once per pair of entities, shared by the value's set and every agent's
-        set (:meth:`ResidualSelfAttention.attend_sets`)."""
-        n = present.shape[1]
+        set (:meth:`ResidualSelfAttention.attend_sets`). Every set's row j is slot j's entity, so all sets pool
+        with the same weights, present_j / (number present): one weighted sum over the attention's output."""
+        b, n = present.shape
         entities = torch.cat(self._embed(obs, actions, present), dim=1)  # (B, 2n, h): own, then mates
         queries, members = _poca_sets(n, present.device)
         out = self.attention.attend_sets(
             entities, self.attention.project(entities), queries, members, present.repeat(1, 2)
-        )
-        value = masked_mean(out[:, :n], present)
-        weights = present[:, None, :, None].to(out.dtype)  # entity j of every agent's set is slot j
-        baseline = (out[:, n:].unflatten(1, (n, n)) * weights).sum(2) / weights.sum(2).clamp_min(1.0)
-        return value, baseline  # (B, h), (B, n, h)
+        )  # (B, (1 + n) * n, h): the value's set, then agent 0's, ...
+        weights = present.to(out.dtype)
+        weights = weights / weights.sum(1, keepdim=True).clamp_min(1.0)  # (B, n)
+        return (out.view(b, 1 + n, n, -1) * weights[:, None, :, None]).sum(2)
 
     def _embed(
         self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor
