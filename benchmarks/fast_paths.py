@@ -3,6 +3,7 @@
     python -m benchmarks.fast_paths              # a few minutes on 2 cores
     python -m benchmarks.fast_paths --repeats 5  # more rounds per measurement (the minimum is kept)
     python -m benchmarks.fast_paths --repeats 1 --calls-scale 0.05 --skip-compile   # smoke run, seconds
+    python -m benchmarks.fast_paths --groups poca   # only MA-POCA's rows
 
 Each row times one operation two ways on the same data, in alternating rounds (so that the machine's speed
 drifting reaches both ways alike), and reports the minimum over the rounds of the mean time per call: PPO
@@ -12,7 +13,8 @@ the Adam step, gradient clipping, batching two layers into one bmm, the matrix m
 updates, torch.compile (its first call includes compiling), SAC gradient steps (hand-written gradients vs
 autograd, float32 vs bfloat16 autocast, the critics' action gradients direct or transposed, flushing denormals,
 in-place ReLU), and MA-POCA's attention critic
-(scores shared by all sets vs one attention call per set, softmax by hand) and minibatch (widths 64 and 128,
+(scores shared by all sets vs one attention call per set, softmax by hand, the set attention's softmax keys first
+and with its exponent floored) and minibatch (widths 64 and 128,
 the attention differentiated by hand or by autograd); and covey's linear layers against F.linear, alone and in
 SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transposed gradients of layers on
 few inputs vs autograd's, and those products alone)."""
@@ -547,6 +549,7 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             ),
         )
     )
+    rows += set_softmax_rows(timed)
 
     def update(model) -> Callable[[], None]:
         def step() -> None:
@@ -588,6 +591,56 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     return rows
 
 
+def set_softmax_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
+    """The set attention's in-place softmax (``_SetAttention``'s forward) on the POCA sets' scores for 256 groups of
+    3 agents and 4 heads, where every set masks half the entities: its layout, and its exponent floored at -30
+    (masked entries zeroed) against exp of -inf."""
+    g = torch.Generator().manual_seed(0)
+    queries, members = attention_module._poca_sets(3, torch.device("cpu"))
+    first = (members.float() * torch.rand(256, *members.shape, generator=g)).argmax(-1, keepdim=True)
+    attended = members & (torch.rand(256, *members.shape, generator=g) < 0.9)  # some agents absent
+    attended.scatter_(-1, first, True)  # every row attends to at least one member
+    scores = torch.randn(256, 4, *members.shape, generator=g)  # (B, heads, R, m)
+    keys_first, attended_first = scores.permute(3, 0, 1, 2).contiguous(), attended.permute(2, 0, 1).unsqueeze(2)
+    mask_last = torch.where(attended[:, None], 0.0, float("-inf"))
+    mask_first = torch.where(attended_first, 0.0, float("-inf"))
+
+    def softmax_last(floor: bool) -> Callable[[], None]:
+        def run() -> None:
+            w = scores.add(mask_last)
+            w.sub_(w.amax(dim=-1, keepdim=True))
+            if floor:
+                w.clamp_(min=attention_module._EXP_FLOOR).exp_().mul_(attended[:, None])
+            else:
+                w.exp_()
+            w.div_(w.sum(dim=-1, keepdim=True))
+
+        return run
+
+    def softmax_first(floor: bool) -> Callable[[], None]:
+        def run() -> None:
+            w = keys_first.add(mask_first)
+            w.sub_(w.amax(dim=0))
+            if floor:
+                w.clamp_(min=attention_module._EXP_FLOOR).exp_().mul_(attended_first)
+            else:
+                w.exp_()
+            w.div_(w.sum(dim=0))
+
+        return run
+
+    what = "set attention's masked softmax over 6 entities, 256x4x12, forward"
+    return [
+        (what, *timed.versus("keys first (6, 256, 4, 12)", softmax_first(True), "keys last", softmax_last(True), 200)),
+        (
+            what,
+            *timed.versus(
+                "exp floored at -30, masked zeroed", softmax_first(True), "exp of -inf", softmax_first(False), 200
+            ),
+        ),
+    ]
+
+
 def duration(us: float) -> str:
     """Microseconds in the unit that reads best."""
     if us >= 1e6:
@@ -603,14 +656,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--calls-scale", type=float, default=1.0, help="multiplies the calls per measurement (at least 1 call)"
     )
     parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile rows (~20 s)")
+    parser.add_argument(
+        "--groups",
+        default="ppo,kernels,compile,sac,poca",
+        help="comma-separated row groups to run, of ppo, kernels, compile, sac, poca (default: all)",
+    )
     args = parser.parse_args(argv)
+    groups = {"ppo": ppo_rows, "kernels": kernel_rows, "compile": compile_rows, "sac": sac_rows, "poca": poca_rows}
+    chosen = [name.strip() for name in args.groups.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in groups]
+    if unknown or not chosen:
+        parser.error(f"--groups takes names of {', '.join(groups)}; got {args.groups!r}")
     if args.repeats < 1 or args.threads < 1 or args.calls_scale <= 0:
         parser.error("--repeats and --threads must be >= 1, --calls-scale > 0")
     torch.set_num_threads(args.threads)
     timed = Timer(args.repeats, args.calls_scale)
     print("| measurement | variant A | A | variant B | B | A/B |")
     print("|---|---|---:|---|---:|---:|")
-    for rows in (ppo_rows, kernel_rows, *([] if args.skip_compile else [compile_rows]), sac_rows, poca_rows):
+    for rows in (groups[name] for name in groups if name in chosen and not (name == "compile" and args.skip_compile)):
         for what, name_a, a, name_b, b in rows(timed):
             print(f"| {what} | {name_a} | {duration(a)} | {name_b} | {duration(b)} | {a / b:.2f} |", flush=True)
     print(f"\ncommand: python -m benchmarks.fast_paths {' '.join(sys.argv[1:] if argv is None else argv)}")

@@ -90,6 +90,11 @@ def test_fast_paths_smoke():
     assert [row[1] for row in bf16_rows] == ["hand-written gradients"]
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
     assert measurements.count("POCA update per minibatch, 256 groups of 3") == 3
+    softmax = "set attention's masked softmax over 6 entities, 256x4x12, forward"
+    assert [row[1] for row in rows if row[0] == softmax] == [
+        "keys first (6, 256, 4, 12)",
+        "exp floored at -30, masked zeroed",
+    ]
     assert "float32 linear layer 256x256x256, forward" in measurements
     assert "linear layer 4 -> 256 on 256 samples, forward and backward" in measurements
     assert "PPO update per minibatch, 256x256 MLPs (batch 256)" in measurements
@@ -100,6 +105,16 @@ def test_fast_paths_smoke():
             value, unit = duration.split()
             assert float(value) > 0 and unit in units, row
         assert float(row[5]) > 0, row
+
+
+def test_fast_paths_runs_only_the_chosen_groups_and_names_unknown_ones():
+    base = [sys.executable, "-m", "benchmarks.fast_paths", "--repeats", "1", "--calls-scale", "0.05"]
+    result = subprocess.run([*base, "--groups", "poca"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    measurements = [line.split("|")[1].strip() for line in result.stdout.splitlines()[2:] if line.startswith("|")]
+    assert measurements and all("POCA" in m or "softmax" in m for m in measurements), measurements
+    bad = subprocess.run([*base, "--groups", "poca,gpu"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert bad.returncode == 2 and "--groups takes names of ppo, kernels, compile, sac, poca" in bad.stderr
 
 
 def test_fast_paths_times_the_two_ways_in_alternating_rounds():
