@@ -290,8 +290,9 @@ def test_set_attention_by_hand_equals_autograd_and_passes_gradcheck():
 
 def test_set_attention_by_hand_floors_only_what_float32_cannot_see_and_zeroes_the_unattended():
     """The hand-written softmax exponentiates shifted scores floored at -30 (exp of -inf or of underflowing
-    numbers is slow on CPUs) and zeroes masked entries. Scores 1000 apart still give autograd's outputs and
-    gradients, and an entity that no row attends to gets no gradient at all through its key or value."""
+    numbers is slow on some CPUs) and zeroes masked entries. With some rows' scores over 1,000 apart it still
+    gives autograd's outputs and gradients, and an entity that no row attends to gets no gradient at all through
+    its key or value."""
     qkv, queries, attend = _set_attention_inputs()
     qkv[:, 1, 8:16] *= 300.0  # entity 1's keys: its scores dwarf the others' (theirs underflow)
     attend = attend.clone()

@@ -123,8 +123,8 @@ class _SetAttention(torch.autograd.Function):
         attended = attend.permute(2, 0, 1).unsqueeze(2)  # (m, B, 1, R)
         weights.mul_(d**-0.5).add_(torch.where(attended, 0.0, float("-inf")).to(weights.dtype))
         # exp of the shifted scores, floored at exp(-30): exp of -inf, or of a number so low that the result is
-        # zero or denormal, is over ten times slower on CPUs; the masked entries are then zeroed exactly. The
-        # floor moves a weight by at most 1e-13 against the row's largest, 1.
+        # zero or denormal, takes a slow path on some CPUs (over ten times slower on an Intel Xeon); the masked
+        # entries are then zeroed exactly. The floor moves a weight by at most 1e-13 against the row's largest, 1.
         weights.sub_(weights.amax(dim=0)).clamp_(min=_EXP_FLOOR).exp_().mul_(attended)
         weights.div_(weights.sum(dim=0))
         out = torch.bmm(weights.permute(1, 2, 3, 0).reshape(bh, r, m), v)  # (B * heads, R, d)
