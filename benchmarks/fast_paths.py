@@ -601,41 +601,40 @@ def set_softmax_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     attended = members & (torch.rand(256, *members.shape, generator=g) < 0.9)  # some agents absent
     attended.scatter_(-1, first, True)  # every row attends to at least one member
     scores = torch.randn(256, 4, *members.shape, generator=g)  # (B, heads, R, m)
-    keys_first, attended_first = scores.permute(3, 0, 1, 2).contiguous(), attended.permute(2, 0, 1).unsqueeze(2)
-    mask_last = torch.where(attended[:, None], 0.0, float("-inf"))
-    mask_first = torch.where(attended_first, 0.0, float("-inf"))
+    keys_last = (scores, attended[:, None], -1)  # scores, where they are attended, the keys' axis
+    keys_first = (scores.permute(3, 0, 1, 2).contiguous(), attended.permute(2, 0, 1).unsqueeze(2), 0)
 
-    def softmax_last(floor: bool) -> Callable[[], None]:
+    def softmax(layout: tuple[torch.Tensor, torch.Tensor, int], floor: bool) -> Callable[[], None]:
+        laid_out, attending, keys = layout
+        mask = torch.where(attending, 0.0, float("-inf"))
+
         def run() -> None:
-            w = scores.add(mask_last)
-            w.sub_(w.amax(dim=-1, keepdim=True))
+            w = laid_out.add(mask)
+            w.sub_(w.amax(dim=keys, keepdim=True))
             if floor:
-                w.clamp_(min=attention_module._EXP_FLOOR).exp_().mul_(attended[:, None])
+                w.clamp_(min=attention_module._EXP_FLOOR).exp_().mul_(attending)
             else:
                 w.exp_()
-            w.div_(w.sum(dim=-1, keepdim=True))
-
-        return run
-
-    def softmax_first(floor: bool) -> Callable[[], None]:
-        def run() -> None:
-            w = keys_first.add(mask_first)
-            w.sub_(w.amax(dim=0))
-            if floor:
-                w.clamp_(min=attention_module._EXP_FLOOR).exp_().mul_(attended_first)
-            else:
-                w.exp_()
-            w.div_(w.sum(dim=0))
+            w.div_(w.sum(dim=keys, keepdim=True))
 
         return run
 
     what = "set attention's masked softmax over 6 entities, 256x4x12, forward"
     return [
-        (what, *timed.versus("keys first (6, 256, 4, 12)", softmax_first(True), "keys last", softmax_last(True), 200)),
         (
             what,
             *timed.versus(
-                "exp floored at -30, masked zeroed", softmax_first(True), "exp of -inf", softmax_first(False), 200
+                "keys first (6, 256, 4, 12)", softmax(keys_first, True), "keys last", softmax(keys_last, True), 200
+            ),
+        ),
+        (
+            what,
+            *timed.versus(
+                "exp floored at -30, masked zeroed",
+                softmax(keys_first, True),
+                "exp of -inf",
+                softmax(keys_first, False),
+                200,
             ),
         ),
     ]

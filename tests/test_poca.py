@@ -270,16 +270,22 @@ def _set_attention_inputs(dtype: torch.dtype = torch.float32):
     return qkv, queries, attend
 
 
-def test_set_attention_by_hand_equals_autograd_and_passes_gradcheck():
-    qkv, queries, attend = _set_attention_inputs()
-    grad_out = torch.randn(5, len(queries), 8, generator=torch.Generator().manual_seed(1))
+def _set_attention_by_hand_and_autograd(qkv, queries, attend):
+    """``(output, d(loss)/d(qkv))`` of :class:`_SetAttention` and then of :func:`set_attention` (2 heads), for one
+    fixed linear loss of the output."""
+    grad_out = torch.randn(qkv.shape[0], len(queries), 8, generator=torch.Generator().manual_seed(1))
     results = []
     for fn in (attention_module._SetAttention.apply, set_attention):
         x = qkv.clone().requires_grad_()
         out = fn(x, queries, attend, 2)
         (grad,) = torch.autograd.grad((out * grad_out).sum(), [x])
         results.append((out, grad))
-    (out, grad), (out_ref, grad_ref) = results
+    return results
+
+
+def test_set_attention_by_hand_equals_autograd_and_passes_gradcheck():
+    qkv, queries, attend = _set_attention_inputs()
+    (out, grad), (out_ref, grad_ref) = _set_attention_by_hand_and_autograd(qkv, queries, attend)
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-6)
     qkv64, queries, attend = _set_attention_inputs(torch.float64)
@@ -298,14 +304,7 @@ def test_set_attention_by_hand_floors_only_what_float32_cannot_see_and_zeroes_th
     attend = attend.clone()
     attend[..., 5] = False  # nobody attends to entity 5 ...
     attend[:, :, 0] |= ~attend.any(dim=-1)  # ... and every row still attends to someone
-    grad_out = torch.randn(5, len(queries), 8, generator=torch.Generator().manual_seed(1))
-    results = []
-    for fn in (attention_module._SetAttention.apply, set_attention):
-        x = qkv.clone().requires_grad_()
-        out = fn(x, queries, attend, 2)
-        (grad,) = torch.autograd.grad((out * grad_out).sum(), [x])
-        results.append((out, grad))
-    (out, grad), (out_ref, grad_ref) = results
+    (out, grad), (out_ref, grad_ref) = _set_attention_by_hand_and_autograd(qkv, queries, attend)
     assert out_ref.abs().max() > 0.1 and grad_ref.abs().max() > 0.1
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-6)
