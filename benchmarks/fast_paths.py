@@ -11,8 +11,8 @@ minibatch updates (hand-written gradients vs autograd; torch.tanh vs 2 * sigmoid
 per-parameter optimizer step), acting, tanh,
 the Adam step, gradient clipping, batching two layers into one bmm, the matrix multiplies that bound the
 updates, torch.compile (its first call includes compiling), SAC gradient steps (hand-written gradients vs
-autograd, float32 vs bfloat16 autocast, the critics' action gradients direct or transposed, flushing denormals,
-in-place ReLU), and MA-POCA's attention critic
+autograd, float32 vs bfloat16 autocast, the critics' action gradients direct or transposed, Adam steps flushing
+denormals or not, in-place ReLU), and MA-POCA's attention critic
 (scores shared by all sets vs one attention call per set, softmax by hand, the set attention's softmax keys first
 and with its exponent floored) and minibatch (widths 64 and 128,
 the attention differentiated by hand or by autograd); and covey's linear layers against F.linear, alone and in
@@ -35,6 +35,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from benchmarks.common import cpu_description
 from benchmarks.poca_vs_supersuit import make_poca
 from covey import PPO, SAC
+from covey.agents import base as base_module
 from covey.agents.base import FlatParameters
 from covey.agents.poca import poca_objective, poca_outputs
 from covey.agents.ppo import ppo_loss
@@ -355,8 +356,9 @@ def compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     ]
 
 
-def sac_model(bf16: bool = False, manual: bool = True) -> SAC:
-    """SAC on Pendulum after 100 gradient steps; ``manual``: hand-written gradients (where they apply)."""
+def sac_model(bf16: bool = False, manual: bool = True, timesteps: int = 400) -> SAC:
+    """SAC on Pendulum after ``timesteps - 300`` gradient steps; ``manual``: hand-written gradients (where they
+    apply)."""
     previous = SAC.manual_gradients
     SAC.manual_gradients = manual
     try:
@@ -370,7 +372,7 @@ def sac_model(bf16: bool = False, manual: bool = True) -> SAC:
         )
     finally:
         SAC.manual_gradients = previous
-    return model.learn(400)
+    return model.learn(timesteps)
 
 
 def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
@@ -399,13 +401,6 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         ),
     ]
 
-    def with_flush(on: bool) -> Callable[[], None]:
-        def step() -> None:
-            torch.set_flush_denormal(on)
-            fp32.train(1, 256)
-
-        return step
-
     rows.append(
         (
             "SAC gradient step, Pendulum 256x256",
@@ -418,9 +413,30 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             ),
         )
     )
-    flushed, plain = timed.pair(with_flush(True), with_flush(False), 40)
-    torch.set_flush_denormal(False)
-    rows.append(("SAC gradient step, Pendulum 256x256", "flush denormals", flushed, "default", plain))
+    # Two models in the same state after 1,000 gradient steps (fewer with --calls-scale below 1), trained without
+    # flushing denormals: by then many of the Adam momenta are denormal (those of weights into and out of ReLU
+    # units that no sample activates).
+    updates = max(round(1000 * min(timed.calls_scale, 1.0)), 1)
+    base_module.FLUSH_DENORMALS = False
+    try:
+        trained = [sac_model(timesteps=300 + updates) for _ in range(2)]
+    finally:
+        base_module.FLUSH_DENORMALS = True
+    momenta = trained[1].critic_optimizer.state[trained[1].critic_optimizer.flat_parameters.data]["exp_avg"]
+    share = ((momenta != 0) & (momenta.abs() < torch.finfo(momenta.dtype).tiny)).float().mean().item()
+    rows.append(
+        (
+            f"SAC gradient step, Pendulum 256x256, after {updates:,} steps ({share:.0%} of the critics' momenta "
+            "denormal)",
+            *timed.versus(
+                "Adam steps flushing denormals",
+                steps(trained[0]),
+                "not flushing",
+                with_setting(steps(trained[1]), "FLUSH_DENORMALS", False, module=base_module),
+                40,
+            ),
+        )
+    )
     rows.append(
         (
             "SAC gradient step, Pendulum 256x256",

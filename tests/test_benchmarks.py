@@ -80,7 +80,9 @@ def test_fast_paths_smoke():
         assert f"PPO autograd minibatch step, {setting}" in measurements
     for n in ("1 observation", "8 observations"):
         assert [f"PPO acting, a batch of {n}, VecEnv array to env actions", "NumPy"] in [row[:2] for row in rows]
-    assert measurements.count("SAC gradient step, Pendulum 256x256") == 9
+    assert measurements.count("SAC gradient step, Pendulum 256x256") == 8
+    flushing = [row for row in rows if row[0].startswith("SAC gradient step, Pendulum 256x256, after 50 steps (")]
+    assert [row[1:4:2] for row in flushing] == [["Adam steps flushing denormals", "not flushing"]]
     assert ["SAC gradient step, Pendulum 256x256", "critics' action gradients g @ W"] in [row[:2] for row in rows]
     for setting in ("1 env (batch 64)", "8 envs (batch 256)"):
         assert [f"PPO update per minibatch, {setting}", "torch.tanh"] in [row[:2] for row in rows]

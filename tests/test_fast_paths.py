@@ -13,7 +13,7 @@ from stable_baselines3.common.logger import Logger
 from torch import nn
 
 from covey import PPO, SAC
-from covey.agents.base import FlatParameters
+from covey.agents.base import FlatParameters, flushing_denormals
 from covey.networks import linear as linear_module
 from covey.networks.distributions import CategoricalHead, DiagGaussianHead, SquashedGaussianHead
 from covey.networks.mlp import ManualMLP, mlp
@@ -107,6 +107,58 @@ def test_flat_adam_steps_and_state_equal_per_parameter_adam(optimizer_class):
         for key, value in entry.items():
             assert ours["state"][i][key].shape == value.shape
             assert torch.allclose(ours["state"][i][key].float(), value.float(), rtol=1e-5, atol=1e-8)
+
+
+@pytest.fixture
+def cpu_flushes_denormals():
+    """Skips where this CPU cannot flush denormals; leaves the thread not flushing them afterwards."""
+    supported = torch.set_flush_denormal(True)
+    torch.set_flush_denormal(False)
+    if not supported:
+        pytest.skip("this CPU cannot flush denormal numbers to zero")
+    yield
+    torch.set_flush_denormal(False)
+
+
+def test_flat_adam_step_flushes_denormal_momenta_and_restores_the_thread_setting(cpu_flushes_denormals):
+    """Momenta that a zero gradient shrank into the denormal range become 0, everything else (parameters
+    included) is exactly the plain fused kernel's; the thread's own setting is kept, on or off."""
+    tiny = torch.finfo(torch.float32).tiny
+
+    def denormal(t: torch.Tensor) -> torch.Tensor:
+        return (t != 0) & (t.abs() < tiny)
+
+    def adam_after(momentum: torch.Tensor, flat_step: bool) -> tuple[torch.Tensor, dict]:
+        data = torch.linspace(-1.0, 1.0, 64)
+        param = nn.Parameter(data.clone())
+        flat = FlatParameters([param])
+        opt = flat.attach(torch.optim.Adam([flat.data], lr=1e-3, fused=True))
+        flat.grad.copy_(torch.linspace(0.5, 2.0, 64))
+        flat.step(opt)  # creates the state
+        opt.state[flat.data]["exp_avg"].copy_(momentum)
+        flat.grad[:32] = 0.0  # dead units: their momenta only shrink
+        for _ in range(3):
+            if flat_step:
+                flat.step(opt)
+            else:
+                opt.step()
+        return flat.data.detach(), opt.state[flat.data]
+
+    momentum = torch.full((64,), 0.01)
+    momentum[:16] = 1.5e-38  # on the way down: denormal after the third step below
+    momentum[16:32] = 5e-39  # denormal already
+    assert flushing_denormals() is False
+    plain_params, plain_state = adam_after(momentum, flat_step=False)
+    assert denormal(plain_state["exp_avg"][:32]).all()  # what the plain step leaves
+    params, state = adam_after(momentum, flat_step=True)
+    assert flushing_denormals() is False  # restored
+    assert torch.equal(state["exp_avg"][:32], torch.zeros(32))
+    assert torch.equal(state["exp_avg"][32:], plain_state["exp_avg"][32:])
+    assert torch.equal(state["exp_avg_sq"], plain_state["exp_avg_sq"])
+    assert torch.equal(params, plain_params)  # the flushed momenta moved no parameter
+    torch.set_flush_denormal(True)  # a process that flushes denormals itself keeps doing so
+    adam_after(momentum, flat_step=True)
+    assert flushing_denormals() is True
 
 
 def test_direct_adam_step_leaves_optimizers_with_step_hooks_to_step():
