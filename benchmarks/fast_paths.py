@@ -417,11 +417,12 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     # flushing denormals: by then many of the Adam momenta are denormal (those of weights into and out of ReLU
     # units that no sample activates).
     updates = max(round(1000 * min(timed.calls_scale, 1.0)), 1)
+    flush = base_module.FLUSH_DENORMALS
     base_module.FLUSH_DENORMALS = False
     try:
         trained = [sac_model(timesteps=300 + updates) for _ in range(2)]
     finally:
-        base_module.FLUSH_DENORMALS = True
+        base_module.FLUSH_DENORMALS = flush
     momenta = trained[1].critic_optimizer.state[trained[1].critic_optimizer.flat_parameters.data]["exp_avg"]
     share = ((momenta != 0) & (momenta.abs() < torch.finfo(momenta.dtype).tiny)).float().mean().item()
     rows.append(

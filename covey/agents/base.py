@@ -212,8 +212,8 @@ class FlatParameters:
         """``optimizer.step()`` for the optimizer over :attr:`data`. A fused Adam/AdamW calls its kernel
         directly once its state exists: the same update, without ~15 us of Python around one kernel.
 
-        On the CPU the step flushes denormal numbers to zero (where the thread does not already, it is set to
-        for the step and set back after). A weight whose gradient stays 0 (into or out of a ReLU unit that no
+        On the CPU the step flushes denormal numbers to zero (a thread that does not flush them already does so
+        for the step only). A weight whose gradient stays 0 (into or out of a ReLU unit that no
         sample activates) has its Adam momentum shrink by ``beta1`` per step into the denormal range (below
         ~1.2e-38) and on to 0, and some CPUs take a slow path for every denormal: after 1,400 SAC steps on
         Pendulum a fifth of the critics' momenta were denormal, and their Adam step took 5x its time on an
