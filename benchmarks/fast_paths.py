@@ -5,19 +5,18 @@
     python -m benchmarks.fast_paths --repeats 1 --calls-scale 0.05 --skip-compile   # smoke run, seconds
     python -m benchmarks.fast_paths --groups poca   # only MA-POCA's rows
 
-Each row times one operation two ways on the same data, in alternating rounds (so that the machine's speed
-drifting reaches both ways alike), and reports the minimum over the rounds of the mean time per call: PPO
-minibatch updates (hand-written gradients vs autograd; torch.tanh vs 2 * sigmoid(2x) - 1 in them; flat vs
-per-parameter optimizer step), acting, tanh,
-the Adam step, gradient clipping, batching two layers into one bmm, the matrix multiplies that bound the
-updates, torch.compile (its first call includes compiling), SAC gradient steps (hand-written gradients vs
+Each row times one operation two ways on the same data, in alternating rounds (so that the machine's speed drifting
+reaches both ways alike), and reports the minimum over the rounds of the mean time per call: PPO minibatch updates
+(hand-written gradients vs autograd; torch.tanh vs 2 * sigmoid(2x) - 1 in them; flat vs per-parameter optimizer
+step), acting, tanh, the Adam step, gradient clipping, batching two layers into one bmm, the matrix multiplies that
+bound the updates, torch.compile (its first call includes compiling), SAC gradient steps (hand-written gradients vs
 autograd, float32 vs bfloat16 autocast, the critics' action gradients direct or transposed, Adam steps flushing
-denormals or not, in-place ReLU), and MA-POCA's attention critic
-(scores shared by all sets vs one attention call per set, softmax by hand, the set attention's softmax keys first
-and with its exponent floored) and minibatch (widths 64 and 128,
-the attention differentiated by hand or by autograd); and covey's linear layers against F.linear, alone and in
-SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transposed gradients of layers on
-few inputs vs autograd's, and those products alone)."""
+denormals or not, in-place ReLU), the two critics one at a time or stacked into batched products, and MA-POCA's
+attention critic (scores shared by all sets vs one attention call per set, softmax by hand, the set attention's
+softmax keys first and with its exponent floored) and minibatch (widths 64 and 128, the attention differentiated by
+hand or by autograd); and covey's linear layers against F.linear, alone and in SAC's and POCA's updates (large
+float32 products in oneDNN vs all in MKL, transposed gradients of layers on few inputs vs autograd's, and those
+products alone)."""
 
 from __future__ import annotations
 
@@ -375,6 +374,77 @@ def sac_model(bf16: bool = False, manual: bool = True, timesteps: int = 400) -> 
     return model.learn(timesteps)
 
 
+class StackedCritics:
+    """A SAC model's critics run as one network whose layers hold every critic's layer: the first layers, on the
+    same input, as one product; the later ones as batched products (``bmm``, in MKL on every CPU), every ReLU
+    and its gradient as one kernel over all critics. Copies of the weights; its own gradient buffers. Only to be
+    timed against the critics one at a time (:class:`~covey.networks.mlp.ManualMLP`, what covey runs)."""
+
+    def __init__(self, nets: Sequence[mlp_module.ManualMLP]) -> None:
+        if any(kind != "relu" for net in nets for kind in net.kinds):
+            raise ValueError("StackedCritics takes ReLU networks.")
+        layers = range(len(nets[0].weights))
+        self.weights = [torch.stack([net.weights[i] for net in nets]) for i in layers]  # (n, out, in)
+        self.biases = [torch.stack([net.biases[i] for net in nets]).unsqueeze(1) for i in layers]  # (n, 1, out)
+        self.weight_grads = [torch.zeros_like(w) for w in self.weights]
+        self.bias_grads = [torch.zeros_like(b) for b in self.biases]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The critics' outputs ``(n, B, out)`` on ``x`` ``(B, in)``, and every layer's input."""
+        n, width, n_in = self.weights[0].shape
+        first = torch.addmm(self.biases[0].reshape(-1), x, self.weights[0].reshape(n * width, n_in).t())
+        h = first.relu_().view(x.shape[0], n, width).transpose(0, 1)  # (n, B, width), a view
+        inputs = [x, h]
+        for weight, bias in zip(self.weights[1:-1], self.biases[1:-1]):
+            h = torch.baddbmm(bias, h, weight.transpose(1, 2)).relu_()
+            inputs.append(h)
+        return torch.baddbmm(self.biases[-1], h, self.weights[-1].transpose(1, 2)), inputs
+
+    def backward(self, inputs: list[torch.Tensor], grad_out: torch.Tensor) -> None:
+        """Every critic's weight and bias gradients from ``grad_out`` ``(n, B, out)``, into this object's buffers."""
+        g = grad_out
+        for i in range(len(self.weights) - 1, 0, -1):
+            torch.bmm(g.transpose(1, 2), inputs[i], out=self.weight_grads[i])
+            torch.sum(g, 1, keepdim=True, out=self.bias_grads[i])
+            g = g * self.weights[i] if self.weights[i].shape[1] == 1 else torch.bmm(g, self.weights[i])
+            g = torch.ops.aten.threshold_backward(g, inputs[i], 0.0)
+        x = inputs[0]
+        torch.bmm(g.transpose(1, 2), x.expand(len(g), *x.shape), out=self.weight_grads[0])
+        torch.sum(g, 1, keepdim=True, out=self.bias_grads[0])
+
+
+def stacked_critics_row(timed: Timer, model: SAC) -> tuple[str, str, float, str, float]:
+    """The critics' forward and backward on a replay batch of ``model`` (hand-written step): one at a time, as
+    covey runs them, against :class:`StackedCritics`, whose outputs and gradients are checked to be the same."""
+    nets = model._manual.critic_nets
+    batch = model.replay_buffer.sample(256)
+    x = torch.cat([model.critic.encoder(batch.observations), batch.actions], dim=-1)
+    grad = torch.randn(len(nets), 256, 1, generator=torch.Generator().manual_seed(0)) / 256
+    stacked = StackedCritics(nets)
+
+    def one_at_a_time() -> torch.Tensor:
+        outputs = [net.forward(x) for net in nets]
+        for net, (_, inputs), g in zip(nets, outputs, grad):
+            net.backward(inputs, g)
+        return torch.stack([q for q, _ in outputs])
+
+    def together() -> torch.Tensor:
+        q, inputs = stacked.forward(x)
+        stacked.backward(inputs, grad)
+        return q
+
+    with torch.no_grad():
+        torch.testing.assert_close(together(), one_at_a_time(), rtol=1e-4, atol=1e-5)
+        for i in range(len(stacked.weights)):
+            for n, net in enumerate(nets):
+                torch.testing.assert_close(stacked.weight_grads[i][n], net.weight_grads[i], rtol=1e-4, atol=1e-6)
+                torch.testing.assert_close(stacked.bias_grads[i][n, 0], net.bias_grads[i], rtol=1e-4, atol=1e-6)
+        return (
+            f"SAC's {len(nets)} critics, forward and backward, 256 samples (Pendulum 256x256)",
+            *timed.versus("one at a time (covey)", one_at_a_time, "stacked: batched products", together, 100),
+        )
+
+
 def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     """SAC's gradient step. The rows on covey's linear layers and ReLU modules (transposed gradients, which
     layers go to oneDNN, in-place ReLU) time the autograd step, where those apply; the others the default,
@@ -444,6 +514,7 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             *timed.versus("large products in oneDNN", steps(fp32), "all in MKL", in_mkl(steps(fp32)), 40),
         )
     )
+    rows.append(stacked_critics_row(timed, fp32))
 
     def diagnostics_every_step(on: bool) -> Callable[[], None]:
         def step() -> None:

@@ -84,6 +84,8 @@ def test_fast_paths_smoke():
     flushing = [row for row in rows if row[0].startswith("SAC gradient step, Pendulum 256x256, after 50 steps (")]
     assert [row[1:4:2] for row in flushing] == [["Adam steps flushing denormals", "not flushing"]]
     assert ["SAC gradient step, Pendulum 256x256", "critics' action gradients g @ W"] in [row[:2] for row in rows]
+    stacked = "SAC's 2 critics, forward and backward, 256 samples (Pendulum 256x256)"
+    assert [row[1:4:2] for row in rows if row[0] == stacked] == [["one at a time (covey)", "stacked: batched products"]]
     for setting in ("1 env (batch 64)", "8 envs (batch 256)"):
         assert [f"PPO update per minibatch, {setting}", "torch.tanh"] in [row[:2] for row in rows]
     assert "input gradient of a 4 -> 256 layer on 256 samples" in measurements
