@@ -9,14 +9,14 @@ Each row times one operation two ways on the same data, in alternating rounds (s
 reaches both ways alike), and reports the minimum over the rounds of the mean time per call: PPO minibatch updates
 (hand-written gradients vs autograd; torch.tanh vs 2 * sigmoid(2x) - 1 in them; flat vs per-parameter optimizer
 step), acting, tanh, the Adam step, gradient clipping, batching two layers into one bmm, the matrix multiplies that
-bound the updates, torch.compile (its first call includes compiling), SAC gradient steps (hand-written gradients vs
-autograd, float32 vs bfloat16 autocast, the critics' action gradients direct or transposed, Adam steps flushing
-denormals or not, in-place ReLU), the two critics one at a time or stacked into batched products, and MA-POCA's
-attention critic (scores shared by all sets vs one attention call per set, softmax by hand, the set attention's
-softmax keys first and with its exponent floored) and minibatch (widths 64 and 128, the attention differentiated by
-hand or by autograd); and covey's linear layers against F.linear, alone and in SAC's and POCA's updates (large
-float32 products in oneDNN vs all in MKL, transposed gradients of layers on few inputs vs autograd's, and those
-products alone)."""
+bound the updates, torch.compile of a small MLP's loss and of MA-POCA's critic (its first call includes compiling),
+SAC gradient steps (hand-written gradients vs autograd, float32 vs bfloat16 autocast, the critics' action gradients
+direct or transposed, Adam steps flushing denormals or not, in-place ReLU), the two critics one at a time or stacked
+into batched products, and MA-POCA's attention critic (scores shared by all sets vs one attention call per set,
+softmax by hand, the set attention's softmax keys first and with its exponent floored) and minibatch (widths 64 and
+128, the attention differentiated by hand or by autograd); and covey's linear layers against F.linear, alone and in
+SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transposed gradients of layers on few
+inputs vs autograd's, and those products alone)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -43,6 +44,8 @@ from covey.networks import attention as attention_module
 from covey.networks import linear as linear_module
 from covey.networks.attention import POCACritic
 from covey.networks.obs import batch_to_tensor
+
+T = TypeVar("T")
 
 mlp_module = importlib.import_module("covey.networks.mlp")  # covey.networks.mlp is also the function's name
 
@@ -89,15 +92,15 @@ class Timer:
         return name_a, t_a, name_b, t_b
 
 
-def with_setting(fn: Callable[[], object], name: str, value: object, module=linear_module) -> Callable[[], None]:
+def with_setting(fn: Callable[[], T], name: str, value: object, module=linear_module) -> Callable[[], T]:
     """``fn`` with ``module``'s (default: ``covey.networks.linear``'s) ``name`` set to ``value`` while it runs
-    (restored after)."""
+    (restored after); returns what ``fn`` returns."""
 
-    def call() -> None:
+    def call() -> T:
         saved = getattr(module, name)
         setattr(module, name, value)
         try:
-            fn()
+            return fn()
         finally:
             setattr(module, name, saved)
 
@@ -352,6 +355,43 @@ def compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     return [
         ("64x64 MLP loss forward and backward", "torch.compile, first call", first, "eager", eager),
         ("64x64 MLP loss forward and backward", "torch.compile, later calls", steady, "eager", eager),
+        *poca_compile_rows(timed),
+    ]
+
+
+def poca_compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
+    """torch.compile of MA-POCA's critic (``POCACritic.raw``, forward and backward) on a minibatch of the settings
+    of benchmarks.poca_vs_supersuit, against covey's eager critic. Compiled, the set attention is the autograd form
+    (``set_attention``), which Inductor can fuse; eager, covey's default (differentiated by hand). The first call
+    also checks that both compute the same values."""
+    torch.manual_seed(0)
+    model = make_poca(0).learn(1024)
+    batch = next(iter(model.rollout_buffer.minibatches(256)))
+    what = f"POCA critic forward and backward, {batch.present.shape[0]} groups of {batch.present.shape[1]}"
+
+    def step(raw: Callable) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        def call() -> tuple[torch.Tensor, torch.Tensor]:
+            value, baseline = raw(batch.observations, batch.actions, batch.present)
+            (value.sum() + baseline.sum()).backward()
+            return value.detach(), baseline.detach()
+
+        return call
+
+    eager = step(model.critic.raw)
+    compiled_step = step(torch.compile(model.critic.raw))
+    outputs = {}
+
+    def compiled() -> None:
+        outputs["compiled"] = with_setting(compiled_step, "SET_ATTENTION_BY_HAND", False, attention_module)()
+
+    start = time.perf_counter()
+    compiled()
+    first = (time.perf_counter() - start) * 1e6
+    torch.testing.assert_close(outputs["compiled"], eager(), rtol=1e-4, atol=1e-5)
+    steady, eager_us = timed.pair(compiled, eager, 30)
+    return [
+        (what, "torch.compile, first call", first, "eager (covey)", eager_us),
+        (what, "torch.compile, later calls", steady, "eager (covey)", eager_us),
     ]
 
 
@@ -742,7 +782,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--calls-scale", type=float, default=1.0, help="multiplies the calls per measurement (at least 1 call)"
     )
-    parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile rows (~20 s)")
+    parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile rows (~30 s)")
     parser.add_argument(
         "--groups",
         default="ppo,kernels,compile,sac,poca",

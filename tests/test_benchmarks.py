@@ -121,6 +121,21 @@ def test_fast_paths_runs_only_the_chosen_groups_and_names_unknown_ones():
     assert bad.returncode == 2 and "--groups takes names of ppo, kernels, compile, sac, poca" in bad.stderr
 
 
+def test_fast_paths_compile_rows():
+    """torch.compile's rows: the small MLP's and MA-POCA's critic's, whose first call checks that the compiled critic
+    computes covey's values (the row would not print otherwise)."""
+    command = [sys.executable, "-m", "benchmarks.fast_paths", "--groups", "compile", "--repeats", "1"]
+    result = subprocess.run([*command, "--calls-scale", "0.05"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()[2:] if "|" in line]
+    critic = "POCA critic forward and backward, 256 groups of 3"
+    assert [row[1:4:2] for row in rows if row[0] == critic] == [
+        ["torch.compile, first call", "eager (covey)"],
+        ["torch.compile, later calls", "eager (covey)"],
+    ]
+    assert len(rows) == 4
+
+
 def test_fast_paths_times_the_two_ways_in_alternating_rounds():
     from benchmarks.fast_paths import Timer
 
