@@ -34,7 +34,7 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from benchmarks.common import cpu_description
 from benchmarks.poca_vs_supersuit import make_poca
-from covey import PPO, SAC
+from covey import POCA, PPO, SAC
 from covey.agents import base as base_module
 from covey.agents.base import FlatParameters
 from covey.agents.poca import poca_objective, poca_outputs
@@ -359,14 +359,24 @@ def compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     ]
 
 
+def collected_poca(**policy_kwargs) -> POCA:
+    """benchmarks.poca_vs_supersuit's POCA (torch seeded) after one rollout of 1024 env steps and its update."""
+    torch.manual_seed(0)
+    return make_poca(0, **policy_kwargs).learn(1024)
+
+
+def first_minibatch(model: POCA):
+    """The first minibatch of 256 group-steps of ``model``'s rollout buffer."""
+    return next(iter(model.rollout_buffer.minibatches(256)))
+
+
 def poca_compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     """torch.compile of MA-POCA's critic (``POCACritic.raw``, forward and backward) on a minibatch of the settings
     of benchmarks.poca_vs_supersuit, against covey's eager critic. Compiled, the set attention is the autograd form
     (``set_attention``), which Inductor can fuse; eager, covey's default (differentiated by hand). The first call
     also checks that both compute the same values."""
-    torch.manual_seed(0)
-    model = make_poca(0).learn(1024)
-    batch = next(iter(model.rollout_buffer.minibatches(256)))
+    model = collected_poca()
+    batch = first_minibatch(model)
     what = f"POCA critic forward and backward, {batch.present.shape[0]} groups of {batch.present.shape[1]}"
 
     def step(raw: Callable) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
@@ -631,11 +641,8 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
 def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     """MA-POCA's update on simple_spread (the settings of benchmarks.poca_vs_supersuit): its attention critic
     and a whole minibatch."""
-    models = {}
-    for width in (64, 128):
-        torch.manual_seed(0)
-        models[width] = make_poca(0, attention_width=width).learn(1024)
-    batch = next(iter(models[128].rollout_buffer.minibatches(256)))
+    models = {width: collected_poca(attention_width=width) for width in (64, 128)}
+    batch = first_minibatch(models[128])
     critic = models[128].critic  # the default width
     group = f"{batch.present.shape[0]} groups of {batch.present.shape[1]}"
 

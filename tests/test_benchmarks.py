@@ -8,11 +8,15 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 TASKS = ["ppo_cartpole_8env", "sac_pendulum"]
 
 
+def table_cells(output: str) -> list[list[str]]:
+    """The markdown table's lines as lists of cells, the header first (its separator line left out)."""
+    lines = [line for line in output.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[:1] + lines[2:]]
+
+
 def table_rows(output: str) -> dict[str, dict[str, str]]:
     """The markdown table as {task: {column header: cell}}."""
-    lines = [line for line in output.splitlines() if line.startswith("|")]
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    header, *rows = table_cells(output)
     return {row[0]: dict(zip(header, row)) for row in rows}
 
 
@@ -72,8 +76,7 @@ def test_fast_paths_smoke():
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith("|")]
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    rows = table_cells(result.stdout)[1:]
     measurements = [row[0] for row in rows]
     for setting in ("1 env (batch 64)", "8 envs (batch 256)"):
         assert f"PPO update per minibatch, {setting}" in measurements
@@ -127,7 +130,7 @@ def test_fast_paths_compile_rows():
     command = [sys.executable, "-m", "benchmarks.fast_paths", "--groups", "compile", "--repeats", "1"]
     result = subprocess.run([*command, "--calls-scale", "0.05"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()[2:] if "|" in line]
+    rows = table_cells(result.stdout)[1:]
     critic = "POCA critic forward and backward, 256 groups of 3"
     assert [row[1:4:2] for row in rows if row[0] == critic] == [
         ["torch.compile, first call", "eager (covey)"],
