@@ -6,7 +6,9 @@
 
 Both frameworks train in the same process, alternating per seed (covey first on even seeds, SB3 first on
 odd ones), on identical envs, seeds and hyperparameters. Only ``model.learn`` is timed. The machine may
-be shared and noisy: compare the covey/SB3 ratios of one run, not absolute seconds across runs.
+be shared and noisy: compare the covey/SB3 ratios of one run, not absolute seconds across runs. A task that
+differs from another only in covey's options (the ``_bf16`` rows) shares that task's SB3 runs when both run:
+per seed SB3 trains once, between the two covey runs.
 
 The single-agent tasks pit covey's PPO or SAC against SB3's on a Gymnasium VecEnv. ``poca_simple_spread``
 is the multi-agent task of :mod:`benchmarks.poca_vs_supersuit`: covey's MA-POCA against SB3's PPO with
@@ -88,6 +90,9 @@ class Task:
     """covey-only arguments (e.g. ``bf16_matmuls=True``); SB3 runs without them."""
     runner: Runner | None = None
     """Trains and measures the task instead of the FRAMEWORKS classes on ``make_vec_env(env_id)``."""
+    sb3_runs_of: str | None = None
+    """The task whose SB3 runs this one shares when both run (:func:`task_groups`): the same SB3 side (agent,
+    env, settings, budgets), covey's options apart."""
     note: str = ""
     """Printed under the table when the task is in it (what its columns count, where that differs)."""
 
@@ -107,6 +112,10 @@ class Task:
 
     def timesteps(self, suite: str, scale: float) -> int:
         return max(round(self.budgets[suite] * scale), self.min_timesteps(suite))
+
+    def sb3_side(self, suite: str) -> tuple:
+        """What SB3's run of this task depends on: tasks with equal ones may share SB3's runs."""
+        return (self.agent, self.env_id, self.n_envs, repr(self.kwargs(suite)), repr(self.env_kwargs), self.budgets)
 
 
 TASKS = [
@@ -186,7 +195,8 @@ TASKS = [
         env_kwargs=dict(continuous=True),
     ),
 ]
-# covey's opt-in bfloat16 matrix multiplies for SAC, against SB3 in float32 (same settings otherwise).
+# covey's opt-in bfloat16 matrix multiplies for SAC, against SB3 in float32 (same settings otherwise): SB3's
+# runs are the float32 task's when both run.
 TASKS += [
     Task(
         f"{task.name}_bf16",
@@ -198,6 +208,7 @@ TASKS += [
         task.suite_hyperparameters,
         task.env_kwargs,
         covey_options=dict(bf16_matmuls=True),
+        sb3_runs_of=task.name,  # SB3 runs in float32 either way
     )
     for task in TASKS
     if task.agent == "SAC" and not task.hyperparameters.get("use_sde")
@@ -297,24 +308,45 @@ def measure_return(model: Any, task: Task, seed: int) -> float:
     return float(mean_return)
 
 
-def run_task(
-    task: Task, suite: str, seeds: int, scale: float, env_seconds: float, log: Callable[[str], None]
-) -> TaskResult:
-    timesteps = task.timesteps(suite, scale)
-    env_speed = measure_env_speed(task, env_seconds)
-    log(f"[{task.name}] budget {timesteps} timesteps per run; raw env: {env_speed:,.0f} steps/s")
-    runs = []
+def task_groups(names: Sequence[str]) -> list[list[Task]]:
+    """The named tasks in groups that run together: a task with ``sb3_runs_of`` joins that task's group when
+    both are named; every other task is a group of its own. Groups come in the order of their first task."""
+    groups: dict[str, list[Task]] = {}
+    for name in names:
+        task = TASKS_BY_NAME[name]
+        lead = task.sb3_runs_of if task.sb3_runs_of in names else name
+        groups.setdefault(lead, []).append(task)
+    return list(groups.values())
+
+
+def run_group(
+    tasks: Sequence[Task], suite: str, seeds: int, scale: float, env_seconds: float, log: Callable[[str], None]
+) -> list[TaskResult]:
+    """Train and measure ``tasks`` (one task, or tasks with the same SB3 side): per seed one SB3 run, which
+    every task's covey run is compared with. Per seed SB3 runs between the covey runs (first with one task);
+    the order of the covey runs, and which goes first with one task, alternates with the seed, so that slow
+    phases of a noisy machine hit both frameworks alike."""
+    lead = tasks[0]
+    if any(task.runner is not None or task.sb3_side(suite) != lead.sb3_side(suite) for task in tasks[1:]):
+        raise ValueError(f"tasks {[task.name for task in tasks]} do not share SB3's side: run them apart")
+    timesteps = lead.timesteps(suite, scale)
+    env_speed = measure_env_speed(lead, env_seconds)
+    names = "/".join(task.name for task in tasks)
+    log(f"[{names}] budget {timesteps} timesteps per run; raw env: {env_speed:,.0f} steps/s")
+    runs: dict[str, list[RunResult]] = {task.name: [] for task in tasks}
     for seed in range(seeds):
-        # Alternate which framework goes first, so slow phases of a noisy machine hit both alike.
-        order = ["covey", "sb3"] if seed % 2 == 0 else ["sb3", "covey"]
-        for framework in order:
+        even = seed % 2 == 0
+        order = [(task, "covey") for task in (tasks if even else tasks[::-1])]
+        order.insert((len(tasks) + 1) // 2 if even else len(tasks) // 2, (lead, "sb3"))
+        for task, framework in order:
             run = measure_training(framework, task, suite, timesteps, seed)
-            runs.append(run)
+            for name in runs if framework == "sb3" else [task.name]:
+                runs[name].append(run)
             log(
-                f"[{task.name}] seed {seed} {framework:>5}: {run.seconds:7.1f} s, "
+                f"[{names if framework == 'sb3' else task.name}] seed {seed} {framework:>5}: {run.seconds:7.1f} s, "
                 f"{run.steps_per_second:8,.0f} steps/s, return {run.eval_return:8.1f}"
             )
-    return TaskResult(task, env_speed, runs)
+    return [TaskResult(task, env_speed, runs[task.name]) for task in tasks]
 
 
 def format_table(results: Sequence[TaskResult]) -> str:
@@ -378,7 +410,14 @@ def format_report(
         f"are the mean of {N_EVAL_EPISODES} deterministic evaluation episodes per seed. Raw env steps/s: the "
         "same VecEnv stepped with random actions."
     )
-    notes = " ".join([notes, *(result.task.note for result in results if result.task.note)])
+    names = {result.task.name for result in results}
+    shared = [
+        f"{result.task.name} shares SB3's runs with {result.task.sb3_runs_of} (the same SB3 settings and seeds: per "
+        "seed SB3 trained once, between the two covey runs)."
+        for result in results
+        if result.task.sb3_runs_of in names
+    ]
+    notes = " ".join([notes, *(result.task.note for result in results if result.task.note), *shared])
     return "\n".join(["# covey vs Stable-Baselines3", "", format_table(results), "", notes, "", *machine, ""])
 
 
@@ -397,7 +436,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.tasks is None:
         args.task_list = [task.name for task in TASKS if args.suite in task.budgets]
     else:
-        args.task_list = [name.strip() for name in args.tasks.split(",") if name.strip()]
+        args.task_list = list(dict.fromkeys(name.strip() for name in args.tasks.split(",") if name.strip()))
     unknown = [name for name in args.task_list if name not in TASKS_BY_NAME]
     if unknown or not args.task_list:
         parser.error(f"unknown task(s) {unknown}; choose from {', '.join(TASKS_BY_NAME)}")
@@ -420,10 +459,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    results = [
-        run_task(TASKS_BY_NAME[name], args.suite, args.seeds, args.scale, args.env_seconds, log)
-        for name in args.task_list
-    ]
+    by_name = {
+        result.task.name: result
+        for group in task_groups(args.task_list)
+        for result in run_group(group, args.suite, args.seeds, args.scale, args.env_seconds, log)
+    }
+    results = [by_name[name] for name in args.task_list]
     report = format_report(results, args, command, started, load_at_start)
     print(report)
     if args.out:

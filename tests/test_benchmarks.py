@@ -4,6 +4,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TASKS = ["ppo_cartpole_8env", "sac_pendulum"]
 
@@ -31,8 +33,9 @@ def cell(row: dict[str, str], prefix: str) -> str:
 
 
 def test_compare_quick_smoke():
-    """Single-agent tasks and the MA-POCA task (POCA against SB3 PPO + SuperSuit) in one table."""
-    tasks = [*TASKS, "poca_simple_spread"]
+    """Single-agent tasks, a _bf16 task beside its float32 twin (sharing its SB3 runs) and the MA-POCA task (POCA
+    against SB3 PPO + SuperSuit) in one table."""
+    tasks = [*TASKS, "sac_pendulum_bf16", "poca_simple_spread"]
     command = [sys.executable, "-m", "benchmarks.compare", "--suite", "quick", "--tasks", ",".join(tasks)]
     result = subprocess.run(
         [*command, "--seeds", "1", "--scale", "0.02", "--env-seconds", "0.5"],
@@ -48,6 +51,10 @@ def test_compare_quick_smoke():
         assert number(cell(rows[task], "covey/SB3 time ratio")) > 0
         assert number(cell(rows[task], "raw env steps/s")) > 0
         assert number(cell(rows[task], "covey steps/s")) > 0 and number(cell(rows[task], "SB3 steps/s")) > 0
+    fp32, bf16 = rows["sac_pendulum"], rows["sac_pendulum_bf16"]
+    for column in ("SB3 s (median)", "SB3 steps/s", "SB3 return (median [min, max])", "raw env steps/s"):
+        assert fp32[column] == bf16[column]
+    assert "sac_pendulum_bf16 shares SB3's runs with sac_pendulum" in result.stdout
     poca = rows["poca_simple_spread"]
     # 2,000 env steps rounded up to whole rollouts of 8 copies x 128 steps, for both learners.
     assert poca["timesteps"] == "2,048"
@@ -298,3 +305,66 @@ def test_cpu_description_reads_the_first_processor():
     assert text.startswith("AMD EPYC 9R14, family 25 model 17, AVX-512: yes, AVX-512 BF16: yes, ")
     no_avx512 = cpu_description("model name\t: Old CPU\nflags\t\t: fpu sse2 avx2\n")
     assert no_avx512.startswith("Old CPU, AVX-512: no, AVX-512 BF16: no, torch CPU capability: ")
+
+
+def test_compare_twin_tasks_share_one_sb3_run_per_seed(monkeypatch):
+    """A _bf16 task run with its float32 twin: per seed SB3 trains once, between the two covey runs, whose order
+    alternates with the seed, and both rows compare with that run."""
+    from benchmarks import compare
+
+    calls = []
+
+    def fake_training(framework, task, suite, timesteps, seed):
+        calls.append((seed, framework, task.name if framework == "covey" else "sb3"))
+        seconds = {"sb3": 10.0, "sac_pendulum": 4.0, "sac_pendulum_bf16": 3.0}.get(calls[-1][2], 2.0) + seed
+        return compare.RunResult(framework, seed, seconds, timesteps, -100.0 - len(calls))
+
+    monkeypatch.setattr(compare, "measure_training", fake_training)
+    monkeypatch.setattr(compare, "measure_env_speed", lambda task, seconds: 1000.0)
+    names = ["sac_pendulum", "ppo_cartpole_1env", "sac_pendulum_bf16"]
+    groups = compare.task_groups(names)
+    assert [[task.name for task in group] for group in groups] == [
+        ["sac_pendulum", "sac_pendulum_bf16"],
+        ["ppo_cartpole_1env"],
+    ]
+    assert [[task.name for task in group] for group in compare.task_groups(["sac_pendulum_bf16"])] == [
+        ["sac_pendulum_bf16"]
+    ]
+    fp32, bf16 = compare.run_group(groups[0], "quick", 2, 1.0, 0.1, lambda message: None)
+    assert calls == [
+        (0, "covey", "sac_pendulum"),
+        (0, "sb3", "sb3"),
+        (0, "covey", "sac_pendulum_bf16"),
+        (1, "covey", "sac_pendulum_bf16"),
+        (1, "sb3", "sb3"),
+        (1, "covey", "sac_pendulum"),
+    ]
+    assert fp32.of("sb3") == bf16.of("sb3") and len(fp32.of("sb3")) == 2
+    assert fp32.time_ratios() == [4.0 / 10.0, 5.0 / 11.0] and bf16.time_ratios() == [3.0 / 10.0, 4.0 / 11.0]
+
+    calls.clear()
+    (alone,) = compare.run_group(groups[1], "quick", 2, 1.0, 0.1, lambda message: None)
+    assert [(seed, framework) for seed, framework, _ in calls] == [(0, "covey"), (0, "sb3"), (1, "sb3"), (1, "covey")]
+    with pytest.raises(ValueError, match="do not share SB3's side"):
+        compare.run_group(
+            [compare.TASKS_BY_NAME["sac_pendulum"], compare.TASKS_BY_NAME["sac_lunarlander_continuous"]],
+            "quick",
+            1,
+            1.0,
+            0.1,
+            lambda message: None,
+        )
+
+
+def test_compare_twins_have_the_same_sb3_side():
+    """Every task that shares another's SB3 runs trains SB3 exactly as that task does, in both suites."""
+    from benchmarks.compare import TASKS, TASKS_BY_NAME
+
+    twins = [task for task in TASKS if task.sb3_runs_of is not None]
+    assert {task.name for task in twins} == {"sac_pendulum_bf16", "sac_lunarlander_continuous_bf16"}
+    for task in twins:
+        lead = TASKS_BY_NAME[task.sb3_runs_of]
+        assert task.covey_options and task.runner is None
+        for suite in task.budgets:
+            assert task.sb3_side(suite) == lead.sb3_side(suite)
+            assert task.kwargs(suite, "sb3") == lead.kwargs(suite, "sb3")
