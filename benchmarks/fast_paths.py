@@ -16,7 +16,9 @@ into batched products, and MA-POCA's attention critic (scores shared by all sets
 softmax by hand, the set attention's softmax keys first and with its exponent floored) and minibatch (widths 64 and
 128, the attention differentiated by hand or by autograd); and covey's linear layers against F.linear, alone and in
 SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transposed gradients of layers on few
-inputs vs autograd's, and those products alone)."""
+inputs vs autograd's, and those products alone); and PPO's, SAC's and MA-POCA's updates against their own matrix
+products run alone (recorded from one call, :class:`MatrixProducts`): how much of each update is arithmetic that no
+change beside the products can remove."""
 
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 from stable_baselines3.common.env_util import make_vec_env
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 from benchmarks.common import cpu_description
 from benchmarks.poca_vs_supersuit import make_poca
@@ -112,6 +116,56 @@ def in_mkl(fn: Callable[[], object]) -> Callable[[], None]:
     return with_setting(fn, "ONEDNN", False)
 
 
+def _copy(x: object) -> object:
+    """A tensor's copy with its strides (a plain copy for a broadcast view); anything else as it is."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if 0 in x.stride():
+        return x.clone()
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+
+
+class MatrixProducts(TorchDispatchMode):
+    """Records the matrix products that the code run inside it makes (each op with copies of its arguments, in
+    their layouts), to run them again alone (:meth:`replay`): the arithmetic that bounds an update, without the
+    rest of it. Backward's products are recorded too."""
+
+    OPS = {
+        torch.ops.aten.mm,
+        torch.ops.aten.addmm,
+        torch.ops.aten.bmm,
+        torch.ops.aten.baddbmm,
+        torch.ops.aten.mv,
+        torch.ops.aten.addmv,
+        *([linear_module._onednn_linear] if linear_module._onednn_linear is not None else []),
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket in self.OPS:
+            self.calls.append((func, tree_map(_copy, args), tree_map(_copy, kwargs)))
+        return func(*args, **kwargs)
+
+    @torch.no_grad()
+    def replay(self) -> list:
+        """The recorded products run again, in order; their outputs."""
+        return [func(*args, **kwargs) for func, args, kwargs in self.calls]
+
+
+def products_row(timed: Timer, what: str, step: Callable[[], object], calls: int, per: int = 1) -> tuple:
+    """A row timing ``step``'s matrix products alone (recorded from one call of ``step``) against the whole of
+    ``step``, both per ``per`` (e.g. minibatches of an update)."""
+    products = MatrixProducts()
+    with products:
+        step()
+    alone, whole = (t / per for t in timed.pair(products.replay, step, calls))
+    return what, f"its matrix products alone ({len(products.calls) // per} per call)", alone, "the whole of it", whole
+
+
 def collected_ppo(n_envs: int, manual: bool, **kwargs) -> PPO:
     """A PPO model with one rollout collected (values, log-probs, advantages in its buffer)."""
     previous = PPO.manual_gradients
@@ -152,6 +206,8 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         minibatches = manual.n_epochs * -(-manual.n_steps * n_envs // manual.batch_size)
         t_manual, t_auto = (t / minibatches for t in timed.pair(manual.train, auto.train, 3))
         rows.append((f"PPO update per minibatch, {name}", "hand-written gradients", t_manual, "autograd", t_auto))
+        what = f"PPO update per minibatch, {name}, hand-written"
+        rows.append(products_row(timed, what, manual.train, 3, minibatches))
         t_tanh, t_sigmoid = (
             t / minibatches
             for t in timed.pair(
@@ -514,6 +570,7 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             "SAC gradient step, Pendulum 256x256, bf16_matmuls=True",
             *timed.versus("hand-written gradients", steps(bf16), "autograd under autocast", steps(bf16_auto), 40),
         ),
+        products_row(timed, "SAC gradient step, Pendulum 256x256, hand-written", steps(fp32), 40),
     ]
 
     rows.append(
@@ -697,6 +754,7 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             *timed.versus("attention width 64", update(models[64]), "attention width 128", update(models[128]), 30),
         )
     )
+    rows.append(products_row(timed, f"POCA update per minibatch, {group}", update(models[128]), 30))
     rows.append(
         (
             f"POCA update per minibatch, {group}",

@@ -103,7 +103,7 @@ def test_fast_paths_smoke():
     bf16_rows = [row for row in rows if row[0] == "SAC gradient step, Pendulum 256x256, bf16_matmuls=True"]
     assert [row[1] for row in bf16_rows] == ["hand-written gradients"]
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
-    assert measurements.count("POCA update per minibatch, 256 groups of 3") == 3
+    assert measurements.count("POCA update per minibatch, 256 groups of 3") == 4
     softmax = "set attention's masked softmax over 6 entities, 256x4x12, forward"
     assert [row[1] for row in rows if row[0] == softmax] == [
         "keys first (6, 256, 4, 12)",
@@ -113,12 +113,43 @@ def test_fast_paths_smoke():
     assert "linear layer 4 -> 256 on 256 samples, forward and backward" in measurements
     assert "PPO update per minibatch, 256x256 MLPs (batch 256)" in measurements
     assert not any("torch.compile" in row[1] for row in rows)
+    products = [row for row in rows if row[1].startswith("its matrix products alone (")]
+    assert [row[0] for row in products] == [
+        "PPO update per minibatch, 1 env (batch 64), hand-written",
+        "PPO update per minibatch, 8 envs (batch 256), hand-written",
+        "SAC gradient step, Pendulum 256x256, hand-written",
+        "POCA update per minibatch, 256 groups of 3",
+    ]
+    for row in products:
+        assert int(row[1].split("(")[1].split()[0]) > 0 and row[3] == "the whole of it", row
     units = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
     for row in rows:
         for duration in (row[2], row[4]):
             value, unit = duration.split()
             assert float(value) > 0 and unit in units, row
         assert float(row[5]) > 0, row
+
+
+def test_matrix_products_records_copies_of_the_products_and_replays_them_alone():
+    """benchmarks.fast_paths.MatrixProducts: the forward's and backward's products, nothing else, with copies of
+    their arguments in the same layouts, run again on their own."""
+    import torch
+
+    from benchmarks.fast_paths import MatrixProducts
+
+    x = torch.randn(5, 3, requires_grad=True)
+    weight = torch.randn(4, 3)
+    products = MatrixProducts()
+    with products:
+        out = torch.nn.functional.linear(x, weight).relu()  # a product, then an elementwise op
+        out.sum().backward()  # x's gradient: one product (the weight takes none)
+    assert [func.overloadpacket for func, _, _ in products.calls] == [torch.ops.aten.mm, torch.ops.aten.mm]
+    first = products.replay()
+    torch.testing.assert_close(first[0], x.detach() @ weight.t())
+    torch.testing.assert_close(first[1], (out.detach() > 0).float() @ weight)
+    assert products.calls[0][1][1].stride() == weight.t().stride()  # the transposed view's layout, copied
+    weight.add_(1.0)  # the recorded arguments are copies
+    torch.testing.assert_close(products.replay()[0], first[0])
 
 
 def test_fast_paths_runs_only_the_chosen_groups_and_names_unknown_ones():
