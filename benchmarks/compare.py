@@ -248,6 +248,8 @@ class RunResult:
     seconds: float
     timesteps: int
     eval_return: float
+    total_seconds: float = 0.0
+    """The whole run: building the model and env, ``learn`` and the evaluation (logged, not in the table)."""
 
     @property
     def steps_per_second(self) -> float:
@@ -286,9 +288,10 @@ def measure_env_speed(task: Task, seconds: float, seed: int = 0) -> float:
 
 def measure_training(framework: str, task: Task, suite: str, timesteps: int, seed: int) -> RunResult:
     """Train one model on a fresh env, timing ``learn`` only, then evaluate it on a separately seeded env."""
+    started = time.perf_counter()
     if task.runner is not None:
         seconds, eval_return, trained = task.runner.train[framework](timesteps, seed, task.runner.eval_episodes)
-        return RunResult(framework, seed, seconds, trained, eval_return)
+        return RunResult(framework, seed, seconds, trained, eval_return, time.perf_counter() - started)
     agent_class = FRAMEWORKS[framework][task.agent]
     env = make_env(task, task.n_envs, seed)
     model = agent_class("MlpPolicy", env, seed=seed, verbose=0, **task.kwargs(suite, framework))
@@ -297,7 +300,7 @@ def measure_training(framework: str, task: Task, suite: str, timesteps: int, see
     seconds = time.perf_counter() - start
     eval_return = measure_return(model, task, seed)
     env.close()
-    return RunResult(framework, seed, seconds, model.num_timesteps, eval_return)
+    return RunResult(framework, seed, seconds, model.num_timesteps, eval_return, time.perf_counter() - started)
 
 
 def measure_return(model: Any, task: Task, seed: int) -> float:
@@ -344,7 +347,8 @@ def run_group(
                 runs[name].append(run)
             log(
                 f"[{names if framework == 'sb3' else task.name}] seed {seed} {framework:>5}: {run.seconds:7.1f} s, "
-                f"{run.steps_per_second:8,.0f} steps/s, return {run.eval_return:8.1f}"
+                f"{run.steps_per_second:8,.0f} steps/s, return {run.eval_return:8.1f} "
+                f"({run.total_seconds:.1f} s with setup and evaluation)"
             )
     return [TaskResult(task, env_speed, runs[task.name]) for task in tasks]
 

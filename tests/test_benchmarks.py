@@ -63,6 +63,8 @@ def test_compare_quick_smoke():
         assert per_agent_return <= 0  # simple_spread rewards: minus distances to landmarks and collisions
     assert "poca_simple_spread:" in result.stdout and "per-agent returns" in result.stdout
     assert "python -m benchmarks.compare --suite quick" in result.stdout
+    runs = [line for line in result.stderr.splitlines() if " s with setup and evaluation)" in line]
+    assert len(runs) == 7  # per seed: 4 covey runs, 3 SB3 runs (sac_pendulum_bf16 shares sac_pendulum's)
     assert "- CPU: " in result.stdout and "torch CPU capability: " in result.stdout
 
 
