@@ -206,8 +206,9 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         minibatches = manual.n_epochs * -(-manual.n_steps * n_envs // manual.batch_size)
         t_manual, t_auto = (t / minibatches for t in timed.pair(manual.train, auto.train, 3))
         rows.append((f"PPO update per minibatch, {name}", "hand-written gradients", t_manual, "autograd", t_auto))
-        what = f"PPO update per minibatch, {name}, hand-written"
-        rows.append(products_row(timed, what, manual.train, 3, minibatches))
+        rows.append(
+            products_row(timed, f"PPO update per minibatch, {name}, hand-written", manual.train, 3, minibatches)
+        )
         t_tanh, t_sigmoid = (
             t / minibatches
             for t in timed.pair(
