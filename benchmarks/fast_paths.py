@@ -457,9 +457,9 @@ def poca_compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     ]
 
 
-def sac_model(bf16: bool = False, manual: bool = True, timesteps: int = 400) -> SAC:
+def sac_model(bf16: bool = False, manual: bool = True, timesteps: int = 400, **kwargs) -> SAC:
     """SAC on Pendulum after ``timesteps - 300`` gradient steps; ``manual``: hand-written gradients (where they
-    apply)."""
+    apply); ``kwargs``: more of SAC's arguments (e.g. ``use_sde=True``)."""
     previous = SAC.manual_gradients
     SAC.manual_gradients = manual
     try:
@@ -470,6 +470,7 @@ def sac_model(bf16: bool = False, manual: bool = True, timesteps: int = 400) -> 
             learning_starts=300,
             seed=0,
             bf16_matmuls=bf16,
+            **kwargs,
         )
     finally:
         SAC.manual_gradients = previous
@@ -573,6 +574,14 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         ),
         products_row(timed, "SAC gradient step, Pendulum 256x256, hand-written", steps(fp32), 40),
     ]
+    sde, sde_auto = sac_model(use_sde=True), sac_model(use_sde=True, manual=False)
+    assert sde._manual is not None and sde_auto._manual is None
+    rows.append(
+        (
+            "SAC gradient step, Pendulum 256x256, use_sde=True",
+            *timed.versus("hand-written gradients", steps(sde), "autograd", steps(sde_auto), 40),
+        )
+    )
 
     rows.append(
         (

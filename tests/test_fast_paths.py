@@ -15,7 +15,12 @@ from torch import nn
 from covey import PPO, SAC
 from covey.agents.base import FlatParameters, flushing_denormals
 from covey.networks import linear as linear_module
-from covey.networks.distributions import CategoricalHead, DiagGaussianHead, SquashedGaussianHead
+from covey.networks.distributions import (
+    CategoricalHead,
+    DiagGaussianHead,
+    SquashedGaussianHead,
+    SquashedStateDependentHead,
+)
 from covey.networks.mlp import ManualMLP, mlp
 
 mlp_module = importlib.import_module("covey.networks.mlp")  # covey.networks.mlp is also the function's name
@@ -431,6 +436,51 @@ def test_squashed_gaussian_sample_and_gradients_equal_autograd():
     assert grad[0, 2] == 0 and grad[1, 3] == 0 and grad[2, 2] != 0 and grad[3, 3] != 0
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(),
+        dict(full_std=False, use_expln=True, clip_mean=0.0),
+        dict(full_std=True, use_expln=True, clip_mean=0.5),
+    ],
+    ids=["SAC's defaults", "one std per feature, expln, no clip", "expln, clip 0.5"],
+)
+def test_squashed_state_dependent_sample_and_gradients_equal_autograd(settings):
+    """gSDE's squashed sample for SAC (``use_sde=True``), by hand: the action and log-probability of
+    ``rsample``, and d(loss)/d(mean layer's output), d(loss)/d(latent) (through the mean layer's caller, the
+    noise and the variance) and d(loss)/d(log_std) (through the exploration matrix and the variance), as
+    autograd has them; means beyond the clip get no gradient, and log-stds on both sides of 0 (expln's two
+    branches) get theirs. In float64, so that float32's rounding of terms that cancel does not hide errors."""
+    torch.manual_seed(0)
+    head = SquashedStateDependentHead(5, 2, log_std_init=-1.0, **settings).double()
+    with torch.no_grad():
+        head.log_std.copy_(torch.linspace(-1.5, 0.5, head.log_std.numel()).view_as(head.log_std))  # both sides of 0
+    head.log_std.grad = torch.zeros_like(head.log_std)
+    raw_mean = torch.randn(7, 2, dtype=torch.float64) * 0.4
+    raw_mean[0, 0], raw_mean[1, 1] = 5.0, -5.0  # beyond any clip used here
+    latent = torch.randn(7, 5, dtype=torch.float64) * 0.3
+    weights_action, weights_log_prob = torch.randn(7, 2, dtype=torch.float64), torch.randn(7, dtype=torch.float64)
+    head.reset_noise(differentiable=True)  # E = std * N(0, 1), with a graph to log_std
+    raw_mean.requires_grad_(True)
+    latent.requires_grad_(True)
+    clip = head.clip_mean
+    mean = torch.nn.functional.hardtanh(raw_mean, -clip, clip) if clip > 0 else raw_mean
+    action, log_prob = head.rsample(torch.cat([mean, latent], dim=-1))
+    loss = (weights_action * action).sum() + (weights_log_prob * log_prob).sum()
+    expected = torch.autograd.grad(loss, [raw_mean, latent, head.log_std])
+    with torch.no_grad():
+        m_action, m_log_prob, terms = head.manual_rsample(raw_mean.detach(), latent.detach())
+        grad_mean, grad_latent = head.manual_grad(terms, weights_action, weights_log_prob)
+    assert torch.allclose(m_action, action, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(m_log_prob, log_prob, rtol=1e-12, atol=1e-12)
+    for grad, reference in zip((grad_mean, grad_latent, head.log_std.grad), expected):
+        assert torch.allclose(grad, reference, rtol=1e-9, atol=1e-9)
+    assert head.log_std.grad.abs().min() > 0 and grad_latent.abs().min() > 0
+    inside = raw_mean.detach().abs() < clip if clip > 0 else torch.ones_like(raw_mean, dtype=torch.bool)
+    assert torch.equal(grad_mean != 0, inside)
+    assert inside.sum() >= 10
+
+
 def test_categorical_samples_follow_the_softmax():
     head = CategoricalHead(1, 3, start=1)
     logits = torch.tensor([[0.0, 1.0, 2.0]]).expand(30_000, 3)
@@ -742,6 +792,15 @@ SAC_CASES = {  # (env, policy, hyperparameters)
         ),
         "MultiInputPolicy",
         {},
+    ),
+    "state-dependent exploration": (lambda: "Pendulum-v1", "MlpPolicy", dict(use_sde=True)),
+    "gSDE, expln, one std per feature, no mean clip, two actions": (
+        lambda: SpaceEnv(spaces.Box(-1, 1, (5,), np.float32), spaces.Box(-2, 2, (2,), np.float32)),
+        "MlpPolicy",
+        dict(
+            use_sde=True,
+            policy_kwargs=dict(use_expln=True, full_std=False, log_std_init=0.5, clip_mean=0.0, net_arch=[64, 32]),
+        ),
     ),
 }
 

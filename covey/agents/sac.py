@@ -17,7 +17,7 @@ from stable_baselines3.common.noise import VectorizedActionNoise
 from covey.agents.base import BaseAgent, FlatParameters, Schedule, merge_parameter_groups, require, set_train_mode
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks
-from covey.networks.distributions import SquashedGaussianHead
+from covey.networks.distributions import SquashedGaussianHead, SquashedStateDependentHead
 from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
 from covey.networks.mlp import ManualMLP
 from covey.networks.obs import batch_to_tensor
@@ -209,8 +209,9 @@ class ManualSACStep:
     its gradients straight into the optimizer's flat gradient buffer: no autograd graph, no module calls, and
     the critics in the actor's loss are differentiated with respect to the action only.
 
-    It applies (:meth:`applies`) to Box actions, weight-free encoders (``MlpPolicy`` on vector observations),
-    ``Linear`` + ReLU/Tanh trunks, the scalar value head and no critic EMA; SAC uses autograd otherwise. With
+    It applies (:meth:`applies`) to Box actions (with or without ``use_sde``), weight-free encoders (``MlpPolicy``
+    on vector observations), ``Linear`` + ReLU/Tanh trunks, the scalar value head and no critic EMA; SAC uses
+    autograd otherwise. With
     ``bf16``, the large layers' products (the 256x256 ones of SB3's default networks) run in bfloat16
     (:class:`~covey.networks.mlp.ManualMLP`), the rest in float32.
     """
@@ -220,6 +221,7 @@ class ManualSACStep:
         self.actor_net = ManualMLP(actor.trunk, actor.head.proj, bf16=bf16)
         self.critic_nets = [ManualMLP(q.trunk, q.head.proj, bf16=bf16) for q in critic.qs]
         self.target_nets = [ManualMLP(q.trunk, q.head.proj, bf16=bf16) for q in critic_target.qs]
+        self.sde = isinstance(actor.head, SquashedStateDependentHead)
 
     @staticmethod
     def applies(agent: SAC) -> bool:
@@ -228,7 +230,8 @@ class ManualSACStep:
         actor, critic = agent.actor, agent.critic
         if agent.discrete or agent.critic_ema is not None or actor.memory is not None:
             return False
-        if not isinstance(actor.head, SquashedGaussianHead) or not ManualMLP.supports(actor.trunk, actor.head.proj):
+        heads = (SquashedGaussianHead, SquashedStateDependentHead)
+        if not isinstance(actor.head, heads) or not ManualMLP.supports(actor.trunk, actor.head.proj):
             return False
         if any(True for _ in actor.encoder.parameters()) or any(True for _ in critic.encoder.parameters()):
             return False
@@ -252,9 +255,11 @@ class ManualSACStep:
     def step(self, agent: SAC, batch: ReplayBatch) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """One update of temperature, critics and actor: what :meth:`SAC._gradient_step` returns."""
         head, size = self.actor.head, batch.actions.shape[0]
+        if self.sde:  # as the autograd step: a new exploration matrix, whose draw the gradient of log_std needs
+            head.reset_noise(differentiable=True)
         obs = self.actor.encoder(batch.observations)
         params, h_pi = self.actor_net.forward(obs)
-        action, log_prob, terms = head.manual_rsample(params)
+        action, log_prob, terms = self._sample(params, h_pi)
         ent_coef = agent._ent_coef()
         stats: dict[str, torch.Tensor] = {"ent_coef": ent_coef.reshape(())}
         if agent.log_ent_coef is not None:
@@ -264,8 +269,8 @@ class ManualSACStep:
             flat.step(agent.ent_coef_optimizer)
 
         # The critics, against the target critics at the policy's next action.
-        next_params = self.actor_net.forward(self.actor.encoder(batch.next_observations))[0]
-        next_action, next_log_prob, _ = head.manual_rsample(next_params)
+        next_params, next_inputs = self.actor_net.forward(self.actor.encoder(batch.next_observations))
+        next_action, next_log_prob, _ = self._sample(next_params, next_inputs)
         next_x = torch.cat([self.critic_target.encoder(batch.next_observations), next_action], dim=-1)
         next_q = torch.stack([net.forward(next_x)[0].view(-1) for net in self.target_nets])  # (n_critics, B)
         target = soft_q_target(batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, agent.config.gamma)
@@ -291,9 +296,20 @@ class ManualSACStep:
             part = net.input_grad(inputs, grad, start=features.shape[1])
             grad_action = part if grad_action is None else grad_action.add_(part)
         grad_log_prob = (ent_coef / size).expand(size)  # d/d log pi of mean(alpha * log pi)
-        self.actor_net.backward(h_pi, head.manual_grad(terms, grad_action, grad_log_prob))
+        if self.sde:  # the head reads the latent too, and writes log_std's gradient itself
+            grad_params, grad_latent = head.manual_grad(terms, grad_action, grad_log_prob)
+            self.actor_net.backward(h_pi, grad_params, grad_latent)
+        else:
+            self.actor_net.backward(h_pi, head.manual_grad(terms, grad_action, grad_log_prob))
         agent.actor_optimizer.flat_parameters.step(agent.actor_optimizer)
         return stats, (current_q, target)
+
+    def _sample(self, params: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """The head's reparameterized sample from the actor's output ``params`` and its layers' ``inputs``
+        (gSDE's head reads the latent, the last of them)."""
+        if self.sde:
+            return self.actor.head.manual_rsample(params, inputs[-1])
+        return self.actor.head.manual_rsample(params)
 
 
 # ---------------------------------------------------------------------------- the agent

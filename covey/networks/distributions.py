@@ -236,7 +236,8 @@ class StateDependentGaussianHead(nn.Module):
             self.explorations = torch.normal(torch.zeros_like(std).expand(n, -1, -1), std.expand(n, -1, -1))
             self.exploration = torch.normal(torch.zeros_like(std), std)
         if differentiable:
-            self.exploration = self.std() * torch.randn_like(std)
+            self.exploration_noise = torch.randn_like(std)  # kept for a hand-written gradient (SAC's manual step)
+            self.exploration = self.std() * self.exploration_noise
 
     def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return params[..., : self.action_dim], params[..., self.action_dim :]
@@ -308,6 +309,56 @@ class SquashedStateDependentHead(StateDependentGaussianHead):
         a = actions.clamp(-1.0 + 1e-6, 1.0 - 1e-6)
         u = torch.atanh(a)
         return super().log_prob(params, u) - torch.log(1.0 - a.square() + self.epsilon).sum(-1)
+
+    # -- hand-differentiated training (see covey.agents.sac.ManualSACStep)
+    def manual_rsample(self, raw_mean: torch.Tensor, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """:meth:`rsample` from the mean layer's output before the clip, ``raw_mean`` ``(B, d)``, and the latent
+        ``(B, in_dim)``, with the exploration matrix of the last ``reset_noise(differentiable=True)``; and what
+        :meth:`manual_grad` needs."""
+        mean = F.hardtanh(raw_mean, -self.clip_mean, self.clip_mean) if self.clip_mean > 0 else raw_mean
+        std = self.std()
+        u = mean + latent @ self.exploration
+        scale = (latent.square() @ std.square()).add_(self.epsilon).sqrt_()
+        z = (u - mean).div_(scale)
+        gauss = (-0.5 * z.square() - scale.log() - 0.5 * _LOG_2PI).sum(-1)
+        action = torch.tanh(u)
+        squash = 1.0 - action.square() + self.epsilon
+        log_prob = gauss - squash.log().sum(-1)
+        return action, log_prob, (raw_mean, latent, std, scale, z, action, squash)
+
+    def manual_grad(
+        self, terms: tuple, grad_action: torch.Tensor, grad_log_prob: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """d(loss)/d(raw_mean) ``(B, d)`` and d(loss)/d(latent) ``(B, in_dim)`` from d(loss)/d(action) ``(B, d)``
+        and d(loss)/d(log-probability) ``(B,)`` of a :meth:`manual_rsample`; d(loss)/d(log_std) is written into
+        ``log_std.grad``. The latent is reached through the mean layer (by the caller), the noise ``latent @ E``
+        and the variance ``latent^2 @ std^2``; ``log_std`` through ``E = std * N(0, 1)`` and the variance."""
+        raw_mean, latent, std, scale, z, action, squash = terms
+        grad_log_prob = grad_log_prob.unsqueeze(-1)
+        z_over_scale = z / scale
+        # u = mean + latent @ E: tanh's derivative for the action, and for the log-probability the Gaussian's
+        # -z / scale and the correction's 2 a (1 - a^2) / (1 - a^2 + eps), where the correction is log(1 - a^2 + eps).
+        # The mean moves u and the Gaussian's centre together, so its z / scale terms cancel (written out: exact).
+        slope = 1.0 - action * action
+        grad_mean = slope * grad_action + grad_log_prob * (2.0 * action * slope / squash)
+        grad_u = grad_mean - grad_log_prob * z_over_scale
+        # scale = sqrt(latent^2 @ std^2 + eps): d(-z^2 / 2 - log scale)/d scale = (z^2 - 1) / scale
+        grad_variance = grad_log_prob * (z * z - 1.0) / (2.0 * scale * scale)
+        variance_weights = std.square()
+        grad_latent = grad_u @ self.exploration.t() + 2.0 * latent * (grad_variance @ variance_weights.t())
+        grad_std = (latent.t() @ grad_u).mul_(self.exploration_noise)  # E = std * noise
+        grad_std += 2.0 * std * (latent.square().t() @ grad_variance)
+        log_std = self.log_std
+        if log_std.shape[1] != grad_std.shape[1]:  # full_std=False: one std per latent feature, for every action
+            grad_std = grad_std.sum(-1, keepdim=True)
+        if self.use_expln:  # exp below 0, log1p(x) + 1 above
+            d_std = torch.where(log_std <= 0, log_std.clamp_max(0.0).exp(), 1.0 / (1.0 + log_std.clamp_min(0.0)))
+        else:
+            d_std = log_std.exp()
+        torch.mul(grad_std, d_std, out=log_std.grad)
+        if self.clip_mean > 0:  # the clip passes gradients strictly inside (-clip_mean, clip_mean), as hardtanh's
+            grad_mean.mul_((raw_mean > -self.clip_mean) & (raw_mean < self.clip_mean))
+        return grad_mean, grad_latent
 
 
 def make_action_head(space: spaces.Space, in_dim: int, log_std_init: float = 0.0, sde: dict | None = None) -> nn.Module:

@@ -163,10 +163,15 @@ class ManualMLP:
             h = h.tanh_() if kind == "tanh" else h.relu_()
         return torch.addmm(self.biases[-1], h, self.weights_t[-1])
 
-    def backward(self, inputs: list[torch.Tensor], grad_out: torch.Tensor) -> None:
-        """Write d(loss)/d(weights and biases) into their ``.grad`` from ``grad_out`` = d(loss)/d(output)."""
+    def backward(
+        self, inputs: list[torch.Tensor], grad_out: torch.Tensor, grad_latent: torch.Tensor | None = None
+    ) -> None:
+        """Write d(loss)/d(weights and biases) into their ``.grad`` from ``grad_out`` = d(loss)/d(output), and
+        ``grad_latent`` = d(loss)/d(the last hidden layer's output) along paths that skip the output layer (an
+        action head that reads the latent itself, as gSDE's does)."""
         g = grad_out  # (B, out)
         plan = self._plan(g.shape[0])
+        last = len(self.weights) - 1
         for i in range(len(self.weights) - 1, -1, -1):
             narrow = self.narrow[i]
             if plan[i] and self.bf16:  # (out, B) @ (B, in), rounded to float32 by the copy
@@ -180,7 +185,7 @@ class ManualMLP:
             torch.sum(g, 0, out=self.bias_grads[i])
             if i == 0:
                 break
-            g = self._below(i, g, inputs, plan)
+            g = self._below(i, g, inputs, plan, grad_latent if i == last else None)
 
     def input_grad(self, inputs: list[torch.Tensor], grad_out: torch.Tensor, start: int = 0) -> torch.Tensor:
         """d(loss)/d(input) ``(B, in - start)`` for the input's columns from ``start`` on, from ``grad_out`` =
@@ -197,8 +202,11 @@ class ManualMLP:
             return torch.mm(weight.t(), g.t()).t()
         return torch.mm(g, weight)
 
-    def _below(self, i: int, g: torch.Tensor, inputs: list[torch.Tensor], plan: list[bool]) -> torch.Tensor:
-        """d(loss)/d(output of layer i - 1) ``(B, in)`` from ``g`` = d(loss)/d(output of layer i)."""
+    def _below(
+        self, i: int, g: torch.Tensor, inputs: list[torch.Tensor], plan: list[bool], extra: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """d(loss)/d(output of layer i - 1) ``(B, in)`` from ``g`` = d(loss)/d(output of layer i), plus ``extra``
+        = d(loss)/d(that output's activations) along other paths."""
         weight = self.weights[i]
         if plan[i]:
             g = self._large_input_grad(g, weight)
@@ -206,6 +214,8 @@ class ManualMLP:
             g = g * weight
         else:
             g = torch.mm(g, weight)
+        if extra is not None:
+            g.add_(extra)  # g is a new tensor here
         if self.kinds[i - 1] == "tanh":
             return torch.ops.aten.tanh_backward(g, inputs[i])  # g * (1 - h^2)
         return torch.ops.aten.threshold_backward(g, inputs[i], 0.0)  # g * (h > 0)
