@@ -166,12 +166,12 @@ def products_row(timed: Timer, what: str, step: Callable[[], object], calls: int
     return what, f"its matrix products alone ({len(products.calls) // per} per call)", alone, "the whole of it", whole
 
 
-def collected_ppo(n_envs: int, manual: bool, **kwargs) -> PPO:
+def collected_ppo(n_envs: int, manual: bool, env_id: str = "CartPole-v1", **kwargs) -> PPO:
     """A PPO model with one rollout collected (values, log-probs, advantages in its buffer)."""
     previous = PPO.manual_gradients
     PPO.manual_gradients = manual
     try:
-        model = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs, seed=0), seed=0, **kwargs)
+        model = PPO("MlpPolicy", make_vec_env(env_id, n_envs, seed=0), seed=0, **kwargs)
     finally:
         PPO.manual_gradients = previous
     _, callback = model._setup_learn(10**9, None, True, "ablation", False)
@@ -248,6 +248,14 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
 
         t_numpy, t_torch = timed.pair(in_numpy, in_torch, 2000)
         rows.append((f"{what}, VecEnv array to env actions", "NumPy", t_numpy, "PyTorch", t_torch))
+    # RL-Zoo's Pendulum settings with use_sde (benchmarks.compare's ppo_pendulum_sde)
+    sde = dict(n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3, use_sde=True)
+    manual, auto = (collected_ppo(4, on, "Pendulum-v1", sde_sample_freq=4, **sde) for on in (True, False))
+    assert manual._manual is not None and auto._manual is None
+    minibatches = manual.n_epochs * -(-manual.n_steps * 4 // manual.batch_size)
+    t_manual, t_auto = (t / minibatches for t in timed.pair(manual.train, auto.train, 1))
+    what = "PPO update per minibatch, Pendulum with use_sde (4 envs, batch 64)"
+    rows.append((what, "hand-written gradients", t_manual, "autograd", t_auto))
     n_envs, kwargs = PPO_SETTINGS["8 envs (batch 256)"]
     wide = collected_ppo(n_envs, True, **kwargs, policy_kwargs=dict(net_arch=[256, 256]))
     minibatches = wide.n_epochs * -(-wide.n_steps * n_envs // wide.batch_size)

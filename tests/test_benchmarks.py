@@ -116,6 +116,8 @@ def test_fast_paths_smoke():
     assert "float32 linear layer 256x256x256, forward" in measurements
     assert "linear layer 4 -> 256 on 256 samples, forward and backward" in measurements
     assert "PPO update per minibatch, 256x256 MLPs (batch 256)" in measurements
+    sde = "PPO update per minibatch, Pendulum with use_sde (4 envs, batch 64)"
+    assert [row[1:4:2] for row in rows if row[0] == sde] == [["hand-written gradients", "autograd"]]
     assert not any("torch.compile" in row[1] for row in rows)
     products = [row for row in rows if row[1].startswith("its matrix products alone (")]
     assert [row[0] for row in products] == [

@@ -20,6 +20,7 @@ from covey.networks.distributions import (
     DiagGaussianHead,
     SquashedGaussianHead,
     SquashedStateDependentHead,
+    StateDependentGaussianHead,
 )
 from covey.networks.mlp import ManualMLP, mlp
 
@@ -438,6 +439,38 @@ def test_squashed_gaussian_sample_and_gradients_equal_autograd():
 
 @pytest.mark.parametrize(
     "settings",
+    [dict(), dict(full_std=False, use_expln=True)],
+    ids=["PPO's defaults", "one std per feature, expln"],
+)
+def test_state_dependent_terms_and_gradients_equal_autograd(settings):
+    """PPO's gSDE head (``use_sde=True``), by hand: log-probabilities and entropies from the means and the
+    latent, d(loss)/d(mean) and d(loss)/d(log_std) (through the variance, the latent entering it detached)
+    as autograd has them, for log-stds on both sides of 0. In float64."""
+    torch.manual_seed(0)
+    head = StateDependentGaussianHead(5, 2, **settings).double()
+    with torch.no_grad():
+        head.log_std.copy_(torch.linspace(-1.5, 0.5, head.log_std.numel()).view_as(head.log_std))
+    head.log_std.grad = torch.zeros_like(head.log_std)
+    mean = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
+    latent = torch.randn(7, 5, dtype=torch.float64) * 0.5
+    actions = torch.randn(7, 2, dtype=torch.float64)
+    weights = torch.randn(7, dtype=torch.float64)
+    params = torch.cat([mean, latent], dim=-1)
+    log_prob, entropy = head.log_prob(params, actions), head.entropy(params)
+    loss = (weights * log_prob).sum() - 0.3 * entropy.sum()
+    expected = torch.autograd.grad(loss, [mean, head.log_std])
+    with torch.no_grad():
+        m_log_prob, m_entropy, terms = head.manual_terms(mean.detach(), head.manual_actions(actions), latent)
+        grad_mean = head.manual_grad(terms, weights, -0.3)
+    assert torch.allclose(m_log_prob, log_prob, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(m_entropy, entropy, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(grad_mean, expected[0], rtol=1e-9, atol=1e-9)
+    assert torch.allclose(head.log_std.grad, expected[1], rtol=1e-9, atol=1e-9)
+    assert head.log_std.grad.abs().min() > 0 and grad_mean.abs().min() > 0
+
+
+@pytest.mark.parametrize(
+    "settings",
     [
         dict(),
         dict(full_std=False, use_expln=True, clip_mean=0.0),
@@ -616,6 +649,14 @@ CASES = {
     "relu, other widths": (
         "CartPole-v1",
         dict(batch_size=64, policy_kwargs=dict(activation_fn=nn.ReLU, net_arch=dict(pi=[32], vf=[16, 16]))),
+    ),
+    "gSDE, clipping, entropy bonus": (
+        "Pendulum-v1",
+        dict(batch_size=32, learning_rate=0.01, n_epochs=4, ent_coef=0.02, use_sde=True, sde_sample_freq=4),
+    ),
+    "gSDE, expln, one std per feature": (
+        "Pendulum-v1",
+        dict(batch_size=32, use_sde=True, policy_kwargs=dict(use_expln=True, full_std=False, log_std_init=0.5)),
     ),
 }
 

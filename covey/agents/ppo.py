@@ -28,7 +28,7 @@ from covey.networks.actor_critic import (
     build_actor_critic,
     memory_settings,
 )
-from covey.networks.distributions import CategoricalHead, DiagGaussianHead
+from covey.networks.distributions import CategoricalHead, DiagGaussianHead, StateDependentGaussianHead
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import FlattenEncoder
 from covey.networks.mlp import ManualMLP
@@ -239,18 +239,33 @@ class ManualPPOUpdate:
     into the optimizer's flat gradient buffer, and the logged statistics are reduced once per update.
 
     It applies (:meth:`applies`) to weight-free encoders (``MlpPolicy`` on vector, Discrete or
-    MultiBinary observations), ``Linear`` + Tanh/ReLU trunks, a Discrete or Box action head, the scalar
-    value head, no value clipping, no critic EMA and no recurrent memory; PPO uses autograd otherwise.
+    MultiBinary observations), ``Linear`` + Tanh/ReLU trunks, a Discrete or Box action head (with or without
+    ``use_sde``), the scalar value head, no value clipping, no critic EMA and no recurrent memory; PPO uses
+    autograd otherwise.
     """
+
+    HEADS = (CategoricalHead, DiagGaussianHead, StateDependentGaussianHead)
 
     def __init__(self, actor: Actor, critic: Critic) -> None:
         self.actor, self.critic = actor, critic
         self.policy_net = ManualMLP(actor.trunk, actor.head.proj)
         self.value_net = ManualMLP(critic.trunk, critic.value_head.proj)
+        self.sde = type(actor.head) is StateDependentGaussianHead  # its terms read the latent too
 
     def act(self, obs: ObsTensor) -> torch.Tensor:
-        """Sampled actions for a batch of observations: :meth:`Actor.act` without the module calls."""
+        """Sampled actions for a batch of observations: :meth:`Actor.act` without the module calls (gSDE's
+        head, whose noise reads the latent: :meth:`Actor.act`)."""
+        if self.sde:
+            return self.actor.act(obs)
         return self.actor.head.sample(self.policy_net.infer(self.actor.encoder(obs)))
+
+    def _terms(self, x: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple, list]:
+        """The policy's log-probabilities, entropies and gradient terms for encoded observations ``x`` and
+        stored ``actions`` (in the head's form), and its layers' inputs (for the backward)."""
+        params, inputs = self.policy_net.forward(x)
+        if self.sde:
+            return (*self.actor.head.manual_terms(params, actions, inputs[-1]), inputs)
+        return (*self.actor.head.manual_terms(params, actions), inputs)
 
     @torch.no_grad()
     def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,8 +273,7 @@ class ManualPPOUpdate:
         the first update's probability ratios start at exactly 1)."""
         x_pi = self.actor.encoder(obs)
         x_v = x_pi if self.critic.encoder is self.actor.encoder else self.critic.encoder(obs)
-        head = self.actor.head
-        log_prob = head.manual_terms(self.policy_net.forward(x_pi)[0], head.manual_actions(actions))[0]
+        log_prob = self._terms(x_pi, self.actor.head.manual_actions(actions))[0]
         return self.value_net.forward(x_v)[0].view(-1), log_prob
 
     @torch.no_grad()
@@ -273,7 +287,7 @@ class ManualPPOUpdate:
         exactly the trunk and head parameters that the hand-written gradients cover."""
         if actor.memory is not None or critic.memory is not None:
             return False
-        if type(actor.head) not in (CategoricalHead, DiagGaussianHead) or type(critic.value_head) is not ScalarHead:
+        if type(actor.head) not in ManualPPOUpdate.HEADS or type(critic.value_head) is not ScalarHead:
             return False
         if any(True for _ in actor.encoder.parameters()) or any(True for _ in critic.encoder.parameters()):
             return False
@@ -338,9 +352,8 @@ class ManualPPOUpdate:
                 epoch = (x_pi_e, x_v_e, act_e, old_e, adv_e, ret_e)
                 # one minibatch of the whole rollout takes it as it is, unsliced
                 x_pi_b, x_v_b, act_b, old_b, adv_b, ret_b = [t[start:end] for t in epoch] if shuffle else epoch
-                logits, h_pi = policy_net.forward(x_pi_b)
+                log_prob, entropy, terms, h_pi = self._terms(x_pi_b, act_b)
                 value, h_v = value_net.forward(x_v_b)
-                log_prob, entropy, terms = head.manual_terms(logits, act_b)
                 log_ratio = log_prob - old_b
                 ratio = log_ratio.exp()
                 # adv_b is -A / size: the minus of the loss and the 1 / size of its mean folded in
@@ -450,6 +463,8 @@ class NumpyActing:
     @staticmethod
     def applies(actor: Actor, manual: ManualPPOUpdate | None) -> bool:
         if manual is None or type(actor.encoder) is not FlattenEncoder or actor.encoder.scale is not None:
+            return False
+        if type(actor.head) not in (CategoricalHead, DiagGaussianHead):  # gSDE's noise acts in PyTorch
             return False
         weights = [*manual.policy_net.weights, *manual.policy_net.biases]
         if type(actor.head) is DiagGaussianHead:

@@ -263,6 +263,46 @@ class StateDependentGaussianHead(nn.Module):
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
         return (0.5 + 0.5 * _LOG_2PI + self._scale(self._split(params)[1]).log()).sum(-1)
 
+    # -- hand-differentiated training (see covey.agents.ppo.ManualPPOUpdate)
+    def manual_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Stored actions ``(N, d)`` in the form :meth:`manual_terms` takes (unchanged)."""
+        return actions
+
+    def manual_terms(
+        self, mean: torch.Tensor, actions: torch.Tensor, latent: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """Log-probabilities and entropies ``(B,)`` from the means ``(B, d)`` and the latent ``(B, in_dim)``
+        (which enters the variance without a gradient), and what :meth:`manual_grad` needs."""
+        std = self.std().detach()
+        scale = (latent.square() @ std.square()).add_(self.epsilon).sqrt_()
+        z = (actions - mean).div_(scale)
+        log_scale = scale.log()
+        d = mean.shape[-1]
+        log_prob = (-0.5 * z.square() - log_scale).sum(-1).sub_(0.5 * _LOG_2PI * d)
+        entropy = log_scale.sum(-1).add_((0.5 + 0.5 * _LOG_2PI) * d)
+        return log_prob, entropy, (latent, std, scale, z)
+
+    def manual_grad(self, terms: tuple, grad_log_prob: torch.Tensor, grad_entropy: float) -> torch.Tensor:
+        """d(loss)/d(mean) ``(B, d)`` from d(loss)/d(log-probability) ``(B,)`` and the same d(loss)/d(entropy)
+        for every sample; writes d(loss)/d(log_std) (through the variance) into ``log_std.grad``."""
+        latent, std, scale, z = terms
+        grad_log_prob = grad_log_prob.unsqueeze(-1)
+        # d log p / d mean = z / scale; d log p / d scale = (z^2 - 1) / scale; d entropy / d scale = 1 / scale
+        grad_variance = (z * z - 1.0).mul_(grad_log_prob).add_(grad_entropy).div_(2.0 * scale * scale)
+        self._write_log_std_grad(2.0 * std * (latent.square().t() @ grad_variance))
+        return (z / scale).mul_(grad_log_prob)
+
+    def _write_log_std_grad(self, grad_std: torch.Tensor) -> None:
+        """``log_std.grad`` from d(loss)/d(std()) ``(in_dim, d)``."""
+        log_std = self.log_std
+        if log_std.shape[1] != grad_std.shape[1]:  # full_std=False: one std per latent feature, for every action
+            grad_std = grad_std.sum(-1, keepdim=True)
+        if self.use_expln:  # exp below 0, log1p(x) + 1 above
+            d_std = torch.where(log_std <= 0, log_std.clamp_max(0.0).exp(), 1.0 / (1.0 + log_std.clamp_min(0.0)))
+        else:
+            d_std = log_std.exp()
+        torch.mul(grad_std, d_std, out=log_std.grad)
+
 
 class SquashedStateDependentHead(StateDependentGaussianHead):
     """SAC's Box actions with state-dependent exploration (SB3's SAC ``use_sde=True``): the Gaussian of
@@ -348,14 +388,7 @@ class SquashedStateDependentHead(StateDependentGaussianHead):
         grad_latent = grad_u @ self.exploration.t() + 2.0 * latent * (grad_variance @ variance_weights.t())
         grad_std = (latent.t() @ grad_u).mul_(self.exploration_noise)  # E = std * noise
         grad_std += 2.0 * std * (latent.square().t() @ grad_variance)
-        log_std = self.log_std
-        if log_std.shape[1] != grad_std.shape[1]:  # full_std=False: one std per latent feature, for every action
-            grad_std = grad_std.sum(-1, keepdim=True)
-        if self.use_expln:  # exp below 0, log1p(x) + 1 above
-            d_std = torch.where(log_std <= 0, log_std.clamp_max(0.0).exp(), 1.0 / (1.0 + log_std.clamp_min(0.0)))
-        else:
-            d_std = log_std.exp()
-        torch.mul(grad_std, d_std, out=log_std.grad)
+        self._write_log_std_grad(grad_std)
         if self.clip_mean > 0:  # the clip passes gradients strictly inside (-clip_mean, clip_mean), as hardtanh's
             grad_mean.mul_((raw_mean > -self.clip_mean) & (raw_mean < self.clip_mean))
         return grad_mean, grad_latent
