@@ -405,3 +405,21 @@ def test_compare_twins_have_the_same_sb3_side():
         for suite in task.budgets:
             assert task.sb3_side(suite) == lead.sb3_side(suite)
             assert task.kwargs(suite, "sb3") == lead.kwargs(suite, "sb3")
+
+
+def test_manual_vs_autograd_smoke():
+    """Both gSDE tasks trained with hand-written gradients and with autograd (the script refuses a task whose
+    networks the hand-written step does not cover), one row per task with a positive time ratio; the two
+    variants' returns on the same seed stay close (the same losses, rounded differently)."""
+    command = [sys.executable, "-m", "benchmarks.manual_vs_autograd", "--scale", "0.02", "--seeds", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert list(rows) == ["ppo_pendulum_sde", "sac_pendulum_sde"]
+    for row in rows.values():
+        assert number(cell(row, "hand-written s")) > 0 and number(cell(row, "time ratio")) > 0
+        manual, autograd = number(cell(row, "hand-written return")), number(cell(row, "autograd return"))
+        assert abs(manual - autograd) <= 0.05 * abs(autograd) + 1.0
+    assert result.stderr.count("hand-written:") == 2 and result.stderr.count("autograd:") == 2
+    bad = subprocess.run([*command[:3], "--tasks", "ppo_cartpole_1env"], capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2 and "unknown tasks ['ppo_cartpole_1env']" in bad.stderr
