@@ -86,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"| {median_range([r for _, r in results[False]], '.1f')} |"
         )
     print("\n".join(lines))
-    print(f"\ncommand: python -m benchmarks.manual_vs_autograd {' '.join(argv if argv is not None else sys.argv[1:])}")
+    words = ["python -m benchmarks.manual_vs_autograd", *(argv if argv is not None else sys.argv[1:])]
+    print(f"\ncommand: {' '.join(words)}")
     print(f"seeds: {args.seeds}, torch threads: {args.threads}; CPU: {cpu_description()}")
 
 
