@@ -213,6 +213,7 @@ class StateDependentGaussianHead(nn.Module):
         self.in_dim, self.action_dim, self.use_expln = in_dim, action_dim, use_expln
         self.log_std = nn.Parameter(torch.full((in_dim, action_dim if full_std else 1), float(log_std_init)))
         self.exploration: torch.Tensor | None = None  # E for one observation (or a batch of another size)
+        self.exploration_noise: torch.Tensor | None = None  # E / std of the last differentiable draw
         self.explorations: torch.Tensor | None = None  # one E per env, (n, in_dim, d)
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:

@@ -168,7 +168,7 @@ class ManualMLP:
     ) -> None:
         """Write d(loss)/d(weights and biases) into their ``.grad`` from ``grad_out`` = d(loss)/d(output), and
         ``grad_latent`` = d(loss)/d(the last hidden layer's output) along paths that skip the output layer (an
-        action head that reads the latent itself, as gSDE's does)."""
+        action head that reads the latent itself, as gSDE's does; without hidden layers no weight is below it)."""
         g = grad_out  # (B, out)
         plan = self._plan(g.shape[0])
         last = len(self.weights) - 1
