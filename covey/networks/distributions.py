@@ -274,8 +274,7 @@ class StateDependentGaussianHead(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """Log-probabilities and entropies ``(B,)`` from the means ``(B, d)`` and the latent ``(B, in_dim)``
         (which enters the variance without a gradient), and what :meth:`manual_grad` needs."""
-        std = self.std().detach()
-        scale = (latent.square() @ std.square()).add_(self.epsilon).sqrt_()
+        std, scale = self.std().detach(), self._scale(latent)
         z = (actions - mean).div_(scale)
         log_scale = scale.log()
         d = mean.shape[-1]
@@ -357,9 +356,8 @@ class SquashedStateDependentHead(StateDependentGaussianHead):
         ``(B, in_dim)``, with the exploration matrix of the last ``reset_noise(differentiable=True)``; and what
         :meth:`manual_grad` needs."""
         mean = F.hardtanh(raw_mean, -self.clip_mean, self.clip_mean) if self.clip_mean > 0 else raw_mean
-        std = self.std()
+        std, scale = self.std(), self._scale(latent)
         u = mean + latent @ self.exploration
-        scale = (latent.square() @ std.square()).add_(self.epsilon).sqrt_()
         z = (u - mean).div_(scale)
         gauss = (-0.5 * z.square() - scale.log() - 0.5 * _LOG_2PI).sum(-1)
         action = torch.tanh(u)
