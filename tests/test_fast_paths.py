@@ -579,7 +579,6 @@ def ppo_test_env(env_id: str):
     [
         dict(env_id="discrete observations"),
         dict(policy="CnnPolicy", env_id="image"),
-        dict(env_id="Pendulum-v1", use_sde=True),
         dict(policy="MlpLstmPolicy"),
         dict(policy_kwargs=dict(value_head="twohot")),
     ],
@@ -592,6 +591,30 @@ def test_numpy_acting_applies_only_with_the_manual_update_and_a_flatten_encoder(
     before = [p.detach().clone() for p in model.actor.parameters()]
     model.learn(32)
     assert any(not torch.equal(p, q) for p, q in zip(model.actor.parameters(), before))
+
+
+def test_numpy_acting_with_gsde_gives_the_modules_actions_without_drawing():
+    """``use_sde=True``: NumPy acting adds ``latent @ E`` from the exploration matrices drawn in PyTorch (one per
+    env for a batch of every env, the single one otherwise), as ``Actor.act`` does, and draws nothing from
+    NumPy's generator; a new draw of the matrices changes the actions."""
+    model = PPO("MlpPolicy", make_vec_env("Pendulum-v1", 3, seed=0), n_steps=16, batch_size=16, use_sde=True, seed=0)
+    assert model._manual is not None and model._numpy_acting is not None
+    head = model.actor.head
+    head.reset_noise(3)
+    obs = np.random.default_rng(1).standard_normal((3, 3)).astype(np.float32)
+    for rows in (obs, obs[:1], obs[:2]):
+        state = np.random.get_state()
+        actions = model._numpy_acting.act(rows)
+        assert np.array_equal(np.random.get_state()[1], state[1])
+        with torch.no_grad():
+            expected = model.actor.act(torch.as_tensor(rows)).numpy()
+        assert actions.shape == expected.shape and np.allclose(actions, expected, atol=1e-5)
+    mean = model._numpy_acting.forward(obs)
+    assert np.abs(model._numpy_acting.act(obs) - mean).min() > 0  # the noise is there, per row
+    before = model._numpy_acting.act(obs)
+    head.reset_noise(3)
+    assert not np.allclose(model._numpy_acting.act(obs), before)
+    model.learn(32)  # collecting and training with it
 
 
 def test_numpy_acting_can_be_switched_off(monkeypatch):

@@ -443,8 +443,10 @@ class NumpyActing:
     us) and NumPy's a fraction of it: acting on one CartPole observation takes about a quarter of the time of
     the same operations in PyTorch. The forward is the modules' (float32, ``np.tanh`` / ReLU); actions are
     sampled with NumPy's global generator (which ``seed=`` seeds, as it seeds PyTorch's): a Discrete action
-    by Gumbel-max over the logits, a Box action as ``mean + std * N(0, 1)``. Training is unchanged: the
-    rollout's log-probabilities are computed in PyTorch after it (:meth:`ManualPPOUpdate.evaluate`).
+    by Gumbel-max over the logits, a Box action as ``mean + std * N(0, 1)``; with ``use_sde`` as ``mean + latent
+    @ E``, from the exploration matrices that ``reset_noise`` drew in PyTorch (nothing is drawn here). Training
+    is unchanged: the rollout's log-probabilities are computed in PyTorch after it
+    (:meth:`ManualPPOUpdate.evaluate`).
 
     It applies (:meth:`applies`) to float32 CPU networks behind a plain :class:`FlattenEncoder` (Box or
     MultiBinary observations, no scaling).
@@ -456,23 +458,27 @@ class NumpyActing:
         self.biases = [bias.numpy() for bias in net.biases]
         self.kinds = net.kinds
         head = actor.head
+        self.head = head
         self.categorical = isinstance(head, CategoricalHead)
+        self.sde = type(head) is StateDependentGaussianHead  # noise from its exploration matrices, read per call
         self.start = head.start if self.categorical else 0
-        self.log_std = None if self.categorical else head.log_std.detach().numpy()
+        self.log_std = None if self.categorical or self.sde else head.log_std.detach().numpy()
 
     @staticmethod
     def applies(actor: Actor, manual: ManualPPOUpdate | None) -> bool:
         if manual is None or type(actor.encoder) is not FlattenEncoder or actor.encoder.scale is not None:
             return False
-        if type(actor.head) not in (CategoricalHead, DiagGaussianHead):  # gSDE's noise acts in PyTorch
-            return False
         weights = [*manual.policy_net.weights, *manual.policy_net.biases]
-        if type(actor.head) is DiagGaussianHead:
+        if type(actor.head) in (DiagGaussianHead, StateDependentGaussianHead):
             weights.append(actor.head.log_std)
         return all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights)
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
         """Logits or means ``(B, out)`` for a batch of observations, as float32."""
+        return self._output(self._latent(obs))
+
+    def _latent(self, obs: np.ndarray) -> np.ndarray:
+        """The trunk's output ``(B, hidden)`` for a batch of observations."""
         h = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
         for weight_t, bias, kind in zip(self.weights_t, self.biases, self.kinds):
             h = h @ weight_t
@@ -481,12 +487,23 @@ class NumpyActing:
                 np.tanh(h, out=h)
             else:
                 np.maximum(h, 0.0, out=h)
-        out = h @ self.weights_t[-1]
+        return h
+
+    def _output(self, latent: np.ndarray) -> np.ndarray:
+        out = latent @ self.weights_t[-1]
         out += self.biases[-1]
         return out
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """A sampled action per observation: ``(B,)`` int64 for Discrete, ``(B, d)`` float32 for Box."""
+        if self.sde:  # as StateDependentGaussianHead.sample: mean + latent @ E, E drawn by reset_noise (no draw here)
+            head, latent = self.head, self._latent(obs)
+            out = self._output(latent)
+            if head.exploration is None:
+                head.reset_noise()
+            if head.explorations is not None and len(latent) == len(head.explorations) > 1:  # each row its own E
+                return out + np.matmul(latent[:, None, :], head.explorations.detach().numpy())[:, 0]
+            return out + latent @ head.exploration.detach().numpy()
         out = self.forward(obs)
         if self.categorical:
             # Gumbel-max: -log(E), E ~ Exp(1), is Gumbel noise; E is kept above 0 (log(0)).
