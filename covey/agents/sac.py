@@ -211,9 +211,8 @@ class ManualSACStep:
 
     It applies (:meth:`applies`) to Box actions (with or without ``use_sde``), weight-free encoders (``MlpPolicy``
     on vector observations), ``Linear`` + ReLU/Tanh trunks, the scalar value head and no critic EMA; SAC uses
-    autograd otherwise. With
-    ``bf16``, the large layers' products (the 256x256 ones of SB3's default networks) run in bfloat16
-    (:class:`~covey.networks.mlp.ManualMLP`), the rest in float32.
+    autograd otherwise. With ``bf16``, the large layers' products (the 256x256 ones of SB3's default networks)
+    run in bfloat16 (:class:`~covey.networks.mlp.ManualMLP`), the rest in float32.
     """
 
     def __init__(self, actor: Any, critic: Any, critic_target: Any, bf16: bool = False) -> None:
