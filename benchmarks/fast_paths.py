@@ -40,6 +40,7 @@ from benchmarks.common import cpu_description
 from benchmarks.poca_vs_supersuit import make_poca
 from covey import POCA, PPO, SAC
 from covey.agents import base as base_module
+from covey.agents import poca as poca_module
 from covey.agents.base import FlatParameters
 from covey.agents.poca import poca_objective, poca_outputs
 from covey.agents.ppo import ppo_loss
@@ -485,6 +486,23 @@ def sac_model(bf16: bool = False, manual: bool = True, timesteps: int = 400, **k
     return model.learn(timesteps)
 
 
+def rounding_per_product(model: SAC) -> Callable[[], None]:
+    """A gradient step of ``model`` (``bf16_matmuls=True``) whose products each round their weight to bfloat16
+    again, as before ``ManualMLP.hold_weights16`` (the same numbers: only the rounding is repeated)."""
+    nets = [model._manual.actor_net, *model._manual.critic_nets, *model._manual.target_nets]
+
+    def step() -> None:
+        for net in nets:
+            net.hold_weights16 = net.release_weights16  # nothing is held
+        try:
+            model.train(1, 256)
+        finally:
+            for net in nets:
+                del net.hold_weights16
+
+    return step
+
+
 class StackedCritics:
     """A SAC model's critics run as one network whose layers hold every critic's layer: the first layers, on the
     same input, as one product; the later ones as batched products (``bmm``, in MKL on every CPU), every ReLU
@@ -579,6 +597,12 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         (
             "SAC gradient step, Pendulum 256x256, bf16_matmuls=True",
             *timed.versus("hand-written gradients", steps(bf16), "autograd under autocast", steps(bf16_auto), 40),
+        ),
+        (
+            "SAC gradient step, Pendulum 256x256, bf16_matmuls=True",
+            *timed.versus(
+                "weights rounded once per change", steps(bf16), "per product", rounding_per_product(bf16), 40
+            ),
         ),
         products_row(timed, "SAC gradient step, Pendulum 256x256, hand-written", steps(fp32), 40),
     ]
@@ -791,6 +815,20 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
                 "autograd",
                 with_setting(update(models[128]), "SET_ATTENTION_BY_HAND", False, attention_module),
                 30,
+            ),
+        )
+    )
+    rollout = models[128]
+    groups = rollout.rollout_buffer.present.shape[0] * rollout.rollout_buffer.present.shape[1]
+    rows.append(
+        (
+            f"POCA rollout evaluation, {groups} group-steps of 3",
+            *timed.versus(
+                "passes of 256",
+                with_setting(rollout._evaluate_rollout, "_EVAL_CHUNK", 256, poca_module),
+                "one pass",
+                with_setting(rollout._evaluate_rollout, "_EVAL_CHUNK", groups, poca_module),
+                5,
             ),
         )
     )

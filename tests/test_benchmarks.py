@@ -103,11 +103,17 @@ def test_fast_paths_smoke():
     assert "input gradient of a 4 -> 256 layer on 256 samples" in measurements
     assert ["SAC gradient step, Pendulum 256x256", "hand-written gradients"] in [row[:2] for row in rows]
     bf16_rows = [row for row in rows if row[0] == "SAC gradient step, Pendulum 256x256, bf16_matmuls=True"]
-    assert [row[1] for row in bf16_rows] == ["hand-written gradients"]
+    assert [row[1:4:2] for row in bf16_rows] == [
+        ["hand-written gradients", "autograd under autocast"],
+        ["weights rounded once per change", "per product"],
+    ]
     sde_rows = [row for row in rows if row[0] == "SAC gradient step, Pendulum 256x256, use_sde=True"]
     assert [row[1:4:2] for row in sde_rows] == [["hand-written gradients", "autograd"]]
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
     assert measurements.count("POCA update per minibatch, 256 groups of 3") == 4
+    assert [row[1:4:2] for row in rows if row[0] == "POCA rollout evaluation, 1024 group-steps of 3"] == [
+        ["passes of 256", "one pass"]
+    ]
     softmax = "set attention's masked softmax over 6 entities, 256x4x12, forward"
     assert [row[1] for row in rows if row[0] == softmax] == [
         "keys first (6, 256, 4, 12)",

@@ -384,6 +384,61 @@ def test_manual_mlp_with_bfloat16_products_equals_its_autograd_reference(monkeyp
         assert torch.allclose(manual.forward(x[:8].detach())[0], plain[:8], atol=1e-5)
 
 
+def test_manual_mlp_holds_bfloat16_weights_until_released():
+    """``hold_weights16``: the products multiply with one bfloat16 copy of each large layer's weights, the same
+    numbers as rounding them per product, until the weights are held again or released; backward reuses the
+    bfloat16 inputs that forward made and gives the gradients of a plain list of inputs (rounded anew)."""
+    torch.manual_seed(0)
+    trunk, out = mlp(4, [256, 256], nn.ReLU), nn.Linear(256, 1)
+    params = [*trunk.parameters(), *out.parameters()]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    manual = ManualMLP(trunk, out, bf16=True)
+    x, grad_out = torch.randn(64, 4), torch.randn(64, 1)
+    with torch.no_grad():
+        fresh, _ = manual.forward(x)
+        manual.hold_weights16()
+        held, inputs = manual.forward(x)
+        assert torch.equal(held, fresh)
+        assert list(inputs.bf16) == [1] and torch.equal(inputs.bf16[1], inputs[1].to(torch.bfloat16))
+        manual.backward(inputs, grad_out)
+        grads = [p.grad.clone() for p in params]
+        manual.backward(list(inputs), grad_out)  # no bfloat16 copies kept: each is made again
+        assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
+        assert torch.equal(manual.input_grad(inputs, grad_out, start=2), manual.input_grad(list(inputs), grad_out, 2))
+        trunk[2].weight.add_(0.5)  # the large layer's weights change
+        stale, _ = manual.forward(x)
+        assert torch.equal(stale, held)  # the held copy is what multiplies
+        manual.hold_weights16()
+        renewed, _ = manual.forward(x)
+        manual.release_weights16()
+        unheld, _ = manual.forward(x)
+    assert not torch.equal(renewed, held) and torch.equal(renewed, unheld)
+    assert torch.allclose(unheld, bf16_reference(trunk, out, x, [False, True, False]), atol=1e-5)
+
+
+def test_sac_bf16_steps_with_held_weights_equal_rounding_per_product():
+    """ManualSACStep holds each network's bfloat16 weights for a step and the critics' again after their optimizer
+    step: the parameters after several steps are those of rounding every weight per product, to the bit (a
+    critic copy held across its update would make the actor's loss read the old critic)."""
+    models = []
+    for hold in (True, False):
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=100, batch_size=64, seed=0, bf16_matmuls=True)
+        model.learn(120)
+        nets = [model._manual.actor_net, *model._manual.critic_nets, *model._manual.target_nets]
+        assert all(net._plan(64) == [False, True, False] for net in nets)
+        if not hold:
+            for net in nets:
+                net.hold_weights16 = net.release_weights16
+        torch.manual_seed(3)
+        model.train(5, 64)
+        models.append(model)
+    for name in ("actor", "critic", "critic_target"):
+        for p, q in zip(getattr(models[0], name).parameters(), getattr(models[1], name).parameters()):
+            assert torch.equal(p, q), name
+    assert all(net._weights16 is None for net in [models[0]._manual.actor_net, *models[0]._manual.critic_nets])
+
+
 def test_manual_mlp_refuses_unsupported_layers():
     assert not ManualMLP.supports(mlp(3, [4], nn.ELU), nn.Linear(4, 1))
     with pytest.raises(ValueError, match="Tanh or ReLU"):

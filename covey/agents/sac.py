@@ -252,7 +252,19 @@ class ManualSACStep:
 
     @torch.no_grad()
     def step(self, agent: SAC, batch: ReplayBatch) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """One update of temperature, critics and actor: what :meth:`SAC._gradient_step` returns."""
+        """One update of temperature, critics and actor: what :meth:`SAC._gradient_step` returns. With ``bf16``
+        each network's weights are rounded to bfloat16 once for the products that use them unchanged (the
+        critics' again after their optimizer step)."""
+        nets = (self.actor_net, *self.critic_nets, *self.target_nets)
+        for net in nets:
+            net.hold_weights16()
+        try:
+            return self._step(agent, batch)
+        finally:
+            for net in nets:
+                net.release_weights16()
+
+    def _step(self, agent: SAC, batch: ReplayBatch) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
         head, size = self.actor.head, batch.actions.shape[0]
         if self.sde:  # as the autograd step: a new exploration matrix, whose draw the gradient of log_std needs
             head.reset_noise(differentiable=True)
@@ -282,6 +294,8 @@ class ManualSACStep:
         for net, (_, inputs), grad in zip(self.critic_nets, outputs, grad_q):
             net.backward(inputs, grad.unsqueeze(-1))
         agent.critic_optimizer.flat_parameters.step(agent.critic_optimizer)
+        for net in self.critic_nets:  # their bfloat16 copies of the weights before the step are stale
+            net.hold_weights16()
 
         # The actor, against the updated critics; the critics pass gradients to the action only.
         x = torch.cat([features, action], dim=-1)

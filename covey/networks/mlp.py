@@ -50,7 +50,9 @@ class ManualMLP:
     ``bf16=True``: the large layers (:func:`~covey.networks.linear.in_onednn`'s size rule) multiply in
     bfloat16: their inputs, weights and output gradients rounded to bfloat16, the products accumulated in
     float32 and rounded to bfloat16 (as under autocast), everything else in float32. Half the time of a
-    float32 product on CPUs with bfloat16 units.
+    float32 product on CPUs with bfloat16 units. Each tensor is rounded once: a layer input's bfloat16 copy
+    (kept in :class:`LayerInputs`) serves the forward product and the weight gradient, an output gradient's
+    both gradient products, and the weights' copies (:meth:`hold_weights16`) every product until they change.
 
     >>> net = mlp(3, [8], nn.Tanh)
     >>> head = nn.Linear(8, 2)
@@ -109,16 +111,37 @@ class ManualMLP:
         self.sigmoid_tanh = SIGMOID_TANH
         self.transposed_input_grads = linear_module.TRANSPOSED_INPUT_GRADS
         self._plans: dict[int, list[bool]] = {}
+        self._weights16: list[torch.Tensor | None] | None = None
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def hold_weights16(self) -> None:
+        """With ``bf16``: round the large layers' weights to bfloat16 now, and multiply with those copies until
+        :meth:`release_weights16`, instead of rounding a weight again for every product. Call it again once the
+        weights have changed (an optimizer step): the copies do not follow them."""
+        if self.bf16:
+            self._weights16 = [
+                weight.to(torch.bfloat16) if in_onednn(linear_module.ONEDNN_MIN_ROWS, n_in, n_out) else None
+                for weight, (n_out, n_in) in zip(self.weights, self.shapes)
+            ]
+
+    def release_weights16(self) -> None:
+        """Drop :meth:`hold_weights16`'s copies: every product rounds its weight again."""
+        self._weights16 = None
+
+    def _weight16(self, i: int) -> torch.Tensor:
+        held = self._weights16
+        weight = held[i] if held is not None else None
+        return self.weights[i].to(torch.bfloat16) if weight is None else weight
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, LayerInputs]:
         """The output ``(B, out)`` and the inputs of every layer (kept for :meth:`backward`)."""
-        inputs = [x]
+        inputs = LayerInputs([x])
         h = x
         plan = self._plan(x.shape[0])
         for i, (weight_t, bias, kind, large) in enumerate(zip(self.weights_t, self.biases, self.kinds, plan)):
             by_sigmoid = kind == "tanh" and self.sigmoid_tanh
             if large:
-                z = self._large_linear(i, h).mul_(2.0) if by_sigmoid else self._large_linear(i, h)
+                z = self._large_linear(i, h, inputs)
+                z = z.mul_(2.0) if by_sigmoid else z
             elif by_sigmoid:  # tanh(z) = 2 * sigmoid(2z) - 1, with the factor 2 folded into the matrix multiply
                 z = torch.addmm(bias, h, weight_t, beta=2.0, alpha=2.0)
             else:
@@ -129,7 +152,7 @@ class ManualMLP:
                 h = z.tanh_() if kind == "tanh" else z.relu_()
             inputs.append(h)
         if plan[-1]:
-            return self._large_linear(len(self.weights) - 1, h), inputs
+            return self._large_linear(len(self.weights) - 1, h, inputs), inputs
         return torch.addmm(self.biases[-1], h, self.weights_t[-1]), inputs
 
     def _plan(self, rows: int) -> list[bool]:
@@ -142,18 +165,22 @@ class ManualMLP:
             plan = self._plans[rows] = [large and in_onednn(rows, n_in, n_out) for n_out, n_in in self.shapes]
         return plan
 
-    def _large_linear(self, i: int, h: torch.Tensor) -> torch.Tensor:
-        """Layer ``i``'s output ``h @ W^T + b`` in float32, its product in bfloat16 (``bf16``) or oneDNN."""
+    def _large_linear(self, i: int, h: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+        """Layer ``i``'s output ``h @ W^T + b`` in float32, its product in bfloat16 (``bf16``, keeping the input's
+        bfloat16 copy in ``inputs`` for the weight gradient) or oneDNN."""
         if self.bf16:
-            product = torch.mm(h.to(torch.bfloat16), self.weights[i].to(torch.bfloat16).t())
+            h16 = inputs.bf16[i] = h.to(torch.bfloat16)
+            product = torch.mm(h16, self._weight16(i).t())
             return torch.add(product, self.biases[i])  # bfloat16 + float32: a float32 result
         return onednn_linear(h, self.weights[i], self.biases[i])
 
-    def _large_input_grad(self, g: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``g @ weight`` in float32 for a large layer's ``weight`` ``(out, in)``: in bfloat16 or oneDNN."""
+    def _large_input_grad(self, i: int, g: torch.Tensor, g16: torch.Tensor | None, start: int = 0) -> torch.Tensor:
+        """``g @ W[:, start:]`` in float32 for large layer ``i``: in bfloat16 (from ``g16``, ``g``'s bfloat16 copy
+        when the caller has one) or oneDNN."""
         if self.bf16:
-            return torch.mm(g.to(torch.bfloat16), weight.to(torch.bfloat16)).float()
-        return onednn_linear(g, weight.t())
+            g16 = g.to(torch.bfloat16) if g16 is None else g16
+            return torch.mm(g16, self._weight16(i)[:, start:]).float()
+        return onednn_linear(g, self.weights[i][:, start:].t())
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         """The output ``(B, out)`` with the exact activations, as the modules compute it (acting)."""
@@ -174,8 +201,10 @@ class ManualMLP:
         last = len(self.weights) - 1
         for i in range(len(self.weights) - 1, -1, -1):
             narrow = self.narrow[i]
+            g16 = None
             if plan[i] and self.bf16:  # (out, B) @ (B, in), rounded to float32 by the copy
-                self.weight_grads[i].copy_(torch.mm(g.to(torch.bfloat16).t(), inputs[i].to(torch.bfloat16)))
+                g16 = g.to(torch.bfloat16)
+                self.weight_grads[i].copy_(torch.mm(g16.t(), _bf16_input(inputs, i)))
             elif plan[i]:
                 self.weight_grads[i].copy_(onednn_weight_grad(g, inputs[i]))
             elif narrow is not None:
@@ -185,7 +214,7 @@ class ManualMLP:
             torch.sum(g, 0, out=self.bias_grads[i])
             if i == 0:
                 break
-            g = self._below(i, g, inputs, plan, grad_latent if i == last else None)
+            g = self._below(i, g, inputs, plan, grad_latent if i == last else None, g16)
 
     def input_grad(self, inputs: list[torch.Tensor], grad_out: torch.Tensor, start: int = 0) -> torch.Tensor:
         """d(loss)/d(input) ``(B, in - start)`` for the input's columns from ``start`` on, from ``grad_out`` =
@@ -195,21 +224,27 @@ class ManualMLP:
         plan = self._plan(g.shape[0])
         for i in range(len(self.weights) - 1, 0, -1):
             g = self._below(i, g, inputs, plan)
-        weight = self.weights[0][:, start:]  # (out, in - start)
         if plan[0]:
-            return self._large_input_grad(g, weight)
+            return self._large_input_grad(0, g, None, start)
+        weight = self.weights[0][:, start:]  # (out, in - start)
         if self.transposed_input_grads:  # MKL is slow at few output columns, except on Intel CPUs
             return torch.mm(weight.t(), g.t()).t()
         return torch.mm(g, weight)
 
     def _below(
-        self, i: int, g: torch.Tensor, inputs: list[torch.Tensor], plan: list[bool], extra: torch.Tensor | None = None
+        self,
+        i: int,
+        g: torch.Tensor,
+        inputs: list[torch.Tensor],
+        plan: list[bool],
+        extra: torch.Tensor | None = None,
+        g16: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """d(loss)/d(output of layer i - 1) ``(B, in)`` from ``g`` = d(loss)/d(output of layer i), plus ``extra``
-        = d(loss)/d(that output's activations) along other paths."""
+        """d(loss)/d(output of layer i - 1) ``(B, in)`` from ``g`` = d(loss)/d(output of layer i) (``g16``: its
+        bfloat16 copy, if made), plus ``extra`` = d(loss)/d(that output's activations) along other paths."""
         weight = self.weights[i]
         if plan[i]:
-            g = self._large_input_grad(g, weight)
+            g = self._large_input_grad(i, g, g16)
         elif weight.shape[0] == 1:  # one output (a value head): an outer product, which MKL is slow at
             g = g * weight
         else:
@@ -219,6 +254,21 @@ class ManualMLP:
         if self.kinds[i - 1] == "tanh":
             return torch.ops.aten.tanh_backward(g, inputs[i])  # g * (1 - h^2)
         return torch.ops.aten.threshold_backward(g, inputs[i], 0.0)  # g * (h > 0)
+
+
+class LayerInputs(list):
+    """:meth:`ManualMLP.forward`'s inputs of every layer (a list), and in :attr:`bf16` the bfloat16 copies that its
+    bfloat16 products made of them, by layer, for the weight gradients to reuse."""
+
+    def __init__(self, inputs: Sequence[torch.Tensor]) -> None:
+        super().__init__(inputs)
+        self.bf16: dict[int, torch.Tensor] = {}
+
+
+def _bf16_input(inputs: list[torch.Tensor], i: int) -> torch.Tensor:
+    """Layer ``i``'s input in bfloat16: the copy its forward product made, else a new one."""
+    held = inputs.bf16.get(i) if isinstance(inputs, LayerInputs) else None
+    return inputs[i].to(torch.bfloat16) if held is None else held
 
 
 def parse_net_arch(net_arch: Sequence[int] | dict | None, keys: tuple[str, ...], default: list[int]) -> dict:
