@@ -818,6 +818,18 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             ),
         )
     )
+    rows.append(
+        (
+            f"POCA update per minibatch, {group}, every slot present",
+            *timed.versus(
+                "present agent-steps by reshape",
+                with_setting(update(models[128]), "RESHAPE_WHEN_ALL_PRESENT", True, poca_module),
+                "by boolean index",
+                with_setting(update(models[128]), "RESHAPE_WHEN_ALL_PRESENT", False, poca_module),
+                30,
+            ),
+        )
+    )
     rollout = models[128]
     groups = rollout.rollout_buffer.present.shape[0] * rollout.rollout_buffer.present.shape[1]
     rows.append(

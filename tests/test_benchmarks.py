@@ -111,6 +111,9 @@ def test_fast_paths_smoke():
     assert [row[1:4:2] for row in sde_rows] == [["hand-written gradients", "autograd"]]
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
     assert measurements.count("POCA update per minibatch, 256 groups of 3") == 4
+    assert [row[1:4:2] for row in rows if row[0].endswith("256 groups of 3, every slot present")] == [
+        ["present agent-steps by reshape", "by boolean index"]
+    ]
     assert [row[1:4:2] for row in rows if row[0] == "POCA rollout evaluation, 1024 group-steps of 3"] == [
         ["passes of 256", "one pass"]
     ]

@@ -20,9 +20,10 @@ from pettingzoo import ParallelEnv
 from stable_baselines3.common.logger import configure
 
 from covey import POCA
+from covey.agents import poca as poca_module
 from covey.agents.poca import poca_loss
 from covey.agents.ppo import clipped_surrogate_loss, value_loss
-from covey.buffers.group import GroupRolloutBuffer
+from covey.buffers.group import GroupBatch, GroupRolloutBuffer
 from covey.envs import EarlyExitEnv
 from covey.networks import attention as attention_module
 from covey.networks.attention import POCACritic, ResidualSelfAttention, _poca_sets, masked_mean, set_attention
@@ -469,6 +470,29 @@ def test_poca_loss_without_critic_weight_leaves_the_critic_alone(rollout_model):
     assert set(stats) >= {"policy_gradient_loss", "value_loss", "baseline_loss", "entropy", "approx_kl"}
     # First update of a rollout: the policy has not moved yet.
     assert stats["approx_kl"].abs() < 1e-5 and stats["clip_fraction"] == 0
+
+
+def test_all_present_minibatch_takes_its_agent_steps_by_reshape_with_the_same_results(rollout_model, monkeypatch):
+    """A minibatch whose every slot is present takes the present agent-steps as a reshape: the loss, statistics
+    and gradients equal the boolean index's to the bit. A minibatch with an absent slot indexes."""
+    model = rollout_model
+    batch = next(model.rollout_buffer.minibatches(32))
+    everyone = batch.present.all(1)
+    assert everyone.any() and not everyone.all()  # EarlyExitEnv's agents leave
+    full = GroupBatch(*(field[everyone] for field in batch))
+    params = [*model.actor.parameters(), *model.critic.parameters()]
+    for minibatch, reshaped in ((full, True), (batch, False)):
+        x = minibatch.observations
+        assert (poca_module._present_rows(minibatch.present)(x).data_ptr() == x.data_ptr()) is reshaped
+        results = []
+        for setting in (True, False):
+            monkeypatch.setattr(poca_module, "RESHAPE_WHEN_ALL_PRESENT", setting)
+            loss, stats = poca_loss(minibatch, model.actor, model.critic, 0.2, model.config)
+            results.append((loss, stats, torch.autograd.grad(loss, params)))
+        (loss_a, stats_a, grads_a), (loss_b, stats_b, grads_b) = results
+        assert torch.equal(loss_a, loss_b)
+        assert all(torch.equal(stats_a[key], stats_b[key]) for key in stats_b)
+        assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
 
 
 def test_rollout_buffer_is_consistent_with_the_critic(rollout_model):

@@ -476,7 +476,8 @@ def poca_outputs(batch: GroupBatch, actor: Actor, critic: POCACritic, critic_ema
     """The feed-forward networks' outputs on a minibatch: log-probs and entropies of the present agents,
     raw values ``(B[, K])``, raw baselines ``(B, n_slots[, K])``, the EMA critic's (or None), the batch."""
     present = batch.present  # (B, S)
-    log_prob, entropy = actor.evaluate(batch.observations[present], batch.actions[present])
+    select = _present_rows(present)
+    log_prob, entropy = actor.evaluate(select(batch.observations), select(batch.actions))
     raw_value, raw_baseline = critic.raw(batch.observations, batch.actions, present)
     ema_raw = None
     if critic_ema is not None:
@@ -505,30 +506,31 @@ def poca_objective(
     ``log_prob``/``entropy`` are over the present agent-steps (``batch.present`` order).
     """
     present = batch.present  # (B, S)
-    advantages = batch.advantages[present]
+    select = _present_rows(present)
+    advantages = select(batch.advantages)
     if cfg.normalize_advantage and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     policy_loss, approx_kl, clip_fraction = clipped_surrogate_loss(
-        log_prob, batch.old_log_prob[present], advantages, clip_range
+        log_prob, select(batch.old_log_prob), advantages, clip_range
     )
-    returns = batch.returns[present]
+    returns = select(batch.returns)
 
     def per_agent(raw: torch.Tensor) -> torch.Tensor:  # the group's value, once per present agent
-        return raw[:, None].expand(-1, present.shape[1], *raw.shape[1:])[present]
+        return select(raw[:, None].expand(-1, present.shape[1], *raw.shape[1:]))
 
-    raw_value, raw_baseline = per_agent(raw_value), raw_baseline[present]
+    raw_value, raw_baseline = per_agent(raw_value), select(raw_baseline)
     if head.distributional:
         v_loss = head.loss(raw_value, returns).mean()
         b_loss = head.loss(raw_baseline, returns).mean()
     else:
-        old_values = batch.old_values[:, None].expand_as(present)[present]
+        old_values = select(batch.old_values[:, None].expand_as(present))
         v_loss = value_loss(raw_value, old_values, returns, clip_range)
-        b_loss = value_loss(raw_baseline, batch.old_baselines[present], returns, clip_range)
+        b_loss = value_loss(raw_baseline, select(batch.old_baselines), returns, clip_range)
     entropy_mean = entropy.mean()
     stats = {}
     if ema_raw is not None:
         # The EMA copy pulls both of the critic's answers toward its own (it is never used for targets).
-        ema_value, ema_baseline = per_agent(ema_raw[0]), ema_raw[1][present]
+        ema_value, ema_baseline = per_agent(ema_raw[0]), select(ema_raw[1])
         ema_loss = ema_regularizer(raw_value, ema_value, head) + ema_regularizer(raw_baseline, ema_baseline, head)
         stats["critic_ema_loss"] = ema_loss.detach()
         v_loss = v_loss + ema_coef * ema_loss
@@ -543,6 +545,21 @@ def poca_objective(
         "loss": loss.detach(),
     }
     return loss, stats
+
+
+RESHAPE_WHEN_ALL_PRESENT = True
+"""Whether a minibatch in which every agent slot is present takes its present agent-steps as a reshape instead of
+a boolean index (:func:`_present_rows`): the same rows in the same order, so the same loss and gradients to the
+bit, without the index's gathers and its gradient's scatters (``python -m benchmarks.fast_paths --groups poca``)."""
+
+
+def _present_rows(present: torch.Tensor):
+    """``x -> x[present]`` for tensors ``(B, S, ...)`` and ``present`` ``(B, S)``: the present agent-steps, group
+    by group. When every slot is present those are all of ``x``'s rows in order, which a reshape gives without
+    the index and its gradient's scatter."""
+    if RESHAPE_WHEN_ALL_PRESENT and bool(present.all()):
+        return lambda x: x.reshape(-1, *x.shape[2:])
+    return lambda x: x[present]
 
 
 def _chunked(fn, *tensors: torch.Tensor):
