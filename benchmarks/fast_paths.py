@@ -806,28 +806,30 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         )
     )
 
+    def switched(what: str, name: str, module, on: str, off: str) -> tuple[str, str, float, str, float]:
+        """The minibatch with ``module.name`` True (``on``) against False (``off``)."""
+        step = update(models[128])
+        return (
+            what,
+            *timed.versus(on, with_setting(step, name, True, module), off, with_setting(step, name, False, module), 30),
+        )
+
     rows.append(
-        (
+        switched(
             f"POCA update per minibatch, {group}",
-            *timed.versus(
-                "attention differentiated by hand",
-                with_setting(update(models[128]), "SET_ATTENTION_BY_HAND", True, attention_module),
-                "autograd",
-                with_setting(update(models[128]), "SET_ATTENTION_BY_HAND", False, attention_module),
-                30,
-            ),
+            "SET_ATTENTION_BY_HAND",
+            attention_module,
+            "attention differentiated by hand",
+            "autograd",
         )
     )
     rows.append(
-        (
+        switched(
             f"POCA update per minibatch, {group}, every slot present",
-            *timed.versus(
-                "present agent-steps by reshape",
-                with_setting(update(models[128]), "RESHAPE_WHEN_ALL_PRESENT", True, poca_module),
-                "by boolean index",
-                with_setting(update(models[128]), "RESHAPE_WHEN_ALL_PRESENT", False, poca_module),
-                30,
-            ),
+            "RESHAPE_WHEN_ALL_PRESENT",
+            poca_module,
+            "present agent-steps by reshape",
+            "by boolean index",
         )
     )
     rollout = models[128]
