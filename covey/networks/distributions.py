@@ -243,8 +243,11 @@ class StateDependentGaussianHead(nn.Module):
     def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return params[..., : self.action_dim], params[..., self.action_dim :]
 
-    def _scale(self, latent: torch.Tensor) -> torch.Tensor:
-        return (latent.square() @ self.std().square() + self.epsilon).sqrt()
+    def _scale(self, latent: torch.Tensor, std: torch.Tensor | None = None) -> torch.Tensor:
+        """The action's standard deviation ``(B, d)`` for the latent ``(B, in_dim)`` (``std``: :meth:`std`, if the
+        caller has it)."""
+        std = self.std() if std is None else std
+        return (latent.square() @ std.square() + self.epsilon).sqrt()
 
     def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         mean, latent = self._split(params)
@@ -274,7 +277,8 @@ class StateDependentGaussianHead(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """Log-probabilities and entropies ``(B,)`` from the means ``(B, d)`` and the latent ``(B, in_dim)``
         (which enters the variance without a gradient), and what :meth:`manual_grad` needs."""
-        std, scale = self.std().detach(), self._scale(latent)
+        std = self.std().detach()
+        scale = self._scale(latent, std)
         z = (actions - mean).div_(scale)
         log_scale = scale.log()
         d = mean.shape[-1]
@@ -356,7 +360,8 @@ class SquashedStateDependentHead(StateDependentGaussianHead):
         ``(B, in_dim)``, with the exploration matrix of the last ``reset_noise(differentiable=True)``; and what
         :meth:`manual_grad` needs."""
         mean = F.hardtanh(raw_mean, -self.clip_mean, self.clip_mean) if self.clip_mean > 0 else raw_mean
-        std, scale = self.std(), self._scale(latent)
+        std = self.std()
+        scale = self._scale(latent, std)
         u = mean + latent @ self.exploration
         z = (u - mean).div_(scale)
         gauss = (-0.5 * z.square() - scale.log() - 0.5 * _LOG_2PI).sum(-1)

@@ -117,11 +117,9 @@ class ManualMLP:
         """With ``bf16``: round the large layers' weights to bfloat16 now, and multiply with those copies until
         :meth:`release_weights16`, instead of rounding a weight again for every product. Call it again once the
         weights have changed (an optimizer step): the copies do not follow them."""
-        if self.bf16:
-            self._weights16 = [
-                weight.to(torch.bfloat16) if in_onednn(linear_module.ONEDNN_MIN_ROWS, n_in, n_out) else None
-                for weight, (n_out, n_in) in zip(self.weights, self.shapes)
-            ]
+        if self.bf16:  # the layers that are large on any batch that has large layers
+            plan = self._plan(linear_module.ONEDNN_MIN_ROWS)
+            self._weights16 = [w.to(torch.bfloat16) if large else None for w, large in zip(self.weights, plan)]
 
     def release_weights16(self) -> None:
         """Drop :meth:`hold_weights16`'s copies: every product rounds its weight again."""
