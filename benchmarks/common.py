@@ -1,5 +1,5 @@
-"""Pieces every benchmark script uses: the raw stepping speed of an env, the median-with-spread cell and the
-CPU a run measured."""
+"""Pieces every benchmark script uses: the envs (made without rendering), the raw stepping speed of an env, the
+median-with-spread cell and the CPU a run measured."""
 
 from __future__ import annotations
 
@@ -10,7 +10,18 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecEnv
+
+
+def unrendered_vec_env(env_id: str, n_envs: int, seed: int, env_kwargs: dict | None = None) -> VecEnv:
+    """SB3's ``make_vec_env(env_id, n_envs, seed=seed, env_kwargs=env_kwargs)``, with ``render_mode=None`` unless
+    ``env_kwargs`` names one. SB3 makes an env from its id with ``render_mode="rgb_array"``, and under any render
+    mode Gymnasium's LunarLander simulates its engines' flames as Box2D bodies that only ``render()`` removes: in
+    an episode that is never rendered they pile up with every engine firing, and each step gets slower (``python -m
+    benchmarks.lunar_lander_env``). They touch nothing but the ground, so the lander moves the same either way and
+    a run's numbers are the same, sooner. No benchmark renders."""
+    return make_vec_env(env_id, n_envs, seed=seed, env_kwargs={"render_mode": None, **(env_kwargs or {})})
 
 
 def random_stepping_speed(venv: VecEnv, env_steps_per_step: int, seconds: float, seed: int = 0) -> float:

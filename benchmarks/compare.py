@@ -37,13 +37,12 @@ import pettingzoo
 import stable_baselines3
 import supersuit
 import torch
-from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv
 
 import covey
 from benchmarks import poca_vs_supersuit
-from benchmarks.common import cpu_description, median_range, random_stepping_speed
+from benchmarks.common import cpu_description, median_range, random_stepping_speed, unrendered_vec_env
 
 FRAMEWORKS: dict[str, dict[str, type]] = {
     "covey": {"PPO": covey.PPO, "SAC": covey.SAC},
@@ -89,7 +88,7 @@ class Task:
     covey_options: dict[str, Any] = field(default_factory=dict)
     """covey-only arguments (e.g. ``bf16_matmuls=True``); SB3 runs without them."""
     runner: Runner | None = None
-    """Trains and measures the task instead of the FRAMEWORKS classes on ``make_vec_env(env_id)``."""
+    """Trains and measures the task instead of the FRAMEWORKS classes on :func:`make_env`'s VecEnv."""
     sb3_runs_of: str | None = None
     """The task whose SB3 runs this one shares when both run (:func:`task_groups`): the same SB3 side (agent,
     env, settings, budgets), covey's options apart."""
@@ -276,7 +275,9 @@ class TaskResult:
 
 
 def make_env(task: Task, n_envs: int, seed: int) -> VecEnv:
-    return make_vec_env(task.env_id, n_envs, seed=seed, env_kwargs=task.env_kwargs)
+    """The task's env as SB3's ``make_vec_env`` makes it, without rendering
+    (:func:`benchmarks.common.unrendered_vec_env`)."""
+    return unrendered_vec_env(task.env_id, n_envs, seed, task.env_kwargs)
 
 
 def measure_env_speed(task: Task, seconds: float, seed: int = 0) -> float:

@@ -17,10 +17,9 @@ import sys
 from collections.abc import Sequence
 
 import torch
-from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
-from benchmarks.compare import EVAL_SEED_OFFSET, N_EVAL_EPISODES, TASKS_BY_NAME
+from benchmarks.compare import EVAL_SEED_OFFSET, N_EVAL_EPISODES, TASKS_BY_NAME, make_env
 from covey import PPO
 
 
@@ -29,12 +28,12 @@ def final_return(task_name: str, manual: bool, seed: int) -> float:
     previous = PPO.manual_gradients
     PPO.manual_gradients = manual
     try:
-        env = make_vec_env(task.env_id, task.n_envs, seed=seed, env_kwargs=task.env_kwargs)
+        env = make_env(task, task.n_envs, seed)
         model = PPO("MlpPolicy", env, seed=seed, **task.kwargs("quick"))
     finally:
         PPO.manual_gradients = previous
     model.learn(task.timesteps("quick", 1.0))
-    eval_env = make_vec_env(task.env_id, 1, seed=EVAL_SEED_OFFSET + seed, env_kwargs=task.env_kwargs)
+    eval_env = make_env(task, 1, EVAL_SEED_OFFSET + seed)
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=N_EVAL_EPISODES, deterministic=True)
     return float(mean)
 

@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 
 import torch
-from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
+from benchmarks.common import unrendered_vec_env
 from covey import SAC
 
 ENVS = {
@@ -36,12 +36,12 @@ ENVS = {
 def run(env: str, bf16: bool, timesteps: int, seed: int) -> tuple[float, float]:
     """Seconds of ``learn`` and the mean deterministic return over 10 evaluation episodes."""
     spec = ENVS[env]
-    venv = make_vec_env(spec["env_id"], 1, seed=seed, env_kwargs=spec["env_kwargs"])
+    venv = unrendered_vec_env(spec["env_id"], 1, seed, spec["env_kwargs"])
     model = SAC("MlpPolicy", venv, seed=seed, bf16_matmuls=bf16, **spec["hyperparameters"])
     start = time.perf_counter()
     model.learn(timesteps)
     seconds = time.perf_counter() - start
-    eval_env = make_vec_env(spec["env_id"], 1, seed=10_000 + seed, env_kwargs=spec["env_kwargs"])
+    eval_env = unrendered_vec_env(spec["env_id"], 1, 10_000 + seed, spec["env_kwargs"])
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True)
     return seconds, float(mean)
 

@@ -270,10 +270,44 @@ def test_lunar_lander_env_smoke():
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = table_rows(result.stdout)
-    assert set(rows) == {"random actions", "heuristic lander", "random actions, render_mode='rgb_array'"}
+    assert set(rows) == {
+        "random actions",
+        "heuristic lander",
+        "random actions, render_mode='rgb_array'",
+        "heuristic lander, render_mode='rgb_array'",
+    }
     for row in rows.values():
         assert number(row["env steps/s"]) > 0
         assert number(row["mean episode length"]) > 0  # episodes end within 3 s of 16 copies
+
+
+def test_benchmark_envs_are_made_without_rendering():
+    """Every single-agent task's env is made with render_mode=None, where LunarLander simulates no engine particles
+    (SB3's make_vec_env default, "rgb_array", piles them up in an unrendered episode) and moves the same."""
+    import numpy as np
+    from stable_baselines3.common.env_util import make_vec_env
+
+    from benchmarks.compare import TASKS, make_env
+
+    single_agent = [task for task in TASKS if task.runner is None]
+    assert {task.env_id for task in single_agent} >= {"CartPole-v1", "LunarLander-v3", "Pendulum-v1"}
+    for task in single_agent:
+        env = make_env(task, 2, seed=0)
+        assert env.get_attr("render_mode") == [None, None], task.name
+        env.close()
+
+    task = next(task for task in TASKS if task.name == "sac_lunarlander_continuous")
+    unrendered = make_env(task, 1, seed=3)
+    sb3_default = make_vec_env(task.env_id, 1, seed=3, env_kwargs=task.env_kwargs)
+    main_engine = np.array([[0.5, 0.0]], dtype=np.float32)  # full throttle would leave the screen sooner
+    obs = [unrendered.reset(), sb3_default.reset()]
+    for _ in range(30):
+        obs = [unrendered.step(main_engine)[0], sb3_default.step(main_engine)[0]]
+        np.testing.assert_array_equal(obs[0], obs[1])
+    assert len(unrendered.envs[0].unwrapped.particles) == 0
+    assert len(sb3_default.envs[0].unwrapped.particles) >= 30  # one or more per firing, none removed
+    unrendered.close()
+    sb3_default.close()
 
 
 def test_ppo_cnn_smoke():
