@@ -5,10 +5,12 @@
     python -m benchmarks.compare --suite quick --tasks sac_pendulum --seeds 1 --scale 0.1   # smoke run
 
 Both frameworks train in the same process, alternating per seed (covey first on even seeds, SB3 first on
-odd ones), on identical envs, seeds and hyperparameters. Only ``model.learn`` is timed. The machine may
-be shared and noisy: compare the covey/SB3 ratios of one run, not absolute seconds across runs. A task that
-differs from another only in covey's options (the ``_bf16`` rows) shares that task's SB3 runs when both run:
-per seed SB3 trains once, between the two covey runs.
+odd ones), on identical envs, seeds and hyperparameters; the envs are made without rendering
+(:func:`benchmarks.common.unrendered_vec_env`: SB3's ``make_vec_env`` would make them with
+``render_mode="rgb_array"``, under which LunarLander simulates particles that slow its unrendered episodes down).
+Only ``model.learn`` is timed. The machine may be shared and noisy: compare the covey/SB3 ratios of one run, not
+absolute seconds across runs. A task that differs from another only in covey's options (the ``_bf16`` rows) shares
+that task's SB3 runs when both run: per seed SB3 trains once, between the two covey runs.
 
 The single-agent tasks pit covey's PPO or SAC against SB3's on a Gymnasium VecEnv. ``poca_simple_spread``
 is the multi-agent task of :mod:`benchmarks.poca_vs_supersuit`: covey's MA-POCA against SB3's PPO with
