@@ -296,6 +296,12 @@ def test_benchmark_envs_are_made_without_rendering():
         assert env.get_attr("render_mode") == [None, None], task.name
         env.close()
 
+    from benchmarks.common import unrendered_vec_env
+
+    named = unrendered_vec_env("CartPole-v1", 1, 0, {"render_mode": "rgb_array"})  # a render mode asked for stays
+    assert named.get_attr("render_mode") == ["rgb_array"]
+    named.close()
+
     task = next(task for task in TASKS if task.name == "sac_lunarlander_continuous")
     unrendered = make_env(task, 1, seed=3)
     sb3_default = make_vec_env(task.env_id, 1, seed=3, env_kwargs=task.env_kwargs)
