@@ -287,6 +287,7 @@ def test_benchmark_envs_are_made_without_rendering():
     import numpy as np
     from stable_baselines3.common.env_util import make_vec_env
 
+    from benchmarks.common import unrendered_vec_env
     from benchmarks.compare import TASKS, make_env
 
     single_agent = [task for task in TASKS if task.runner is None]
@@ -296,8 +297,6 @@ def test_benchmark_envs_are_made_without_rendering():
         assert env.get_attr("render_mode") == [None, None], task.name
         env.close()
 
-    from benchmarks.common import unrendered_vec_env
-
     named = unrendered_vec_env("CartPole-v1", 1, 0, {"render_mode": "rgb_array"})  # a render mode asked for stays
     assert named.get_attr("render_mode") == ["rgb_array"]
     named.close()
@@ -306,10 +305,9 @@ def test_benchmark_envs_are_made_without_rendering():
     unrendered = make_env(task, 1, seed=3)
     sb3_default = make_vec_env(task.env_id, 1, seed=3, env_kwargs=task.env_kwargs)
     main_engine = np.array([[0.5, 0.0]], dtype=np.float32)  # full throttle would leave the screen sooner
-    obs = [unrendered.reset(), sb3_default.reset()]
+    np.testing.assert_array_equal(unrendered.reset(), sb3_default.reset())
     for _ in range(30):
-        obs = [unrendered.step(main_engine)[0], sb3_default.step(main_engine)[0]]
-        np.testing.assert_array_equal(obs[0], obs[1])
+        np.testing.assert_array_equal(unrendered.step(main_engine)[0], sb3_default.step(main_engine)[0])
     assert len(unrendered.envs[0].unwrapped.particles) == 0
     assert len(sb3_default.envs[0].unwrapped.particles) >= 30  # one or more per firing, none removed
     unrendered.close()
