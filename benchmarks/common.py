@@ -1,17 +1,22 @@
 """Pieces every benchmark script uses: the envs (made without rendering), the raw stepping speed of an env, the
-median-with-spread cell and the CPU a run measured."""
+median-with-spread cell, and the CPU and code a run measured."""
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecEnv
+
+import covey
 
 
 def unrendered_vec_env(env_id: str, n_envs: int, seed: int, env_kwargs: dict | None = None) -> VecEnv:
@@ -75,3 +80,34 @@ def cpu_description(cpuinfo: str | None = None) -> str:
         parts.append("AVX-512 BF16: " + ("yes" if "avx512_bf16" in flags else "no"))
     parts.append(f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}")
     return ", ".join(parts)
+
+
+def code_version(root: str | os.PathLike | None = None) -> str:
+    """The code a run measured: covey's version and, when ``root`` (the folder that holds the ``covey`` package, by
+    default the imported one's) is a git checkout, its commit, with the tracked files that differ from it. A table
+    then names its commit without a note by hand, and says so when it ran on changes that no commit holds."""
+    root = Path(covey.__file__).resolve().parent.parent if root is None else Path(root).resolve()
+    version = f"covey {covey.__version__}"
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    # An installed covey sits in site-packages, which may lie inside some other project's checkout: not its commit.
+    if top is None or Path(top.strip()).resolve() != root:
+        return f"{version} (not a git checkout)"
+    commit = git("rev-parse", "--short=7", "HEAD")
+    if commit is None:
+        return f"{version} (a git checkout without commits)"
+    status = git("status", "--porcelain", "--untracked-files=no")  # lines of "XY path"
+    changed = [line[3:] for line in (status or "").splitlines() if line.strip()]
+    text = f"{version}, commit `{commit.strip()}`"
+    if changed:
+        shown = ", ".join(changed[:5]) + (", ..." if len(changed) > 5 else "")
+        files = "file" if len(changed) == 1 else "files"
+        text += f" with uncommitted changes to {len(changed)} tracked {files} ({shown})"
+    return text

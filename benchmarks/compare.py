@@ -44,7 +44,13 @@ from stable_baselines3.common.vec_env import VecEnv
 
 import covey
 from benchmarks import poca_vs_supersuit
-from benchmarks.common import cpu_description, median_range, random_stepping_speed, unrendered_vec_env
+from benchmarks.common import (
+    code_version,
+    cpu_description,
+    median_range,
+    random_stepping_speed,
+    unrendered_vec_env,
+)
 
 FRAMEWORKS: dict[str, dict[str, type]] = {
     "covey": {"PPO": covey.PPO, "SAC": covey.SAC},
@@ -399,6 +405,7 @@ def format_report(
     load = "/".join(f"{value:.2f}" for value in os.getloadavg())
     machine = [
         f"- command: `{command}`",
+        f"- code: {code_version()}",
         f"- date: {started.isoformat(timespec='seconds')} (took {minutes:.1f} min)",
         f"- suite: {args.suite}, seeds: {args.seeds}, scale: {args.scale}",
         f"- cores (os.cpu_count()): {os.cpu_count()}, torch threads: {torch.get_num_threads()}",

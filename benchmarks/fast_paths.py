@@ -36,7 +36,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from benchmarks.common import cpu_description
+from benchmarks.common import code_version, cpu_description
 from benchmarks.poca_vs_supersuit import make_poca
 from covey import POCA, PPO, SAC
 from covey.agents import base as base_module
@@ -935,6 +935,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"| {what} | {name_a} | {duration(a)} | {name_b} | {duration(b)} | {a / b:.2f} |", flush=True)
     print(f"\ncommand: python -m benchmarks.fast_paths {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"CPU: {cpu_description()}")
+    print(f"code: {code_version()}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import torch
 from stable_baselines3.common.callbacks import BaseCallback
 
-from benchmarks.common import cpu_description, median_range
+from benchmarks.common import code_version, cpu_description, median_range
 from benchmarks.poca_vs_supersuit import (
     EVAL_SEED_OFFSET,
     N_AGENTS,
@@ -132,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{args.eval_episodes} evaluation episodes per point, {threads}"
     )
     print(f"- CPU: {cpu_description()}")
+    print(f"- code: {code_version()}")
     print()
     names = list(LEARNERS)
     header = " | ".join(f"{name} s (median) | {name} return (median [min, max])" for name in names)

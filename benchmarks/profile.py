@@ -22,7 +22,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecEnv
 
 from benchmarks import poca_vs_supersuit
-from benchmarks.common import cpu_description
+from benchmarks.common import code_version, cpu_description
 from benchmarks.compare import FRAMEWORKS, TASKS_BY_NAME, Task, make_env
 from covey.agents.poca import POCA
 from covey.agents.ppo import PPO, ManualPPOUpdate
@@ -121,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"| {name} | {steps} | {total:.1f} | {cells} | {other:.0f}% |", flush=True)
     print(f"\ncommand: python -m benchmarks.profile {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"CPU: {cpu_description()}")
+    print(f"code: {code_version()}")
 
 
 if __name__ == "__main__":

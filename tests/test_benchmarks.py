@@ -1,6 +1,7 @@
 """The benchmark harness runs end to end on a tiny budget and prints a table row per task (no timing checks)."""
 
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -66,6 +67,7 @@ def test_compare_quick_smoke():
     runs = [line for line in result.stderr.splitlines() if " s with setup and evaluation)" in line]
     assert len(runs) == 7  # per seed: 4 covey runs, 3 SB3 runs (sac_pendulum_bf16 shares sac_pendulum's)
     assert "- CPU: " in result.stdout and "torch CPU capability: " in result.stdout
+    assert "- code: covey " in result.stdout
 
 
 def test_compare_rejects_unknown_task():
@@ -96,6 +98,7 @@ def test_fast_paths_smoke():
     flushing = [row for row in rows if row[0].startswith("SAC gradient step, Pendulum 256x256, after 50 steps (")]
     assert [row[1:4:2] for row in flushing] == [["Adam steps flushing denormals", "not flushing"]]
     assert ["SAC gradient step, Pendulum 256x256", "critics' action gradients g @ W"] in [row[:2] for row in rows]
+    assert "\ncode: covey " in result.stdout
     stacked = "SAC's 2 critics, forward and backward, 256 samples (Pendulum 256x256)"
     assert [row[1:4:2] for row in rows if row[0] == stacked] == [["one at a time (covey)", "stacked: batched products"]]
     for setting in ("1 env (batch 64)", "8 envs (batch 256)"):
@@ -218,6 +221,7 @@ def test_profile_smoke():
     # POCA's phases are its own methods (group env, group buffer, its batched rollout evaluation).
     for phase in ("env step", "rollout evaluation", "update"):
         assert float(rows["poca_simple_spread"][phase].rstrip("%")) > 0
+    assert "\ncode: covey " in result.stdout
 
 
 def test_poca_vs_supersuit_smoke():
@@ -337,6 +341,7 @@ def test_poca_curve_smoke():
     for row in rows.values():
         assert float(cell(row, "covey POCA s")) > 0 and float(cell(row, "SB3 PPO + SuperSuit s")) > 0
     assert "SB3 PPO + SuperSuit's final return (median over seeds)" in result.stdout
+    assert "- code: covey " in result.stdout
 
 
 def test_poca_curve_evaluating_along_the_way_leaves_the_run_unchanged():
@@ -389,6 +394,42 @@ def test_cpu_description_reads_the_first_processor():
     assert text.startswith("AMD EPYC 9R14, family 25 model 17, AVX-512: yes, AVX-512 BF16: yes, ")
     no_avx512 = cpu_description("model name\t: Old CPU\nflags\t\t: fpu sse2 avx2\n")
     assert no_avx512.startswith("Old CPU, AVX-512: no, AVX-512 BF16: no, torch CPU capability: ")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_code_version_names_the_commit_and_the_changed_files(tmp_path):
+    import covey
+    from benchmarks.common import code_version
+
+    version = f"covey {covey.__version__}"
+
+    def git(*args: str) -> str:
+        command = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path), *args]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+    assert code_version(tmp_path) == f"{version} (not a git checkout)"
+    git("init", "-q")
+    assert code_version(tmp_path) == f"{version} (a git checkout without commits)"
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub").mkdir()
+    git("add", "a.py")
+    git("commit", "-q", "-m", "a")
+    commit = git("rev-parse", "--short=7", "HEAD")
+    (tmp_path / "new.py").write_text("untracked files do not count\n")
+    assert code_version(tmp_path) == f"{version}, commit `{commit}`"
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert code_version(tmp_path) == f"{version}, commit `{commit}` with uncommitted changes to 1 tracked file (a.py)"
+    # a folder inside a checkout (as site-packages inside a project) is not that checkout's code
+    assert code_version(tmp_path / "sub") == f"{version} (not a git checkout)"
+
+
+def test_code_version_of_this_checkout():
+    from benchmarks.common import code_version
+
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True)
+    if shutil.which("git") is None or head.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert f", commit `{head.stdout.strip()}`" in code_version()
 
 
 def test_compare_twin_tasks_share_one_sb3_run_per_seed(monkeypatch):
