@@ -400,12 +400,13 @@ def format_report(
     command: str,
     started: datetime.datetime,
     load_at_start: tuple[float, float, float],
+    code: str,
 ) -> str:
     minutes = (datetime.datetime.now().astimezone() - started).total_seconds() / 60
     load = "/".join(f"{value:.2f}" for value in os.getloadavg())
     machine = [
         f"- command: `{command}`",
-        f"- code: {code_version()}",
+        f"- code: {code}",
         f"- date: {started.isoformat(timespec='seconds')} (took {minutes:.1f} min)",
         f"- suite: {args.suite}, seeds: {args.seeds}, scale: {args.scale}",
         f"- cores (os.cpu_count()): {os.cpu_count()}, torch threads: {torch.get_num_threads()}",
@@ -469,6 +470,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = shlex.join(["python", "-m", "benchmarks.compare", *(sys.argv[1:] if argv is None else argv)])
     torch.set_num_threads(args.threads)
     started, load_at_start = datetime.datetime.now().astimezone(), os.getloadavg()
+    code = code_version()  # before the run: what it imports
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -479,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for result in run_group(group, args.suite, args.seeds, args.scale, args.env_seconds, log)
     }
     results = [by_name[name] for name in args.task_list]
-    report = format_report(results, args, command, started, load_at_start)
+    report = format_report(results, args, command, started, load_at_start, code)
     print(report)
     if args.out:
         write_report(args.out, report)
