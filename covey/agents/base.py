@@ -31,6 +31,7 @@ from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from torch.optim import optimizer as _optimizer_module
 
 from covey import serialization
+from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_name
 from covey.spaces import check_action_space, check_observation_space
 from covey.version import __version__
@@ -532,6 +533,7 @@ class BaseAgent:
             raise ValueError("This model has no env: pass one to the constructor, to load(env=...) or to set_env().")
         if not isinstance(total_timesteps, (int, np.integer, float)) or total_timesteps < 0:
             raise ValueError(f"total_timesteps must be a non-negative number, got {total_timesteps!r}.")
+        raise_heap_thresholds()
         self.start_time = time.time_ns()
         if self.ep_info_buffer.maxlen != self.stats_window_size or reset_num_timesteps:
             self.ep_info_buffer = deque(maxlen=self.stats_window_size)

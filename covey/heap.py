@@ -1,0 +1,45 @@
+"""Keeping glibc from handing a training loop's freed memory back to the kernel after every update.
+
+glibc's ``malloc`` serves a request of at least its *mmap threshold* (128 KiB when a process starts) with fresh
+pages mapped for it alone, and gives the free space at the top of its heap back to the kernel once that space
+exceeds its *trim threshold*. Both thresholds adapt: freeing a mapped block of up to 32 MiB raises the mmap
+threshold to that block's size and the trim threshold to twice it. A process whose largest freed block so far is
+a few MiB therefore trims its heap whenever an update frees more than twice that, and the next update takes a
+page fault for each 4 KiB it writes again. MA-POCA's update does this with its critic's attention tensors
+(2.4 MB each at ``benchmarks.poca_vs_supersuit``'s settings): 1,100-1,900 faults per minibatch, and runs about
+4% longer than without them on a 2-core AMD EPYC (``benchmarks/RESULTS.md``, "Page faults in POCA's update").
+
+:func:`raise_heap_thresholds` frees one mapped block of :data:`SCRATCH_BYTES` before training, which moves both
+thresholds as the largest block the process ever freed would: requests under 30 MiB then come from the heap,
+which keeps up to twice that free. Nothing else changes: no allocation is kept, and where a user fixed the
+thresholds (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or ``mallopt``) glibc does not adapt them.
+Under other C libraries (musl, macOS, Windows) it does nothing; an allocator loaded in glibc's place (jemalloc,
+tcmalloc) gets one allocation and its free.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import sys
+
+SCRATCH_BYTES = 30 << 20
+"""The block freed once: under glibc's 32 MiB cap on the adaptive mmap threshold, with room for its header."""
+
+_raised = False
+
+
+def raise_heap_thresholds() -> bool:
+    """Free one block of :data:`SCRATCH_BYTES` the first time this is called in a process on Linux with glibc
+    (see the module's text); returns whether it did so now."""
+    global _raised
+    if _raised or not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    _raised = True
+    libc = ctypes.CDLL(None)  # the process's own malloc and free, PyTorch's and NumPy's too
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = libc.malloc(SCRATCH_BYTES)  # mapped, never written: no page is touched
+    libc.free(block)  # free(NULL), should malloc fail, does nothing
+    return True
