@@ -6,8 +6,10 @@ exceeds its *trim threshold*. Both thresholds adapt: freeing a mapped block of u
 threshold to that block's size and the trim threshold to twice it. A process whose largest freed block so far is
 a few MiB therefore trims its heap whenever an update frees more than twice that, and the next update takes a
 page fault for each 4 KiB it writes again. MA-POCA's update does this with its critic's attention tensors
-(2.4 MB each at ``benchmarks.poca_vs_supersuit``'s settings): 1,100-1,900 faults per minibatch, and runs about
-4% longer than without them on a 2-core AMD EPYC (``benchmarks/RESULTS.md``, "Page faults in POCA's update").
+(2.4 MB each at ``benchmarks.poca_vs_supersuit``'s settings: 1,100-1,900 faults per minibatch), PPO with
+``CnnPolicy`` with its convolutions' activations (``benchmarks.ppo_cnn``'s 64x64 frames: about 150 faults per env
+step). On a 2-core AMD EPYC the faults made POCA's runs about 4% longer and ``CnnPolicy`` PPO's 16-32% longer
+(``benchmarks/RESULTS.md``, "Page faults after each update"); PPO and SAC on MLPs of 64 or 256 units took none.
 
 :func:`raise_heap_thresholds` frees one mapped block of :data:`SCRATCH_BYTES` before training, which moves both
 thresholds as the largest block the process ever freed would: requests under 30 MiB then come from the heap,
