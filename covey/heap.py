@@ -25,6 +25,9 @@ import ctypes
 import platform
 import sys
 
+GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+"""Whether this process runs on Linux with glibc, the C library whose thresholds this module moves."""
+
 SCRATCH_BYTES = 30 << 20
 """The block freed once: under glibc's 32 MiB cap on the adaptive mmap threshold, with room for its header."""
 
@@ -35,7 +38,7 @@ def raise_heap_thresholds() -> bool:
     """Free one block of :data:`SCRATCH_BYTES` the first time this is called in a process on Linux with glibc
     (see the module's text); returns whether it did so now."""
     global _raised
-    if _raised or not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+    if _raised or not GLIBC:
         return False
     _raised = True
     libc = ctypes.CDLL(None)  # the process's own malloc and free, PyTorch's and NumPy's too

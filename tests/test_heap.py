@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 
 import pytest
 
 from covey import heap
-
-GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+from covey.heap import GLIBC
 
 # Eight 2 MiB blocks written and freed, over and over: page faults per round after three rounds, in a new
 # process that imports neither torch nor covey (whose imports may free large blocks and move the thresholds
