@@ -1,11 +1,13 @@
 """GAE against hand-computed numbers: every expected value below is worked out in the comments."""
 
 import numpy as np
+import pytest
 import torch
 from gymnasium import spaces
 
 from covey.buffers.returns import gae
 from covey.buffers.rollout import RolloutBuffer
+from covey.networks.encoders import obs_dtype
 
 GAMMA, LAM = 0.9, 0.8  # gamma * lambda = 0.72
 
@@ -173,3 +175,38 @@ def test_rollout_buffer_done_on_last_step_ignores_last_values():
     expected_ret = [[4.3696, 6.23584], [4.43, 7.022], [3.0, 6.6]]
     np.testing.assert_allclose(buf.advantages.numpy(), expected_adv, rtol=1e-6)
     np.testing.assert_allclose(buf.returns.numpy(), expected_ret, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "obs_space, action_space",
+    [
+        (spaces.Box(-1, 1, (3,)), spaces.Discrete(4)),
+        (spaces.Box(-1, 1, (2, 2)), spaces.Box(-1, 1, (2,))),
+        (spaces.MultiBinary(3), spaces.MultiDiscrete([2, 3])),
+    ],
+)
+def test_rollout_buffer_stores_numpy_arrays_as_it_stores_tensors(obs_space, action_space):
+    # A step's NumPy arrays go straight into NumPy views of the CPU buffer; the stored values and dtypes are
+    # what the tensors PyTorch makes of the same arrays store (float64 observations rounded to float32, ...).
+    rng = np.random.default_rng(0)
+    n_steps, n_envs = 3, 2
+    buffers = [RolloutBuffer(n_steps, n_envs, obs_space, action_space) for _ in range(2)]
+    dtype = obs_dtype(obs_space)
+    for _ in range(n_steps):
+        obs = (
+            rng.normal(size=(n_envs, *obs_space.shape))
+            if isinstance(obs_space, spaces.Box)
+            else rng.integers(0, 2, size=(n_envs, *obs_space.shape), dtype=np.int8)
+        )
+        actions = np.stack([action_space.sample() for _ in range(n_envs)])
+        rewards, dones = rng.normal(size=n_envs).astype(np.float32), rng.random(n_envs) < 0.5
+        buffers[0].add(obs, actions, rewards, dones.copy(), dones)
+        buffers[1].add(torch.as_tensor(obs, dtype=dtype), torch.as_tensor(actions), rewards, dones.copy(), dones)
+    numpy_filled, tensor_filled = buffers
+    assert numpy_filled.pos == tensor_filled.pos == n_steps
+    assert numpy_filled.observations.dtype == tensor_filled.observations.dtype == dtype
+    assert torch.equal(numpy_filled.observations, tensor_filled.observations)
+    assert numpy_filled.actions.dtype == tensor_filled.actions.dtype
+    assert torch.equal(numpy_filled.actions, tensor_filled.actions)
+    assert torch.equal(numpy_filled.flat_observations(), tensor_filled.flat_observations())
+    assert numpy_filled.observations.abs().sum() > 0  # something was stored

@@ -711,28 +711,20 @@ class PPO(BaseAgent):
         truncations: list[tuple[int, int, Any]] = []
         acted: list[tuple[torch.Tensor, torch.Tensor]] = []  # (critic's raw output, log-prob) per step
         new_obs = self._last_obs
+        numpy_acting = self._numpy_acting
         for n_steps in range(n_rollout_steps):
             if use_sde and sde_sample_freq > 0 and n_steps % sde_sample_freq == 0:
                 actor.head.reset_noise(env.num_envs)
-            obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
-            # Acting needs only the actor; values and log-probs come in one pass after the rollout (or with
-            # the action, for encoders with weights).
-            if self.recurrent is not None:
-                action_tensor = self.recurrent.act(actor, obs_tensor, self._last_episode_starts, n_steps)
-            elif self._numpy_acting is not None:
-                action_tensor = torch.from_numpy(self._numpy_acting.act(self._last_obs))
-            elif self._manual is not None:
-                with torch.inference_mode():
-                    action_tensor = self._manual.act(obs_tensor)
-            elif self._evaluate_while_acting:
-                with torch.inference_mode():
-                    params, raw = actor_critic_forward(actor, self.critic, obs_tensor)
-                    action_tensor = actor.head.sample(params)
-                    acted.append((raw, actor.head.log_prob(params, action_tensor)))
+            if numpy_acting is not None:
+                # Acting and storing in NumPy (the buffer takes the arrays as they are); obs_tensor, a view of the
+                # observations as SB3 makes it, is there for callbacks' locals
+                obs_tensor = torch.as_tensor(self._last_obs)
+                stored_obs = self._last_obs
+                actions = stored_actions = numpy_acting.act(self._last_obs)
             else:
-                with torch.inference_mode():
-                    action_tensor = actor.act(obs_tensor)
-            actions = action_tensor.cpu().numpy()  # numpy in callbacks' locals, as in SB3
+                stored_obs = obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
+                stored_actions = self._act(obs_tensor, n_steps, acted)
+                actions = stored_actions.cpu().numpy()  # numpy in callbacks' locals, as in SB3
             clipped_actions = actor.to_env_actions(actions)
             new_obs, rewards, dones, infos = env.step(clipped_actions)
             self.num_timesteps += env.num_envs
@@ -747,7 +739,7 @@ class PPO(BaseAgent):
                     # A time limit is not a terminal: bootstrap from V(true final observation).
                     terminated[i] = False
                     truncations.append((n_steps, int(i), final_obs))
-            rollout_buffer.add(obs_tensor, action_tensor, rewards, terminated, dones)
+            rollout_buffer.add(stored_obs, stored_actions, rewards, terminated, dones)
             self._last_obs = new_obs
             self._last_episode_starts = dones
         if rollout_buffer.has_nan_observations():
@@ -760,6 +752,22 @@ class PPO(BaseAgent):
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
+
+    def _act(self, obs_tensor: ObsTensor, step: int, acted: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Actions for a step's observations in PyTorch. Acting needs only the actor; values and log-probs come
+        in one pass after the rollout, or with the action for encoders with weights (appended to ``acted``)."""
+        actor = self.actor
+        if self.recurrent is not None:
+            return self.recurrent.act(actor, obs_tensor, self._last_episode_starts, step)
+        with torch.inference_mode():
+            if self._manual is not None:
+                return self._manual.act(obs_tensor)
+            if self._evaluate_while_acting:
+                params, raw = actor_critic_forward(actor, self.critic, obs_tensor)
+                action_tensor = actor.head.sample(params)
+                acted.append((raw, actor.head.log_prob(params, action_tensor)))
+                return action_tensor
+            return actor.act(obs_tensor)
 
     @torch.no_grad()
     def _evaluate_rollout(

@@ -75,6 +75,12 @@ class RolloutBuffer:
         self.observations = _alloc_obs(observation_space, (n_steps, n_envs), device)
         act_shape, act_dtype = action_storage(action_space)
         self.actions = torch.zeros((n_steps, n_envs, *act_shape), dtype=act_dtype, device=device)
+        # On the CPU, NumPy views of the same memory: a step's NumPy arrays are written straight into them (a
+        # fraction of what a tensor made of them and written by PyTorch costs)
+        cpu = self.device.type == "cpu"
+        plain = cpu and not isinstance(self.observations, dict)
+        self._observations_np = self.observations.numpy() if plain else None
+        self._actions_np = self.actions.numpy() if cpu else None
         self.rewards = np.zeros((n_steps, n_envs), dtype=np.float32)
         self.terminated = np.zeros((n_steps, n_envs), dtype=bool)
         self.dones = np.zeros((n_steps, n_envs), dtype=bool)
@@ -97,20 +103,27 @@ class RolloutBuffer:
 
     def add(
         self,
-        obs: ObsTensor,
-        actions: torch.Tensor,
+        obs: ObsTensor | np.ndarray,
+        actions: torch.Tensor | np.ndarray,
         rewards: np.ndarray,
         terminated: np.ndarray,
         dones: np.ndarray,
     ) -> None:
-        """Store one step of every env: the observation acted on, the action, and what followed."""
+        """Store one step of every env: the observation acted on, the action, and what followed. The
+        observation and the action may be tensors or (for a CPU buffer) NumPy arrays, converted to the
+        buffer's dtypes as PyTorch converts them."""
         t = self.pos
         if isinstance(obs, dict):
             for key, value in obs.items():
                 self.observations[key][t] = value
+        elif isinstance(obs, np.ndarray) and self._observations_np is not None:
+            self._observations_np[t] = obs
         else:
-            self.observations[t] = obs
-        self.actions[t] = actions.reshape(self.actions.shape[1:])
+            self.observations[t] = torch.as_tensor(obs)
+        if isinstance(actions, np.ndarray) and self._actions_np is not None:
+            self._actions_np[t] = actions.reshape(self._actions_np.shape[1:])
+        else:
+            self.actions[t] = torch.as_tensor(actions).reshape(self.actions.shape[1:])
         self.rewards[t] = rewards
         self.terminated[t] = terminated
         self.dones[t] = dones
