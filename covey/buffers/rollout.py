@@ -110,8 +110,8 @@ class RolloutBuffer:
         dones: np.ndarray,
     ) -> None:
         """Store one step of every env: the observation acted on, the action, and what followed. The
-        observation and the action may be tensors or (for a CPU buffer) NumPy arrays, converted to the
-        buffer's dtypes as PyTorch converts them."""
+        observation and the action may be tensors or NumPy arrays, converted to the buffer's dtypes as PyTorch
+        converts them (a CPU buffer writes arrays through its NumPy views)."""
         t = self.pos
         if isinstance(obs, dict):
             for key, value in obs.items():
