@@ -41,10 +41,16 @@ def raise_heap_thresholds() -> bool:
     if _raised or not GLIBC:
         return False
     _raised = True
-    libc = ctypes.CDLL(None)  # the process's own malloc and free, PyTorch's and NumPy's too
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
+    libc = c_library()
     block = libc.malloc(SCRATCH_BYTES)  # mapped, never written: no page is touched
     libc.free(block)  # free(NULL), should malloc fail, does nothing
     return True
+
+
+def c_library() -> ctypes.CDLL:
+    """The process's own C library, with ``malloc`` and ``free`` typed: the ones PyTorch and NumPy allocate with."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    return libc

@@ -13,17 +13,14 @@ from covey.heap import GLIBC
 
 # Eight 2 MiB blocks written and freed, over and over: page faults per round after three rounds, in a new
 # process that imports neither torch nor covey (whose imports may free large blocks and move the thresholds
-# themselves), with covey/heap.py loaded on its own where it is used.
+# themselves), with covey/heap.py loaded on its own (loading it moves nothing; the call does).
 CYCLES = f"""
 import ctypes, importlib.util, resource, sys
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
+spec = importlib.util.spec_from_file_location("heap", {heap.__file__!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+libc = module.c_library()
 if sys.argv[1] == "raise":
-    spec = importlib.util.spec_from_file_location("heap", {heap.__file__!r})
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     assert module.raise_heap_thresholds() and not module.raise_heap_thresholds()
 assert "torch" not in sys.modules
 def cycle():
