@@ -514,3 +514,50 @@ def test_manual_vs_autograd_smoke():
     assert result.stderr.count("hand-written:") == 2 and result.stderr.count("autograd:") == 2
     bad = subprocess.run([*command[:3], "--tasks", "ppo_cartpole_1env"], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and "unknown tasks ['ppo_cartpole_1env']" in bad.stderr
+
+
+def test_threads_times_each_thread_count_in_alternating_rounds_and_restores_the_callers():
+    """benchmarks.threads.per_thread_count: every call runs at its round's thread count, the order flips every other
+    round, one untimed call follows each switch, and the caller's thread count comes back afterwards."""
+    import torch
+
+    from benchmarks.threads import per_thread_count
+
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        times = per_thread_count(lambda: seen.append(torch.get_num_threads()), calls=2, repeats=3, threads=(1, 2))
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    # rounds 1 2 | 2 1 | 1 2, each count's block 1 untimed + 2 timed calls
+    assert seen == [1] * 3 + [2] * 3 + [2] * 3 + [1] * 3 + [1] * 3 + [2] * 3
+    assert len(times) == 2 and all(t > 0 for t in times)
+
+
+def test_threads_smoke():
+    """python -m benchmarks.threads: a row per update with covey's and SB3's times at 1 and 2 threads and their
+    ratios (the ratio cells are the times' quotients); bad arguments are refused."""
+    command = [sys.executable, "-m", "benchmarks.threads", "--repeats", "1"]
+    result = subprocess.run([*command, "--calls-scale", "0.01"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert [what.split(":")[0] for what in rows] == [
+        "PPO CartPole, 8 envs, RL-Zoo settings",
+        "SAC Pendulum",
+        "MA-POCA simple_spread (covey) against SB3 PPO + SuperSuit",
+    ]
+
+    def ms(cell_text: str) -> float:
+        value, unit = cell_text.split()
+        return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+    for row in rows.values():
+        for learner in ("covey", "SB3"):
+            one, two = ms(row[f"{learner}, 1 thread"]), ms(row[f"{learner}, 2 threads"])
+            assert one > 0 and two > 0
+            assert float(row[f"{learner} 2/1"]) == pytest.approx(two / one, abs=0.01 + 0.01 * two / one)
+    assert "command: python -m benchmarks.threads --repeats 1 --calls-scale 0.01" in result.stdout
+    bad = subprocess.run([*command, "--calls-scale", "0"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert bad.returncode == 2 and "--calls-scale > 0" in bad.stderr
