@@ -1,7 +1,7 @@
 """Each learner's update at 1 and at 2 torch threads, covey's and SB3's, side by side in one process: which
 updates a second thread speeds up (README, "Threads").
 
-    python -m benchmarks.threads                                  # about 2 min on 2 cores
+    python -m benchmarks.threads                                  # under a minute on 2 cores
     python -m benchmarks.threads --repeats 1 --calls-scale 0.05   # smoke run, seconds
 
 The updates are those of ``python -m benchmarks.compare``'s tasks, on data collected once: PPO on CartPole with
