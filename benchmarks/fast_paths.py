@@ -167,12 +167,18 @@ def products_row(timed: Timer, what: str, step: Callable[[], object], calls: int
     return what, f"its matrix products alone ({len(products.calls) // per} per call)", alone, "the whole of it", whole
 
 
+def ppo_on(agent: type, n_envs: int, env_id: str = "CartPole-v1", **kwargs):
+    """A PPO model of class ``agent`` (covey's or SB3's) as these measurements make it: ``n_envs`` copies of
+    ``env_id``, seed 0, ``kwargs`` for its other arguments."""
+    return agent("MlpPolicy", make_vec_env(env_id, n_envs, seed=0), seed=0, **kwargs)
+
+
 def collected_ppo(n_envs: int, manual: bool, env_id: str = "CartPole-v1", **kwargs) -> PPO:
     """A PPO model with one rollout collected (values, log-probs, advantages in its buffer)."""
     previous = PPO.manual_gradients
     PPO.manual_gradients = manual
     try:
-        model = PPO("MlpPolicy", make_vec_env(env_id, n_envs, seed=0), seed=0, **kwargs)
+        model = ppo_on(PPO, n_envs, env_id, **kwargs)
     finally:
         PPO.manual_gradients = previous
     _, callback = model._setup_learn(10**9, None, True, "ablation", False)
@@ -466,21 +472,21 @@ def poca_compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     ]
 
 
+def sac_on_pendulum(agent: type, **kwargs):
+    """A SAC model of class ``agent`` (covey's or SB3's) on one Pendulum env as these measurements make it:
+    learning rate 1e-3, gradient steps from env step 300 on, seed 0, ``kwargs`` for its other arguments."""
+    return agent(
+        "MlpPolicy", make_vec_env("Pendulum-v1", 1, seed=0), learning_rate=1e-3, learning_starts=300, seed=0, **kwargs
+    )
+
+
 def sac_model(bf16: bool = False, manual: bool = True, timesteps: int = 400, **kwargs) -> SAC:
     """SAC on Pendulum after ``timesteps - 300`` gradient steps; ``manual``: hand-written gradients (where they
     apply); ``kwargs``: more of SAC's arguments (e.g. ``use_sde=True``)."""
     previous = SAC.manual_gradients
     SAC.manual_gradients = manual
     try:
-        model = SAC(
-            "MlpPolicy",
-            make_vec_env("Pendulum-v1", 1, seed=0),
-            learning_rate=1e-3,
-            learning_starts=300,
-            seed=0,
-            bf16_matmuls=bf16,
-            **kwargs,
-        )
+        model = sac_on_pendulum(SAC, bf16_matmuls=bf16, **kwargs)
     finally:
         SAC.manual_gradients = previous
     return model.learn(timesteps)

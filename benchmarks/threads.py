@@ -25,10 +25,17 @@ from collections.abc import Callable, Sequence
 import torch
 from stable_baselines3 import PPO as SB3PPO
 from stable_baselines3 import SAC as SB3SAC
-from stable_baselines3.common.env_util import make_vec_env
 
 from benchmarks.common import code_version, cpu_description
-from benchmarks.fast_paths import PPO_SETTINGS, collected_poca, collected_ppo, duration, sac_model
+from benchmarks.fast_paths import (
+    PPO_SETTINGS,
+    collected_poca,
+    collected_ppo,
+    duration,
+    ppo_on,
+    sac_model,
+    sac_on_pendulum,
+)
 from benchmarks.poca_vs_supersuit import make_supersuit_ppo
 
 THREADS = (1, 2)
@@ -68,11 +75,9 @@ def updates() -> list[tuple[str, int, Callable[[], object], Callable[[], object]
     """``(update, calls per round at scale 1, covey's update, SB3's update)`` per row."""
     n_envs, settings = PPO_SETTINGS["8 envs (batch 256)"]
     covey_ppo = collected_ppo(n_envs, True, **settings)
-    sb3_ppo = sb3_with_rollout(SB3PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs, seed=0), seed=0, **settings))
-    covey_sac = sac_model()
-    sb3_sac = SB3SAC(
-        "MlpPolicy", make_vec_env("Pendulum-v1", 1, seed=0), learning_rate=1e-3, learning_starts=300, seed=0
-    ).learn(400)
+    sb3_ppo = sb3_with_rollout(ppo_on(SB3PPO, n_envs, **settings))
+    covey_sac = sac_model(timesteps=400)
+    sb3_sac = sac_on_pendulum(SB3SAC).learn(400)
     covey_poca = collected_poca()
     sb3_poca = sb3_with_rollout(make_supersuit_ppo(0))
     return [
