@@ -9,19 +9,22 @@ odd ones), on identical envs, seeds and hyperparameters; the envs are made witho
 (:func:`benchmarks.common.unrendered_vec_env`: SB3's ``make_vec_env`` would make them with
 ``render_mode="rgb_array"``, under which LunarLander simulates particles that slow its unrendered episodes down).
 Only ``model.learn`` is timed. The machine may be shared and noisy: compare the covey/SB3 ratios of one run, not
-absolute seconds across runs. A task that differs from another only in covey's options (the ``_bf16`` rows) shares
-that task's SB3 runs when both run: per seed SB3 trains once, between the two covey runs.
+absolute seconds across runs. A task that differs from another only in covey's options (the ``_bf16`` rows,
+``poca_simple_spread_width64``) shares that task's SB3 runs when both run: per seed SB3 trains once, between the
+two covey runs.
 
 The single-agent tasks pit covey's PPO or SAC against SB3's on a Gymnasium VecEnv. ``poca_simple_spread``
 is the multi-agent task of :mod:`benchmarks.poca_vs_supersuit`: covey's MA-POCA against SB3's PPO with
 parameter sharing via SuperSuit, on mpe2's simple_spread (3 agents, 25 cycles, 8 env copies). Its timesteps
 and steps/s count env steps (one parallel step of one copy; SB3 trains on one entry per agent, 3 per env
 step), its returns are mean per-agent returns, and its raw env speed is SB3's 8-copy SuperSuit vector env.
+``poca_simple_spread_width64`` is the same with covey's critic at ``attention_width=64`` (its default is 128).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -94,7 +97,8 @@ class Task:
     """Per-suite additions to ``hyperparameters`` (e.g. a shorter warm-up for the quick suite)."""
     env_kwargs: dict[str, Any] | None = None
     covey_options: dict[str, Any] = field(default_factory=dict)
-    """covey-only arguments (e.g. ``bf16_matmuls=True``); SB3 runs without them."""
+    """covey-only arguments (e.g. ``bf16_matmuls=True``; with ``runner``, keywords of its covey function); SB3
+    runs without them."""
     runner: Runner | None = None
     """Trains and measures the task instead of the FRAMEWORKS classes on :func:`make_env`'s VecEnv."""
     sb3_runs_of: str | None = None
@@ -122,7 +126,9 @@ class Task:
 
     def sb3_side(self, suite: str) -> tuple:
         """What SB3's run of this task depends on: tasks with equal ones may share SB3's runs."""
-        return (self.agent, self.env_id, self.n_envs, repr(self.kwargs(suite)), repr(self.env_kwargs), self.budgets)
+        settings = (self.agent, self.env_id, self.n_envs, repr(self.kwargs(suite)), repr(self.env_kwargs))
+        runner = None if self.runner is None else (self.runner.train["sb3"], self.runner.eval_episodes)
+        return (*settings, self.budgets, runner)
 
 
 TASKS = [
@@ -245,6 +251,20 @@ TASKS += [
         ),
     )
 ]
+# covey's POCA with its critic's attention at width 64 instead of the default 128 (an option of covey's; the
+# same settings otherwise), against the same SB3 runs when both run.
+TASKS.append(
+    dataclasses.replace(
+        TASKS[-1],
+        name="poca_simple_spread_width64",
+        covey_options=dict(policy_kwargs=dict(attention_width=64)),
+        sb3_runs_of="poca_simple_spread",
+        note=(
+            "poca_simple_spread_width64: poca_simple_spread with covey's critic at "
+            "`policy_kwargs=dict(attention_width=64)` (default 128), counted the same way."
+        ),
+    )
+)
 TASKS_BY_NAME = {task.name: task for task in TASKS}
 
 
@@ -299,7 +319,10 @@ def measure_training(framework: str, task: Task, suite: str, timesteps: int, see
     """Train one model on a fresh env, timing ``learn`` only, then evaluate it on a separately seeded env."""
     started = time.perf_counter()
     if task.runner is not None:
-        seconds, eval_return, trained = task.runner.train[framework](timesteps, seed, task.runner.eval_episodes)
+        options = task.covey_options if framework == "covey" else {}
+        seconds, eval_return, trained = task.runner.train[framework](
+            timesteps, seed, task.runner.eval_episodes, **options
+        )
         return RunResult(framework, seed, seconds, trained, eval_return, time.perf_counter() - started)
     agent_class = FRAMEWORKS[framework][task.agent]
     env = make_env(task, task.n_envs, seed)
@@ -339,7 +362,7 @@ def run_group(
     the order of the covey runs, and which goes first with one task, alternates with the seed, so that slow
     phases of a noisy machine hit both frameworks alike."""
     lead = tasks[0]
-    if any(task.runner is not None or task.sb3_side(suite) != lead.sb3_side(suite) for task in tasks[1:]):
+    if any(task.sb3_side(suite) != lead.sb3_side(suite) for task in tasks[1:]):
         raise ValueError(f"tasks {[task.name for task in tasks]} do not share SB3's side: run them apart")
     timesteps = lead.timesteps(suite, scale)
     env_speed = measure_env_speed(lead, env_seconds)

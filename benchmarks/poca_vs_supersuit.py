@@ -73,13 +73,13 @@ def make_poca(seed: int, **policy_kwargs) -> POCA:
 
 
 def run_poca(
-    timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES, callback=None
+    timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES, callback=None, policy_kwargs=None
 ) -> tuple[float, float, int]:
     """Train covey's POCA for ``timesteps`` env steps; (seconds of ``learn``, per-agent return, env steps).
 
     ``callback`` (an SB3 callback) is passed to ``learn``; a :class:`benchmarks.poca_curve.LearningCurve`'s own
-    evaluation time is left out of the seconds."""
-    model = make_poca(seed)
+    evaluation time is left out of the seconds. ``policy_kwargs`` go to :func:`make_poca` (e.g. a width)."""
+    model = make_poca(seed, **(policy_kwargs or {}))
     seconds = timed_learn(model, timesteps, callback)
     agent_return = evaluate_group(model, make_env, n_eval_episodes=n_eval_episodes, seed=EVAL_SEED_OFFSET + seed)
     return seconds, agent_return["agent_return"], model.num_timesteps

@@ -1,5 +1,6 @@
 """The benchmark harness runs end to end on a tiny budget and prints a table row per task (no timing checks)."""
 
+import dataclasses
 import pathlib
 import shutil
 import subprocess
@@ -35,8 +36,8 @@ def cell(row: dict[str, str], prefix: str) -> str:
 
 def test_compare_quick_smoke():
     """Single-agent tasks, a _bf16 task beside its float32 twin (sharing its SB3 runs) and the MA-POCA task (POCA
-    against SB3 PPO + SuperSuit) in one table."""
-    tasks = [*TASKS, "sac_pendulum_bf16", "poca_simple_spread"]
+    against SB3 PPO + SuperSuit) beside its width-64 twin in one table."""
+    tasks = [*TASKS, "sac_pendulum_bf16", "poca_simple_spread", "poca_simple_spread_width64"]
     command = [sys.executable, "-m", "benchmarks.compare", "--suite", "quick", "--tasks", ",".join(tasks)]
     result = subprocess.run(
         [*command, "--seeds", "1", "--scale", "0.02", "--env-seconds", "0.5"],
@@ -56,6 +57,9 @@ def test_compare_quick_smoke():
     for column in ("SB3 s (median)", "SB3 steps/s", "SB3 return (median [min, max])", "raw env steps/s"):
         assert fp32[column] == bf16[column]
     assert "sac_pendulum_bf16 shares SB3's runs with sac_pendulum" in result.stdout
+    for column in ("SB3 s (median)", "SB3 return (median [min, max])", "raw env steps/s"):
+        assert rows["poca_simple_spread"][column] == rows["poca_simple_spread_width64"][column]
+    assert "poca_simple_spread_width64 shares SB3's runs with poca_simple_spread" in result.stdout
     poca = rows["poca_simple_spread"]
     # 2,000 env steps rounded up to whole rollouts of 8 copies x 128 steps, for both learners.
     assert poca["timesteps"] == "2,048"
@@ -65,7 +69,7 @@ def test_compare_quick_smoke():
     assert "poca_simple_spread:" in result.stdout and "per-agent returns" in result.stdout
     assert "python -m benchmarks.compare --suite quick" in result.stdout
     runs = [line for line in result.stderr.splitlines() if " s with setup and evaluation)" in line]
-    assert len(runs) == 7  # per seed: 4 covey runs, 3 SB3 runs (sac_pendulum_bf16 shares sac_pendulum's)
+    assert len(runs) == 8  # per seed: 5 covey runs, 3 SB3 runs (the twins share their leads')
     assert "- CPU: " in result.stdout and "torch CPU capability: " in result.stdout
     assert "- code: covey " in result.stdout
 
@@ -489,13 +493,44 @@ def test_compare_twins_have_the_same_sb3_side():
     from benchmarks.compare import TASKS, TASKS_BY_NAME
 
     twins = [task for task in TASKS if task.sb3_runs_of is not None]
-    assert {task.name for task in twins} == {"sac_pendulum_bf16", "sac_lunarlander_continuous_bf16"}
+    assert {task.name for task in twins} == {
+        "sac_pendulum_bf16",
+        "sac_lunarlander_continuous_bf16",
+        "poca_simple_spread_width64",
+    }
     for task in twins:
         lead = TASKS_BY_NAME[task.sb3_runs_of]
-        assert task.covey_options and task.runner is None
+        assert task.covey_options and task.runner == lead.runner
         for suite in task.budgets:
             assert task.sb3_side(suite) == lead.sb3_side(suite)
             assert task.kwargs(suite, "sb3") == lead.kwargs(suite, "sb3")
+
+
+def test_compare_poca_twin_trains_covey_at_width_64_and_sb3_alike(monkeypatch):
+    """poca_simple_spread_width64 trains covey's POCA with attention_width=64 and SB3 as poca_simple_spread does;
+    the lead trains covey's at the default width, 128. A different SB3 side (another runner) cannot share."""
+    from benchmarks import compare, poca_vs_supersuit
+
+    widths = []
+    make_poca = poca_vs_supersuit.make_poca
+
+    def recording_make_poca(seed, **policy_kwargs):
+        model = make_poca(seed, **policy_kwargs)
+        widths.append(model.attention_width)
+        return model
+
+    monkeypatch.setattr(poca_vs_supersuit, "make_poca", recording_make_poca)
+    lead, twin = compare.TASKS_BY_NAME["poca_simple_spread"], compare.TASKS_BY_NAME["poca_simple_spread_width64"]
+    runs = [compare.measure_training("covey", task, "quick", 1024, 0) for task in (lead, twin)]
+    assert widths == [128, 64]
+    assert all(run.timesteps == 1024 and run.eval_return <= 0 for run in runs)
+    assert twin.sb3_side("quick") == lead.sb3_side("quick")
+    other = compare.Runner(
+        train={**lead.runner.train, "sb3": lambda *args: (1.0, 0.0, 1)},
+        env_speed=lead.runner.env_speed,
+        min_timesteps=lead.runner.min_timesteps,
+    )
+    assert dataclasses.replace(twin, runner=other).sb3_side("quick") != lead.sb3_side("quick")
 
 
 def test_manual_vs_autograd_smoke():
