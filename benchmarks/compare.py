@@ -1,7 +1,7 @@
 """Side-by-side benchmark of covey against Stable-Baselines3: training time, env throughput, final return.
 
-    python -m benchmarks.compare --suite quick                       # its tasks, 2 seeds, 13-19 min on 2 cores
-    python -m benchmarks.compare --suite full --out results.md       # long: hours
+    python -m benchmarks.compare --suite quick                  # its tasks, 2 seeds: 10-14 min on RESULTS.md's CPU
+    python -m benchmarks.compare --suite full --out results.md  # long: hours
     python -m benchmarks.compare --suite quick --tasks sac_pendulum --seeds 1 --scale 0.1   # smoke run
 
 Both frameworks train in the same process, alternating per seed (covey first on even seeds, SB3 first on
