@@ -196,15 +196,32 @@ def test_config_values_numbers_and_dotted_overrides():
         RunConfig.from_dict({**raw, "hyperparameters": {"tensorboard_log": "tb"}})
 
 
-def test_linear_schedule_continues_across_a_resume():
-    total = 1000
-    fresh = linear_schedule(1e-3, start=0, total=total)
-    resumed = linear_schedule(1e-3, start=400, total=total)  # a learn() call for the last 600 steps
-    for step in (400, 550, 1000):
-        progress_fresh = 1 - step / total
-        progress_resumed = 1 - (step - 400) / (total - 400)
-        assert resumed(progress_resumed) == pytest.approx(fresh(progress_fresh))
-    assert fresh(1.0) == pytest.approx(1e-3) and fresh(0.0) == 0.0
+def test_linear_schedule_falls_from_its_initial_value_to_zero():
+    schedule = linear_schedule(1e-3)
+    assert schedule(1.0) == pytest.approx(1e-3) and schedule(0.25) == pytest.approx(2.5e-4) and schedule(0.0) == 0.0
+
+
+def test_a_resumed_run_continues_its_learning_rate_schedule(tmp_path):
+    # ppo_cartpole.yaml's learning rate is lin_1e-3: a run stopped at 1024 steps and resumed to 2048 trains its
+    # second half at the rates of a run of 2048 steps from the start.
+    quiet = ["eval_episodes=0", "checkpoint_freq=0"]
+    covey("train", CONFIGS / "ppo_cartpole.yaml", "--set", "timesteps=2048", *quiet, "--run-dir", "whole", cwd=tmp_path)
+    covey("train", CONFIGS / "ppo_cartpole.yaml", "--set", "timesteps=1024", *quiet, "--run-dir", "split", cwd=tmp_path)
+    covey("resume", "split", "--timesteps", "2048", cwd=tmp_path)
+
+    def rates(run: str) -> dict[int, float]:
+        rows = read_rows(tmp_path / run / "progress.csv")
+        return {
+            int(float(r["time/total_timesteps"])): float(r["train/learning_rate"])
+            for r in rows
+            if r["train/learning_rate"]
+        }
+
+    whole, split = rates("whole"), rates("split")
+    later = sorted(step for step in split if step > 1024)  # rows after the resumed run's first update
+    assert later == [1536, 1792, 2048]
+    assert [split[step] for step in later] == pytest.approx([whole[step] for step in later], rel=1e-9)
+    assert whole[later[-1]] == pytest.approx(1e-3 * (1 - (later[-1] - 256) / 2048))  # the update before the row
 
 
 # ---------------------------------------------------------------------------- resume and Ctrl-C

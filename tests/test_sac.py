@@ -11,6 +11,7 @@ from gymnasium import spaces
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.noise import VectorizedActionNoise
+from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
 from stable_baselines3.common.vec_env import DummyVecEnv
 from torch.distributions import Normal, TransformedDistribution
 from torch.distributions.transforms import TanhTransform
@@ -436,8 +437,8 @@ def test_sb3_replay_buffer_arguments_that_match_covey_are_accepted_and_the_rest_
         sac("Pendulum-v1", replay_buffer_class=HerReplayBuffer)
     with pytest.raises(NotImplementedError, match="Prioritized \\(a custom replay buffer\\).*Remove"):
         sac("Pendulum-v1", replay_buffer_class=Prioritized)
-    with pytest.raises(NotImplementedError, match="handle_timeout_termination=False is not supported"):
-        sac("Pendulum-v1", replay_buffer_kwargs=dict(handle_timeout_termination=False))
+    with pytest.raises(ValueError, match="handle_timeout_termination='no' is invalid"):
+        sac("Pendulum-v1", replay_buffer_kwargs=dict(handle_timeout_termination="no"))
     with pytest.raises(NotImplementedError, match="\\['n_sampled_goal'\\] are not supported"):
         sac("Pendulum-v1", replay_buffer_kwargs=dict(n_sampled_goal=4))
 
@@ -479,9 +480,13 @@ def _start(model: SAC, total: int = 1000):
     return callback
 
 
-def test_train_freq_in_episodes():
-    model = sac(CounterEnv(length=5), train_freq=(2, "episode"), learning_starts=0, gradient_steps=1)
-    assert model.train_freq == (2, "episode")
+@pytest.mark.parametrize(
+    "train_freq", [(2, "episode"), TrainFreq(2, TrainFrequencyUnit.EPISODE), (np.int64(2), TrainFrequencyUnit.EPISODE)]
+)
+def test_train_freq_in_episodes(train_freq):
+    model = sac(CounterEnv(length=5), train_freq=train_freq, learning_starts=0, gradient_steps=1)
+    assert model.train_freq == TrainFreq(2, TrainFrequencyUnit.EPISODE)  # SB3's own type, as SB3 keeps it
+    assert model.train_freq.unit == TrainFrequencyUnit.EPISODE and type(model.train_freq.frequency) is int
     callback = _start(model)
     assert model.collect_rollouts(callback, None) == (10, True)  # two episodes of 5 steps
     assert model.num_timesteps == 10 and model._episode_num == 2
@@ -492,6 +497,9 @@ def test_train_freq_in_episodes():
 
 def test_train_freq_in_steps():
     model = sac(CounterEnv(length=5), train_freq=(3, "step"), learning_starts=0, gradient_steps=2)
+    assert model.collect_rollouts(_start(model), None) == (3, True)
+    model = sac(CounterEnv(length=5), train_freq=TrainFreq(3, TrainFrequencyUnit.STEP), learning_starts=0)
+    assert model.train_freq == TrainFreq(3, TrainFrequencyUnit.STEP)
     assert model.collect_rollouts(_start(model), None) == (3, True)
     model = sac(CounterEnv(length=5), train_freq=3, learning_starts=0, gradient_steps=2).learn(30)
     assert model._n_updates == 20  # 10 collections of 3 steps, 2 gradient steps each
@@ -546,6 +554,21 @@ def test_agent_stores_terminated_only_for_true_terminals(truncate):
     assert rb.next_observations[None][4, 0, 0] == 5.0  # the true final observation ...
     assert rb.observations[None][5, 0, 0] == 0.0  # ... not the reset one, which starts the next row
     assert rb.next_observations[None][5, 0, 0] == 1.0
+
+
+@pytest.mark.parametrize("optimize_memory_usage", [False, True])
+def test_handle_timeout_termination_false_makes_truncations_terminal(optimize_memory_usage, tmp_path):
+    # SB3 takes optimize_memory_usage=True only with handle_timeout_termination=False: that script runs as is.
+    kwargs = dict(replay_buffer_kwargs=dict(handle_timeout_termination=False), learning_starts=100)
+    model = sac(CounterEnv(length=5, truncate=True), optimize_memory_usage=optimize_memory_usage, **kwargs).learn(12)
+    rb = model.replay_buffer
+    assert rb.dones[:12, 0].tolist() == [t % 5 == 4 for t in range(12)]
+    assert rb.terminated[:12, 0].tolist() == [float(t % 5 == 4) for t in range(12)]  # as SB3 stores them
+    assert model.replay_buffer_kwargs == dict(handle_timeout_termination=False)
+    model.save(tmp_path / "m.zip")
+    loaded = SAC.load(tmp_path / "m.zip", env=CounterEnv(length=5, truncate=True)).learn(12)
+    assert loaded.replay_buffer.terminated[:12, 0].tolist() == [float(t % 5 == 4) for t in range(12)]
+    assert SAC.load(tmp_path / "m.zip").replay_buffer_kwargs == dict(handle_timeout_termination=False)
 
 
 # ---------------------------------------------------------------------------- logging
@@ -631,7 +654,7 @@ def test_invalid_ent_coef_is_refused(ent_coef):
         sac("Pendulum-v1", ent_coef=ent_coef)
 
 
-@pytest.mark.parametrize("train_freq", [(1, "minute"), 0, (0, "step"), (1, 2, "step")])
+@pytest.mark.parametrize("train_freq", [(1, "minute"), 0, (0, "step"), (1, 2, "step"), True, (1.5, "step")])
 def test_invalid_train_freq_is_refused(train_freq):
     with pytest.raises(ValueError, match="train_freq"):
         sac("Pendulum-v1", train_freq=train_freq)

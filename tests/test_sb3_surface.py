@@ -544,6 +544,88 @@ def test_vec_transpose_image_with_cnn_policy():
     assert model.predict(obs[0])[0].shape == ()
 
 
+class ImageDictEnv(gym.Env):
+    """ImageEnv under the key "image", beside a vector under "vec"."""
+
+    observation_space = spaces.Dict({"image": ImageEnv.observation_space, "vec": spaces.Box(-1, 1, (2,), np.float32)})
+    action_space = ImageEnv.action_space
+
+    def __init__(self) -> None:
+        self.images = ImageEnv()
+
+    def _obs(self, image: np.ndarray) -> dict:
+        return {"image": image, "vec": np.full(2, 0.5, np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        image, info = self.images.reset(seed=seed)
+        return self._obs(image), info
+
+    def step(self, action):
+        image, *rest = self.images.step(action)
+        return self._obs(image), *rest
+
+
+class ChannelFirstImageDictEnv(ImageDictEnv):
+    """ImageDictEnv with its images channel first, (3, 36, 36)."""
+
+    observation_space = spaces.Dict(
+        {"image": spaces.Box(0, 255, (3, 36, 36), np.uint8), "vec": ImageDictEnv.observation_space["vec"]}
+    )
+
+    def _obs(self, image: np.ndarray) -> dict:
+        return super()._obs(np.ascontiguousarray(image.transpose(2, 0, 1)))
+
+
+def image(obs):
+    return obs["image"] if isinstance(obs, (dict, spaces.Dict)) else obs
+
+
+def test_a_dict_model_steps_envs_with_images_in_either_channel_order():
+    model = PPO("MultiInputPolicy", ImageDictEnv(), n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    model.set_env(DummyVecEnv([ChannelFirstImageDictEnv]))
+    model.learn(32)  # episodes of 8 steps: terminal observations are moved too
+    assert tuple(image(model.rollout_buffer.observations).shape[-3:]) == (36, 36, 3)
+    model.get_env().seed(5)
+    raw = DummyVecEnv([ImageDictEnv])
+    raw.seed(5)
+    ours, theirs = model.get_env().reset(), raw.reset()
+    np.testing.assert_array_equal(ours["image"], theirs["image"])
+    np.testing.assert_array_equal(ours["vec"], theirs["vec"])
+
+
+def test_a_model_steps_envs_with_images_in_either_channel_order(tmp_path):
+    """As SB3's models do: one trained on channel-last images takes a VecTransposeImage env in set_env and load,
+    and one trained on channel-first images a raw env; the rollouts hold images in the model's own layout."""
+    policy, make = "CnnPolicy", ImageEnv
+    model = PPO(policy, make(), n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(16)
+    hwc = image(model.observation_space).shape
+    assert hwc == (36, 36, 3)
+    model.set_env(VecTransposeImage(DummyVecEnv([make])))
+    model.learn(32, reset_num_timesteps=False)
+    assert model.num_timesteps == 48 and image(model.observation_space).shape == hwc
+    assert tuple(image(model.rollout_buffer.observations).shape[-3:]) == hwc
+    # The wrapper moves the axes back, so the model sees the images a raw env gives for the same seed.
+    model.get_env().seed(5)
+    raw = DummyVecEnv([make])
+    raw.seed(5)
+    np.testing.assert_array_equal(image(model.get_env().reset()), image(raw.reset()))
+    actions = np.array([1])
+    model.get_env().step_async(actions)
+    raw.step_async(actions)
+    for ours, theirs in zip(model.get_env().step_wait()[:3], raw.step_wait()[:3]):  # obs, rewards, dones
+        np.testing.assert_array_equal(ours, theirs)
+    model.save(tmp_path / "hwc")
+    PPO.load(tmp_path / "hwc", env=VecTransposeImage(DummyVecEnv([make]))).learn(16)
+
+    chw_model = PPO(policy, VecTransposeImage(DummyVecEnv([make])), n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    assert image(chw_model.observation_space).shape == (3, 36, 36)
+    chw_model.set_env(DummyVecEnv([make]))
+    chw_model.learn(16)
+    assert tuple(image(chw_model.rollout_buffer.observations).shape[-3:]) == (3, 36, 36)
+    with pytest.raises(ValueError, match="Observation spaces do not match"):
+        model.set_env(DummyVecEnv([lambda: gym.make("CartPole-v1")]))
+
+
 def test_make_vec_env_four_envs():
     env = make_vec_env("CartPole-v1", n_envs=4, seed=0)
     model = PPO("MlpPolicy", env, n_steps=16, batch_size=64, n_epochs=1, seed=0).learn(128)
@@ -781,6 +863,63 @@ def test_get_and_set_parameters():
     np.testing.assert_array_equal(
         model_b.predict(batch, deterministic=True)[0], model_a.predict(batch, deterministic=True)[0]
     )
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_schedules_continue_across_learn_calls_as_in_sb3(name):
+    """``learn(n, reset_num_timesteps=False)`` continues a run: its schedules' progress counts from step 0 over
+    the whole budget, as in SB3, instead of starting over with the call."""
+    import stable_baselines3
+
+    import covey
+
+    def learning_rates(cls) -> list[tuple[int, float]]:
+        seen: list[tuple[int, float]] = []
+
+        class Record(BaseCallback):
+            def _on_rollout_start(self) -> None:  # after the previous update, which set the rate
+                optimizer = self.model.policy.optimizer if name == "PPO" else self.model.actor.optimizer
+                seen.append((self.num_timesteps, optimizer.param_groups[0]["lr"]))
+
+            def _on_step(self) -> bool:
+                return True
+
+        if name == "PPO":
+            model = cls("MlpPolicy", "CartPole-v1", learning_rate=lambda p: 1e-3 * p, **FAST)
+        else:
+            model = cls(
+                "MlpPolicy", "Pendulum-v1", learning_rate=lambda p: 1e-3 * p, learning_starts=0, train_freq=32, seed=0
+            )
+        model.learn(64, callback=Record())
+        model.learn(128, callback=Record(), reset_num_timesteps=False)
+        return seen
+
+    ours, sb3 = learning_rates(getattr(covey, name)), learning_rates(getattr(stable_baselines3, name))
+    assert [step for step, _ in ours] == [step for step, _ in sb3]
+    np.testing.assert_allclose([lr for _, lr in ours], [lr for _, lr in sb3], rtol=1e-6)
+    assert sb3[-1] == (160, pytest.approx(1e-3 * (1 - 160 / 192)))  # the whole run's progress, 192 steps
+
+
+def test_log_every_n_timesteps_writes_rows(tmp_path):
+    from stable_baselines3.common.callbacks import LogEveryNTimesteps
+
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(128, callback=LogEveryNTimesteps(n_steps=32), log_interval=None)  # rows only from the callback
+    rows = (tmp_path / "progress.csv").read_text().splitlines()
+    steps = [int(float(row.split(",")[rows[0].split(",").index("time/total_timesteps")])) for row in rows[1:]]
+    assert steps == [32, 64, 96, 128]
+
+
+def test_load_keeps_the_seed_and_takes_custom_objects_as_sb3(tmp_path, capsys):
+    PPO("MlpPolicy", "CartPole-v1", **{**FAST, "seed": 7}).save(tmp_path / "m")
+    loaded = PPO.load(tmp_path / "m", custom_objects={"verbose": 1, "tensorboard_log": str(tmp_path / "tb")})
+    assert (loaded.seed, loaded.verbose, loaded.tensorboard_log) == (7, 1, str(tmp_path / "tb"))
+    assert PPO.load(tmp_path / "m", seed=3, verbose=2).seed == 3  # keyword arguments win, as in SB3
+    PPO.load(tmp_path / "m", print_system_info=True)
+    printed = capsys.readouterr().out
+    assert "== CURRENT SYSTEM INFO ==" in printed and "== SAVED MODEL SYSTEM INFO ==" in printed
+    assert printed.count(f"- PyTorch: {torch.__version__}") == 2
 
 
 def test_get_vec_normalize_env_is_none_without_vec_normalize():

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import logging
 import os
+import platform
 import random
 import time
 import warnings
@@ -35,9 +35,7 @@ from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_name
 from covey.spaces import check_action_space, check_observation_space
 from covey.version import __version__
-from covey.wrappers.vec_env import as_vec_env
-
-log = logging.getLogger(__name__)
+from covey.wrappers.vec_env import VecImageLayout, as_vec_env, image_layout_moves
 
 # Classes a model file may name in policy_kwargs; anything else needs ``custom_objects`` at load.
 _ALLOWED_CLASSES: dict[str, type] = {
@@ -460,9 +458,16 @@ class BaseAgent:
     def get_vec_normalize_env(self):
         return unwrap_vec_normalize(self.env) if self.env is not None else None
 
+    def _fit_image_layout(self, venv: Any) -> Any:
+        """``venv`` as it is, or, where its images keep their channels on the other side than the model's
+        (HWC vs CHW, e.g. under SB3's ``VecTransposeImage``), wrapped to give them in the model's layout."""
+        if isinstance(venv, VecEnv) and image_layout_moves(venv.observation_space, self.observation_space):
+            return VecImageLayout(venv, self.observation_space)
+        return venv
+
     def set_env(self, env: Any, force_reset: bool = True) -> None:
         """Use a new env (same observation and action spaces) for further training."""
-        venv = self._wrap_env(env)
+        venv = self._fit_image_layout(self._wrap_env(env))
         self._check_spaces(venv.observation_space, venv.action_space)
         if venv.num_envs != self.n_envs:
             raise ValueError(
@@ -579,8 +584,9 @@ class BaseAgent:
         return self
 
     def _update_current_progress_remaining(self) -> None:
-        span = max(self._total_timesteps - self._num_timesteps_at_start, 1)
-        self._current_progress_remaining = 1.0 - float(self.num_timesteps - self._num_timesteps_at_start) / span
+        """Schedules' progress remaining, 1 -> 0 over the budget counted from step 0 (as SB3 counts it): a
+        ``learn(n, reset_num_timesteps=False)`` that continues a run continues its schedules too."""
+        self._current_progress_remaining = 1.0 - float(self.num_timesteps) / max(self._total_timesteps, 1)
 
     def _update_info_buffer(self, infos: list[dict], dones: np.ndarray) -> None:
         for i, info in enumerate(infos):
@@ -591,12 +597,19 @@ class BaseAgent:
             if success is not None and dones[i]:
                 self.ep_success_buffer.append(success)
 
-    def _dump_logs(self, iteration: int, counter: str = "time/iterations") -> None:
-        """Record SB3's ``time/*`` and ``rollout/*`` keys and write one row of logs."""
+    def dump_logs(self, iteration: int = 0) -> None:
+        """Write one row of logs now, as training does every ``log_interval`` iterations (SB3's public method,
+        which its ``LogEveryNTimesteps`` callback calls); an ``iteration`` above 0 is logged as ``time/iterations``."""
+        self._dump_logs(iteration, "time/iterations" if iteration > 0 else None)
+
+    def _dump_logs(self, iteration: int, counter: str | None = "time/iterations") -> None:
+        """Record SB3's ``time/*`` and ``rollout/*`` keys (``counter``: ``iteration``'s key, if any) and write one
+        row of logs."""
         elapsed = max((time.time_ns() - self.start_time) / 1e9, 1e-9)
         fps = int((self.num_timesteps - self._num_timesteps_at_start) / elapsed)
         logger = self.logger
-        logger.record(counter, iteration, exclude="tensorboard")
+        if counter is not None:
+            logger.record(counter, iteration, exclude="tensorboard")
         if self.ep_info_buffer:
             logger.record("rollout/ep_rew_mean", safe_mean([ep["r"] for ep in self.ep_info_buffer]))
             logger.record("rollout/ep_len_mean", safe_mean([ep["l"] for ep in self.ep_info_buffer]))
@@ -701,7 +714,9 @@ class BaseAgent:
         exact_match: bool = True,
         device: torch.device | str = "auto",
     ) -> None:
-        """Load state dicts from a dict (as ``get_parameters`` returns) or from a covey model file."""
+        """Load state dicts from a dict (as ``get_parameters`` returns) or from a covey model file. With
+        ``exact_match`` every network of the model must be given, with every tensor; optimizer states may be
+        left out (the optimizers keep theirs), so that ``{"policy": sb3_model.policy.state_dict()}`` copies."""
         if isinstance(load_path_or_dict, dict):
             params = load_path_or_dict
         else:
@@ -741,6 +756,7 @@ class BaseAgent:
         settings = {
             "agent": self.agent_name,
             "covey_version": __version__,
+            "system_info": system_info(),
             "policy": self.policy_name,
             "policy_kwargs": _policy_kwargs_to_json(self.policy_kwargs),
             "hyperparameters": self._hyperparameters_json(),
@@ -793,7 +809,10 @@ class BaseAgent:
         # (some models run on the CPU only, whatever "auto" would pick).
         settings, tensors = serialization.load_model_file(path, "cpu")
         if print_system_info:
-            log.info("covey %s, torch %s, numpy %s", __version__, torch.__version__, np.__version__)
+            print("== CURRENT SYSTEM INFO ==")
+            print_versions(system_info())
+            print("== SAVED MODEL SYSTEM INFO ==")
+            print_versions(settings.get("system_info") or {"covey": settings.get("covey_version", "unknown")})
         agent = settings.get("agent")
         if agent != cls.agent_name:
             raise serialization.ModelFileError(
@@ -810,11 +829,15 @@ class BaseAgent:
         policy_kwargs = custom_objects.pop("policy_kwargs", None)
         if policy_kwargs is None:
             policy_kwargs = _policy_kwargs_from_json(settings["policy_kwargs"])
-        hyper.update({k: v for k, v in custom_objects.items() if k in hyper})
-        unknown = sorted(set(kwargs) - set(hyper) - {"tensorboard_log", "verbose"})
+        # Settings kept beside the hyperparameters: the seed as saved, the rest as SB3 leaves them unless
+        # custom_objects or keyword arguments set them.
+        outside = {"seed": settings.get("seed"), "tensorboard_log": None, "verbose": 0}
+        hyper.update({k: v for k, v in custom_objects.items() if k in hyper or k in outside})
+        unknown = sorted(set(kwargs) - set(hyper) - set(outside))
         if unknown:
             raise ValueError(f"Unknown keyword arguments {unknown} for {cls.__name__}.load.")
         hyper.update(kwargs)
+        hyper = {**outside, **hyper}
         observation_space = serialization.space_from_json(settings["observation_space"])
         action_space = serialization.space_from_json(settings["action_space"])
         model = cls(
@@ -829,7 +852,7 @@ class BaseAgent:
         model.n_envs = settings.get("n_envs", 1)
         model._restore_settings(settings)
         if env is not None:
-            venv = model._wrap_env(env)
+            venv = model._fit_image_layout(model._wrap_env(env))
             model._check_spaces(venv.observation_space, venv.action_space)
             model._attach_env(venv)
             if force_reset:
@@ -839,6 +862,30 @@ class BaseAgent:
         model.num_timesteps = int(settings.get("num_timesteps", 0))
         model._n_updates = int(settings.get("n_updates", 0))
         return model
+
+
+def system_info() -> dict[str, str]:
+    """The versions a model file records and ``load(..., print_system_info=True)`` prints."""
+    import gymnasium
+    import stable_baselines3
+
+    return {
+        "OS": f"{platform.platform()} {platform.version()}",
+        "Python": platform.python_version(),
+        "covey": __version__,
+        "PyTorch": torch.__version__,
+        "GPU Enabled": str(torch.cuda.is_available()),
+        "Numpy": np.__version__,
+        "Gymnasium": gymnasium.__version__,
+        "Stable-Baselines3": stable_baselines3.__version__,
+    }
+
+
+def print_versions(info: dict[str, str]) -> None:
+    """``info`` a line per entry, in :func:`system_info`'s order (a file's JSON keeps them sorted)."""
+    order = list(system_info())
+    for key in sorted(info, key=lambda k: order.index(k) if k in order else len(order)):
+        print(f"- {key}: {info[key]}")
 
 
 def merge_parameter_groups(params: dict, into: str, modules: tuple[str, ...], renames: dict[str, str]) -> dict:

@@ -444,7 +444,7 @@ class POCA(BaseAgent):
         self.logger.record("train/clip_range", clip_range)
         self.logger.record("train/learning_rate", lr)
 
-    def _dump_logs(self, iteration: int, counter: str = "time/iterations") -> None:
+    def _dump_logs(self, iteration: int, counter: str | None = "time/iterations") -> None:
         self._record_group_stats()
         super()._dump_logs(iteration, counter)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -13,6 +13,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictReplayBuffer as SB3DictReplayBuffer
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
 from stable_baselines3.common.noise import VectorizedActionNoise
+from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
 
 from covey.agents.base import BaseAgent, FlatParameters, Schedule, merge_parameter_groups, require, set_train_mode
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
@@ -98,11 +99,6 @@ class SACConfig:
         self.train_freq = _train_freq(self.train_freq)
 
 
-class TrainFreq(NamedTuple):
-    frequency: int
-    unit: str  # "step" or "episode"
-
-
 def _is_positive_float(text: str) -> bool:
     try:
         return float(text) > 0
@@ -111,19 +107,21 @@ def _is_positive_float(text: str) -> bool:
 
 
 def _train_freq(value: Any) -> TrainFreq:
-    if isinstance(value, TrainFreq):
-        return value
-    if isinstance(value, int):
+    """``train_freq`` as SB3 takes it (an int: steps; ``(n, "step" | "episode")``; SB3's ``TrainFreq``) as SB3's
+    ``TrainFreq(frequency, TrainFrequencyUnit)``."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         value = (value, "step")
-    if (
-        not isinstance(value, (tuple, list))
-        or len(value) != 2
-        or not isinstance(value[0], int)
-        or value[0] < 1
-        or value[1] not in ("step", "episode")
-    ):
+    ok = isinstance(value, (tuple, list)) and len(value) == 2
+    if ok:
+        n, unit = value
+        ok = isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1
+        try:
+            unit = TrainFrequencyUnit(unit)
+        except ValueError:
+            ok = False
+    if not ok:
         raise ValueError(f'SAC: train_freq={value!r} is invalid: use an int >= 1 or (n, "step") / (n, "episode").')
-    return TrainFreq(int(value[0]), str(value[1]))
+    return TrainFreq(int(n), unit)
 
 
 # ---------------------------------------------------------------------------- the maths, as pure functions
@@ -326,9 +324,10 @@ class ManualSACStep:
 
 
 # ---------------------------------------------------------------------------- the agent
-def check_replay_buffer_args(replay_buffer_class: type | None, replay_buffer_kwargs: dict | None) -> None:
-    """Accept what SB3's own replay buffers do by default, which covey's buffer does too (uniform sampling, Dict
-    observations, time-limit truncations bootstrapped, not terminal); refuse the rest with what to change."""
+def check_replay_buffer_args(replay_buffer_class: type | None, replay_buffer_kwargs: dict | None) -> bool:
+    """Accept what SB3's own replay buffers do, which covey's buffer does too (uniform sampling, Dict
+    observations, time-limit truncations bootstrapped unless ``handle_timeout_termination=False`` makes them
+    terminal); refuse the rest with what to change. Returns ``handle_timeout_termination``."""
     if replay_buffer_class is not None and replay_buffer_class not in (SB3ReplayBuffer, SB3DictReplayBuffer):
         name = getattr(replay_buffer_class, "__name__", repr(replay_buffer_class))
         what = "hindsight experience replay" if name == "HerReplayBuffer" else "a custom replay buffer"
@@ -337,16 +336,18 @@ def check_replay_buffer_args(replay_buffer_class: type | None, replay_buffer_kwa
             "uniformly (as SB3's ReplayBuffer and DictReplayBuffer do). Remove replay_buffer_class."
         )
     kwargs = dict(replay_buffer_kwargs or {})
-    if kwargs.pop("handle_timeout_termination", True) is not True:
-        raise NotImplementedError(
-            "replay_buffer_kwargs: handle_timeout_termination=False is not supported: covey's replay buffer always "
-            "treats a time-limit truncation as not terminal and bootstraps from the final observation. Remove it."
+    handle_timeouts = kwargs.pop("handle_timeout_termination", True)
+    if not isinstance(handle_timeouts, (bool, np.bool_)):
+        raise ValueError(
+            f"replay_buffer_kwargs: handle_timeout_termination={handle_timeouts!r} is invalid: use True (a time-limit "
+            "truncation keeps the bootstrap from the final observation, the default) or False (it is terminal)."
         )
     if kwargs:
         raise NotImplementedError(
             f"replay_buffer_kwargs {sorted(kwargs)} are not supported by covey's replay buffer (it takes "
-            "handle_timeout_termination=True only; optimize_memory_usage is SAC's own argument). Remove them."
+            "handle_timeout_termination only; optimize_memory_usage is SAC's own argument). Remove them."
         )
+    return bool(handle_timeouts)
 
 
 class SAC(BaseAgent):
@@ -401,7 +402,9 @@ class SAC(BaseAgent):
         bf16_matmuls: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
-        check_replay_buffer_args(replay_buffer_class, replay_buffer_kwargs)
+        self._handle_timeouts = check_replay_buffer_args(replay_buffer_class, replay_buffer_kwargs)
+        self.replay_buffer_class = replay_buffer_class
+        self.replay_buffer_kwargs = dict(replay_buffer_kwargs or {})
         if n_steps != 1:
             raise NotImplementedError("n-step returns (n_steps > 1) are not supported by covey's SAC.")
         self.config = SACConfig(
@@ -545,7 +548,9 @@ class SAC(BaseAgent):
 
     def _hyperparameters(self) -> dict[str, Any]:
         params = super()._hyperparameters()
-        params["train_freq"] = list(self.config.train_freq)
+        params["train_freq"] = [self.config.train_freq.frequency, self.config.train_freq.unit.value]
+        if not self._handle_timeouts:
+            params["replay_buffer_kwargs"] = {"handle_timeout_termination": False}
         return params
 
     # ------------------------------------------------------------------ replay buffer files
@@ -603,7 +608,9 @@ class SAC(BaseAgent):
             actor.reset_noise(env.num_envs)
         callback.on_rollout_start()
         num_collected_steps = num_collected_episodes = 0
-        while (num_collected_steps if train_freq.unit == "step" else num_collected_episodes) < train_freq.frequency:
+        while (
+            num_collected_steps if train_freq.unit == TrainFrequencyUnit.STEP else num_collected_episodes
+        ) < train_freq.frequency:
             if use_sde and sde_sample_freq > 0 and num_collected_steps % sde_sample_freq == 0:
                 actor.reset_noise(env.num_envs)
             if self.num_timesteps < learning_starts and not (use_sde and cfg.use_sde_at_warmup):
@@ -668,7 +675,7 @@ class SAC(BaseAgent):
                 if vec_normalize is not None:  # VecNormalize normalized it in the info
                     final = vec_normalize.unnormalize_obs(final)
                 _set_env_obs(next_obs, i, final)
-            if infos[i].get("TimeLimit.truncated", False):
+            if self._handle_timeouts and infos[i].get("TimeLimit.truncated", False):
                 terminated[i] = False  # a time limit keeps the bootstrap
         self.replay_buffer.add(obs, next_obs, actions, rewards, terminated, dones)
         self._last_obs = new_obs
@@ -704,7 +711,11 @@ class SAC(BaseAgent):
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/learning_rate", lr)
 
-    def _dump_logs(self, iteration: int, counter: str = "time/iterations") -> None:
+    def dump_logs(self) -> None:
+        """Write one row of logs now, as training does every ``log_interval`` episodes (SB3's public method)."""
+        self._dump_logs(self._episode_num, "time/episodes")
+
+    def _dump_logs(self, iteration: int, counter: str | None = "time/iterations") -> None:
         # The critics' diagnostics of the last train() call, like its losses; reduced only when a row of logs
         # is written, not at every gradient step.
         pairs = getattr(self, "_q_and_targets", None)

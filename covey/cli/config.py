@@ -365,16 +365,12 @@ def parse_schedule(key: str, text: str) -> float:
     return float(match.group(1))
 
 
-def linear_schedule(initial: float, start: int = 0, total: int = 0) -> Callable[[float], float]:
-    """A linear decay over the whole run, as a function of a ``learn`` call's progress remaining.
-
-    A resumed run calls ``learn`` for the steps left (``start`` to ``total``): its progress 1 -> 0 maps
-    onto the run's (total - start) / total -> 0, so the value continues where it stood.
-    """
-    share = (total - start) / total if total > 0 else 1.0
+def linear_schedule(initial: float) -> Callable[[float], float]:
+    """A linear decay from ``initial`` to 0 over the whole run. A resumed run continues it: its ``learn`` call
+    (``reset_num_timesteps=False``, from the checkpoint's step count) passes the run's progress remaining."""
 
     def schedule(progress_remaining: float) -> float:
-        return initial * progress_remaining * share
+        return initial * progress_remaining
 
     return schedule
 
@@ -382,7 +378,7 @@ def linear_schedule(initial: float, start: int = 0, total: int = 0) -> Callable[
 _CLASS_KEYS = ("activation_fn", "optimizer_class")
 
 
-def agent_kwargs(cfg: RunConfig, start: int = 0) -> dict[str, Any]:
+def agent_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """The agent constructor's keyword arguments for ``cfg`` (schedules and class names resolved)."""
     import torch
 
@@ -392,7 +388,7 @@ def agent_kwargs(cfg: RunConfig, start: int = 0) -> dict[str, Any]:
     kwargs = _deep_copy(cfg.hyperparameters)
     for key in getattr(cls, "schedule_keys", ()):
         if isinstance(kwargs.get(key), str):
-            kwargs[key] = linear_schedule(parse_schedule(f"hyperparameters.{key}", kwargs[key]), start, cfg.timesteps)
+            kwargs[key] = linear_schedule(parse_schedule(f"hyperparameters.{key}", kwargs[key]))
     policy_kwargs = kwargs.get("policy_kwargs")
     if policy_kwargs is not None:
         if not isinstance(policy_kwargs, dict):
@@ -414,7 +410,7 @@ def agent_kwargs(cfg: RunConfig, start: int = 0) -> dict[str, Any]:
     return kwargs
 
 
-def schedule_objects(cfg: RunConfig, start: int) -> dict[str, Any]:
+def schedule_objects(cfg: RunConfig) -> dict[str, Any]:
     """Schedules to hand back to ``load`` (a model file keeps only their current value)."""
-    kwargs = agent_kwargs(cfg, start)
+    kwargs = agent_kwargs(cfg)
     return {k: v for k, v in kwargs.items() if callable(v) and not isinstance(v, type)}

@@ -502,9 +502,7 @@ def resume(run_dir: str | os.PathLike, sets: list[str] | None = None, quiet: boo
     from covey.agents import agent_class
 
     device = cfg.hyperparameters.get("device", "auto")
-    model = agent_class(cfg.agent).load(
-        model_path, env=env, device=device, custom_objects=schedule_objects(cfg, start_step)
-    )
+    model = agent_class(cfg.agent).load(model_path, env=env, device=device, custom_objects=schedule_objects(cfg))
     if state.get("replay_buffer"):
         replay = folder.checkpoints / state["replay_buffer"]
         if not replay.is_file():

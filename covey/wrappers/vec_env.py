@@ -12,12 +12,13 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
 from stable_baselines3.common.env_util import is_wrapped
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper
 from stable_baselines3.common.vec_env.util import dict_to_obs
 
-from covey.spaces import check_observation_space
+from covey.spaces import check_observation_space, is_image_space
 
 
 class FastVecEnv(DummyVecEnv):
@@ -126,6 +127,55 @@ class GymnasiumVecEnv(VecEnv):
 
     def get_images(self):
         return list(self.venv.render() or [])
+
+
+class VecImageLayout(VecEnvWrapper):
+    """An image VecEnv's observations with each image's channel axis moved (HWC <-> CHW) to where
+    ``observation_space``, a model's, has it (terminal observations in the infos too): a model trained on
+    channel-last images steps a ``VecTransposeImage`` env, and one trained on channel-first images a raw one,
+    as SB3's models take either. Build it where :func:`image_layout_moves` finds moves."""
+
+    def __init__(self, venv: VecEnv, observation_space: spaces.Space) -> None:
+        self.moves = image_layout_moves(venv.observation_space, observation_space)
+        super().__init__(venv, observation_space=observation_space)
+
+    def _fit(self, obs):
+        if isinstance(obs, dict):
+            return {k: np.moveaxis(v, *self.moves[k]) if k in self.moves else v for k, v in obs.items()}
+        return np.moveaxis(obs, *self.moves[None])
+
+    def reset(self):
+        return self._fit(self.venv.reset())
+
+    def step_wait(self):
+        obs, rewards, dones, infos = self.venv.step_wait()
+        for info in infos:
+            if "terminal_observation" in info:  # one env's, unbatched: the moves count axes from the end
+                info["terminal_observation"] = self._fit(info["terminal_observation"])
+        return self._fit(obs), rewards, dones, infos
+
+
+def image_layout_moves(space: spaces.Space, target: spaces.Space) -> dict[str | None, tuple[int, int]]:
+    """``{key: (source axis, destination axis)}`` (key None for a Box) that turn observations of ``space`` into
+    ``target``'s, when the two differ only in where their images keep the channel axis; empty otherwise."""
+    if isinstance(space, spaces.Dict) and isinstance(target, spaces.Dict):
+        if list(space.spaces) != list(target.spaces):
+            return {}
+        moves = {}
+        for key, sub in space.spaces.items():
+            move = image_layout_moves(sub, target.spaces[key]).get(None)
+            if move is not None:
+                moves[key] = move
+            elif sub != target.spaces[key]:
+                return {}
+        return moves
+    if not (is_image_space(space) and is_image_space(target)) or space == target:
+        return {}
+    for move in ((-3, -1), (-1, -3)):  # CHW -> HWC, HWC -> CHW
+        moved = spaces.Box(np.moveaxis(space.low, *move), np.moveaxis(space.high, *move), dtype=space.dtype)
+        if moved == target:
+            return {None: move}
+    return {}
 
 
 def _env_slice(obs, i: int):
