@@ -93,7 +93,7 @@ def test_n_envs_layout_and_capacity_rounding():
     assert buf.observations[None].shape == (5, 2, 1)
     assert buf.actions.shape == (5, 2, 1) and buf.rewards.shape == (5, 2)
     add_stream(buf, 3)
-    assert buf.size() == 6 and buf.pos == 3 and not buf.full
+    assert buf.size() == 3 and buf.pos == 3 and not buf.full  # steps per env, as SB3 counts
     for t in range(3):
         for e in range(2):
             assert buf.observations[None][t, e, 0] == code(t, e)
@@ -113,9 +113,9 @@ def test_circular_overwrite_wraps_and_size_caps():
     """Capacity 5 rows: after 8 steps rows hold steps [5, 6, 7, 3, 4] and pos = 8 % 5 = 3."""
     buf = make_buffer(5, memory=False)
     add_stream(buf, 5)
-    assert buf.pos == 0 and buf.full and buf.size() == 10
+    assert buf.pos == 0 and buf.full and buf.size() == 5
     add_stream(buf, 3, start=5)  # steps 5, 6, 7 overwrite rows 0, 1, 2
-    assert buf.pos == 3 and buf.full and buf.size() == 10  # capped at capacity * n_envs
+    assert buf.pos == 3 and buf.full and buf.size() == 5  # capped at the capacity in rows
     assert buf.observations[None][:, 0, 0].tolist() == [code(t, 0) for t in (5, 6, 7, 3, 4)]
     # The same stream added in one go gives the same ring.
     other = make_buffer(5, memory=False)

@@ -911,6 +911,13 @@ def test_log_every_n_timesteps_writes_rows(tmp_path):
     assert steps == [32, 64, 96, 128]
 
 
+def test_verbose_names_the_device_as_sb3_does(capsys):
+    PPO("MlpPolicy", "CartPole-v1", verbose=1, device="cpu", **FAST)
+    assert "Using cpu device" in capsys.readouterr().out
+    PPO("MlpPolicy", "CartPole-v1", device="cpu", **FAST)
+    assert capsys.readouterr().out == ""
+
+
 def test_load_keeps_the_seed_and_takes_custom_objects_as_sb3(tmp_path, capsys):
     PPO("MlpPolicy", "CartPole-v1", **{**FAST, "seed": 7}).save(tmp_path / "m")
     loaded = PPO.load(tmp_path / "m", custom_objects={"verbose": 1, "tensorboard_log": str(tmp_path / "tb")})

@@ -393,6 +393,8 @@ class BaseAgent:
                     "device='auto', which picks the CPU for it)."
                 )
             self.device = torch.device("cpu")
+        if verbose >= 1:
+            print(f"Using {self.device} device")  # as SB3 says it
         self.seed = seed
         self.stats_window_size = stats_window_size
         self.num_timesteps = 0

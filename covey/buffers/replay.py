@@ -81,8 +81,8 @@ class ReplayBuffer:
         self.full = False
 
     def size(self) -> int:
-        """Number of stored transitions (all envs)."""
-        return (self.capacity if self.full else self.pos) * self.n_envs
+        """Steps stored per env, as SB3's ``size()`` counts them (transitions: ``size() * n_envs``)."""
+        return self.capacity if self.full else self.pos
 
     def add(
         self,
