@@ -90,15 +90,36 @@ def test_n_envs_layout_and_capacity_rounding():
     """buffer_size 11 with 2 envs: 5 rows of 2 envs (the remainder is dropped); row t holds step t."""
     buf = ReplayBuffer(11, BOX_OBS, ACTIONS, n_envs=2)
     assert buf.capacity == 5
-    assert buf.observations[None].shape == (5, 2, 1)
+    assert buf.observations.shape == (5, 2, 1)
     assert buf.actions.shape == (5, 2, 1) and buf.rewards.shape == (5, 2)
     add_stream(buf, 3)
     assert buf.size() == 3 and buf.pos == 3 and not buf.full  # steps per env, as SB3 counts
     for t in range(3):
         for e in range(2):
-            assert buf.observations[None][t, e, 0] == code(t, e)
+            assert buf.observations[t, e, 0] == code(t, e)
             assert buf.actions[t, e, 0] == 0.5 * code(t, e)
             assert buf.rewards[t, e] == -code(t, e)
+
+
+@pytest.mark.parametrize("n_envs", [1, 2])
+def test_arrays_have_sb3s_layout(n_envs):
+    """The fields a user's code reads in SB3's ReplayBuffer have its shapes: observations (rows, n_envs, *obs_shape)
+    as arrays (dicts of them for Dict spaces), buffer_size the rows, size() the rows filled."""
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+
+    ours = ReplayBuffer(10, BOX_OBS, ACTIONS, n_envs=n_envs)
+    theirs = SB3ReplayBuffer(10, BOX_OBS, ACTIONS, n_envs=n_envs)
+    for buf in (ours, theirs):
+        for t in range(3):
+            obs = np.full((n_envs, 1), t, np.float32)
+            buf.add(obs, obs + 1, np.zeros((n_envs, 1)), np.zeros(n_envs), np.zeros(n_envs), [{}] * n_envs)
+    for name in ("observations", "next_observations", "actions", "rewards"):
+        assert getattr(ours, name).shape == getattr(theirs, name).shape, name
+    np.testing.assert_array_equal(ours.observations[: ours.pos], theirs.observations[: theirs.pos])
+    np.testing.assert_array_equal(ours.next_observations[: ours.pos], theirs.next_observations[: theirs.pos])
+    assert (ours.buffer_size, ours.size()) == (theirs.buffer_size, theirs.size())
+    keyed = ReplayBuffer(10, spaces.Dict({"a": BOX_OBS}), ACTIONS, n_envs=n_envs)
+    assert set(keyed.observations) == {"a"} and keyed.observations["a"].shape == (10 // n_envs, n_envs, 1)
 
 
 def test_discrete_actions_stored_as_integers():
@@ -116,12 +137,12 @@ def test_circular_overwrite_wraps_and_size_caps():
     assert buf.pos == 0 and buf.full and buf.size() == 5
     add_stream(buf, 3, start=5)  # steps 5, 6, 7 overwrite rows 0, 1, 2
     assert buf.pos == 3 and buf.full and buf.size() == 5  # capped at the capacity in rows
-    assert buf.observations[None][:, 0, 0].tolist() == [code(t, 0) for t in (5, 6, 7, 3, 4)]
+    assert buf.observations[:, 0, 0].tolist() == [code(t, 0) for t in (5, 6, 7, 3, 4)]
     # The same stream added in one go gives the same ring.
     other = make_buffer(5, memory=False)
     add_stream(other, 8)
-    np.testing.assert_array_equal(other.observations[None], buf.observations[None])
-    np.testing.assert_array_equal(other.next_observations[None], buf.next_observations[None])
+    np.testing.assert_array_equal(other.observations, buf.observations)
+    np.testing.assert_array_equal(other.next_observations, buf.next_observations)
     # Only the newest 5 steps can be sampled; overwritten steps 0..2 are gone.
     assert sampled_table(buf) == expected_table(3, 8)
 
@@ -144,9 +165,9 @@ def test_terminated_is_stored_apart_from_dones():
 def test_next_observation_at_episode_end_is_the_final_observation():
     buf = make_buffer(10, memory=False)
     add_stream(buf, 8)
-    assert buf.next_observations[None][2, 0, 0] == final_code(2, 0)
-    assert buf.observations[None][3, 0, 0] == code(3, 0)  # the reset observation of the next episode
-    assert buf.next_observations[None][3, 0, 0] == code(4, 0)
+    assert buf.next_observations[2, 0, 0] == final_code(2, 0)
+    assert buf.observations[3, 0, 0] == code(3, 0)  # the reset observation of the next episode
+    assert buf.next_observations[3, 0, 0] == code(4, 0)
 
 
 # ---------------------------------------------------------------------------- sampling: both modes, full table
@@ -220,10 +241,10 @@ def test_sampling_an_empty_or_one_step_buffer_raises():
 # ---------------------------------------------------------------------------- files
 def _assert_same_buffer(a: ReplayBuffer, b: ReplayBuffer) -> None:
     assert (a.pos, a.full, a.size()) == (b.pos, b.full, b.size())
-    for key in a.observations:
-        np.testing.assert_array_equal(a.observations[key], b.observations[key])
+    for key in a.spaces:
+        np.testing.assert_array_equal(a._obs[key], b._obs[key])
         if a.next_observations is not None:
-            np.testing.assert_array_equal(a.next_observations[key], b.next_observations[key])
+            np.testing.assert_array_equal(a._next_obs[key], b._next_obs[key])
     for name in ("actions", "rewards", "terminated", "dones"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
     assert set(a.final_observations) == set(b.final_observations)

@@ -369,7 +369,7 @@ def test_save_load_predicts_identically(tmp_path, env_id):
     model = sac(env_id).learn(100)
     model.save(tmp_path / "sac")
     loaded = SAC.load(tmp_path / "sac")
-    obs = model.replay_buffer.observations[None][:100, 0]
+    obs = model.replay_buffer.observations[:100, 0]
     np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
     with torch.no_grad():
         t = torch.as_tensor(obs, device=model.device)
@@ -462,8 +462,8 @@ def test_replay_buffer_round_trip_and_continued_training(tmp_path, env_id):
     ours, theirs = model.replay_buffer, loaded.replay_buffer
     assert theirs.size() == ours.size() == 100
     assert (theirs.pos, theirs.full) == (ours.pos, ours.full)
-    np.testing.assert_array_equal(theirs.observations[None], ours.observations[None])
-    np.testing.assert_array_equal(theirs.next_observations[None], ours.next_observations[None])
+    np.testing.assert_array_equal(theirs.observations, ours.observations)
+    np.testing.assert_array_equal(theirs.next_observations, ours.next_observations)
     for name in ("actions", "rewards", "terminated", "dones"):
         np.testing.assert_array_equal(getattr(theirs, name), getattr(ours, name))
     updates = loaded._n_updates
@@ -551,9 +551,9 @@ def test_agent_stores_terminated_only_for_true_terminals(truncate):
     rb = model.replay_buffer
     assert rb.dones[:12, 0].tolist() == [t % 5 == 4 for t in range(12)]
     assert rb.terminated[:12, 0].tolist() == [float(t % 5 == 4 and not truncate) for t in range(12)]
-    assert rb.next_observations[None][4, 0, 0] == 5.0  # the true final observation ...
-    assert rb.observations[None][5, 0, 0] == 0.0  # ... not the reset one, which starts the next row
-    assert rb.next_observations[None][5, 0, 0] == 1.0
+    assert rb.next_observations[4, 0, 0] == 5.0  # the true final observation ...
+    assert rb.observations[5, 0, 0] == 0.0  # ... not the reset one, which starts the next row
+    assert rb.next_observations[5, 0, 0] == 1.0
 
 
 @pytest.mark.parametrize("optimize_memory_usage", [False, True])
@@ -706,10 +706,10 @@ def test_sac_behind_vecnormalize_stores_original_data_and_samples_it_normalized(
     buf = model.replay_buffer
     n = buf.size()
     assert n == 50 == len(obs)
-    np.testing.assert_array_equal(buf.observations[None][:n, 0], np.array(obs))
+    np.testing.assert_array_equal(buf.observations[:n, 0], np.array(obs))
     np.testing.assert_array_equal(buf.rewards[:n, 0], np.array(rewards, dtype=np.float32))
     # a final observation comes normalized in the info; unnormalized back it is the original up to rounding
-    np.testing.assert_allclose(buf.next_observations[None][:n, 0], np.array(next_obs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(buf.next_observations[:n, 0], np.array(next_obs), rtol=1e-5, atol=1e-5)
     assert buf.terminated[:n].sum() == 0 and buf.dones[:n, 0].sum() == 2  # two time limits, no terminal
 
     np.random.seed(3)
@@ -717,13 +717,13 @@ def test_sac_behind_vecnormalize_stores_original_data_and_samples_it_normalized(
     np.random.seed(3)
     rows = np.random.randint(0, n, size=16)  # the draws sample() makes: rows, then envs (all 0 here)
     expect = {
-        "observations": venv.normalize_obs(buf.observations[None][rows, 0]),
-        "next_observations": venv.normalize_obs(buf.next_observations[None][rows, 0]),
+        "observations": venv.normalize_obs(buf.observations[rows, 0]),
+        "next_observations": venv.normalize_obs(buf.next_observations[rows, 0]),
         "rewards": venv.normalize_reward(buf.rewards[rows, 0]),
     }
     for name, value in expect.items():
         torch.testing.assert_close(getattr(batch, name), torch.as_tensor(value, dtype=torch.float32))
-    assert not np.allclose(expect["observations"], buf.observations[None][rows, 0])  # normalization did something
+    assert not np.allclose(expect["observations"], buf.observations[rows, 0])  # normalization did something
     # and training samples that way: gradient steps run behind the VecNormalize
     model.learning_starts = 40
     model.config.learning_starts = 40

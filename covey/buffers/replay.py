@@ -43,7 +43,7 @@ class ReplayBuffer:
     serves, and the final observations of episode ends are kept aside.
 
     >>> buf = ReplayBuffer(100, spaces.Box(-1, 1, (3,)), spaces.Box(-1, 1, (2,)), n_envs=2)
-    >>> buf.observations[None].shape
+    >>> buf.observations.shape
     (50, 2, 3)
     """
 
@@ -65,10 +65,8 @@ class ReplayBuffer:
         self.device = torch.device(device)
         self.spaces = _obs_keys(observation_space)
         lead = (self.capacity, n_envs)
-        self.observations = {k: np.zeros((*lead, *s.shape), dtype=s.dtype) for k, s in self.spaces.items()}
-        self.next_observations = (
-            None if optimize_memory_usage else {k: np.zeros_like(v) for k, v in self.observations.items()}
-        )
+        self._obs = {k: np.zeros((*lead, *s.shape), dtype=s.dtype) for k, s in self.spaces.items()}
+        self._next_obs = None if optimize_memory_usage else {k: np.zeros_like(v) for k, v in self._obs.items()}
         self.final_observations: dict[tuple[int, int], dict] = {}  # (row, env) -> final obs (memory mode)
         if isinstance(action_space, spaces.Discrete):
             self.actions = np.zeros(lead, dtype=np.int64)
@@ -79,6 +77,25 @@ class ReplayBuffer:
         self.dones = np.zeros(lead, dtype=bool)
         self.pos = 0
         self.full = False
+
+    @property
+    def observations(self) -> np.ndarray | dict[str, np.ndarray]:
+        """Stored observations in SB3's layout: ``(capacity, n_envs, *obs_shape)``, a dict of such arrays for a
+        Dict space."""
+        return self._obs[None] if None in self._obs else self._obs
+
+    @property
+    def next_observations(self) -> np.ndarray | dict[str, np.ndarray] | None:
+        """The observations after each stored step, as :attr:`observations` (None with ``optimize_memory_usage``,
+        as in SB3)."""
+        if self._next_obs is None:
+            return None
+        return self._next_obs[None] if None in self._next_obs else self._next_obs
+
+    @property
+    def buffer_size(self) -> int:
+        """Rows of the ring, as SB3 names them (``buffer_size // n_envs`` of the argument)."""
+        return self.capacity
 
     def size(self) -> int:
         """Steps stored per env, as SB3's ``size()`` counts them (transitions: ``size() * n_envs``)."""
@@ -96,9 +113,9 @@ class ReplayBuffer:
         """Store one step of every env; ``next_obs`` holds the true final observation where ``dones``."""
         row = self.pos
         for key in self.spaces:
-            self.observations[key][row] = obs if key is None else obs[key]
-            if self.next_observations is not None:
-                self.next_observations[key][row] = next_obs if key is None else next_obs[key]
+            self._obs[key][row] = obs if key is None else obs[key]
+            if self._next_obs is not None:
+                self._next_obs[key][row] = next_obs if key is None else next_obs[key]
         if self.optimize_memory_usage:
             for env in range(self.n_envs):
                 self.final_observations.pop((row, env), None)
@@ -120,12 +137,12 @@ class ReplayBuffer:
         rewards, and the minibatch's are normalized with its statistics as they are now, as in SB3."""
         rows = self._sample_rows(batch_size)
         envs = np.random.randint(0, self.n_envs, size=batch_size)
-        obs = {k: v[rows, envs] for k, v in self.observations.items()}
-        if self.next_observations is not None:
-            next_obs = {k: v[rows, envs] for k, v in self.next_observations.items()}
+        obs = {k: v[rows, envs] for k, v in self._obs.items()}
+        if self._next_obs is not None:
+            next_obs = {k: v[rows, envs] for k, v in self._next_obs.items()}
         else:
             next_rows = (rows + 1) % self.capacity
-            next_obs = {k: v[next_rows, envs] for k, v in self.observations.items()}
+            next_obs = {k: v[next_rows, envs] for k, v in self._obs.items()}
             for i in np.flatnonzero(self.dones[rows, envs]):
                 final = self.final_observations[(int(rows[i]), int(envs[i]))]
                 for k in next_obs:
@@ -179,10 +196,10 @@ class ReplayBuffer:
             "terminated": self.terminated,
             "dones": self.dones,
         }
-        for key, value in self.observations.items():
+        for key, value in self._obs.items():
             arrays[f"obs/{key}"] = value
-        if self.next_observations is not None:
-            for key, value in self.next_observations.items():
+        if self._next_obs is not None:
+            for key, value in self._next_obs.items():
                 arrays[f"next_obs/{key}"] = value
         finals = sorted(self.final_observations)
         arrays["final_index"] = np.array(finals, dtype=np.int64).reshape(-1, 2)
@@ -217,9 +234,9 @@ class ReplayBuffer:
             self.terminated[:] = data["terminated"]
             self.dones[:] = data["dones"]
             for key in self.spaces:
-                self.observations[key][:] = data[f"obs/{key}"]
-                if self.next_observations is not None:
-                    self.next_observations[key][:] = data[f"next_obs/{key}"]
+                self._obs[key][:] = data[f"obs/{key}"]
+                if self._next_obs is not None:
+                    self._next_obs[key][:] = data[f"next_obs/{key}"]
             finals = data["final_index"]
             stacked = {key: data[f"final_obs/{key}"] for key in self.spaces}
             self.final_observations = {
