@@ -7,18 +7,19 @@ from typing import Any
 
 import numpy as np
 
-from covey.wrappers.group_env import as_parallel
+from covey.wrappers.group_env import live_agents, make_one_env
 
 
 def evaluate_group(
     model: Any | None,
-    make_env: Callable[[], Any],
+    make_env: Callable[[], Any] | Any,
     n_eval_episodes: int = 10,
     deterministic: bool = True,
     seed: int = 0,
 ) -> dict[str, float]:
     """Play ``n_eval_episodes`` episodes of a PettingZoo env with ``model.predict`` on a dict of agent
-    observations (or uniformly random actions when ``model`` is None).
+    observations (or uniformly random actions when ``model`` is None). ``make_env`` is a function returning the
+    env (closed at the end) or an env instance (left open).
 
     ``model.predict`` has SB3's signature, ``predict(observation, state, episode_start, deterministic)``
     (as SB3's ``evaluate_policy`` calls it): the state it returns is passed back at the next step, a fresh
@@ -32,31 +33,34 @@ def evaluate_group(
     >>> sorted(evaluate_group(None, EarlyExitEnv, n_eval_episodes=2))
     ['agent_return', 'episode_length', 'group_return', 'group_return_std']
     """
-    env = as_parallel(make_env())
+    env, owned = make_one_env(make_env)
     group, per_agent, lengths = [], [], []
     for episode in range(n_eval_episodes):
         obs, _ = env.reset(seed=seed + episode)
         for i, agent in enumerate(env.possible_agents):
             env.action_space(agent).seed(seed + 1000 * episode + i)
-        seen, total, length = set(env.agents), 0.0, 0
+        agents = list(env.agents)
+        seen, total, length = set(agents), 0.0, 0
         state, previous = None, set()  # a recurrent model's memories; agents that acted last step
-        while env.agents:
+        while agents:
             if model is None:
-                actions = {a: env.action_space(a).sample() for a in env.agents}
+                actions = {a: env.action_space(a).sample() for a in agents}
             else:
-                starts = {a: a not in previous for a in env.agents}  # new episode or a newly joined agent
+                starts = {a: a not in previous for a in agents}  # new episode or a newly joined agent
                 actions, state = model.predict(
-                    {a: obs[a] for a in env.agents}, state=state, episode_start=starts, deterministic=deterministic
+                    {a: obs[a] for a in agents}, state=state, episode_start=starts, deterministic=deterministic
                 )
-            previous = set(env.agents)
-            obs, rewards, _, _, _ = env.step(actions)
+            previous = set(agents)
+            obs, rewards, terminations, truncations, _ = env.step(actions)
             total += float(sum(rewards.values()))
-            seen |= set(env.agents)
+            agents = live_agents(env.agents, terminations, truncations)  # done agents are gone, listed or not
+            seen |= set(agents)
             length += 1
         group.append(total)
         per_agent.append(total / max(len(seen), 1))
         lengths.append(length)
-    env.close()
+    if owned:
+        env.close()
     return {
         "group_return": np.mean(group),
         "group_return_std": np.std(group),

@@ -17,6 +17,7 @@ from pettingzoo.butterfly import knights_archers_zombies_v11
 from pettingzoo.sisl import multiwalker_v9
 
 from covey.envs import EarlyExitEnv
+from covey.evaluation import evaluate_group
 from covey.wrappers.group_env import GroupStep, GroupVecEnv, as_parallel, check_group_spaces, make_group_env
 
 
@@ -377,6 +378,52 @@ def test_heterogeneous_action_spaces_are_rejected_with_the_fix():
     obs, mask = venv.reset(seed=0)
     st = venv.step(np.zeros((2, 2), np.int64))
     assert st.observations.shape == (2, 2, 11) and st.mask.all()
+
+
+class KeepsDoneAgentsListedEnv(ScriptedEnv):
+    """ScriptedEnv that reports terminations and truncations but never removes an agent from ``agents`` (against
+    PettingZoo's API); it asserts it gets actions only for the agents it has not ended."""
+
+    def reset(self, seed=None, options=None):
+        self.ended: set[str] = set()
+        return super().reset(seed=seed, options=options)
+
+    def step(self, actions):
+        assert not set(actions) & self.ended, f"actions for ended agents {sorted(set(actions) & self.ended)}"
+        listed = [a for a in self.agents if a not in self.ended]
+        self.agents = listed
+        out = super().step(actions)
+        _, _, terminations, truncations, _ = out
+        self.ended |= {a for a in listed if terminations[a] or truncations[a]}
+        self.agents = listed + [a for a in self.agents if a not in listed]  # still listed, plus any newcomer
+        return out
+
+
+def test_agents_a_step_ends_are_gone_even_where_the_env_still_lists_them():
+    venv = GroupVecEnv([lambda: KeepsDoneAgentsListedEnv(end=5)])
+    venv.reset(seed=0)
+    masks, dones = [], []
+    for _ in range(6):
+        st = venv.step(np.zeros((1, 3), np.int64))
+        masks.append(st.mask[0].tolist())
+        dones.append(bool(st.env_done[0]))
+    # a terminates at step 3 and leaves; all are truncated at step 5: the episode ends and the copy resets.
+    assert masks[:4] == [[1, 1, 0], [1, 1, 1], [0, 1, 1], [0, 1, 1]]
+    assert dones == [False, False, False, False, True, False] and masks[4] == [1, 1, 0]
+    result = evaluate_group(None, lambda: KeepsDoneAgentsListedEnv(end=5), n_eval_episodes=2)
+    assert result["episode_length"] == 5.0  # ends, instead of stepping the ended agents forever
+
+
+def test_evaluate_group_takes_an_env_instance_and_leaves_it_open():
+    env = ScriptedEnv(end=4)
+    closed = []
+    env.close = lambda: closed.append(True)
+    result = evaluate_group(None, env, n_eval_episodes=2)
+    assert result["episode_length"] == 4.0 and not closed
+    made = ScriptedEnv(end=4)
+    made.close = lambda: closed.append(True)
+    evaluate_group(None, lambda: made, n_eval_episodes=1)
+    assert closed == [True]  # an env it made is its to close
 
 
 class NoAgentsEnv(ScriptedEnv):

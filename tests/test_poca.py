@@ -726,6 +726,15 @@ def test_load_with_env_continues_training(learned, tmp_path):
         assert torch.isfinite(p).all()
 
 
+def test_load_with_an_env_instance_runs_one_copy(learned, tmp_path):
+    # The file was trained with 2 copies; an instance is one copy, as SB3 models take the env's number of envs.
+    learned.save(tmp_path / "poca.zip")
+    loaded = POCA.load(tmp_path / "poca.zip", env=EarlyExitEnv())
+    assert loaded.n_envs == 1 and loaded.learn(16).num_timesteps == 16
+    with pytest.raises(ValueError, match=r"n_envs=2 copies need a function.*\(n_envs=1\)"):
+        POCA.load(tmp_path / "poca.zip", env=EarlyExitEnv(), n_envs=2)  # unless asked for more
+
+
 def test_agent_steps_survive_save_and_load(learned, tmp_path):
     path = tmp_path / "poca.zip"
     learned.save(path)
@@ -828,6 +837,12 @@ def test_env_instance_with_several_copies_asks_for_a_function():
     assert model.n_envs == 1
 
 
+def test_batch_size_larger_than_the_rollout_warns_as_ppo_does():
+    with pytest.warns(UserWarning, match=r"batch_size=64 is larger than the rollout \(n_steps \* n_envs = 16\)"):
+        model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=8, batch_size=64, n_epochs=1, seed=0)
+    assert model.learn(16).num_timesteps == 16  # and trains on the whole rollout as one minibatch
+
+
 def test_heterogeneous_group_points_to_padding():
     with pytest.raises(ValueError, match="pad_observations_v0"):
         POCA("MlpPolicy", HeterogeneousEnv, n_envs=2)
@@ -843,6 +858,11 @@ def test_env_without_agents_after_reset():
 def test_not_a_pettingzoo_env():
     with pytest.raises(TypeError, match="ParallelEnv"):
         POCA("MlpPolicy", object())
+    for n_envs in (1, 8):  # a name, as a config file writes it, is not an env
+        with pytest.raises(TypeError, match=r"not a name \('mpe2:simple_spread_v3'\).*parallel_env"):
+            POCA("MlpPolicy", "mpe2:simple_spread_v3", n_envs=n_envs)
+    with pytest.raises(ValueError, match="POCA needs a PettingZoo env.*ParallelEnv"):
+        POCA("MlpPolicy", None)
 
 
 # ============================================================================================ 6. MPE simple_spread

@@ -13,6 +13,7 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from covey import PPO
 from covey.agents.ppo import clipped_surrogate_loss, ppo_loss, value_loss
+from covey.envs import EarlyExitEnv
 
 
 def collected(model: PPO) -> PPO:
@@ -363,6 +364,27 @@ def test_bad_hyperparameters_name_the_field():
         PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arc=[64]))
     with pytest.raises(ValueError, match="net_arch"):
         PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=dict(pi=[64], critic=[64])))
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC", "POCA"])
+def test_hyperparameters_that_are_no_numbers_are_refused_at_the_constructor(agent):
+    """A string read from a file ("3e-4"), None or a bool where a number goes: a clear error, not a TypeError
+    from inside; activations and optimizers must be classes."""
+    import covey
+
+    cls = getattr(covey, agent)
+    env = {"PPO": "CartPole-v1", "SAC": "Pendulum-v1", "POCA": EarlyExitEnv}[agent]
+    for name, value in (("learning_rate", "3e-4"), ("learning_rate", None), ("gamma", "0.99"), ("gamma", True)):
+        with pytest.raises(ValueError, match=rf"{agent}: {name}={value!r} is invalid: it must be a number"):
+            cls("MlpPolicy", env, **{name: value})
+    assert cls("MlpPolicy", env, learning_rate=lambda p: 1e-3 * p).lr_schedule(0.5) == 5e-4  # schedules stay fine
+    for key, value, example in (
+        ("activation_fn", "relu", "torch.nn.ReLU"),
+        ("activation_fn", torch.nn.ReLU(), "torch.nn.ReLU"),
+        ("optimizer_class", "adam", "torch.optim.Adam"),
+    ):
+        with pytest.raises(ValueError, match=rf"policy_kwargs {key}=.* is invalid: pass the class itself.*{example}"):
+            cls("MlpPolicy", env, policy_kwargs={key: value})
 
 
 def test_load_with_mismatched_env_names_both_spaces(tmp_path):

@@ -73,6 +73,20 @@ def require(ok: bool, agent: str, name: str, value: Any, rule: str) -> None:
         raise ValueError(f"{agent}: {name}={value!r} is invalid: {rule}.")
 
 
+def require_numbers(config: Any, agent: str) -> None:
+    """A ValueError naming the first field of the dataclass ``config`` annotated ``int``, ``float`` or
+    ``Schedule`` that holds no number (nor, for a schedule, a function), e.g. a string read from a file."""
+    for f in dataclasses.fields(config):
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        if kind not in ("int", "float", "Schedule"):
+            continue
+        value = getattr(config, f.name)
+        number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+        if not (number or (kind == "Schedule" and callable(value))):
+            what = "a number or a schedule (a function of the progress remaining)" if kind == "Schedule" else "a number"
+            raise ValueError(f"{agent}: {f.name}={value!r} is invalid: it must be {what}, not {type(value).__name__}.")
+
+
 def get_device(device: torch.device | str = "auto") -> torch.device:
     """``"auto"`` means CUDA when available, else CPU. A CUDA device on a machine without CUDA falls back to the
     CPU with a warning, as SB3 falls back (silently there)."""

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from stable_baselines3.common.utils import explained_variance
 
-from covey.agents.base import BaseAgent, Schedule, as_schedule
+from covey.agents.base import BaseAgent, Schedule, as_schedule, warn_batch_size
 from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, value_loss
 from covey.agents.recurrent import GroupRecurrentRollout
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
@@ -18,7 +18,7 @@ from covey.networks.actor_critic import Actor, PolicyConfig, build_poca_networks
 from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import obs_dtype
-from covey.wrappers.group_env import GroupVecEnv, make_group_env
+from covey.wrappers.group_env import GroupVecEnv, is_env_maker, make_group_env
 
 _EVAL_CHUNK = 256
 """Group-steps per batched pass of the rollout evaluation (:meth:`POCA._evaluate_rollout`): the attention critic's
@@ -173,6 +173,22 @@ class POCA(BaseAgent):
         self.attention_heads = int(settings.get("attention_heads", self.attention_heads))
 
     # ------------------------------------------------------------------ model
+    def _require_spaces(self) -> None:
+        if self.observation_space is None or self.action_space is None:
+            raise ValueError(
+                "POCA needs a PettingZoo env to build its networks: pass env=... (a ParallelEnv or AEC env, or a "
+                "function returning one, e.g. simple_spread_v3.parallel_env), or use load() to restore a saved "
+                "model without one."
+            )
+
+    @classmethod
+    def load(cls, path, env: Any = None, **kwargs: Any) -> POCA:
+        """As :meth:`BaseAgent.load`; an env instance is one copy (``n_envs=1``), whatever the file's count, as an
+        SB3 model takes the number of envs of the env it is loaded with."""
+        if env is not None and not isinstance(env, GroupVecEnv) and not is_env_maker(env):
+            kwargs.setdefault("n_envs", 1)
+        return super().load(path, env=env, **kwargs)
+
     def _cpu_only(self) -> str | None:
         return "POCA keeps its group rollouts (and memories) on the CPU"
 
@@ -201,6 +217,8 @@ class POCA(BaseAgent):
             cfg.n_steps, self.n_envs, n_slots, self.observation_space, self.action_space, self.device
         )
         memory = memory_settings(self.policy_name, pc)
+        if memory is None and self.env is not None:
+            warn_batch_size(cfg.batch_size, cfg.n_steps * self.n_envs)  # minibatches of group-steps, as PPO's
         self.recurrent = None
         if memory is not None:
             self.recurrent = GroupRecurrentRollout(

@@ -15,6 +15,7 @@ from covey.agents.base import (
     as_schedule,
     merge_parameter_groups,
     require,
+    require_numbers,
     set_train_mode,
     warn_batch_size,
 )
@@ -76,6 +77,7 @@ class OnPolicyConfig:
         require(ok, self.agent, name, getattr(self, name), rule)
 
     def __post_init__(self) -> None:
+        require_numbers(self, self.agent)
         need = self.need
         need(isinstance(self.n_steps, (int, np.integer)) and self.n_steps >= 1, "n_steps", "it must be an int >= 1")
         need(isinstance(self.batch_size, (int, np.integer)) and self.batch_size >= 1, "batch_size", "it must be >= 1")

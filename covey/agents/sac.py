@@ -15,7 +15,15 @@ from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
 from stable_baselines3.common.noise import VectorizedActionNoise
 from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
 
-from covey.agents.base import BaseAgent, FlatParameters, Schedule, merge_parameter_groups, require, set_train_mode
+from covey.agents.base import (
+    BaseAgent,
+    FlatParameters,
+    Schedule,
+    merge_parameter_groups,
+    require,
+    require_numbers,
+    set_train_mode,
+)
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks
 from covey.networks.distributions import SquashedGaussianHead, SquashedStateDependentHead
@@ -73,6 +81,8 @@ class SACConfig:
     uniformly random actions."""
 
     def __post_init__(self) -> None:
+        require_numbers(self, "SAC")
+
         def need(ok: bool, name: str, rule: str) -> None:
             require(ok, "SAC", name, getattr(self, name), rule)
 

@@ -125,7 +125,18 @@ class PolicyConfig:
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise ValueError(f"Unknown policy_kwargs {unknown}; supported keys are {sorted(names)}.")
-        return cls(**{**defaults, **kwargs})
+        config = cls(**{**defaults, **kwargs})
+        for key, base, example in (
+            ("activation_fn", nn.Module, "torch.nn.ReLU"),
+            ("optimizer_class", torch.optim.Optimizer, "torch.optim.Adam"),
+        ):
+            value = getattr(config, key)
+            if not (isinstance(value, type) and issubclass(value, base)):
+                raise ValueError(
+                    f"policy_kwargs {key}={value!r} is invalid: pass the class itself, e.g. {key}={example} "
+                    "(not a name or an instance)."
+                )
+        return config
 
 
 class Actor(nn.Module):

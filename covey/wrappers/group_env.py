@@ -49,6 +49,12 @@ def as_parallel(env: Any) -> Any:
         from pettingzoo.utils.conversions import aec_to_parallel
 
         return aec_to_parallel(env)
+    if isinstance(env, str):
+        raise TypeError(
+            f"POCA takes a PettingZoo env, or a function returning one, not a name ({env!r}): pass e.g. "
+            "simple_spread_v3.parallel_env or lambda: simple_spread_v3.parallel_env(N=3). (A config file's "
+            "module:name form is for `covey train`.)"
+        )
     if not is_parallel_env(env):
         raise TypeError(
             f"Expected a PettingZoo ParallelEnv (or AEC env), or a function returning one; got {type(env).__name__}."
@@ -171,11 +177,13 @@ class GroupVecEnv:
         env_done = np.zeros(self.n_envs, dtype=bool)
         infos: list[dict[str, Any]] = [{} for _ in range(self.n_envs)]
         for e, env in enumerate(self.envs):
-            acting = list(env.agents)
+            acting = [agent for agent in env.agents if self._mask[e, self.slot[agent]]]  # live after the last step
             action_dict = {agent: actions[e, self.slot[agent]] for agent in acting}
             observations, rew, term, trunc, _ = env.step(action_dict)
             self._ep_length[e] += 1
-            after = list(env.agents)  # read once: on wrapped PettingZoo envs every read walks the wrapper chain
+            # Read once: on wrapped PettingZoo envs every read walks the wrapper chain. An agent the step
+            # terminated or truncated is gone even where the env still lists it (PettingZoo's API removes it).
+            after = live_agents(env.agents, term, trunc)
             still = set(after)
             for agent in acting:
                 s = self.slot[agent]
@@ -212,6 +220,11 @@ class GroupVecEnv:
             env.close()
 
 
+def live_agents(agents: Sequence[str], terminations: dict, truncations: dict) -> list[str]:
+    """The agents of ``agents`` (an env's list after a step) that the step neither terminated nor truncated."""
+    return [a for a in agents if not (terminations.get(a, False) or truncations.get(a, False))]
+
+
 def make_group_env(env: Any, n_envs: int) -> GroupVecEnv:
     """What a user passes as ``env`` to POCA, as a :class:`GroupVecEnv` of ``n_envs`` copies.
 
@@ -220,15 +233,29 @@ def make_group_env(env: Any, n_envs: int) -> GroupVecEnv:
     """
     if isinstance(env, GroupVecEnv):
         return env
-    if isinstance(env, type) or (callable(env) and not is_parallel_env(env) and not hasattr(env, "agent_iter")):
+    if isinstance(env, str):
+        as_parallel(env)  # raises: a name is not an env
+    if is_env_maker(env):
         return GroupVecEnv([env] * n_envs)
     if n_envs != 1:
         raise ValueError(
             f"n_envs={n_envs} copies need a function that makes the env, e.g. "
             "POCA('MlpPolicy', lambda: simple_spread_v3.parallel_env(N=3), n_envs=8); an env instance can "
-            "only be one copy."
+            "only be one copy (n_envs=1)."
         )
     return GroupVecEnv([lambda: env])
+
+
+def is_env_maker(env: Any) -> bool:
+    """Whether ``env`` makes envs (a function or a class) rather than being one (a ParallelEnv or AEC instance)."""
+    return isinstance(env, type) or (callable(env) and not is_parallel_env(env) and not hasattr(env, "agent_iter"))
+
+
+def make_one_env(env: Any) -> tuple[Any, bool]:
+    """One ParallelEnv (AEC envs converted) from a function or class, which is called, or an instance, used as it
+    is; and whether it was made here (and is the caller's to close)."""
+    made = is_env_maker(env)
+    return as_parallel(env() if made else env), made
 
 
 def _worker(remote, parent_remote, env_fn_wrapper) -> None:
