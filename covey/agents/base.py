@@ -825,10 +825,12 @@ class BaseAgent:
         # (some models run on the CPU only, whatever "auto" would pick).
         settings, tensors = serialization.load_model_file(path, "cpu")
         if print_system_info:
+            current = system_info()
             print("== CURRENT SYSTEM INFO ==")
-            print_versions(system_info())
+            print_versions(current, order=list(current))
             print("== SAVED MODEL SYSTEM INFO ==")
-            print_versions(settings.get("system_info") or {"covey": settings.get("covey_version", "unknown")})
+            saved = settings.get("system_info") or {"covey": settings.get("covey_version", "unknown")}
+            print_versions(saved, order=list(current))
         agent = settings.get("agent")
         if agent != cls.agent_name:
             raise serialization.ModelFileError(
@@ -897,9 +899,8 @@ def system_info() -> dict[str, str]:
     }
 
 
-def print_versions(info: dict[str, str]) -> None:
-    """``info`` a line per entry, in :func:`system_info`'s order (a file's JSON keeps them sorted)."""
-    order = list(system_info())
+def print_versions(info: dict[str, str], order: list[str]) -> None:
+    """``info`` a line per entry, keys in ``order`` first (a file's JSON keeps them sorted)."""
     for key in sorted(info, key=lambda k: order.index(k) if k in order else len(order)):
         print(f"- {key}: {info[key]}")
 
