@@ -683,7 +683,7 @@ def test_numpy_acting_can_be_switched_off(monkeypatch):
             np.random.seed(0)
             torch.manual_seed(torch_seed)
             model.learn(32)
-            actions[switch, torch_seed] = model.rollout_buffer.actions.clone()
+            actions[switch, torch_seed] = model.rollout_buffer.actions_tensor.clone()
     # NumPy's generator draws NumPy acting's actions, PyTorch's those of acting in PyTorch.
     assert torch.equal(actions[True, 0], actions[True, 1])
     assert not torch.equal(actions[False, 0], actions[False, 1])
@@ -802,13 +802,13 @@ def test_rollout_is_evaluated_with_the_update_arithmetic(monkeypatch, net_arch):
     with torch.no_grad():
         logits, _ = model._manual.policy_net.forward(model.actor.encoder(obs[100:164]))
         log_prob = model.actor.head.manual_terms(logits, model.actor.head.manual_actions(actions[100:164]))[0]
-        assert torch.equal(log_prob, buffer.log_probs.reshape(-1)[100:164])
+        assert torch.equal(log_prob, buffer.log_probs_tensor.reshape(-1)[100:164])
         values = model._manual.value_net.forward(model.critic.encoder(obs[100:164]))[0].view(-1)
-        assert torch.equal(values, buffer.values.reshape(-1)[100:164])
+        assert torch.equal(values, buffer.values_tensor.reshape(-1)[100:164])
         logits, _ = model._manual.policy_net.forward(model.actor.encoder(obs))
         log_prob = model.actor.head.manual_terms(logits, model.actor.head.manual_actions(actions))[0]
         assert torch.allclose(model.actor.evaluate(obs, actions)[0], log_prob, atol=1e-5)
-        assert torch.allclose(model.critic(obs), buffer.values.reshape(-1), atol=1e-5)
+        assert torch.allclose(model.critic(obs), buffer.values_tensor.reshape(-1), atol=1e-5)
 
 
 def test_manual_path_is_taken_for_discrete_observations_and_learns_without_autograd_graphs():
@@ -858,7 +858,7 @@ def test_sac_bf16_matmuls_is_opt_in_and_close_to_float32():
     bf16.replay_buffer = fp32.replay_buffer
     torch.manual_seed(0)
     np.random.seed(0)
-    batch = fp32.replay_buffer.sample(256)
+    batch = fp32.replay_buffer.sample_batch(256)
     q32 = fp32._run(fp32.critic.values, batch.observations, batch.actions)
     q16 = bf16._run(bf16.critic.values, batch.observations, batch.actions)
     assert q16.dtype == torch.float32
@@ -1018,7 +1018,7 @@ def test_manual_sac_step_with_bf16_matmuls_stays_close_to_float32(monkeypatch):
         torch.manual_seed(7)
         np.random.seed(7)
         model._manual.bind()
-        batch = model.replay_buffer.sample(64)
+        batch = model.replay_buffer.sample_batch(64)
         stats.append(model._manual.step(model, batch)[0])
     for key in ("critic_loss", "actor_loss"):
         assert stats[1][key].item() != stats[0][key].item()

@@ -267,7 +267,7 @@ def test_rollout_buffer_get_gives_sb3s_samples_that_match_the_policy(kind):
         torch.testing.assert_close(values.flatten(), batch.old_values, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(log_prob, batch.old_log_prob, rtol=1e-5, atol=1e-5)
     stored = torch.cat([batch.returns for batch, _, _ in reader.batches]).sort().values
-    torch.testing.assert_close(stored, model.rollout_buffer.returns.flatten().sort().values)  # every sample once
+    torch.testing.assert_close(stored, model.rollout_buffer.returns_tensor.flatten().sort().values)  # every sample once
     model.rollout_buffer.reset()
     with pytest.raises(ValueError, match=r"holds 0 of its 16 steps"):
         next(model.rollout_buffer.get())

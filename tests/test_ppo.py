@@ -147,8 +147,8 @@ class BeforeUpdate(BaseCallback):
         with torch.no_grad():
             values = model.critic(obs)
             log_prob = model.actor.evaluate(obs, actions)[0]
-        torch.testing.assert_close(buffer.values.reshape(-1), values, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(buffer.log_probs.reshape(-1), log_prob, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(buffer.values_tensor.reshape(-1), values, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(buffer.log_probs_tensor.reshape(-1), log_prob, rtol=1e-4, atol=1e-5)
         self.checked += 1
 
 

@@ -69,7 +69,7 @@ def test_recorded_critic_memories_equal_a_step_by_step_run(collected):
             keep = torch.as_tensor(~rec.episode_starts[t], dtype=torch.float32).view(1, -1, 1)
             state = tuple(s * keep for s in state)
             torch.testing.assert_close(rec.critic_states[t], torch.stack([s[0] for s in state], dim=1))
-            _, state = critic.raw_step(buf.observations[t], state, torch.zeros(rec.n_envs, dtype=torch.bool))
+            _, state = critic.raw_step(buf.observations_tensor[t], state, torch.zeros(rec.n_envs, dtype=torch.bool))
 
 
 def test_old_log_probs_from_sequences_equal_the_acting_ones(collected):
@@ -83,9 +83,11 @@ def test_old_log_probs_from_sequences_equal_the_acting_ones(collected):
                 state = tuple(rec.actor_states[0][:, i].unsqueeze(0) for i in range(rec.actor_states.shape[2]))
             keep = torch.as_tensor(~rec.episode_starts[t], dtype=torch.float32).view(1, -1, 1)
             state = tuple(s * keep for s in state)
-            params, state = actor.forward_step(buf.observations[t], state, torch.zeros(rec.n_envs, dtype=torch.bool))
-            log_prob, _ = actor.evaluate_params(params, buf.actions[t])
-            torch.testing.assert_close(buf.log_probs[t], log_prob, rtol=1e-5, atol=1e-6)
+            params, state = actor.forward_step(
+                buf.observations_tensor[t], state, torch.zeros(rec.n_envs, dtype=torch.bool)
+            )
+            log_prob, _ = actor.evaluate_params(params, buf.actions_tensor[t])
+            torch.testing.assert_close(buf.log_probs_tensor[t], log_prob, rtol=1e-5, atol=1e-6)
     # and the padded sequences start from the recorded memory of their first real step
     seq = rec.sequences
     rows = np.arange(seq.n_sequences)
@@ -172,10 +174,10 @@ def test_dict_observations_with_memory(tmp_path):
         for t in range(rec.n_steps):
             keep = torch.as_tensor(~rec.episode_starts[t], dtype=torch.float32).view(1, -1, 1)
             state = tuple(s * keep for s in state)
-            obs_t = {k: v[t] for k, v in buf.observations.items()}
+            obs_t = {k: v[t] for k, v in buf.observations_tensor.items()}
             params, state = actor.forward_step(obs_t, state, torch.zeros(2, dtype=torch.bool))
-            log_prob, _ = actor.evaluate_params(params, buf.actions[t])
-            torch.testing.assert_close(buf.log_probs[t], log_prob, rtol=1e-5, atol=1e-6)
+            log_prob, _ = actor.evaluate_params(params, buf.actions_tensor[t])
+            torch.testing.assert_close(buf.log_probs_tensor[t], log_prob, rtol=1e-5, atol=1e-6)
     obs = {"pos": np.zeros((2, 3), np.float32), "tag": np.array([1, 3])}
     model.save(tmp_path / "d.zip")
     a1, s1 = model.predict(obs, deterministic=True)

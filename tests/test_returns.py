@@ -125,7 +125,7 @@ def _buffer(rewards, terminated, dones, values):
             np.array(terminated[t], dtype=bool),
             np.array(dones[t], dtype=bool),
         )
-    buf.values = torch.tensor(values, dtype=torch.float32)
+    buf.values_tensor = torch.tensor(values, dtype=torch.float32)
     return buf
 
 
@@ -150,8 +150,8 @@ def test_rollout_buffer_compute_returns():
     expected_adv = [[0.5, 3.049], [4.726, 2.95], [3.3, -2.55]]
     # returns = A + V
     expected_ret = [[1.0, 3.299], [5.726, 3.7], [4.8, -0.55]]
-    np.testing.assert_allclose(buf.advantages.numpy(), expected_adv, rtol=1e-6)
-    np.testing.assert_allclose(buf.returns.numpy(), expected_ret, rtol=1e-6)
+    np.testing.assert_allclose(buf.advantages, expected_adv, rtol=1e-6)
+    np.testing.assert_allclose(buf.returns, expected_ret, rtol=1e-6)
 
 
 def test_rollout_buffer_done_on_last_step_ignores_last_values():
@@ -173,8 +173,8 @@ def test_rollout_buffer_done_on_last_step_ignores_last_values():
     # returns = A + V
     expected_adv = [[3.8696, 5.73584], [3.43, 6.022], [1.5, 5.1]]
     expected_ret = [[4.3696, 6.23584], [4.43, 7.022], [3.0, 6.6]]
-    np.testing.assert_allclose(buf.advantages.numpy(), expected_adv, rtol=1e-6)
-    np.testing.assert_allclose(buf.returns.numpy(), expected_ret, rtol=1e-6)
+    np.testing.assert_allclose(buf.advantages, expected_adv, rtol=1e-6)
+    np.testing.assert_allclose(buf.returns, expected_ret, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -204,9 +204,9 @@ def test_rollout_buffer_stores_numpy_arrays_as_it_stores_tensors(obs_space, acti
         buffers[1].add(torch.as_tensor(obs, dtype=dtype), torch.as_tensor(actions), rewards, dones.copy(), dones)
     numpy_filled, tensor_filled = buffers
     assert numpy_filled.pos == tensor_filled.pos == n_steps
-    assert numpy_filled.observations.dtype == tensor_filled.observations.dtype == dtype
-    assert torch.equal(numpy_filled.observations, tensor_filled.observations)
-    assert numpy_filled.actions.dtype == tensor_filled.actions.dtype
-    assert torch.equal(numpy_filled.actions, tensor_filled.actions)
+    assert numpy_filled.observations_tensor.dtype == tensor_filled.observations_tensor.dtype == dtype
+    assert torch.equal(numpy_filled.observations_tensor, tensor_filled.observations_tensor)
+    assert numpy_filled.actions_tensor.dtype == tensor_filled.actions_tensor.dtype
+    assert torch.equal(numpy_filled.actions_tensor, tensor_filled.actions_tensor)
     assert torch.equal(numpy_filled.flat_observations(), tensor_filled.flat_observations())
-    assert numpy_filled.observations.abs().sum() > 0  # something was stored
+    assert numpy_filled.observations_tensor.abs().sum() > 0  # something was stored

@@ -474,6 +474,114 @@ def test_callback_locals_have_sb3s_names(name):
             np.testing.assert_allclose(k["actions"], 2.0 * k["buffer_actions"], rtol=1e-5, atol=1e-6)
 
 
+ROLLOUT_FIELDS = (
+    *("observations", "actions", "rewards", "values"),
+    *("log_probs", "advantages", "returns", "episode_starts"),
+)
+
+
+class RolloutFields(BaseCallback):
+    """Reads the rollout buffer at each rollout's end as SB3 callbacks do: NumPy arrays by SB3's names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buf = self.model.rollout_buffer
+        fields = {
+            name: {k: np.array(v) for k, v in x.items()} if isinstance(x, dict) else np.array(x)
+            for name, x in ((name, getattr(buf, name)) for name in ROLLOUT_FIELDS)
+        }
+        fields["types"] = {name: type(getattr(buf, name)) for name in ROLLOUT_FIELDS}
+        fields["mean_return"] = float(np.mean(buf.returns))  # a torch tensor fails here
+        fields["sizes"] = (buf.buffer_size, buf.n_envs, buf.obs_shape, buf.action_dim, buf.full, buf.size())
+        fields["gae"] = (buf.gamma, buf.gae_lambda)
+        self.seen.append(fields)
+
+
+@pytest.mark.parametrize(
+    "obs_space, action_space",
+    [
+        (spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(3)),
+        (spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Box(-1.0, 1.0, (2,), np.float32)),
+        (spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.MultiDiscrete([2, 3])),
+        (spaces.Dict({"vec": spaces.Box(-1.0, 1.0, (3,), np.float32), "pos": spaces.Discrete(4)}), spaces.Discrete(3)),
+    ],
+    ids=["discrete", "box", "multidiscrete", "dict"],
+)
+def test_a_callback_reads_the_rollout_buffer_as_in_sb3(obs_space, action_space):
+    """The same callback on SB3's PPO and covey's: every field a NumPy array (a dict of them for Dict
+    observations) of SB3's shape, SB3's episode starts across rollouts, and SB3's sizes and GAE settings."""
+    import stable_baselines3
+    from envs import SpaceEnv
+
+    policy = "MultiInputPolicy" if isinstance(obs_space, spaces.Dict) else "MlpPolicy"
+    seen = {}
+    for cls in (stable_baselines3.PPO, PPO):
+        # Episodes of 5 steps, rollouts of 8: episodes cross the rollouts' boundaries.
+        env = make_vec_env(lambda: SpaceEnv(obs_space, action_space, episode_length=5), n_envs=2, seed=0)
+        reader = RolloutFields()
+        cls(policy, env, n_steps=8, batch_size=16, n_epochs=1, gamma=0.9, gae_lambda=0.8, seed=0).learn(
+            32, callback=reader
+        )
+        seen[cls] = reader.seen
+    ours, sb3 = seen[PPO], seen[stable_baselines3.PPO]
+    assert len(ours) == len(sb3) == 2
+    for mine, theirs in zip(ours, sb3):
+        for name in ROLLOUT_FIELDS:
+            a, b = mine[name], theirs[name]
+            if isinstance(b, dict):
+                assert mine["types"][name] is dict and set(a) == set(b)
+                assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
+            else:
+                assert mine["types"][name] is np.ndarray, name
+                assert a.shape == b.shape, name
+        for name in ("rewards", "values", "log_probs", "advantages", "returns", "episode_starts"):
+            assert mine[name].dtype == theirs[name].dtype == np.float32, name
+        np.testing.assert_array_equal(mine["episode_starts"], theirs["episode_starts"])
+        np.testing.assert_allclose(mine["returns"], mine["advantages"] + mine["values"], rtol=1e-5, atol=1e-5)
+        assert mine["mean_return"] == pytest.approx(float(mine["returns"].mean()))
+        assert mine["sizes"] == theirs["sizes"] and mine["gae"] == theirs["gae"] == (0.9, 0.8)
+    # The first rollout starts episodes at steps 0 and 5, the second at steps 2 and 7 (10 and 15 overall).
+    np.testing.assert_array_equal(ours[0]["episode_starts"][:, 0], [1, 0, 0, 0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(ours[1]["episode_starts"][:, 0], [0, 0, 1, 0, 0, 0, 0, 1])
+
+
+class ZeroAdvantages(BaseCallback):
+    """A callback that edits the rollout in place before the update, as SB3 code may do."""
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.model.rollout_buffer.advantages[:] = 0.0
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_a_callback_writing_the_rollout_buffer_changes_the_update_as_in_sb3(edit):
+    """On the CPU the arrays are the buffer's memory: zeroed advantages leave the policy where it was (no
+    entropy bonus), while the value function still learns; untouched, both move."""
+    import stable_baselines3
+
+    for cls in (stable_baselines3.PPO, PPO):
+        model = cls(
+            "MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=2, ent_coef=0.0, seed=0, device="cpu"
+        )
+        if cls is PPO:
+            policy, value = model.actor, model.critic
+        else:
+            policy, value = model.policy.mlp_extractor.policy_net, model.policy.mlp_extractor.value_net
+        before = [torch.cat([p.detach().flatten().clone() for p in net.parameters()]) for net in (policy, value)]
+        model.learn(32, callback=ZeroAdvantages() if edit else None)
+        after = [torch.cat([p.detach().flatten() for p in net.parameters()]) for net in (policy, value)]
+        assert torch.equal(before[0], after[0]) == edit, cls
+        assert not torch.equal(before[1], after[1]), cls
+
+
 class StopAfter(BaseCallback):
     def __init__(self, n: int) -> None:
         super().__init__()

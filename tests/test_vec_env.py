@@ -137,4 +137,4 @@ def test_truncation_bootstraps_from_final_observation():
     assert buf.truncation_values[1, 1] == 0.0
     # The return at the truncated step is r + gamma * V(final observation) (lambda-weighted, A = delta there).
     expected = 1.0 + model.gamma * v_final
-    assert buf.returns[2, 0].item() == pytest.approx(expected, rel=1e-5)
+    assert buf.returns[2, 0] == pytest.approx(expected, rel=1e-5)

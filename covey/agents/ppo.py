@@ -326,9 +326,9 @@ class ManualPPOUpdate:
             x_pi,
             x_v,
             head.manual_actions(buffer.flat_actions()),
-            buffer.log_probs.reshape(n),
-            buffer.advantages.reshape(n),
-            buffer.returns.reshape(n),
+            buffer.log_probs_tensor.reshape(n),
+            buffer.advantages_tensor.reshape(n),
+            buffer.returns_tensor.reshape(n),
         )
         minibatches = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
         # Per-sample terms of every minibatch, reduced to the logged statistics once at the end.
@@ -741,7 +741,7 @@ class PPO(BaseAgent):
                     # A time limit is not a terminal: bootstrap from V(true final observation).
                     terminated[i] = False
                     truncations.append((n_steps, int(i), final_obs))
-            rollout_buffer.add(stored_obs, stored_actions, rewards, terminated, dones)
+            rollout_buffer.add(stored_obs, stored_actions, rewards, terminated, dones, self._last_episode_starts)
             self._last_obs = new_obs
             self._last_episode_starts = dones
         if rollout_buffer.has_nan_observations():
@@ -819,8 +819,8 @@ class PPO(BaseAgent):
             values = [head.value(raw)]
             if head.distributional:
                 self._value_entropy = head.entropy(raw).mean().item()
-        buffer.values = torch.cat(values).reshape(buffer.n_steps, buffer.n_envs)
-        buffer.log_probs = torch.cat(log_probs).reshape(buffer.n_steps, buffer.n_envs)
+        buffer.values_tensor = torch.cat(values).reshape(buffer.n_steps, buffer.n_envs)
+        buffer.log_probs_tensor = torch.cat(log_probs).reshape(buffer.n_steps, buffer.n_envs)
         if truncations:
             finals = _stack_obs([obs_i for _, _, obs_i in truncations])
             bootstrap = critic(batch_to_tensor(finals, self.observation_space, self.device)).cpu().numpy()
@@ -913,9 +913,9 @@ class PPO(BaseAgent):
             self.logger.record(f"train/{key}", value)
         self.logger.record(
             "train/explained_variance",
-            float(explained_variance(buffer.values.flatten().cpu().numpy(), buffer.returns.flatten().cpu().numpy())),
+            float(explained_variance(buffer.values.flatten(), buffer.returns.flatten())),
         )
-        values = buffer.values
+        values = buffer.values_tensor
         self.logger.record("train/value_mean", values.mean().item())
         self.logger.record("train/value_std", values.std().item())
         self.logger.record("train/td_error_abs", buffer.td_error_abs)

@@ -81,9 +81,9 @@ class RecurrentRollout:
             state = _reset(state, self.episode_starts[t])
             self.critic_states[t] = torch.stack([s[0] for s in state], dim=1)
             obs_t = (
-                {k: v[t] for k, v in buffer.observations.items()}
-                if isinstance(buffer.observations, dict)
-                else buffer.observations[t]
+                {k: v[t] for k, v in buffer.observations_tensor.items()}
+                if isinstance(buffer.observations_tensor, dict)
+                else buffer.observations_tensor[t]
             )
             raw, state = critic.raw_step(obs_t, state, no_reset)
             values.append(head.value(raw))
@@ -94,13 +94,13 @@ class RecurrentRollout:
                 final = batch_to_tensor(_one(final_obs), observation_space)
                 raw_final, _ = critic.raw_step(final, tuple(s[:, env_idx : env_idx + 1] for s in state), no_reset[:1])
                 buffer.truncation_values[t, env_idx] = head.value(raw_final).item()
-        buffer.values = torch.stack(values)  # (T, N)
+        buffer.values_tensor = torch.stack(values)  # (T, N)
         self.critic_state = state  # carried over into the next rollout
         raw_last, _ = critic.raw_step(
             batch_to_tensor(last_obs, observation_space), _reset(state, last_episode_starts), no_reset
         )
         self.sequences = Sequences(self.episode_starts, self.sequence_length)
-        buffer.log_probs = self._old_log_probs(actor, buffer)
+        buffer.log_probs_tensor = self._old_log_probs(actor, buffer)
         entropy = torch.cat(entropies).mean().item() if entropies else None
         return head.value(raw_last).numpy(), entropy
 
@@ -143,10 +143,10 @@ class RecurrentRollout:
         batch = RolloutBatch(
             None,
             actions,
-            buffer.values.reshape(n)[flat_idx],
-            buffer.log_probs.reshape(n)[flat_idx],
-            buffer.advantages.reshape(n)[flat_idx],
-            buffer.returns.reshape(n)[flat_idx],
+            buffer.values_tensor.reshape(n)[flat_idx],
+            buffer.log_probs_tensor.reshape(n)[flat_idx],
+            buffer.advantages_tensor.reshape(n)[flat_idx],
+            buffer.returns_tensor.reshape(n)[flat_idx],
         )
         return log_prob, entropy, raw, ema_raw, batch
 

@@ -40,6 +40,34 @@ def _alloc_obs(space: spaces.Space, lead: tuple[int, ...], device) -> ObsTensor:
     return torch.zeros((*lead, *space.shape), dtype=obs_dtype(space), device=device)
 
 
+def _numpy(x: torch.Tensor) -> np.ndarray:
+    """The tensor's NumPy view on the CPU, a copy from another device."""
+    x = x.detach()
+    return x.numpy() if x.device.type == "cpu" else x.cpu().numpy()
+
+
+def _numpy_obs(x: ObsTensor, space: spaces.Space) -> np.ndarray | dict[str, np.ndarray]:
+    """Stored observations as SB3 shapes them: a Discrete observation as ``(..., 1)``."""
+    if isinstance(x, dict):
+        return {k: _numpy_obs(v, space[k]) for k, v in x.items()}
+    array = _numpy(x)
+    return array.reshape(*array.shape, 1) if isinstance(space, spaces.Discrete) else array
+
+
+def _obs_shape(space: spaces.Space) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
+    """SB3's ``obs_shape``: a Box's shape, ``(1,)`` for Discrete, a dict of them for Dict."""
+    if isinstance(space, spaces.Dict):
+        return {k: _obs_shape(s) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Discrete):
+        return (1,)
+    return tuple(space.shape)
+
+
+def _action_dim(space: spaces.Space) -> int:
+    """SB3's ``action_dim``: the number of numbers one action is stored as."""
+    return 1 if isinstance(space, spaces.Discrete) else int(np.prod(space.shape))
+
+
 def _flat(x: ObsTensor, n: int) -> ObsTensor:
     if isinstance(x, dict):
         return {k: v.reshape(n, *v.shape[2:]) for k, v in x.items()}
@@ -56,9 +84,16 @@ class RolloutBuffer:
     Filled step by step with :meth:`add`; values and old log-probabilities are written once for the
     whole rollout (one batched pass after collection), then :meth:`compute_returns` runs GAE.
 
+    The agents work on the ``*_tensor`` fields. SB3's names (``observations``, ``actions``, ``values``,
+    ``log_probs``, ``advantages``, ``returns``, beside the NumPy ``rewards`` and ``episode_starts``) are
+    NumPy arrays ``(buffer_size, n_envs, ...)`` as in SB3, so a callback's ``np.mean(buffer.returns)``
+    works: on the CPU they are views of the same memory (a callback's in-place change reaches training, as
+    in SB3), on another device copies. Actions are ``(buffer_size, n_envs, action_dim)`` as SB3 keeps them,
+    in the dtype covey stores them (int64 for discrete actions, where SB3 has float32).
+
     >>> buf = RolloutBuffer(4, 2, spaces.Box(-1, 1, (3,)), spaces.Discrete(2))
-    >>> buf.observations.shape
-    torch.Size([4, 2, 3])
+    >>> buf.observations.shape, buf.actions.shape
+    ((4, 2, 3), (4, 2, 1))
     """
 
     def __init__(
@@ -70,28 +105,60 @@ class RolloutBuffer:
         device: torch.device | str = "cpu",
     ) -> None:
         self.n_steps, self.n_envs = n_steps, n_envs
-        self.observation_space = observation_space
+        self.buffer_size = n_steps  # SB3's name
+        self.observation_space, self.action_space = observation_space, action_space
+        self.obs_shape = _obs_shape(observation_space)
+        self.action_dim = _action_dim(action_space)
         self.device = torch.device(device)
-        self.observations = _alloc_obs(observation_space, (n_steps, n_envs), device)
+        self.observations_tensor = _alloc_obs(observation_space, (n_steps, n_envs), device)
         act_shape, act_dtype = action_storage(action_space)
-        self.actions = torch.zeros((n_steps, n_envs, *act_shape), dtype=act_dtype, device=device)
+        self.actions_tensor = torch.zeros((n_steps, n_envs, *act_shape), dtype=act_dtype, device=device)
         # On the CPU, NumPy views of the same memory: a step's NumPy arrays are written straight into them (a
         # fraction of what a tensor made of them and written by PyTorch costs)
         cpu = self.device.type == "cpu"
-        plain = cpu and not isinstance(self.observations, dict)
-        self._observations_np = self.observations.numpy() if plain else None
-        self._actions_np = self.actions.numpy() if cpu else None
+        plain = cpu and not isinstance(self.observations_tensor, dict)
+        self._observations_np = self.observations_tensor.numpy() if plain else None
+        self._actions_np = self.actions_tensor.numpy() if cpu else None
         self.rewards = np.zeros((n_steps, n_envs), dtype=np.float32)
         self.terminated = np.zeros((n_steps, n_envs), dtype=bool)
         self.dones = np.zeros((n_steps, n_envs), dtype=bool)
+        # SB3's episode_starts: 1.0 where the step's observation is the first of an episode.
+        self.episode_starts = np.zeros((n_steps, n_envs), dtype=np.float32)
+        self._next_starts = np.ones(n_envs, dtype=bool)  # for an add() not given episode_starts
         # Bootstrap values for truncated steps: V(true final observation), filled in after collection.
         self.truncation_values = np.zeros((n_steps, n_envs), dtype=np.float32)
-        self.values = torch.zeros((n_steps, n_envs), device=device)
-        self.log_probs = torch.zeros((n_steps, n_envs), device=device)
-        self.advantages = torch.zeros((n_steps, n_envs), device=device)
-        self.returns = torch.zeros((n_steps, n_envs), device=device)
+        self.values_tensor = torch.zeros((n_steps, n_envs), device=device)
+        self.log_probs_tensor = torch.zeros((n_steps, n_envs), device=device)
+        self.advantages_tensor = torch.zeros((n_steps, n_envs), device=device)
+        self.returns_tensor = torch.zeros((n_steps, n_envs), device=device)
+        self.gamma, self.gae_lambda = 0.99, 0.95  # those of the last compute_returns
         self.pos = 0
         self.td_error_abs = 0.0
+
+    # SB3's fields, as NumPy arrays
+    @property
+    def observations(self) -> np.ndarray | dict[str, np.ndarray]:
+        return _numpy_obs(self.observations_tensor, self.observation_space)
+
+    @property
+    def actions(self) -> np.ndarray:
+        return _numpy(self.actions_tensor).reshape(self.n_steps, self.n_envs, -1)
+
+    @property
+    def values(self) -> np.ndarray:
+        return _numpy(self.values_tensor)
+
+    @property
+    def log_probs(self) -> np.ndarray:
+        return _numpy(self.log_probs_tensor)
+
+    @property
+    def advantages(self) -> np.ndarray:
+        return _numpy(self.advantages_tensor)
+
+    @property
+    def returns(self) -> np.ndarray:
+        return _numpy(self.returns_tensor)
 
     @property
     def full(self) -> bool:
@@ -108,41 +175,47 @@ class RolloutBuffer:
         rewards: np.ndarray,
         terminated: np.ndarray,
         dones: np.ndarray,
+        episode_starts: np.ndarray | None = None,
     ) -> None:
         """Store one step of every env: the observation acted on, the action, and what followed. The
         observation and the action may be tensors or NumPy arrays, converted to the buffer's dtypes as PyTorch
-        converts them (a CPU buffer writes arrays through its NumPy views)."""
+        converts them (a CPU buffer writes arrays through its NumPy views). ``episode_starts`` says which
+        observations begin an episode; without it the buffer follows the ``dones`` it was given."""
         t = self.pos
         if isinstance(obs, dict):
             for key, value in obs.items():
-                self.observations[key][t] = value
+                self.observations_tensor[key][t] = value
         elif isinstance(obs, np.ndarray) and self._observations_np is not None:
             self._observations_np[t] = obs
         else:
-            self.observations[t] = torch.as_tensor(obs)
+            self.observations_tensor[t] = torch.as_tensor(obs)
         if isinstance(actions, np.ndarray) and self._actions_np is not None:
             self._actions_np[t] = actions.reshape(self._actions_np.shape[1:])
         else:
-            self.actions[t] = torch.as_tensor(actions).reshape(self.actions.shape[1:])
+            self.actions_tensor[t] = torch.as_tensor(actions).reshape(self.actions_tensor.shape[1:])
         self.rewards[t] = rewards
         self.terminated[t] = terminated
         self.dones[t] = dones
+        self.episode_starts[t] = self._next_starts if episode_starts is None else episode_starts
+        self._next_starts = np.asarray(dones, dtype=bool)
         self.pos += 1
 
     def flat_observations(self) -> ObsTensor:
         """All stored observations as one batch ``(n_steps * n_envs, ...)``."""
-        return _flat(self.observations, self.n_steps * self.n_envs)
+        return _flat(self.observations_tensor, self.n_steps * self.n_envs)
 
     def flat_actions(self) -> torch.Tensor:
-        return self.actions.reshape(self.n_steps * self.n_envs, *self.actions.shape[2:])
+        return self.actions_tensor.reshape(self.n_steps * self.n_envs, *self.actions_tensor.shape[2:])
 
     def has_nan_observations(self) -> bool:
-        obs = self.observations.values() if isinstance(self.observations, dict) else [self.observations]
+        obs = self.observations_tensor
+        obs = obs.values() if isinstance(obs, dict) else [obs]
         return any(o.is_floating_point() and bool(torch.isnan(o).any()) for o in obs)
 
     def compute_returns(self, last_values: np.ndarray, gamma: float, gae_lambda: float) -> None:
         """GAE over the stored rollout; ``last_values`` is V(observation after the last step) per env."""
-        values = self.values.cpu().numpy().astype(np.float64)
+        self.gamma, self.gae_lambda = gamma, gae_lambda
+        values = self.values_tensor.cpu().numpy().astype(np.float64)
         next_values = np.empty_like(values)
         next_values[:-1] = values[1:]
         next_values[-1] = last_values
@@ -153,8 +226,8 @@ class RolloutBuffer:
         # Diagnostic: mean absolute one-step TD error of the critic over the rollout.
         td = self.rewards + gamma * next_values * (1.0 - self.terminated) - values
         self.td_error_abs = float(np.abs(td).mean())
-        self.advantages = torch.as_tensor(adv, dtype=torch.float32, device=self.device)
-        self.returns = torch.as_tensor(ret, dtype=torch.float32, device=self.device)
+        self.advantages_tensor = torch.as_tensor(adv, dtype=torch.float32, device=self.device)
+        self.returns_tensor = torch.as_tensor(ret, dtype=torch.float32, device=self.device)
 
     def size(self) -> int:
         """Steps stored per env (SB3's ``size()``)."""
@@ -180,10 +253,10 @@ class RolloutBuffer:
         obs = self.flat_observations()
         flat = (
             self.flat_actions(),
-            self.values.reshape(n),
-            self.log_probs.reshape(n),
-            self.advantages.reshape(n),
-            self.returns.reshape(n),
+            self.values_tensor.reshape(n),
+            self.log_probs_tensor.reshape(n),
+            self.advantages_tensor.reshape(n),
+            self.returns_tensor.reshape(n),
         )
         if batch_size >= n:
             yield RolloutBatch(obs, *flat)
