@@ -552,7 +552,7 @@ def stacked_critics_row(timed: Timer, model: SAC) -> tuple[str, str, float, str,
     """The critics' forward and backward on a replay batch of ``model`` (hand-written step): one at a time, as
     covey runs them, against :class:`StackedCritics`, whose outputs and gradients are checked to be the same."""
     nets = model._manual.critic_nets
-    batch = model.replay_buffer.sample(256)
+    batch = model.replay_buffer.sample_batch(256)
     x = torch.cat([model.critic.encoder(batch.observations), batch.actions], dim=-1)
     grad = torch.randn(len(nets), 256, 1, generator=torch.Generator().manual_seed(0)) / 256
     stacked = StackedCritics(nets)

@@ -74,7 +74,7 @@ def decode(obs) -> list[int]:
 def sampled_table(buf: ReplayBuffer, n: int = 3000, seed: int = 0) -> set[tuple]:
     """The set of transitions in a large sample (enough to hit each of <= 20 transitions w.p. ~1)."""
     np.random.seed(seed)
-    batch = buf.sample(n)
+    batch = buf.sample_batch(n)
     obs, nxt = decode(batch.observations), decode(batch.next_observations)
     actions, rewards, terminated = batch.actions[:, 0].tolist(), batch.rewards.tolist(), batch.terminated.tolist()
     return set(zip(obs, actions, rewards, nxt, terminated))
@@ -122,12 +122,68 @@ def test_arrays_have_sb3s_layout(n_envs):
     assert set(keyed.observations) == {"a"} and keyed.observations["a"].shape == (10 // n_envs, n_envs, 1)
 
 
+@pytest.mark.parametrize(
+    "obs_space, action_space",
+    [
+        (BOX_OBS, ACTIONS),
+        (BOX_OBS, spaces.Discrete(3)),
+        (spaces.Dict({"a": BOX_OBS, "b": spaces.Box(-1.0, 1.0, (2,), np.float32)}), ACTIONS),
+    ],
+    ids=["box", "discrete", "dict"],
+)
+def test_sample_returns_sb3s_samples(obs_space, action_space):
+    """``sample()`` is SB3's: the same transitions put in SB3's buffer and covey's, sampled under the same NumPy
+    seed, give the same ``ReplayBufferSamples``, field by field (shapes and dtypes included); ``dones`` is the
+    bootstrap mask, 1.0 at a termination and 0.0 at a time limit."""
+    from stable_baselines3.common.buffers import DictReplayBuffer
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+
+    n_envs, rng = 2, np.random.default_rng(0)
+    theirs = (DictReplayBuffer if isinstance(obs_space, spaces.Dict) else SB3ReplayBuffer)(
+        16, obs_space, action_space, n_envs=n_envs
+    )
+    ours = ReplayBuffer(16, obs_space, action_space, n_envs=n_envs)
+
+    def draw(space):
+        if isinstance(space, spaces.Dict):
+            return {k: draw(s) for k, s in space.spaces.items()}
+        return rng.normal(size=(n_envs, *space.shape)).astype(np.float32)
+
+    obs = draw(obs_space)
+    for t in range(8):
+        next_obs = draw(obs_space)
+        if isinstance(action_space, spaces.Discrete):
+            actions = rng.integers(0, 3, size=(n_envs, 1))
+        else:
+            actions = rng.uniform(-1, 1, size=(n_envs, 1)).astype(np.float32)
+        rewards = rng.normal(size=n_envs).astype(np.float32)
+        terminated = np.array([t == 3, False])
+        truncated = np.array([False, t == 5])
+        dones = terminated | truncated
+        theirs.add(obs, next_obs, actions, rewards, dones, [{"TimeLimit.truncated": bool(x)} for x in truncated])
+        ours.add(obs, next_obs, actions, rewards, terminated, dones)
+        obs = next_obs
+    np.random.seed(4)
+    expected = theirs.sample(64)
+    np.random.seed(4)
+    got = ours.sample(64)
+    assert type(got) is type(expected) and got._fields == expected._fields
+    assert got.dones.sum() > 0  # the termination was drawn (and the time limit's 0.0 checked beside it)
+    for name in ("observations", "actions", "next_observations", "dones", "rewards"):
+        a, b = getattr(got, name), getattr(expected, name)
+        for key in a if isinstance(a, dict) else [None]:
+            x, y = (a[key], b[key]) if key is not None else (a, b)
+            assert x.shape == y.shape and x.dtype == y.dtype, (name, key)
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert got.discounts is None
+
+
 def test_discrete_actions_stored_as_integers():
     buf = ReplayBuffer(8, BOX_OBS, spaces.Discrete(3), n_envs=2)
     buf.add(make_obs([1, 2], False), make_obs([3, 4], False), np.array([2, 1]), np.zeros(2), np.zeros(2), np.zeros(2))
     assert buf.actions.dtype == np.int64 and buf.actions[0].tolist() == [2, 1]
     np.random.seed(0)
-    assert set(buf.sample(50).actions.tolist()) == {1, 2}
+    assert set(buf.sample_batch(50).actions.tolist()) == {1, 2}
 
 
 def test_circular_overwrite_wraps_and_size_caps():

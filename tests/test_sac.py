@@ -264,7 +264,7 @@ def test_critic_objective_regresses_taken_actions_on_target_critics(env_id):
         for p in model.critic_target.parameters():
             p.add_(0.1)
     np.random.seed(0)
-    b = model.replay_buffer.sample(32)
+    b = model.replay_buffer.sample_batch(32)
     alpha = model._ent_coef()
     torch.manual_seed(5)
     loss, _, (q, q_target) = model._critic_objective(b, alpha)
@@ -294,7 +294,7 @@ def test_critic_objective_regresses_taken_actions_on_target_critics(env_id):
 def learned(request):
     model = sac(request.param).learn(100)
     np.random.seed(0)
-    return model, model.replay_buffer.sample(32)
+    return model, model.replay_buffer.sample_batch(32)
 
 
 def clear_grads(model: SAC) -> None:
@@ -713,7 +713,7 @@ def test_sac_behind_vecnormalize_stores_original_data_and_samples_it_normalized(
     assert buf.terminated[:n].sum() == 0 and buf.dones[:n, 0].sum() == 2  # two time limits, no terminal
 
     np.random.seed(3)
-    batch = buf.sample(16, env=venv)
+    batch = buf.sample_batch(16, env=venv)
     np.random.seed(3)
     rows = np.random.randint(0, n, size=16)  # the draws sample() makes: rows, then envs (all 0 here)
     expect = {

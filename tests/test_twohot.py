@@ -148,7 +148,7 @@ def test_sac_twohot_q_heads_train_and_isolate(env_id):
         policy_kwargs=dict(net_arch=[32, 32], value_head="twohot", critic_ema_decay=0.98),
     )
     model.learn(100)
-    b = model.replay_buffer.sample(32)
+    b = model.replay_buffer.sample_batch(32)
     loss, stats, _ = model._critic_objective(b, model._ent_coef())
     assert _grads(model.critic, loss) and not _grads(model.actor, loss)
     assert {"q_entropy", "critic_ema_loss"} <= set(stats)

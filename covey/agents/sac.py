@@ -707,7 +707,7 @@ class SAC(BaseAgent):
             manual.bind()
         vec_normalize = self.get_vec_normalize_env()
         for _ in range(gradient_steps):
-            batch = self.replay_buffer.sample(batch_size, env=vec_normalize)
+            batch = self.replay_buffer.sample_batch(batch_size, env=vec_normalize)
             stats, q_and_target = self._gradient_step(batch) if manual is None else manual.step(self, batch)
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from gymnasium import spaces
+from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 
 from covey.networks.obs import ObsTensor, batch_to_tensor
 from covey.serialization import write_atomically
@@ -130,8 +131,26 @@ class ReplayBuffer:
         self.pos = (self.pos + 1) % self.capacity
         self.full = self.full or self.pos == 0
 
-    def sample(self, batch_size: int, env: Any = None) -> ReplayBatch:
-        """A uniform minibatch (with replacement) of stored transitions, as tensors.
+    def sample(self, batch_size: int, env: Any = None) -> ReplayBufferSamples | DictReplayBufferSamples:
+        """SB3's ``sample``: a uniform minibatch (with replacement) as SB3's ``ReplayBufferSamples`` (its
+        ``DictReplayBufferSamples`` for Dict observations): ``actions`` ``(B, action_dim)``, ``rewards`` and
+        ``dones`` ``(B, 1)``, where ``dones`` is the bootstrap mask (1.0 at a termination, 0.0 at a time limit,
+        as SB3's ``dones * (1 - timeouts)``). Rows and envs are drawn as SB3 draws them, so under the same NumPy
+        seed both buffers pick the same transitions. ``env`` as in :meth:`sample_batch`."""
+        batch = self.sample_batch(batch_size, env)
+        samples = DictReplayBufferSamples if isinstance(batch.observations, dict) else ReplayBufferSamples
+        return samples(
+            batch.observations,
+            batch.actions.reshape(batch_size, -1),
+            batch.next_observations,
+            batch.terminated.reshape(batch_size, 1),
+            batch.rewards.reshape(batch_size, 1),
+        )
+
+    def sample_batch(self, batch_size: int, env: Any = None) -> ReplayBatch:
+        """A uniform minibatch (with replacement) of stored transitions as covey's batch (what SAC trains on):
+        tensors ``observations``, ``actions``, ``next_observations``, ``rewards`` ``(B,)``, ``terminated``
+        ``(B,)``.
 
         ``env``, a ``VecNormalize`` (SB3's argument): the buffer then holds the env's original observations and
         rewards, and the minibatch's are normalized with its statistics as they are now, as in SB3."""
