@@ -76,6 +76,36 @@ def test_the_policy_alone_copies_without_a_warning():
 
 
 @pytest.mark.parametrize("share", [True, False])
+def test_mlp_extractor_and_extract_features_are_sb3s(share):
+    """``policy.mlp_extractor`` and ``policy.extract_features`` answer as SB3's once the weights are SB3's: the
+    same parameter names and shapes, latent sizes, latent features, and a pair of features when unshared."""
+    kwargs = dict(n_steps=64, batch_size=64, n_epochs=1, policy_kwargs=dict(net_arch=[32, 16]))
+    if not share:
+        kwargs["policy_kwargs"]["share_features_extractor"] = False
+    sb3_model, model = trained_pair("PPO", "CartPole-v1", **kwargs)
+    model.set_parameters({"policy": sb3_model.policy.state_dict()})
+    ours, theirs = model.policy.mlp_extractor, sb3_model.policy.mlp_extractor
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    assert (ours.latent_dim_pi, ours.latent_dim_vf) == (theirs.latent_dim_pi, theirs.latent_dim_vf) == (16, 16)
+    obs = torch.as_tensor(observations(model.observation_space))
+    with torch.no_grad():
+        features, sb3_features = model.policy.extract_features(obs), sb3_model.policy.extract_features(obs)
+        assert isinstance(features, tuple) == isinstance(sb3_features, tuple) == (not share)
+        features, sb3_features = (features, sb3_features) if not share else ((features,) * 2, (sb3_features,) * 2)
+        for x, y in zip(features, sb3_features, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+        latents = ours.forward_actor(features[0]), ours.forward_critic(features[1])
+        sb3_latents = theirs.forward_actor(sb3_features[0]), theirs.forward_critic(sb3_features[1])
+        for x, y in zip(latents, sb3_latents, strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+        for x, y in zip(ours(features[0]), theirs(sb3_features[0]), strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+    # A view of the policy's own modules: nothing is added to the policy's parameters or state_dict.
+    assert ours.policy_net is model.actor.trunk and ours.value_net is model.critic.trunk
+    assert not any("mlp_extractor" in k for k in model.policy.state_dict())
+
+
+@pytest.mark.parametrize("share", [True, False])
 def test_cnn_policy_weights_copy_into_covey_nature_cnn(share):
     """SB3's NatureCNN is covey's (``cnn`` named ``convs``): a CnnPolicy copies, shared encoder or not."""
     env = SpaceEnv(image_space((36, 36, 3)), spaces.Discrete(3))

@@ -221,6 +221,28 @@ class _PolicyBase(nn.Module):
             )
 
 
+class MlpExtractor(nn.Module):
+    """SB3's ``policy.mlp_extractor``: the actor's MLP trunk as ``policy_net`` and the critic's as ``value_net``,
+    features to the latent features the action and value layers take (``latent_dim_pi``, ``latent_dim_vf``).
+
+    A view over the policy's own modules, made on each access and not registered in the policy: its parameters
+    and its ``state_dict()`` (``policy_net.0.weight``, ... as SB3 names them) are the policy's."""
+
+    def __init__(self, policy_net: nn.Module, value_net: nn.Module) -> None:
+        super().__init__()
+        self.policy_net, self.value_net = policy_net, value_net
+        self.latent_dim_pi, self.latent_dim_vf = policy_net.out_dim, value_net.out_dim
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward_actor(features), self.forward_critic(features)
+
+    def forward_actor(self, features: torch.Tensor) -> torch.Tensor:
+        return self.policy_net(features)
+
+    def forward_critic(self, features: torch.Tensor) -> torch.Tensor:
+        return self.value_net(features)
+
+
 class ActorCriticPolicy(_PolicyBase):
     """PPO's ``model.policy``: SB3's ``ActorCriticPolicy`` calls over the actor and the critic.
 
@@ -292,6 +314,23 @@ class ActorCriticPolicy(_PolicyBase):
     @property
     def share_features_extractor(self) -> bool:
         return self.actor.encoder is self.critic.encoder
+
+    @property
+    def mlp_extractor(self) -> MlpExtractor:
+        """The actor's and the critic's MLP trunks, as SB3's ``MlpExtractor`` (a view, see :class:`MlpExtractor`)."""
+        return MlpExtractor(self.actor.trunk, self.critic.trunk)
+
+    def extract_features(
+        self, obs: ObsTensor, features_extractor: nn.Module | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """SB3's ``extract_features``: observation tensors through the given encoder, else the shared encoder's
+        features, or a ``(pi_features, vf_features)`` pair with ``share_features_extractor=False``, as in SB3."""
+        _check_obs(obs)
+        if features_extractor is not None:
+            return features_extractor(obs)
+        if self.share_features_extractor:
+            return self.actor.encoder(obs)
+        return self.actor.encoder(obs), self.critic.encoder(obs)
 
     @property
     def action_net(self) -> nn.Module:
