@@ -34,8 +34,26 @@ def evaluate_group(
     ['agent_return', 'episode_length', 'group_return', 'group_return_std']
     """
     env, owned = make_one_env(make_env)
+    try:
+        group, per_agent, lengths = group_episodes(model, env, n_eval_episodes, deterministic, seed)
+    finally:
+        if owned:
+            env.close()
+    return {
+        "group_return": np.mean(group),
+        "group_return_std": np.std(group),
+        "agent_return": np.mean(per_agent),
+        "episode_length": np.mean(lengths),
+    }
+
+
+def group_episodes(
+    model: Any | None, env: Any, n_episodes: int, deterministic: bool = True, seed: int = 0
+) -> tuple[list[float], list[float], list[int]]:
+    """The episodes :func:`evaluate_group` plays on a ParallelEnv ``env``, episode ``i`` reset with seed
+    ``seed + i``: per episode the group return, the per-agent return and the length."""
     group, per_agent, lengths = [], [], []
-    for episode in range(n_eval_episodes):
+    for episode in range(n_episodes):
         obs, _ = env.reset(seed=seed + episode)
         for i, agent in enumerate(env.possible_agents):
             env.action_space(agent).seed(seed + 1000 * episode + i)
@@ -59,11 +77,4 @@ def evaluate_group(
         group.append(total)
         per_agent.append(total / max(len(seen), 1))
         lengths.append(length)
-    if owned:
-        env.close()
-    return {
-        "group_return": np.mean(group),
-        "group_return_std": np.std(group),
-        "agent_return": np.mean(per_agent),
-        "episode_length": np.mean(lengths),
-    }
+    return group, per_agent, lengths

@@ -1,0 +1,95 @@
+"""GroupEvalCallback: SB3's EvalCallback for POCA teams on PettingZoo envs."""
+
+from __future__ import annotations
+
+import csv
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from mpe2 import simple_spread_v3
+from stable_baselines3.common.callbacks import StopTrainingOnRewardThreshold
+from stable_baselines3.common.logger import configure
+
+from covey import POCA, PPO
+from covey.callbacks import GroupEvalCallback
+from covey.envs import EarlyExitEnv
+from covey.evaluation import group_episodes
+
+SMALL = dict(n_envs=2, n_steps=16, batch_size=32, seed=0)
+
+
+def spread():
+    return simple_spread_v3.parallel_env(N=3, max_cycles=10)
+
+
+def test_evaluations_files_logs_and_best_model_are_sb3s(tmp_path):
+    torch.set_num_threads(1)
+    model = POCA("MlpPolicy", spread, **SMALL)
+    model.set_logger(configure(str(tmp_path / "log"), ["csv"]))
+    callback = GroupEvalCallback(
+        spread,
+        eval_freq=8,
+        n_eval_episodes=2,
+        log_path=str(tmp_path),
+        best_model_save_path=str(tmp_path),
+        verbose=0,
+    )
+    model.learn(64, callback=callback)  # 32 calls of 2 env copies: evaluations after calls 8, 16, 24, 32
+    saved = np.load(tmp_path / "evaluations.npz")
+    np.testing.assert_array_equal(saved["timesteps"], [16, 32, 48, 64])
+    assert saved["results"].shape == saved["ep_lengths"].shape == (4, 2)
+    assert (saved["ep_lengths"] == 10).all()
+    assert len(np.unique(saved["results"])) == 8  # every episode of every evaluation its own
+    means = saved["results"].mean(axis=1)
+    assert callback.best_mean_reward == pytest.approx(means.max())
+    assert callback.last_mean_reward == pytest.approx(means[-1])
+    with open(tmp_path / "log" / "progress.csv") as f:
+        logged = [float(row["eval/mean_reward"]) for row in csv.DictReader(f) if row["eval/mean_reward"]]
+    np.testing.assert_allclose(logged, means, rtol=1e-5)
+    # The saved best model is the one evaluated best: replaying that evaluation's episodes (evaluation k is
+    # seeded seed + k * n_eval_episodes) gives its returns again.
+    best = int(np.argmax(means))
+    env = spread()
+    returns, _, lengths = group_episodes(POCA.load(tmp_path / "best_model.zip"), env, 2, True, seed=2 * best)
+    np.testing.assert_allclose(returns, saved["results"][best], rtol=1e-6)
+    np.testing.assert_array_equal(lengths, saved["ep_lengths"][best])
+
+
+def test_a_new_best_callback_stops_training_as_in_sb3():
+    stop = StopTrainingOnRewardThreshold(reward_threshold=-1e9, verbose=0)
+    callback = GroupEvalCallback(EarlyExitEnv, callback_on_new_best=stop, eval_freq=8, n_eval_episodes=1, verbose=0)
+    model = POCA("MlpPolicy", EarlyExitEnv, **SMALL).learn(640, callback=callback)
+    assert model.num_timesteps == 16  # stopped at the first evaluation
+    assert stop.parent is callback and callback.n_evaluations == 1
+
+
+class CountingEnv(EarlyExitEnv):
+    closed = 0
+
+    def close(self) -> None:
+        CountingEnv.closed += 1
+
+
+def test_an_env_made_from_a_function_is_closed_when_training_ends_and_made_again():
+    CountingEnv.closed = 0
+    callback = GroupEvalCallback(CountingEnv, eval_freq=8, n_eval_episodes=1, verbose=0)
+    model = POCA("MlpPolicy", EarlyExitEnv, **SMALL).learn(32, callback=callback)
+    assert CountingEnv.closed == 1 and callback.eval_env is None
+    model.learn(32, callback=callback, reset_num_timesteps=False)
+    assert CountingEnv.closed == 2 and callback.n_evaluations == 4
+    instance = CountingEnv()
+    callback = GroupEvalCallback(instance, eval_freq=8, n_eval_episodes=1, verbose=0)
+    model.learn(32, callback=callback)
+    assert CountingEnv.closed == 2 and callback.eval_env is instance  # the caller's env stays open
+
+
+def test_what_it_cannot_evaluate_is_refused_clearly():
+    with pytest.raises(TypeError, match="not.*name|got the name"):
+        GroupEvalCallback("mpe2:simple_spread_v3")
+    with pytest.raises(TypeError, match="For PPO and SAC use SB3's EvalCallback"):
+        GroupEvalCallback(gym.make("CartPole-v1"))
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0)
+    with pytest.raises(TypeError, match="evaluates POCA teams; this is PPO"):
+        model.learn(32, callback=GroupEvalCallback(EarlyExitEnv))
