@@ -380,6 +380,34 @@ def test_heterogeneous_action_spaces_are_rejected_with_the_fix():
     assert st.observations.shape == (2, 2, 11) and st.mask.all()
 
 
+class DictObsEnv(ScriptedEnv):
+    """ScriptedEnv with Dict observations: ``{"pos": [i + 1, t], "tag": t % 3}``."""
+
+    def observation_space(self, agent):
+        return spaces.Dict({"pos": spaces.Box(-100, 100, (2,), np.float32), "tag": spaces.Discrete(3)})
+
+    def _obs(self, agent):
+        return {"pos": np.array([self.possible_agents.index(agent) + 1, self.t], np.float32), "tag": self.t % 3}
+
+
+def test_dict_observations_are_rejected_with_a_fix_that_works():
+    with pytest.raises(ValueError, match="Dict observation spaces") as info:
+        GroupVecEnv([DictObsEnv])
+    assert "observation_lambda_v0" in str(info.value)
+    # The suggested fix, as the message writes it.
+    import gymnasium
+
+    def flat():
+        return supersuit.observation_lambda_v0(
+            DictObsEnv(), lambda obs, space: gymnasium.spaces.flatten(space, obs), gymnasium.spaces.flatten_space
+        )
+
+    venv = GroupVecEnv([flat])
+    obs, mask = venv.reset(seed=0)
+    assert obs.shape == (1, 3, 5) and mask[0].tolist() == [True, True, False]
+    np.testing.assert_array_equal(obs[0, :2], [[1, 0, 1, 0, 0], [2, 0, 1, 0, 0]])  # pos, then tag one-hot
+
+
 class KeepsDoneAgentsListedEnv(ScriptedEnv):
     """ScriptedEnv that reports terminations and truncations but never removes an agent from ``agents`` (against
     PettingZoo's API); it asserts it gets actions only for the agents it has not ended."""
@@ -493,16 +521,6 @@ def test_aec_env_is_converted_to_parallel():
             np.testing.assert_array_equal(x, y)
         assert a.env_done.any() == b.env_done.any()
     assert as_parallel(par.envs[0]) is par.envs[0]
-
-
-class DictObsEnv(ScriptedEnv):
-    def observation_space(self, agent):
-        return spaces.Dict({"x": spaces.Box(-100, 100, (3,), np.float32)})
-
-
-def test_dict_observation_space_is_rejected_clearly():
-    with pytest.raises(ValueError, match="Dict"):
-        GroupVecEnv([DictObsEnv])
 
 
 # ---------------------------------------------------------------------------------------------- seeding, EarlyExit

@@ -83,7 +83,8 @@ def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
     if isinstance(obs_spaces[agents[0]], spaces.Dict):
         raise ValueError(
             f"Dict observation spaces are not supported for groups yet (agents have {obs_spaces[agents[0]]}). "
-            "Flatten them first, e.g. with SuperSuit's flatten_v0 after gymnasium-style flattening of the keys."
+            "Flatten them into one Box first, e.g. with SuperSuit and Gymnasium: supersuit.observation_lambda_v0(env, "
+            "lambda obs, space: gymnasium.spaces.flatten(space, obs), gymnasium.spaces.flatten_space)."
         )
     check_action_space(act_spaces[agents[0]])
     return obs_spaces[agents[0]], act_spaces[agents[0]]
