@@ -658,6 +658,17 @@ def test_predict_dict_subset_and_array(learned):
     assert [int(a) for a in arr] == [int(full[a]) for a in learned.agent_ids]
 
 
+def test_predict_names_what_is_wrong_with_its_input(learned):
+    env = EarlyExitEnv()
+    reset = env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"reset\(\) returns \(observations, infos\).*obs, infos = env.reset\(\)"):
+        learned.predict(reset)
+    short = {a: o[:4] for a, o in reset[0].items()}
+    short["agent_1"] = reset[0]["agent_1"]
+    with pytest.raises(ValueError, match=r"wrong shape: 'agent_0' \(4,\), 'agent_2' \(4,\); .*shape \(5,\)"):
+        learned.predict(short)
+
+
 def test_predict_array_of_env_copies(learned):
     obs, _ = EarlyExitEnv().reset(seed=0)
     stacked = np.stack([obs[a] for a in learned.agent_ids])

@@ -245,9 +245,14 @@ class POCA(BaseAgent):
         ``episode_start`` resets memories first: a bool for all, ``{agent: bool}`` (e.g. an agent that just
         joined), or an array over the given observations' rows. Others pass ``state`` through.
         """
+        single = tuple(self.observation_space.shape)
+        if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[0], dict):
+            raise ValueError(
+                "predict() got a tuple of two dicts: PettingZoo's reset() returns (observations, infos). Pass the "
+                "observations: obs, infos = env.reset(); actions, _ = model.predict(obs)."
+            )
         if not isinstance(observation, dict):
             obs = np.asarray(observation)
-            single = tuple(self.observation_space.shape)
             if obs.ndim == len(single) + 2:  # (n_envs, n_slots, *obs_shape): flatten the two group axes
                 starts = episode_start
                 if starts is not None:  # per copy (n_envs,) or per slot (n_envs, n_slots)
@@ -265,6 +270,14 @@ class POCA(BaseAgent):
         if not observation:
             return {}, state
         agents = list(observation)
+        wrong = {a: np.shape(observation[a]) for a in agents if np.shape(observation[a]) != single}
+        if wrong:
+            raise ValueError(
+                "predict() got observations of the wrong shape: "
+                + ", ".join(f"{a!r} {shape}" for a, shape in wrong.items())
+                + f"; this model's agents observe {self.observation_space}, shape {single}. Check that the env "
+                "matches the one the model was trained on."
+            )
         batch = np.stack([np.asarray(observation[a]) for a in agents])
         if self.actor.memory is None:
             actions, _ = self.policy.predict(batch, None, None, deterministic)
