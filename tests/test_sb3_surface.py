@@ -926,6 +926,54 @@ def test_policy_predict_obs_to_tensor_set_training_mode():
     assert model.policy.training
 
 
+POLICY_SETTINGS = (
+    *("net_arch", "activation_fn", "normalize_images", "optimizer_class", "optimizer_kwargs"),
+    *("features_extractor_kwargs", "share_features_extractor"),
+)
+
+
+@pytest.mark.parametrize(
+    "name, env, policy, policy_kwargs",
+    [
+        ("PPO", "CartPole-v1", "MlpPolicy", {}),
+        (
+            "PPO",
+            "Pendulum-v1",
+            "MlpPolicy",
+            dict(
+                net_arch=dict(pi=[32], vf=[16]),
+                activation_fn=torch.nn.ReLU,
+                ortho_init=False,
+                log_std_init=-1.0,
+                optimizer_kwargs=dict(eps=1e-6),
+                share_features_extractor=False,
+            ),
+        ),
+        ("PPO", ImageEnv, "CnnPolicy", dict(features_extractor_kwargs=dict(features_dim=32))),
+        ("SAC", "Pendulum-v1", "MlpPolicy", {}),
+        ("SAC", "Pendulum-v1", "MlpPolicy", dict(net_arch=[32, 32], activation_fn=torch.nn.Tanh)),
+    ],
+    ids=["ppo", "ppo-kwargs", "ppo-cnn", "sac", "sac-kwargs"],
+)
+def test_the_policy_keeps_its_settings_as_sb3s_does(name, env, policy, policy_kwargs):
+    """``model.policy.net_arch``, ``activation_fn``, ... read as on SB3's policy built with the same arguments
+    (SB3's defaults filled in), and so does ``is_vectorized_observation``."""
+    import stable_baselines3
+
+    import covey
+
+    env = env if isinstance(env, str) else env()
+    theirs = getattr(stable_baselines3, name)(policy, env, policy_kwargs=policy_kwargs, device="cpu").policy
+    ours = getattr(covey, name)(policy, env, policy_kwargs=policy_kwargs).policy
+    names = [*POLICY_SETTINGS, *(("ortho_init", "log_std_init", "use_sde") if name == "PPO" else ())]
+    assert {n: getattr(ours, n) for n in names} == {n: getattr(theirs, n) for n in names}
+    batch = np.stack([ours.observation_space.sample()] * 3)
+    for obs in (batch, batch[0]):
+        assert ours.is_vectorized_observation(obs) == theirs.is_vectorized_observation(obs)
+    if policy_kwargs:  # what was given, not a default
+        assert ours.net_arch == policy_kwargs.get("net_arch", ours.net_arch)
+
+
 def test_get_env_and_set_env():
     model = PPO("MlpPolicy", "CartPole-v1", **FAST).learn(32)
     new_env = make_vec_env("CartPole-v1", n_envs=1, seed=1)

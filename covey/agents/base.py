@@ -453,6 +453,11 @@ class BaseAgent:
             self._last_obs = self.env.reset()
         self._last_episode_starts = np.ones((self.env.num_envs,), dtype=bool)
 
+    @property
+    def policy_class(self) -> type:
+        """SB3's ``policy_class``: the class of ``model.policy``."""
+        return type(self.policy)
+
     def _require_spaces(self) -> None:
         if self.observation_space is None or self.action_space is None:
             raise ValueError(
@@ -680,10 +685,8 @@ class BaseAgent:
         """``policy_kwargs``' optimizer over ``params``, laid out in one flat buffer (:class:`FlatParameters`,
         reachable as ``optimizer.flat_parameters``): the optimizer steps one tensor, and Adam is fused."""
         pc = self.policy_config
-        kwargs = dict(pc.optimizer_kwargs)
+        kwargs = pc.optimizer_arguments(adam_eps)
         if pc.optimizer_class in (torch.optim.Adam, torch.optim.AdamW):
-            if adam_eps is not None:
-                kwargs.setdefault("eps", adam_eps)
             if "foreach" not in kwargs and "fused" not in kwargs and params:
                 kwargs["fused"] = True
         flat = FlatParameters(params)

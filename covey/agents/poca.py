@@ -14,7 +14,14 @@ from covey.agents.base import BaseAgent, Schedule, as_schedule, warn_batch_size
 from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, value_loss
 from covey.agents.recurrent import GroupRecurrentRollout
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
-from covey.networks.actor_critic import Actor, PolicyConfig, build_poca_networks, check_state, memory_settings
+from covey.networks.actor_critic import (
+    PPO_ADAM_EPS,
+    Actor,
+    PolicyConfig,
+    build_poca_networks,
+    check_state,
+    memory_settings,
+)
 from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import obs_dtype
@@ -211,7 +218,7 @@ class POCA(BaseAgent):
         self.critic_ema = CriticEMA(self.critic, pc.critic_ema_decay) if pc.critic_ema_decay is not None else None
         self._params = [*self.actor.parameters(), *self.critic.parameters()]
         # model.policy.optimizer as in SB3 (one optimizer steps the actor and the critic)
-        self.optimizer = self.actor.optimizer = self._make_optimizer(self._params, adam_eps=1e-5)
+        self.optimizer = self.actor.optimizer = self._make_optimizer(self._params, adam_eps=PPO_ADAM_EPS)
         n_slots = len(self.agent_ids) if self.agent_ids else 1
         self.rollout_buffer = GroupRolloutBuffer(
             cfg.n_steps, self.n_envs, n_slots, self.observation_space, self.action_space, self.device

@@ -22,6 +22,7 @@ from covey.agents.base import (
 from covey.agents.recurrent import RecurrentRollout
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import (
+    PPO_ADAM_EPS,
     Actor,
     Critic,
     PolicyConfig,
@@ -539,6 +540,13 @@ class PPO(BaseAgent):
     numpy_acting: ClassVar[bool] = True
     """Act with :class:`NumpyActing` where it applies (set ``PPO.numpy_acting = False`` before building a model
     to act in PyTorch, with PyTorch's random generator)."""
+    # SB3's attributes for what covey fixes: its own rollout buffer, and no action noise for an on-policy agent.
+    rollout_buffer_class: ClassVar[type] = RolloutBuffer
+    action_noise: ClassVar[None] = None
+
+    @property
+    def rollout_buffer_kwargs(self) -> dict:
+        return {}
 
     def __init__(
         self,
@@ -623,6 +631,7 @@ class PPO(BaseAgent):
         self.actor.to(self.device)
         self.critic.to(self.device)
         self.policy = ActorCriticPolicy(self.actor, self.critic, self)  # SB3's model.policy over both networks
+        self.policy.config = self.policy_config
         pc = self.policy_config
         if pc.value_head == "twohot" and self.clip_range_vf is not None:
             raise ValueError(
@@ -634,7 +643,7 @@ class PPO(BaseAgent):
         params = list({id(p): p for p in [*self.actor.parameters(), *self.critic.parameters()]}.values())
         self._params = params
         # model.policy.optimizer as in SB3 (one optimizer steps the actor and the critic)
-        self.optimizer = self.policy.optimizer = self._make_optimizer(params, adam_eps=1e-5)  # SB3's PPO uses eps=1e-5
+        self.optimizer = self.policy.optimizer = self._make_optimizer(params, adam_eps=PPO_ADAM_EPS)
         self._manual: ManualPPOUpdate | None = None
         if (
             self.manual_gradients

@@ -493,6 +493,7 @@ class SAC(BaseAgent):
             module.to(self.device)
         self.critic_ema = CriticEMA(self.critic, pc.critic_ema_decay) if pc.critic_ema_decay is not None else None
         self.policy = SACPolicy(self.actor, self.critic, self.critic_target, self)  # SB3's model.policy
+        self.policy.config = self.policy_config
         self._critic_params = list(self.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
 

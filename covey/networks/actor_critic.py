@@ -63,6 +63,10 @@ def policy_name(policy: str | type) -> str:
 _UNSUPPORTED = ("use_sde", "squash_output", "sde_net_arch")
 
 
+PPO_ADAM_EPS = 1e-5
+"""Adam's eps for PPO's (and POCA's) optimizer, SB3's PPO default (PyTorch's is 1e-8)."""
+
+
 @dataclass
 class PolicyConfig:
     """The network settings an SB3 user passes as ``policy_kwargs``."""
@@ -113,6 +117,14 @@ class PolicyConfig:
     """SAC with ``use_sde``: the Gaussian's mean is kept in [-clip_mean, clip_mean] (0: not clipped)."""
     use_sde: bool = False
     """Box actions with state-dependent exploration; set by the agent's ``use_sde`` argument, not here."""
+
+    def optimizer_arguments(self, adam_eps: float | None = None) -> dict:
+        """The keyword arguments ``optimizer_class`` gets: ``optimizer_kwargs``, with ``adam_eps`` as Adam's (or
+        AdamW's) ``eps`` unless given there."""
+        kwargs = dict(self.optimizer_kwargs)
+        if adam_eps is not None and self.optimizer_class in (torch.optim.Adam, torch.optim.AdamW):
+            kwargs.setdefault("eps", adam_eps)
+        return kwargs
 
     @classmethod
     def from_kwargs(cls, policy_kwargs: dict | None, **defaults: Any) -> PolicyConfig:

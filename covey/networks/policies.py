@@ -23,6 +23,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from covey.networks.actor_critic import PPO_ADAM_EPS
 from covey.networks.distributions import (
     BernoulliHead,
     CategoricalHead,
@@ -99,6 +100,11 @@ def _as_head_actions(actions: torch.Tensor, space: spaces.Space, params: torch.T
     return actions.reshape(batch) if isinstance(space, spaces.Discrete) else actions.reshape(batch, -1)
 
 
+def _widths(trunk: nn.Module) -> list[int]:
+    """The hidden layer sizes of an MLP trunk."""
+    return [m.out_features for m in trunk if isinstance(m, nn.Linear)]
+
+
 def _check_obs(obs) -> None:
     if isinstance(obs, torch.Tensor):
         return
@@ -118,6 +124,8 @@ class _PolicyBase(nn.Module):
     agent_name = ""
     """The agent whose model files :meth:`load` reads ("PPO" or "SAC")."""
     _model = None  # the agent this policy belongs to (what ``save`` writes), set by the agent
+    config = None  # the agent's PolicyConfig (its policy_kwargs), set by the agent
+    _adam_eps: float | None = None  # the eps the agent gives Adam unless optimizer_kwargs has one
 
     def __getstate__(self) -> dict:
         # Copies and pickles of the policy hold its networks, not the whole agent (env, buffers) it came from.
@@ -174,6 +182,58 @@ class _PolicyBase(nn.Module):
 
     def obs_to_tensor(self, observation) -> tuple[ObsTensor, bool]:
         return self.actor.obs_to_tensor(observation)
+
+    def is_vectorized_observation(self, observation) -> bool:
+        """SB3's: whether ``observation`` is a batch (True) or one observation (False) of the observation space."""
+        from stable_baselines3.common.utils import is_vectorized_observation
+
+        return is_vectorized_observation(observation, self.observation_space)
+
+    # The settings SB3's policies keep (their policy_kwargs), read from the agent's configuration.
+    def _setting(self, name: str):
+        if self.config is None:
+            raise AttributeError(f"This policy has no record of its settings, so no {name!r}.")
+        return getattr(self.config, name)
+
+    @property
+    def net_arch(self) -> list[int] | dict[str, list[int]]:
+        """``net_arch`` as given, or the hidden layer sizes covey built by default (as SB3 fills its default in)."""
+        given = self._setting("net_arch")
+        return given if given is not None else self._default_net_arch()
+
+    def _default_net_arch(self) -> list[int] | dict[str, list[int]]:
+        return _widths(self.actor.trunk)
+
+    @property
+    def activation_fn(self) -> type[nn.Module]:
+        return self._setting("activation_fn")
+
+    @property
+    def normalize_images(self) -> bool:
+        return self._setting("normalize_images")
+
+    @property
+    def optimizer_class(self) -> type[torch.optim.Optimizer]:
+        return self._setting("optimizer_class")
+
+    @property
+    def optimizer_kwargs(self) -> dict:
+        """The optimizer's keyword arguments (SB3's PPO adds Adam's ``eps=1e-5`` to them, as covey does)."""
+        self._setting("optimizer_kwargs")
+        return self.config.optimizer_arguments(self._adam_eps)
+
+    @property
+    def features_extractor_class(self) -> type[nn.Module]:
+        """The SB3 features extractor class given, else the class of covey's own encoder."""
+        return self._setting("features_extractor_class") or type(self.actor.encoder)
+
+    @property
+    def features_extractor_kwargs(self) -> dict:
+        return self._setting("features_extractor_kwargs")
+
+    @property
+    def use_sde(self) -> bool:
+        return self._setting("use_sde")
 
     def predict(
         self,
@@ -253,6 +313,7 @@ class ActorCriticPolicy(_PolicyBase):
     """
 
     agent_name = "PPO"
+    _adam_eps = PPO_ADAM_EPS
 
     def __init__(self, actor: nn.Module, critic: nn.Module, model=None) -> None:
         super().__init__()
@@ -316,6 +377,18 @@ class ActorCriticPolicy(_PolicyBase):
         return self.actor.encoder is self.critic.encoder
 
     @property
+    def ortho_init(self) -> bool:
+        return self._setting("ortho_init")
+
+    @property
+    def log_std_init(self) -> float:
+        return self._setting("log_std_init")
+
+    def _default_net_arch(self) -> list[int] | dict[str, list[int]]:
+        pi, vf = _widths(self.actor.trunk), _widths(self.critic.trunk)
+        return dict(pi=pi, vf=vf) if pi or vf else []  # SB3's CnnPolicy default: no hidden layers, []
+
+    @property
     def mlp_extractor(self) -> MlpExtractor:
         """The actor's and the critic's MLP trunks, as SB3's ``MlpExtractor`` (a view, see :class:`MlpExtractor`)."""
         return MlpExtractor(self.actor.trunk, self.critic.trunk)
@@ -359,6 +432,10 @@ class SACPolicy(_PolicyBase):
         self.critic = critic
         self.critic_target = critic_target
         self._model = model
+
+    @property
+    def share_features_extractor(self) -> bool:
+        return self._setting("share_features_extractor")
 
     def forward(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
         _check_obs(obs)
