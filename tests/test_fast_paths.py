@@ -913,6 +913,7 @@ SAC_CASES = {  # (env, policy, hyperparameters)
         {},
     ),
     "state-dependent exploration": (lambda: "Pendulum-v1", "MlpPolicy", dict(use_sde=True)),
+    "n-step returns": (lambda: "Pendulum-v1", "MlpPolicy", dict(n_steps=3)),
     "gSDE, expln, one std per feature, no mean clip, two actions": (
         lambda: SpaceEnv(spaces.Box(-1, 1, (5,), np.float32), spaces.Box(-2, 2, (2,), np.float32)),
         "MlpPolicy",

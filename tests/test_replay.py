@@ -178,6 +178,84 @@ def test_sample_returns_sb3s_samples(obs_space, action_space):
     assert got.discounts is None
 
 
+@pytest.mark.parametrize("dict_obs", [False, True], ids=["box", "dict"])
+def test_n_step_returns_by_hand(dict_obs):
+    """One env, gamma 0.5, n = 3: rewards 1, 2, 4, 8 with a termination at step 2 and a time limit at step 5.
+    A return sums up to 3 rewards of its episode; the bootstrap mask and next observation are its last step's."""
+    buf = ReplayBuffer(16, DICT_OBS if dict_obs else BOX_OBS, ACTIONS, n_envs=1, n_steps=3, gamma=0.5)
+    ends = {2: True, 5: False}  # step -> terminated (True) or truncated
+    for t in range(7):
+        obs, nxt = make_obs([t], dict_obs), make_obs([100 + t], dict_obs)
+        buf.add(obs, nxt, np.zeros((1, 1)), np.array([2.0**t]), np.array([ends.get(t, False)]), np.array([t in ends]))
+    expected = {  # start: (return, discount, next obs, terminated)
+        0: (1 + 0.5 * 2 + 0.25 * 4, 0.125, 102, 1.0),  # cut at the termination: no bootstrap
+        1: (2 + 0.5 * 4, 0.25, 102, 1.0),
+        2: (4, 0.5, 102, 1.0),
+        3: (8 + 0.5 * 16 + 0.25 * 32, 0.125, 105, 0.0),  # the time limit: bootstrap from its final obs
+        4: (16 + 0.5 * 32, 0.25, 105, 0.0),
+        5: (32, 0.5, 105, 0.0),
+        6: (64, 0.5, 106, 0.0),  # the newest step: nothing after it is stored yet
+    }
+    np.random.seed(0)
+    batch = buf.sample_batch(200)
+    starts, next_obs = decode(batch.observations), decode(batch.next_observations)
+    assert set(starts) == set(expected)
+    for i, start in enumerate(starts):
+        ret, disc, nxt, term = expected[start]
+        assert batch.rewards[i].item() == pytest.approx(ret)
+        assert batch.discounts[i].item() == pytest.approx(disc)
+        assert (next_obs[i], batch.terminated[i].item()) == (nxt, term)
+
+
+@pytest.mark.parametrize("normalized", [False, True], ids=["raw", "vec-normalize"])
+@pytest.mark.parametrize("handle_timeouts", [True, False])
+@pytest.mark.parametrize("rows", [7, 20], ids=["part-filled", "wrapped"])
+def test_n_step_samples_are_sb3s(rows, handle_timeouts, normalized):
+    """The same stream (terminations, time limits, 2 envs; filled in part, or wrapped around a ring of 8 rows)
+    in SB3's NStepReplayBuffer and covey's, sampled under the same seed (and the same VecNormalize): the same
+    returns, discounts, masks and observations."""
+    import gymnasium as gym
+    from stable_baselines3.common.buffers import NStepReplayBuffer
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    venv = None
+    if normalized:  # rewards scaled by 1 / sqrt(4), observations by statistics of a 1-D observation
+        venv = VecNormalize(DummyVecEnv([lambda: gym.make("MountainCarContinuous-v0")]), gamma=0.9)
+        venv.ret_rms.var, venv.obs_rms.mean, venv.obs_rms.var = np.array(4.0), np.full(1, 3.0), np.full(1, 9.0)
+        venv.observation_space = BOX_OBS
+
+    n_envs, rng = 2, np.random.default_rng(1)
+    theirs = NStepReplayBuffer(
+        16, BOX_OBS, ACTIONS, n_envs=n_envs, n_steps=3, gamma=0.9, handle_timeout_termination=handle_timeouts
+    )
+    ours = ReplayBuffer(16, BOX_OBS, ACTIONS, n_envs=n_envs, n_steps=3, gamma=0.9)
+    for t in range(rows):
+        obs = np.array([[t], [-t]], np.float32)
+        terminated = rng.random(n_envs) < 0.15
+        truncated = ~terminated & (rng.random(n_envs) < 0.15)
+        dones, rewards = terminated | truncated, rng.normal(size=n_envs).astype(np.float32)
+        actions = rng.uniform(-1, 1, (n_envs, 1)).astype(np.float32)
+        infos = [{"TimeLimit.truncated": bool(x)} for x in truncated]
+        theirs.add(obs, obs + 100, actions, rewards, dones, infos)
+        ours.add(obs, obs + 100, actions, rewards, terminated if handle_timeouts else dones, dones)
+    np.random.seed(3)
+    expected = theirs.sample(256, env=venv)
+    np.random.seed(3)
+    got = ours.sample(256, env=venv)
+    full = torch.isclose(got.discounts, torch.tensor(0.9**3))
+    assert full.any() and not full.all()  # returns of 3 steps and returns cut short
+    assert got.dones.sum() > 0
+    for name in ("observations", "actions", "next_observations", "dones", "rewards", "discounts"):
+        a, b = getattr(got, name), getattr(expected, name)
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_n_steps_with_optimize_memory_usage_is_refused():
+    with pytest.raises(NotImplementedError, match="optimize_memory_usage=False"):
+        ReplayBuffer(16, BOX_OBS, ACTIONS, optimize_memory_usage=True, n_steps=3)
+
+
 def test_discrete_actions_stored_as_integers():
     buf = ReplayBuffer(8, BOX_OBS, spaces.Discrete(3), n_envs=2)
     buf.add(make_obs([1, 2], False), make_obs([3, 4], False), np.array([2, 1]), np.zeros(2), np.zeros(2), np.zeros(2))

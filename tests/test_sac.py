@@ -257,14 +257,21 @@ def test_target_critics_move_during_learn_with_update_interval():
     assert any(not torch.equal(a, b) for a, b in zip(initial, model.critic_target.parameters()))
 
 
+@pytest.mark.parametrize("n_steps", [1, 3])
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
-def test_critic_objective_regresses_taken_actions_on_target_critics(env_id):
-    model = sac(env_id).learn(100)
+def test_critic_objective_regresses_taken_actions_on_target_critics(env_id, n_steps):
+    model = sac(env_id, n_steps=n_steps).learn(100)
     with torch.no_grad():  # make the target critics clearly differ from the online ones
         for p in model.critic_target.parameters():
             p.add_(0.1)
     np.random.seed(0)
     b = model.replay_buffer.sample_batch(32)
+    gamma = model.gamma
+    if n_steps > 1:  # n-step returns bootstrap with gamma ** (steps summed), 1 to 3
+        gamma = b.discounts
+        assert set(np.round(gamma.tolist(), 5)) <= {0.99, 0.9801, 0.9703} and (gamma < 0.98).any()
+    else:
+        assert b.discounts is None
     alpha = model._ent_coef()
     torch.manual_seed(5)
     loss, _, (q, q_target) = model._critic_objective(b, alpha)
@@ -275,14 +282,12 @@ def test_critic_objective_regresses_taken_actions_on_target_critics(env_id):
             q_all = model.critic.values(b.observations)  # (2, B, n_actions): Q of the taken actions
             expected_q = q_all[:, torch.arange(32), b.actions]
             next_q = model.critic_target.values(b.next_observations)
-            target = discrete_soft_q_target(
-                b.rewards, b.terminated, next_q, next_params.log_softmax(-1), alpha, model.gamma
-            )
+            target = discrete_soft_q_target(b.rewards, b.terminated, next_q, next_params.log_softmax(-1), alpha, gamma)
         else:
             expected_q = model.critic.values(b.observations, b.actions)
             next_actions, next_log_prob = model.actor.head.rsample(next_params)
             next_q = model.critic_target.values(b.next_observations, next_actions)
-            target = soft_q_target(b.rewards, b.terminated, next_q, next_log_prob, alpha, model.gamma)
+            target = soft_q_target(b.rewards, b.terminated, next_q, next_log_prob, alpha, gamma)
     assert expected_q.shape == (2, 32)
     torch.testing.assert_close(q, expected_q)
     torch.testing.assert_close(q_target, target)
@@ -441,6 +446,27 @@ def test_sb3_replay_buffer_arguments_that_match_covey_are_accepted_and_the_rest_
         sac("Pendulum-v1", replay_buffer_kwargs=dict(handle_timeout_termination="no"))
     with pytest.raises(NotImplementedError, match="\\['n_sampled_goal'\\] are not supported"):
         sac("Pendulum-v1", replay_buffer_kwargs=dict(n_sampled_goal=4))
+
+
+def test_n_step_returns_from_sacs_argument_or_sb3s_n_step_buffer(tmp_path):
+    from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer
+
+    model = sac("Pendulum-v1", n_steps=3, gamma=0.9)
+    assert (model.n_steps, model.replay_buffer.n_steps, model.replay_buffer.gamma) == (3, 3, 0.9)
+    model.learn(60).save(tmp_path / "nstep")
+    assert SAC.load(tmp_path / "nstep").replay_buffer.n_steps == 3
+    # SB3's NStepReplayBuffer brings its own n_steps (default 3) and gamma (default 0.99).
+    kwargs = dict(n_steps=5, gamma=0.99)
+    assert sac("Pendulum-v1", replay_buffer_class=NStepReplayBuffer, replay_buffer_kwargs=kwargs).n_steps == 5
+    assert sac("Pendulum-v1", replay_buffer_class=NStepReplayBuffer).replay_buffer.n_steps == 3
+    with pytest.raises(NotImplementedError, match="gamma=0.99 differs from SAC's gamma=0.9.*n_steps=3 and gamma=0.99"):
+        sac("Pendulum-v1", gamma=0.9, replay_buffer_class=NStepReplayBuffer)
+    with pytest.warns(UserWarning, match="n_steps=3 is ignored because replay_buffer_class=ReplayBuffer"):
+        assert sac("Pendulum-v1", n_steps=3, replay_buffer_class=ReplayBuffer).replay_buffer.n_steps == 1
+    with pytest.raises(ValueError, match="n_steps=0 is invalid"):
+        sac("Pendulum-v1", n_steps=0)
+    with pytest.raises(ValueError, match="optimize_memory_usage=False"):
+        sac("Pendulum-v1", n_steps=3, optimize_memory_usage=True)
 
 
 def test_save_load_keeps_a_fixed_ent_coef(tmp_path):

@@ -4,6 +4,7 @@ SAC for Discrete actions (Christodoulou 2019, https://arxiv.org/abs/1910.07207),
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from stable_baselines3.common.buffers import DictReplayBuffer as SB3DictReplayBuffer
+from stable_baselines3.common.buffers import NStepReplayBuffer as SB3NStepReplayBuffer
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
 from stable_baselines3.common.noise import VectorizedActionNoise
 from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
@@ -79,6 +81,9 @@ class SACConfig:
     use_sde_at_warmup: bool = False
     """With use_sde: before ``learning_starts``, act with the policy's state-dependent noise instead of
     uniformly random actions."""
+    n_steps: int = 1
+    """n-step returns: each sample's reward sums up to this many discounted rewards of its episode, and its
+    target bootstraps from the observation after the last of them, discounted by ``gamma ** steps summed``."""
 
     def __post_init__(self) -> None:
         require_numbers(self, "SAC")
@@ -93,6 +98,12 @@ class SACConfig:
         need(0.0 <= self.gamma <= 1.0, "gamma", "it must lie in [0, 1]")
         need(self.gradient_steps == -1 or self.gradient_steps >= 0, "gradient_steps", "it must be >= 0, or -1")
         need(self.target_update_interval >= 1, "target_update_interval", "it must be >= 1")
+        need(isinstance(self.n_steps, (int, np.integer)) and self.n_steps >= 1, "n_steps", "it must be an int >= 1")
+        need(
+            self.n_steps == 1 or not self.optimize_memory_usage,
+            "n_steps",
+            "n-step returns need each step's next observation stored: use optimize_memory_usage=False",
+        )
         need(isinstance(self.sde_sample_freq, (int, np.integer)), "sde_sample_freq", "it must be an int")
         need(callable(self.learning_rate) or self.learning_rate >= 0, "learning_rate", "it must be >= 0 or a schedule")
         ok = isinstance(self.ent_coef, (int, float)) and self.ent_coef >= 0
@@ -292,7 +303,9 @@ class ManualSACStep:
         next_action, next_log_prob, _ = self._sample(next_params, next_inputs)
         next_x = torch.cat([self.critic_target.encoder(batch.next_observations), next_action], dim=-1)
         next_q = torch.stack([net.forward(next_x)[0].view(-1) for net in self.target_nets])  # (n_critics, B)
-        target = soft_q_target(batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, agent.config.gamma)
+        target = soft_q_target(
+            batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, discount(batch, agent.config.gamma)
+        )
         features = self.critic.encoder(batch.observations)
         x = torch.cat([features, batch.actions], dim=-1)
         outputs = [net.forward(x) for net in self.critic_nets]
@@ -334,16 +347,20 @@ class ManualSACStep:
 
 
 # ---------------------------------------------------------------------------- the agent
-def check_replay_buffer_args(replay_buffer_class: type | None, replay_buffer_kwargs: dict | None) -> bool:
+def check_replay_buffer_args(
+    replay_buffer_class: type | None, replay_buffer_kwargs: dict | None, n_steps: Any, gamma: Any
+) -> tuple[bool, Any]:
     """Accept what SB3's own replay buffers do, which covey's buffer does too (uniform sampling, Dict
     observations, time-limit truncations bootstrapped unless ``handle_timeout_termination=False`` makes them
-    terminal); refuse the rest with what to change. Returns ``handle_timeout_termination``."""
-    if replay_buffer_class is not None and replay_buffer_class not in (SB3ReplayBuffer, SB3DictReplayBuffer):
+    terminal, n-step returns); refuse the rest with what to change. Returns ``handle_timeout_termination`` and
+    the n-step length to use: ``n_steps``, or an ``NStepReplayBuffer``'s own (SB3 then ignores ``n_steps``)."""
+    own = (SB3ReplayBuffer, SB3DictReplayBuffer, SB3NStepReplayBuffer)
+    if replay_buffer_class is not None and replay_buffer_class not in own:
         name = getattr(replay_buffer_class, "__name__", repr(replay_buffer_class))
         what = "hindsight experience replay" if name == "HerReplayBuffer" else "a custom replay buffer"
         raise NotImplementedError(
             f"replay_buffer_class={name} ({what}) is not supported: covey's SAC samples its own replay buffer "
-            "uniformly (as SB3's ReplayBuffer and DictReplayBuffer do). Remove replay_buffer_class."
+            "uniformly (as SB3's ReplayBuffer, DictReplayBuffer and NStepReplayBuffer do). Remove replay_buffer_class."
         )
     kwargs = dict(replay_buffer_kwargs or {})
     handle_timeouts = kwargs.pop("handle_timeout_termination", True)
@@ -352,12 +369,35 @@ def check_replay_buffer_args(replay_buffer_class: type | None, replay_buffer_kwa
             f"replay_buffer_kwargs: handle_timeout_termination={handle_timeouts!r} is invalid: use True (a time-limit "
             "truncation keeps the bootstrap from the final observation, the default) or False (it is terminal)."
         )
+    if replay_buffer_class is not None:
+        if n_steps != 1:  # as SB3 warns: a replay buffer class given sets the returns itself
+            warnings.warn(
+                f"n_steps={n_steps} is ignored because replay_buffer_class={replay_buffer_class.__name__} was "
+                "given; pass n_steps alone (without replay_buffer_class) for n-step returns.",
+                UserWarning,
+                stacklevel=3,
+            )
+        n_steps = 1
+    if replay_buffer_class is SB3NStepReplayBuffer:
+        n_steps = kwargs.pop("n_steps", 3)  # SB3's NStepReplayBuffer defaults
+        buffer_gamma = kwargs.pop("gamma", 0.99)
+        if buffer_gamma != gamma:
+            raise NotImplementedError(
+                f"replay_buffer_kwargs gamma={buffer_gamma} differs from SAC's gamma={gamma}: covey's n-step returns "
+                f"discount with SAC's gamma. Pass n_steps={n_steps} and gamma={buffer_gamma} to SAC instead."
+            )
     if kwargs:
         raise NotImplementedError(
             f"replay_buffer_kwargs {sorted(kwargs)} are not supported by covey's replay buffer (it takes "
-            "handle_timeout_termination only; optimize_memory_usage is SAC's own argument). Remove them."
+            "handle_timeout_termination, and n_steps and gamma for NStepReplayBuffer; optimize_memory_usage is "
+            "SAC's own argument). Remove them."
         )
-    return bool(handle_timeouts)
+    return bool(handle_timeouts), n_steps
+
+
+def discount(batch: ReplayBatch, gamma: float) -> torch.Tensor | float:
+    """The bootstrap discount of each sample: ``gamma``, or ``gamma ** steps summed`` with n-step returns."""
+    return gamma if batch.discounts is None else batch.discounts
 
 
 class SAC(BaseAgent):
@@ -412,11 +452,11 @@ class SAC(BaseAgent):
         bf16_matmuls: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
-        self._handle_timeouts = check_replay_buffer_args(replay_buffer_class, replay_buffer_kwargs)
+        self._handle_timeouts, n_steps = check_replay_buffer_args(
+            replay_buffer_class, replay_buffer_kwargs, n_steps, gamma
+        )
         self.replay_buffer_class = replay_buffer_class
         self.replay_buffer_kwargs = dict(replay_buffer_kwargs or {})
-        if n_steps != 1:
-            raise NotImplementedError("n-step returns (n_steps > 1) are not supported by covey's SAC.")
         self.config = SACConfig(
             learning_rate=learning_rate,
             buffer_size=buffer_size,
@@ -435,6 +475,7 @@ class SAC(BaseAgent):
             use_sde=use_sde,
             sde_sample_freq=sde_sample_freq,
             use_sde_at_warmup=use_sde_at_warmup,
+            n_steps=n_steps,
         )
         kwargs = dict(policy_kwargs or {})
         kwargs.pop("use_sde", None)  # SB3's off-policy agents set the policy's use_sde from their own argument
@@ -528,6 +569,8 @@ class SAC(BaseAgent):
             self.n_envs,
             cfg.optimize_memory_usage,
             self.device,
+            n_steps=cfg.n_steps,
+            gamma=cfg.gamma,
         )
 
     def _networks(self) -> dict[str, torch.nn.Module]:
@@ -806,12 +849,19 @@ class SAC(BaseAgent):
             if self.discrete:
                 next_q = self._run(self.critic_target.values, batch.next_observations)
                 target = discrete_soft_q_target(
-                    batch.rewards, batch.terminated, next_q, next_params.log_softmax(-1), ent_coef, cfg.gamma
+                    batch.rewards,
+                    batch.terminated,
+                    next_q,
+                    next_params.log_softmax(-1),
+                    ent_coef,
+                    discount(batch, cfg.gamma),
                 )
             else:
                 next_actions, next_log_prob = self.actor.head.rsample(next_params)
                 next_q = self._run(self.critic_target.values, batch.next_observations, next_actions)
-                target = soft_q_target(batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, cfg.gamma)
+                target = soft_q_target(
+                    batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, discount(batch, cfg.gamma)
+                )
         head = self.critic.value_head
         raw = self._raw_q_taken(self.critic, batch)  # (n_critics, B) or (n_critics, B, K)
         current_q = head.value(raw)  # (n_critics, B)

@@ -29,6 +29,8 @@ class ReplayBatch(NamedTuple):
     next_observations: ObsTensor
     rewards: torch.Tensor
     terminated: torch.Tensor
+    discounts: torch.Tensor | None = None
+    """With n-step returns: ``gamma ** k`` per sample, ``k`` the steps its return sums (None: one step)."""
 
 
 def _obs_keys(space: spaces.Space) -> dict[str | None, spaces.Space]:
@@ -42,6 +44,9 @@ class ReplayBuffer:
     ``next_observations`` at an episode end is the true final observation, not the reset one.
     With ``optimize_memory_usage`` next observations are not stored twice: the next row's observation
     serves, and the final observations of episode ends are kept aside.
+    With ``n_steps > 1`` a sample's reward is the discounted sum of up to ``n_steps`` rewards of its env, cut at
+    the episode's end and at the newest stored step (as SB3's ``NStepReplayBuffer`` samples), its next
+    observation and bootstrap mask those of the last step summed, and ``discounts`` ``gamma ** steps summed``.
 
     >>> buf = ReplayBuffer(100, spaces.Box(-1, 1, (3,)), spaces.Box(-1, 1, (2,)), n_envs=2)
     >>> buf.observations.shape
@@ -56,9 +61,16 @@ class ReplayBuffer:
         n_envs: int = 1,
         optimize_memory_usage: bool = False,
         device: torch.device | str = "cpu",
+        n_steps: int = 1,
+        gamma: float = 0.99,
     ) -> None:
         if buffer_size < n_envs:
             raise ValueError(f"buffer_size={buffer_size} must be at least n_envs={n_envs}.")
+        if n_steps > 1 and optimize_memory_usage:
+            raise NotImplementedError(
+                "n-step returns need each step's next observation stored: use n_steps=1 or optimize_memory_usage=False."
+            )
+        self.n_steps, self.gamma = int(n_steps), float(gamma)
         self.capacity = buffer_size // n_envs
         self.n_envs = n_envs
         self.observation_space, self.action_space = observation_space, action_space
@@ -139,12 +151,14 @@ class ReplayBuffer:
         seed both buffers pick the same transitions. ``env`` as in :meth:`sample_batch`."""
         batch = self.sample_batch(batch_size, env)
         samples = DictReplayBufferSamples if isinstance(batch.observations, dict) else ReplayBufferSamples
+        discounts = None if batch.discounts is None else batch.discounts.reshape(batch_size, 1)
         return samples(
             batch.observations,
             batch.actions.reshape(batch_size, -1),
             batch.next_observations,
             batch.terminated.reshape(batch_size, 1),
             batch.rewards.reshape(batch_size, 1),
+            discounts,
         )
 
     def sample_batch(self, batch_size: int, env: Any = None) -> ReplayBatch:
@@ -157,26 +171,57 @@ class ReplayBuffer:
         rows = self._sample_rows(batch_size)
         envs = np.random.randint(0, self.n_envs, size=batch_size)
         obs = {k: v[rows, envs] for k, v in self._obs.items()}
-        if self._next_obs is not None:
-            next_obs = {k: v[rows, envs] for k, v in self._next_obs.items()}
+        discounts = None
+        if self.n_steps > 1:  # the return of up to n steps; what follows its last step
+            last, rewards, discounts = self._n_step_returns(rows, envs, env)
+            discounts = torch.as_tensor(discounts, device=self.device)
+            next_obs = {k: v[last, envs] for k, v in self._next_obs.items()}
+            terminated = self.terminated[last, envs]
         else:
-            next_rows = (rows + 1) % self.capacity
-            next_obs = {k: v[next_rows, envs] for k, v in self._obs.items()}
-            for i in np.flatnonzero(self.dones[rows, envs]):
-                final = self.final_observations[(int(rows[i]), int(envs[i]))]
-                for k in next_obs:
-                    next_obs[k][i] = final[k]
-        rewards = self.rewards[rows, envs]
+            rewards, terminated = self.rewards[rows, envs], self.terminated[rows, envs]
+            if env is not None:
+                rewards = np.asarray(env.normalize_reward(rewards), dtype=np.float32)
+            next_obs = self._next_observations(rows, envs)
         if env is not None:
             obs, next_obs = self._normalized(obs, env), self._normalized(next_obs, env)
-            rewards = np.asarray(env.normalize_reward(rewards), dtype=np.float32)
         return ReplayBatch(
             self._to_tensor(obs),
             torch.as_tensor(self.actions[rows, envs], device=self.device),
             self._to_tensor(next_obs),
             torch.as_tensor(rewards, device=self.device),
-            torch.as_tensor(self.terminated[rows, envs], device=self.device),
+            torch.as_tensor(terminated, device=self.device),
+            discounts,
         )
+
+    def _next_observations(self, rows: np.ndarray, envs: np.ndarray) -> dict:
+        """The observations after the steps at ``rows`` of ``envs`` (true final observations at episode ends)."""
+        if self._next_obs is not None:
+            return {k: v[rows, envs] for k, v in self._next_obs.items()}
+        next_rows = (rows + 1) % self.capacity
+        next_obs = {k: v[next_rows, envs] for k, v in self._obs.items()}
+        for i in np.flatnonzero(self.dones[rows, envs]):
+            final = self.final_observations[(int(rows[i]), int(envs[i]))]
+            for k in next_obs:
+                next_obs[k][i] = final[k]
+        return next_obs
+
+    def _n_step_returns(self, rows: np.ndarray, envs: np.ndarray, env: Any) -> tuple[np.ndarray, ...]:
+        """For samples starting at ``rows`` of ``envs``: the row of the last step each return sums, the
+        returns, and ``gamma ** steps summed`` (float32, as SB3 computes them)."""
+        steps = np.arange(self.n_steps)
+        window = (rows[:, None] + steps) % self.capacity  # (B, n) the rows a return may sum
+        # A return stops at its episode's end, at the newest stored step (the row after it is not this
+        # episode's yet, or an old one's), and at the window's end.
+        stops = self.dones[window, envs[:, None]] | (window == (self.pos - 1) % self.capacity)
+        stops[:, -1] = True
+        k = stops.argmax(axis=1)  # the first stop: steps k + 1 are summed
+        rewards = self.rewards[window, envs[:, None]]
+        if env is not None:
+            rewards = np.asarray(env.normalize_reward(rewards), dtype=np.float32)
+        powers = np.float32(self.gamma) ** steps.astype(np.float32)
+        returns = (rewards * powers * (steps <= k[:, None])).sum(axis=1, dtype=np.float32)
+        discounts = np.float32(self.gamma) ** (k + 1).astype(np.float32)
+        return window[np.arange(len(rows)), k], returns, discounts
 
     @staticmethod
     def _normalized(obs: dict, env: Any) -> dict:
