@@ -342,3 +342,42 @@ def test_demo_at_a_tiny_scale(tmp_path):
         assert_png(tmp_path / "demo" / name / "curve.png")
     assert gif_frames(tmp_path / "demo" / "simple_spread.gif") > 1
     assert_png(tmp_path / "demo" / "curves.png")
+
+
+class _Rendered:
+    """A PettingZoo env whose render() gives a tiny RGB frame."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def render(self):
+        return np.zeros((2, 2, 3), np.uint8)
+
+
+class _MemoryProbe:
+    """A team policy whose state counts its calls: it records the state and episode starts it is given."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def predict(self, observation, state=None, episode_start=None, deterministic=False):
+        self.calls.append((state, dict(episode_start)))
+        return {a: 0 for a in observation}, len(self.calls)
+
+
+def test_a_recorded_team_episode_carries_the_policys_memory():
+    """The GIF recorder plays a team as evaluate_group does: the state predict returns comes back at the next
+    step, and episode_start is True only at an agent's first step; the episode ends with its agents."""
+    from covey.cli.evaluation import _play_group
+    from covey.envs import EarlyExitEnv
+    from covey.evaluation import group_episodes
+
+    probe, frames = _MemoryProbe(), []
+    total = _play_group(probe, _Rendered(EarlyExitEnv()), 3, True, frames, 1000)
+    assert [state for state, _ in probe.calls] == [None, *range(1, 8)]  # 8 steps of the episode
+    assert probe.calls[0][1] == dict.fromkeys(["agent_0", "agent_1", "agent_2"], True)
+    assert all(not any(starts.values()) for _, starts in probe.calls[1:])
+    assert len(frames) == 9 and total == group_episodes(_MemoryProbe(), EarlyExitEnv(), 1, True, 3)[0][0]

@@ -13,6 +13,7 @@ import zipfile
 
 import numpy as np
 import pytest
+import supersuit
 import torch
 from gymnasium import spaces
 from mpe2 import simple_spread_v3
@@ -874,6 +875,12 @@ def test_not_a_pettingzoo_env():
             POCA("MlpPolicy", "mpe2:simple_spread_v3", n_envs=n_envs)
     with pytest.raises(ValueError, match="POCA needs a PettingZoo env.*ParallelEnv"):
         POCA("MlpPolicy", None)
+    # An SB3 + SuperSuit script's vector env: the agents' ids are gone, so the message says what to pass.
+    vec = supersuit.concat_vec_envs_v1(
+        supersuit.pettingzoo_env_to_vec_env_v1(simple_spread_v3.parallel_env()), 2, base_class="stable_baselines3"
+    )
+    with pytest.raises(TypeError, match=r"not a vector env \(SB3VecEnvWrapper\).*n_envs=8\)"):
+        POCA("MlpPolicy", vec)
 
 
 # ============================================================================================ 6. MPE simple_spread

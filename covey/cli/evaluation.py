@@ -11,6 +11,7 @@ import numpy as np
 
 from covey.cli.config import RunConfig
 from covey.cli.envs import RandomPolicy, build_env, env_fn
+from covey.wrappers.group_env import live_agents
 
 
 class Evaluator:
@@ -104,13 +105,20 @@ def _play_single(model, env, seed: int, deterministic: bool, frames: list, max_f
 
 
 def _play_group(model, env, seed: int, deterministic: bool, frames: list, max_frames: int) -> float:
+    """One episode as :func:`covey.evaluation.group_episodes` plays it (a recurrent team carries its memory),
+    a frame per step."""
     obs, _ = env.reset(seed=seed)
     frames.append(_frame(env))
-    total = 0.0
-    while env.agents and len(frames) < max_frames:
-        actions, _ = model.predict({a: obs[a] for a in env.agents}, deterministic=deterministic)
-        obs, rewards, _, _, _ = env.step(actions)
+    total, agents, state, previous = 0.0, list(env.agents), None, set()
+    while agents and len(frames) < max_frames:
+        starts = {a: a not in previous for a in agents}
+        actions, state = model.predict(
+            {a: obs[a] for a in agents}, state=state, episode_start=starts, deterministic=deterministic
+        )
+        previous = set(agents)
+        obs, rewards, terminations, truncations, _ = env.step(actions)
         total += float(sum(rewards.values()))
+        agents = live_agents(env.agents, terminations, truncations)
         frames.append(_frame(env))
     return total
 

@@ -55,6 +55,13 @@ def as_parallel(env: Any) -> Any:
             "simple_spread_v3.parallel_env or lambda: simple_spread_v3.parallel_env(N=3). (A config file's "
             "module:name form is for `covey train`.)"
         )
+    if not is_parallel_env(env) and hasattr(env, "num_envs"):  # an SB3 or Gymnasium vector env
+        raise TypeError(
+            f"POCA takes the PettingZoo env itself, or a function returning one, not a vector env "
+            f"({type(env).__name__}): it keeps each agent's id to group them, which SuperSuit's "
+            "pettingzoo_env_to_vec_env_v1 / concat_vec_envs_v1 drop. Pass the env function and the number of "
+            "copies, e.g. POCA('MlpPolicy', lambda: simple_spread_v3.parallel_env(), n_envs=8)."
+        )
     if not is_parallel_env(env):
         raise TypeError(
             f"Expected a PettingZoo ParallelEnv (or AEC env), or a function returning one; got {type(env).__name__}."
