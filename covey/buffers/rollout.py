@@ -197,7 +197,7 @@ class RolloutBuffer:
         self.terminated[t] = terminated
         self.dones[t] = dones
         self.episode_starts[t] = self._next_starts if episode_starts is None else episode_starts
-        self._next_starts = np.asarray(dones, dtype=bool)
+        self._next_starts = dones
         self.pos += 1
 
     def flat_observations(self) -> ObsTensor:
