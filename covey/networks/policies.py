@@ -191,9 +191,12 @@ class _PolicyBase(nn.Module):
 
     # The settings SB3's policies keep (their policy_kwargs), read from the agent's configuration.
     def _setting(self, name: str):
+        return getattr(self._config(name), name)
+
+    def _config(self, name: str):
         if self.config is None:
             raise AttributeError(f"This policy has no record of its settings, so no {name!r}.")
-        return getattr(self.config, name)
+        return self.config
 
     @property
     def net_arch(self) -> list[int] | dict[str, list[int]]:
@@ -219,8 +222,7 @@ class _PolicyBase(nn.Module):
     @property
     def optimizer_kwargs(self) -> dict:
         """The optimizer's keyword arguments (SB3's PPO adds Adam's ``eps=1e-5`` to them, as covey does)."""
-        self._setting("optimizer_kwargs")
-        return self.config.optimizer_arguments(self._adam_eps)
+        return self._config("optimizer_kwargs").optimizer_arguments(self._adam_eps)
 
     @property
     def features_extractor_class(self) -> type[nn.Module]:
