@@ -621,3 +621,50 @@ def test_subprocess_copies_step_exactly_like_in_process_ones():
         assert workers.num_envs == 2 and workers.agent_ids == local.agent_ids
     finally:
         workers.close()
+
+
+class LevelEnv(EarlyExitEnv):
+    """EarlyExitEnv with an attribute and a method for SB3's env calls."""
+
+    level = 0
+
+    def bump(self, by: int, times: int = 1) -> int:
+        self.level += by * times
+        return self.level
+
+
+@pytest.mark.parametrize("workers", [False, True], ids=["in-process", "subprocess"])
+def test_sb3s_env_calls_reach_every_copy_or_those_asked(workers):
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    venv = (SubprocGroupVecEnv if workers else GroupVecEnv)([LevelEnv] * 3)
+    try:
+        assert venv.get_attr("level") == [0, 0, 0]
+        venv.set_attr("level", 4, indices=[0, 2])
+        assert venv.get_attr("level") == [4, 0, 4] and venv.get_attr("level", indices=1) == [0]
+        assert venv.env_method("bump", 2, times=3) == [10, 6, 10]
+        assert venv.env_method("bump", 1, indices=[1]) == [7]
+        assert venv.get_attr("possible_agents", indices=0) == [["agent_0", "agent_1", "agent_2"]]
+    finally:
+        venv.close()
+
+
+def test_a_callback_changes_the_training_envs_through_set_attr():
+    """A curriculum callback as SB3 users write one: ``self.training_env.set_attr`` before training reaches
+    the copies POCA steps (pressing the switch then costs 5 instead of 0.5)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from covey import POCA
+
+    class Harder(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.training_env.set_attr("press_cost", 5.0)
+
+        def _on_step(self) -> bool:
+            return True
+
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0)
+    model.learn(32, callback=Harder())
+    rewards = model.rollout_buffer.rewards
+    assert model.get_env().get_attr("press_cost") == [5.0, 5.0]
+    assert (rewards == -5.0).any() and not (rewards == -0.5).any()

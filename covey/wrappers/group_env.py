@@ -223,6 +223,25 @@ class GroupVecEnv:
             self._obs.copy(), self._mask.copy(), rewards, terminated, truncated, left, final_obs, env_done, infos
         )
 
+    # SB3's VecEnv calls on the env copies, for callbacks (e.g. a curriculum that sets an env attribute)
+    def _indices(self, indices: None | int | Sequence[int]) -> list[int]:
+        if indices is None:
+            return list(range(self.n_envs))
+        return [int(indices)] if np.isscalar(indices) else [int(i) for i in indices]
+
+    def get_attr(self, attr_name: str, indices: None | int | Sequence[int] = None) -> list[Any]:
+        """SB3's ``get_attr``: the attribute of each env copy (all, or those of ``indices``)."""
+        return [getattr(self.envs[i], attr_name) for i in self._indices(indices)]
+
+    def set_attr(self, attr_name: str, value: Any, indices: None | int | Sequence[int] = None) -> None:
+        """SB3's ``set_attr``: set the attribute on each env copy (all, or those of ``indices``)."""
+        for i in self._indices(indices):
+            setattr(self.envs[i], attr_name, value)
+
+    def env_method(self, method_name: str, *method_args, indices: None | int | Sequence[int] = None, **method_kwargs):
+        """SB3's ``env_method``: call the method of each env copy (all, or those of ``indices``); their results."""
+        return [getattr(self.envs[i], method_name)(*method_args, **method_kwargs) for i in self._indices(indices)]
+
     def close(self) -> None:
         for env in self.envs:
             env.close()
@@ -277,6 +296,10 @@ def _worker(remote, parent_remote, env_fn_wrapper) -> None:
                 remote.send(venv.reset(seed=data))
             elif command == "step":
                 remote.send(venv.step(data[None]))
+            elif command == "call":  # get_attr, set_attr or env_method on the worker's one copy
+                method, args, kwargs = data
+                result = getattr(venv, method)(*args, **kwargs)  # a list of one, or None for set_attr
+                remote.send(None if result is None else result[0])
             elif command == "close":
                 venv.close()
                 break
@@ -332,6 +355,21 @@ class SubprocGroupVecEnv(GroupVecEnv):
         steps = [remote.recv() for remote in self.remotes]
         fields = [np.concatenate([getattr(s, name) for s in steps]) for name in GroupStep._fields[:-1]]
         return GroupStep(*fields, [info for s in steps for info in s.infos])
+
+    def _call(self, method: str, indices, *args, **kwargs) -> list[Any]:
+        remotes = [self.remotes[i] for i in self._indices(indices)]
+        for remote in remotes:
+            remote.send(("call", (method, args, kwargs)))
+        return [remote.recv() for remote in remotes]
+
+    def get_attr(self, attr_name: str, indices: None | int | Sequence[int] = None) -> list[Any]:
+        return self._call("get_attr", indices, attr_name)
+
+    def set_attr(self, attr_name: str, value: Any, indices: None | int | Sequence[int] = None) -> None:
+        self._call("set_attr", indices, attr_name, value)
+
+    def env_method(self, method_name: str, *method_args, indices: None | int | Sequence[int] = None, **method_kwargs):
+        return self._call("env_method", indices, method_name, *method_args, **method_kwargs)
 
     def close(self) -> None:
         if self.closed:
