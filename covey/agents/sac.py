@@ -16,6 +16,7 @@ from stable_baselines3.common.buffers import NStepReplayBuffer as SB3NStepReplay
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
 from stable_baselines3.common.noise import VectorizedActionNoise
 from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
+from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as SB3HerReplayBuffer
 
 from covey.agents.base import (
     BaseAgent,
@@ -26,6 +27,7 @@ from covey.agents.base import (
     require_numbers,
     set_train_mode,
 )
+from covey.buffers.her import HerReplayBuffer, goal_strategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks
 from covey.networks.distributions import SquashedGaussianHead, SquashedStateDependentHead
@@ -348,19 +350,23 @@ class ManualSACStep:
 
 # ---------------------------------------------------------------------------- the agent
 def check_replay_buffer_args(
-    replay_buffer_class: type | None, replay_buffer_kwargs: dict | None, n_steps: Any, gamma: Any
-) -> tuple[bool, Any]:
-    """Accept what SB3's own replay buffers do, which covey's buffer does too (uniform sampling, Dict
+    replay_buffer_class: type | str | None, replay_buffer_kwargs: dict | None, n_steps: Any, gamma: Any
+) -> tuple[bool, Any, dict | None]:
+    """Accept what SB3's own replay buffers do, which covey's buffers do too (uniform sampling, Dict
     observations, time-limit truncations bootstrapped unless ``handle_timeout_termination=False`` makes them
-    terminal, n-step returns); refuse the rest with what to change. Returns ``handle_timeout_termination`` and
-    the n-step length to use: ``n_steps``, or an ``NStepReplayBuffer``'s own (SB3 then ignores ``n_steps``)."""
-    own = (SB3ReplayBuffer, SB3DictReplayBuffer, SB3NStepReplayBuffer)
+    terminal, n-step returns, hindsight experience replay); refuse the rest with what to change. Returns
+    ``handle_timeout_termination``, the n-step length to use (``n_steps``, or an ``NStepReplayBuffer``'s own: SB3
+    then ignores ``n_steps``) and, for ``HerReplayBuffer`` (the class, or its name as a model file keeps it),
+    :class:`~covey.buffers.her.HerReplayBuffer`'s settings."""
+    if replay_buffer_class == "HerReplayBuffer":
+        replay_buffer_class = SB3HerReplayBuffer
+    own = (SB3ReplayBuffer, SB3DictReplayBuffer, SB3NStepReplayBuffer, SB3HerReplayBuffer)
     if replay_buffer_class is not None and replay_buffer_class not in own:
         name = getattr(replay_buffer_class, "__name__", repr(replay_buffer_class))
-        what = "hindsight experience replay" if name == "HerReplayBuffer" else "a custom replay buffer"
         raise NotImplementedError(
-            f"replay_buffer_class={name} ({what}) is not supported: covey's SAC samples its own replay buffer "
-            "uniformly (as SB3's ReplayBuffer, DictReplayBuffer and NStepReplayBuffer do). Remove replay_buffer_class."
+            f"replay_buffer_class={name} (a custom replay buffer) is not supported: covey's SAC samples its own "
+            "replay buffer as SB3's ReplayBuffer, DictReplayBuffer, NStepReplayBuffer and HerReplayBuffer do. "
+            "Remove replay_buffer_class."
         )
     kwargs = dict(replay_buffer_kwargs or {})
     handle_timeouts = kwargs.pop("handle_timeout_termination", True)
@@ -378,6 +384,12 @@ def check_replay_buffer_args(
                 stacklevel=3,
             )
         n_steps = 1
+    her = None
+    if replay_buffer_class is SB3HerReplayBuffer:
+        her = {key: kwargs.pop(key) for key in HER_KWARGS if key in kwargs}
+        kwargs.pop("env", None)  # SB3 passes the model's env itself; so does covey
+        if "goal_selection_strategy" in her:
+            her["goal_selection_strategy"] = goal_strategy(her["goal_selection_strategy"])
     if replay_buffer_class is SB3NStepReplayBuffer:
         n_steps = kwargs.pop("n_steps", 3)  # SB3's NStepReplayBuffer defaults
         buffer_gamma = kwargs.pop("gamma", 0.99)
@@ -389,10 +401,14 @@ def check_replay_buffer_args(
     if kwargs:
         raise NotImplementedError(
             f"replay_buffer_kwargs {sorted(kwargs)} are not supported by covey's replay buffer (it takes "
-            "handle_timeout_termination, and n_steps and gamma for NStepReplayBuffer; optimize_memory_usage is "
-            "SAC's own argument). Remove them."
+            "handle_timeout_termination; n_steps and gamma for NStepReplayBuffer; n_sampled_goal, "
+            "goal_selection_strategy and copy_info_dict for HerReplayBuffer; optimize_memory_usage is SAC's own "
+            "argument). Remove them."
         )
-    return bool(handle_timeouts), n_steps
+    return bool(handle_timeouts), n_steps, her
+
+
+HER_KWARGS = ("n_sampled_goal", "goal_selection_strategy", "copy_info_dict")
 
 
 def discount(batch: ReplayBatch, gamma: float) -> torch.Tensor | float:
@@ -452,9 +468,15 @@ class SAC(BaseAgent):
         bf16_matmuls: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
-        self._handle_timeouts, n_steps = check_replay_buffer_args(
+        self._handle_timeouts, n_steps, self._her = check_replay_buffer_args(
             replay_buffer_class, replay_buffer_kwargs, n_steps, gamma
         )
+        if self._her is not None:
+            replay_buffer_class = SB3HerReplayBuffer
+            if optimize_memory_usage:
+                raise NotImplementedError(
+                    "HerReplayBuffer stores each step's next observation: use optimize_memory_usage=False."
+                )
         self.replay_buffer_class = replay_buffer_class
         self.replay_buffer_kwargs = dict(replay_buffer_kwargs or {})
         self.config = SACConfig(
@@ -562,16 +584,27 @@ class SAC(BaseAgent):
         self._manual: ManualSACStep | None = None
         if self.manual_gradients and ManualSACStep.applies(self):
             self._manual = ManualSACStep(self.actor, self.critic, self.critic_target, bf16=self.config.bf16_matmuls)
-        self.replay_buffer = ReplayBuffer(
-            cfg.buffer_size,
-            self.observation_space,
-            self.action_space,
-            self.n_envs,
-            cfg.optimize_memory_usage,
-            self.device,
-            n_steps=cfg.n_steps,
-            gamma=cfg.gamma,
-        )
+        if self._her is not None:  # hindsight replay: it asks the env for the rewards of relabeled goals
+            self.replay_buffer = HerReplayBuffer(
+                cfg.buffer_size,
+                self.observation_space,
+                self.action_space,
+                self.env,
+                self.n_envs,
+                device=self.device,
+                **self._her,
+            )
+        else:
+            self.replay_buffer = ReplayBuffer(
+                cfg.buffer_size,
+                self.observation_space,
+                self.action_space,
+                self.n_envs,
+                cfg.optimize_memory_usage,
+                self.device,
+                n_steps=cfg.n_steps,
+                gamma=cfg.gamma,
+            )
 
     def _networks(self) -> dict[str, torch.nn.Module]:
         networks = {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target}
@@ -603,9 +636,18 @@ class SAC(BaseAgent):
     def _hyperparameters(self) -> dict[str, Any]:
         params = super()._hyperparameters()
         params["train_freq"] = [self.config.train_freq.frequency, self.config.train_freq.unit.value]
-        if not self._handle_timeouts:
-            params["replay_buffer_kwargs"] = {"handle_timeout_termination": False}
+        buffer_kwargs = {} if self._handle_timeouts else {"handle_timeout_termination": False}
+        if self._her is not None:  # kept by name: a model file holds no classes
+            params["replay_buffer_class"] = "HerReplayBuffer"
+            buffer_kwargs.update(self._her)
+        if buffer_kwargs:
+            params["replay_buffer_kwargs"] = buffer_kwargs
         return params
+
+    def set_env(self, env: Any, force_reset: bool = True) -> None:
+        super().set_env(env, force_reset)
+        if isinstance(self.replay_buffer, HerReplayBuffer):
+            self.replay_buffer.env = self.env  # relabeled rewards come from the env trained on
 
     # ------------------------------------------------------------------ replay buffer files
     def save_replay_buffer(self, path) -> None:
@@ -614,8 +656,11 @@ class SAC(BaseAgent):
         self.replay_buffer.save(path)
 
     def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
-        """Fill the replay buffer from :meth:`save_replay_buffer`'s file (``path`` as given there, or the file)."""
+        """Fill the replay buffer from :meth:`save_replay_buffer`'s file (``path`` as given there, or the file).
+        With hindsight replay, ``truncate_last_traj`` ends the episodes the file left running, as SB3 does."""
         self.replay_buffer.load(path)
+        if truncate_last_traj and isinstance(self.replay_buffer, HerReplayBuffer):
+            self.replay_buffer.truncate_last_trajectory()
 
     # ------------------------------------------------------------------ training loop
     def learn(
@@ -731,7 +776,10 @@ class SAC(BaseAgent):
                 _set_env_obs(next_obs, i, final)
             if self._handle_timeouts and infos[i].get("TimeLimit.truncated", False):
                 terminated[i] = False  # a time limit keeps the bootstrap
-        self.replay_buffer.add(obs, next_obs, actions, rewards, terminated, dones)
+        if self._her is not None:
+            self.replay_buffer.add(obs, next_obs, actions, rewards, terminated, dones, infos)
+        else:
+            self.replay_buffer.add(obs, next_obs, actions, rewards, terminated, dones)
         self._last_obs = new_obs
         if vec_normalize is not None:
             self._last_original_obs = stored_new_obs

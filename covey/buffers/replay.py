@@ -273,6 +273,7 @@ class ReplayBuffer:
                 if finals
                 else np.zeros((0, *self.spaces[key].shape), self.spaces[key].dtype)
             )
+        arrays.update(self._extra_arrays())
         if not isinstance(path, (str, os.PathLike)):  # an open binary file
             np.savez(path, **arrays)
             return
@@ -306,4 +307,12 @@ class ReplayBuffer:
             self.final_observations = {
                 (int(r), int(e)): {key: stacked[key][i] for key in self.spaces} for i, (r, e) in enumerate(finals)
             }
+            self._load_extra(data)
             self.pos, self.full = pos, bool(full)
+
+    def _extra_arrays(self) -> dict[str, np.ndarray]:
+        """Arrays a subclass keeps beside the transitions, saved with them."""
+        return {}
+
+    def _load_extra(self, data) -> None:
+        """Read back what :meth:`_extra_arrays` saved."""

@@ -1,0 +1,167 @@
+"""Hindsight experience replay: the replay buffer relabels sampled transitions with goals reached later."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from covey.buffers.replay import ReplayBatch, ReplayBuffer
+
+GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
+STRATEGIES = ("future", "final", "episode")
+
+
+def goal_strategy(value: Any) -> str:
+    """``goal_selection_strategy`` as a name: a string, or SB3's ``GoalSelectionStrategy``."""
+    name = getattr(value, "name", value)
+    if not isinstance(name, str) or name.lower() not in STRATEGIES:
+        raise ValueError(f"goal_selection_strategy={value!r} is invalid: use one of {list(STRATEGIES)}.")
+    return name.lower()
+
+
+class HerReplayBuffer(ReplayBuffer):
+    """A replay buffer for goal-conditioned envs (Dict observations with ``observation``, ``achieved_goal`` and
+    ``desired_goal``; ``compute_reward(achieved_goal, desired_goal, infos)`` on the env), sampled as SB3's
+    ``HerReplayBuffer`` samples: only transitions of finished episodes; of a batch of ``B``, the first
+    ``int(B * n_sampled_goal / (n_sampled_goal + 1))`` drawn are relabeled ("virtual") and come last.
+
+    A virtual transition takes as its goal the achieved goal after a step of its own episode: a later one or
+    itself (``"future"``), the last (``"final"``) or any (``"episode"``), and the reward
+    ``env.env_method("compute_reward", ...)`` gives for it. Draws are SB3's, so under the same NumPy seed both
+    buffers return the same batch. An episode partly overwritten by the ring is no longer sampled.
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        env: Any = None,
+        n_envs: int = 1,
+        device: torch.device | str = "cpu",
+        n_sampled_goal: int = 4,
+        goal_selection_strategy: Any = "future",
+        copy_info_dict: bool = False,
+    ) -> None:
+        keys = sorted(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else None
+        if keys is None or not set(GOAL_KEYS) <= set(keys):
+            raise ValueError(
+                f"HerReplayBuffer needs a goal-conditioned env: Dict observations with keys {list(GOAL_KEYS)}, "
+                f"got {observation_space if keys is None else keys}."
+            )
+        if not isinstance(n_sampled_goal, (int, np.integer)) or n_sampled_goal < 0:
+            raise ValueError(f"n_sampled_goal={n_sampled_goal!r} is invalid: it must be an int >= 0.")
+        super().__init__(buffer_size, observation_space, action_space, n_envs, False, device)
+        self.env = env
+        self.n_sampled_goal = int(n_sampled_goal)
+        self.goal_selection_strategy = goal_strategy(goal_selection_strategy)
+        self.her_ratio = 1.0 - 1.0 / (self.n_sampled_goal + 1)
+        self.copy_info_dict = bool(copy_info_dict)
+        lead = (self.capacity, n_envs)
+        self.infos = np.array([[{} for _ in range(n_envs)] for _ in range(self.capacity)]) if copy_info_dict else None
+        # Per stored step: the row its episode started at, and the episode's length once it has ended (0 before).
+        self.ep_start = np.zeros(lead, dtype=np.int64)
+        self.ep_length = np.zeros(lead, dtype=np.int64)
+        self._current_ep_start = np.zeros(n_envs, dtype=np.int64)
+
+    def add(self, obs, next_obs, actions, rewards, terminated, dones, infos: list[dict] | None = None) -> None:
+        row = self.pos
+        for e in np.flatnonzero(self.ep_length[row] > 0):  # about to overwrite a step of an ended episode
+            end = self.ep_start[row, e] + self.ep_length[row, e]
+            self.ep_length[np.arange(row, end) % self.capacity, e] = 0
+        self.ep_start[row] = self._current_ep_start
+        if self.infos is not None and infos is not None:
+            self.infos[row] = infos
+        super().add(obs, next_obs, actions, rewards, terminated, dones)
+        for e in np.flatnonzero(dones):
+            self._end_episode(int(e))
+
+    def _end_episode(self, e: int) -> None:
+        """Record the episode of env ``e`` that ended with the newest step: its length, on each of its rows."""
+        start, end = int(self._current_ep_start[e]), self.pos
+        if end <= start:  # the ring wrapped during the episode
+            end += self.capacity
+        self.ep_length[np.arange(start, end) % self.capacity, e] = end - start
+        self._current_ep_start[e] = self.pos
+
+    def truncate_last_trajectory(self) -> None:
+        """End the episodes still running at the newest step (as after loading a buffer saved mid-episode), so
+        their steps can be sampled; their last step keeps its bootstrap, as a time limit does."""
+        for e in np.flatnonzero(self._current_ep_start != self.pos):
+            self.dones[(self.pos - 1) % self.capacity, e] = True
+            self._end_episode(int(e))
+
+    def sample_batch(self, batch_size: int, env: Any = None) -> ReplayBatch:
+        valid = self.ep_length > 0
+        if not valid.any():
+            raise RuntimeError(
+                "HerReplayBuffer samples only finished episodes, and none has ended yet: set learning_starts above "
+                "the env's longest episode."
+            )
+        drawn = np.random.choice(np.flatnonzero(valid), size=batch_size, replace=True)
+        rows, envs = np.unravel_index(drawn, valid.shape)
+        n_virtual = int(self.her_ratio * batch_size)
+        # The first n_virtual drawn are relabeled; the batch holds the real ones first, as SB3's does.
+        order = np.concatenate([np.arange(n_virtual, batch_size), np.arange(n_virtual)])
+        rows, envs = rows[order], envs[order]
+        n_real = batch_size - n_virtual
+        obs = {k: v[rows, envs] for k, v in self._obs.items()}
+        next_obs = {k: v[rows, envs] for k, v in self._next_obs.items()}
+        rewards = self.rewards[rows, envs].copy()
+        if n_virtual:
+            v_rows, v_envs = rows[n_real:], envs[n_real:]
+            goals = self._sample_goals(v_rows, v_envs)
+            obs["desired_goal"][n_real:] = goals
+            next_obs["desired_goal"][n_real:] = goals
+            rewards[n_real:] = self._relabeled_rewards(next_obs["achieved_goal"][n_real:], goals, v_rows, v_envs)
+        if env is not None:
+            obs, next_obs = self._normalized(obs, env), self._normalized(next_obs, env)
+            rewards = np.asarray(env.normalize_reward(rewards), dtype=np.float32)
+        return ReplayBatch(
+            self._to_tensor(obs),
+            torch.as_tensor(self.actions[rows, envs], device=self.device),
+            self._to_tensor(next_obs),
+            torch.as_tensor(rewards, device=self.device),
+            torch.as_tensor(self.terminated[rows, envs], device=self.device),
+        )
+
+    def _sample_goals(self, rows: np.ndarray, envs: np.ndarray) -> np.ndarray:
+        """The achieved goal after a step of each sample's episode, chosen by the strategy."""
+        start, length = self.ep_start[rows, envs], self.ep_length[rows, envs]
+        if self.goal_selection_strategy == "final":
+            offset = length - 1
+        elif self.goal_selection_strategy == "future":  # this step or a later one
+            offset = np.random.randint((rows - start) % self.capacity, length)
+        else:  # "episode"
+            offset = np.random.randint(0, length)
+        return self._next_obs["achieved_goal"][(start + offset) % self.capacity, envs]
+
+    def _relabeled_rewards(self, achieved: np.ndarray, goals: np.ndarray, rows: np.ndarray, envs: np.ndarray):
+        if self.env is None:
+            raise RuntimeError(
+                "HerReplayBuffer computes the rewards of relabeled goals with the env's compute_reward: give it "
+                "the env (model.set_env(env) for a model loaded without one)."
+            )
+        if self.infos is not None:
+            infos = [dict(info) for info in self.infos[rows, envs]]
+        else:
+            infos = [{} for _ in range(len(rows))]
+        rewards = self.env.env_method("compute_reward", achieved, goals, infos, indices=[0])[0]
+        return np.asarray(rewards, dtype=np.float32)
+
+    # The episode bookkeeping travels with the buffer's file (infos do not: the file holds plain arrays only).
+    def _extra_arrays(self) -> dict[str, np.ndarray]:
+        return {"her/ep_start": self.ep_start, "her/ep_length": self.ep_length, "her/current": self._current_ep_start}
+
+    def _load_extra(self, data) -> None:
+        if "her/ep_length" not in data:
+            raise ValueError(
+                "The replay buffer file holds no episode bookkeeping for hindsight replay (it was saved from a "
+                "buffer without HerReplayBuffer); load it into a model with the same replay_buffer_class."
+            )
+        self.ep_start[:] = data["her/ep_start"]
+        self.ep_length[:] = data["her/ep_length"]
+        self._current_ep_start[:] = data["her/current"]
