@@ -40,15 +40,12 @@ def fill(buffers: list, venv, steps: int, seed: int = 0) -> None:
 
 
 def assert_same_samples(got, expected) -> None:
-    """Field by field the same values and shapes; observations come as float32 tensors, as the networks take
-    them (SB3 keeps the space's dtype, int8 for the bits)."""
     for name in ("observations", "actions", "next_observations", "dones", "rewards"):
         a, b = getattr(got, name), getattr(expected, name)
         for key in a if isinstance(a, dict) else [None]:
             x, y = (a[key], b[key]) if key is not None else (a, b)
-            assert x.shape == y.shape, (name, key)
-            assert x.dtype == (torch.float32 if "observations" in name else y.dtype), (name, key)
-            torch.testing.assert_close(x, y.to(x.dtype), rtol=0, atol=0, msg=f"{name} {key}")
+            assert x.shape == y.shape and x.dtype == y.dtype, (name, key)  # int8 bits, as SB3 keeps them
+            torch.testing.assert_close(x, y, rtol=0, atol=0, msg=f"{name} {key}")
 
 
 @pytest.mark.parametrize("strategy", ["future", "final", "episode"])
@@ -72,6 +69,7 @@ def test_samples_are_sb3s(strategy, steps):
         np.random.seed(seed)
         got = ours.sample(64)
         assert_same_samples(got, expected)
+    assert ours.sample_batch(8).observations["observation"].dtype == torch.float32  # as SAC's networks take them
     relabeled = got.observations["desired_goal"][13:]  # 51 of 64 relabeled, after the 13 real ones
     assert not torch.equal(relabeled, ours.sample(64).observations["desired_goal"][13:])  # goals are drawn
 

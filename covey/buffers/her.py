@@ -94,7 +94,7 @@ class HerReplayBuffer(ReplayBuffer):
             self.dones[(self.pos - 1) % self.capacity, e] = True
             self._end_episode(int(e))
 
-    def sample_batch(self, batch_size: int, env: Any = None) -> ReplayBatch:
+    def sample_batch(self, batch_size: int, env: Any = None, as_stored: bool = False) -> ReplayBatch:
         valid = self.ep_length > 0
         if not valid.any():
             raise RuntimeError(
@@ -121,9 +121,9 @@ class HerReplayBuffer(ReplayBuffer):
             obs, next_obs = self._normalized(obs, env), self._normalized(next_obs, env)
             rewards = np.asarray(env.normalize_reward(rewards), dtype=np.float32)
         return ReplayBatch(
-            self._to_tensor(obs),
+            self._to_tensor(obs, as_stored),
             torch.as_tensor(self.actions[rows, envs], device=self.device),
-            self._to_tensor(next_obs),
+            self._to_tensor(next_obs, as_stored),
             torch.as_tensor(rewards, device=self.device),
             torch.as_tensor(self.terminated[rows, envs], device=self.device),
         )

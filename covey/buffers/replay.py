@@ -149,7 +149,7 @@ class ReplayBuffer:
         ``dones`` ``(B, 1)``, where ``dones`` is the bootstrap mask (1.0 at a termination, 0.0 at a time limit,
         as SB3's ``dones * (1 - timeouts)``). Rows and envs are drawn as SB3 draws them, so under the same NumPy
         seed both buffers pick the same transitions. ``env`` as in :meth:`sample_batch`."""
-        batch = self.sample_batch(batch_size, env)
+        batch = self.sample_batch(batch_size, env, as_stored=True)
         samples = DictReplayBufferSamples if isinstance(batch.observations, dict) else ReplayBufferSamples
         discounts = None if batch.discounts is None else batch.discounts.reshape(batch_size, 1)
         return samples(
@@ -161,10 +161,10 @@ class ReplayBuffer:
             discounts,
         )
 
-    def sample_batch(self, batch_size: int, env: Any = None) -> ReplayBatch:
+    def sample_batch(self, batch_size: int, env: Any = None, as_stored: bool = False) -> ReplayBatch:
         """A uniform minibatch (with replacement) of stored transitions as covey's batch (what SAC trains on):
         tensors ``observations``, ``actions``, ``next_observations``, ``rewards`` ``(B,)``, ``terminated``
-        ``(B,)``.
+        ``(B,)``. Observations come as the networks take them, or ``as_stored`` in the space's dtype.
 
         ``env``, a ``VecNormalize`` (SB3's argument): the buffer then holds the env's original observations and
         rewards, and the minibatch's are normalized with its statistics as they are now, as in SB3."""
@@ -185,9 +185,9 @@ class ReplayBuffer:
         if env is not None:
             obs, next_obs = self._normalized(obs, env), self._normalized(next_obs, env)
         return ReplayBatch(
-            self._to_tensor(obs),
+            self._to_tensor(obs, as_stored),
             torch.as_tensor(self.actions[rows, envs], device=self.device),
-            self._to_tensor(next_obs),
+            self._to_tensor(next_obs, as_stored),
             torch.as_tensor(rewards, device=self.device),
             torch.as_tensor(terminated, device=self.device),
             discounts,
@@ -243,7 +243,12 @@ class ReplayBuffer:
             raise ValueError("The replay buffer needs two stored steps before sampling with optimize_memory_usage.")
         return np.random.randint(0, self.pos - 1, size=batch_size)
 
-    def _to_tensor(self, obs: dict) -> ObsTensor:
+    def _to_tensor(self, obs: dict, as_stored: bool = False) -> ObsTensor:
+        """Sampled observations as the networks take them, or ``as_stored`` in the space's dtype (as SB3's
+        ``sample`` gives them)."""
+        if as_stored:
+            tensors = {k: torch.as_tensor(v, device=self.device) for k, v in obs.items()}
+            return tensors[None] if None in tensors else tensors
         if None in obs:
             return batch_to_tensor(obs[None], self.observation_space, self.device)
         return batch_to_tensor(obs, self.observation_space, self.device)
