@@ -776,10 +776,7 @@ class SAC(BaseAgent):
                 _set_env_obs(next_obs, i, final)
             if self._handle_timeouts and infos[i].get("TimeLimit.truncated", False):
                 terminated[i] = False  # a time limit keeps the bootstrap
-        if self._her is not None:
-            self.replay_buffer.add(obs, next_obs, actions, rewards, terminated, dones, infos)
-        else:
-            self.replay_buffer.add(obs, next_obs, actions, rewards, terminated, dones)
+        self.replay_buffer.add(obs, next_obs, actions, rewards, terminated, dones, infos)
         self._last_obs = new_obs
         if vec_normalize is not None:
             self._last_original_obs = stored_new_obs

@@ -122,8 +122,10 @@ class ReplayBuffer:
         rewards: np.ndarray,
         terminated: np.ndarray,
         dones: np.ndarray,
+        infos: list[dict] | None = None,
     ) -> None:
-        """Store one step of every env; ``next_obs`` holds the true final observation where ``dones``."""
+        """Store one step of every env; ``next_obs`` holds the true final observation where ``dones``. ``infos``
+        (the step's, as SB3's ``add`` takes them) are kept only by buffers that use them (hindsight replay)."""
         row = self.pos
         for key in self.spaces:
             self._obs[key][row] = obs if key is None else obs[key]
