@@ -48,10 +48,16 @@ def evaluate_group(
 
 
 def group_episodes(
-    model: Any | None, env: Any, n_episodes: int, deterministic: bool = True, seed: int = 0
+    model: Any | None,
+    env: Any,
+    n_episodes: int,
+    deterministic: bool = True,
+    seed: int = 0,
+    on_step: Callable[[Any], bool] | None = None,
 ) -> tuple[list[float], list[float], list[int]]:
     """The episodes :func:`evaluate_group` plays on a ParallelEnv ``env``, episode ``i`` reset with seed
-    ``seed + i``: per episode the group return, the per-agent return and the length."""
+    ``seed + i``: per episode the group return, the per-agent return and the length. ``on_step(env)``, if
+    given, is called after each reset and each step; returning False ends the episode there."""
     group, per_agent, lengths = [], [], []
     for episode in range(n_episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -60,7 +66,8 @@ def group_episodes(
         agents = list(env.agents)
         seen, total, length = set(agents), 0.0, 0
         state, previous = None, set()  # a recurrent model's memories; agents that acted last step
-        while agents:
+        going = on_step is None or on_step(env)
+        while agents and going:
             if model is None:
                 actions = {a: env.action_space(a).sample() for a in agents}
             else:
@@ -74,6 +81,7 @@ def group_episodes(
             agents = live_agents(env.agents, terminations, truncations)  # done agents are gone, listed or not
             seen |= set(agents)
             length += 1
+            going = on_step is None or on_step(env)
         group.append(total)
         per_agent.append(total / max(len(seen), 1))
         lengths.append(length)

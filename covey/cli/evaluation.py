@@ -11,7 +11,7 @@ import numpy as np
 
 from covey.cli.config import RunConfig
 from covey.cli.envs import RandomPolicy, build_env, env_fn
-from covey.wrappers.group_env import live_agents
+from covey.evaluation import group_episodes
 
 
 class Evaluator:
@@ -106,21 +106,14 @@ def _play_single(model, env, seed: int, deterministic: bool, frames: list, max_f
 
 def _play_group(model, env, seed: int, deterministic: bool, frames: list, max_frames: int) -> float:
     """One episode as :func:`covey.evaluation.group_episodes` plays it (a recurrent team carries its memory),
-    a frame per step."""
-    obs, _ = env.reset(seed=seed)
-    frames.append(_frame(env))
-    total, agents, state, previous = 0.0, list(env.agents), None, set()
-    while agents and len(frames) < max_frames:
-        starts = {a: a not in previous for a in agents}
-        actions, state = model.predict(
-            {a: obs[a] for a in agents}, state=state, episode_start=starts, deterministic=deterministic
-        )
-        previous = set(agents)
-        obs, rewards, terminations, truncations, _ = env.step(actions)
-        total += float(sum(rewards.values()))
-        agents = live_agents(env.agents, terminations, truncations)
+    a frame after the reset and after each step."""
+
+    def record(env) -> bool:
         frames.append(_frame(env))
-    return total
+        return len(frames) < max_frames
+
+    returns, _, _ = group_episodes(model, env, 1, deterministic, seed, on_step=record)
+    return returns[0]
 
 
 def _write_gif(frames: list[np.ndarray], out: str | os.PathLike, fps: int) -> pathlib.Path:
