@@ -926,6 +926,29 @@ def test_policy_predict_obs_to_tensor_set_training_mode():
     assert model.policy.training
 
 
+@pytest.mark.parametrize(
+    "policy_kwargs",
+    [
+        {},
+        dict(optimizer_kwargs=dict(weight_decay=1e-4)),
+        dict(optimizer_class=torch.optim.AdamW),
+        dict(optimizer_kwargs=dict(eps=1e-7)),
+    ],
+    ids=["default", "kwargs-without-eps", "adamw", "eps-given"],
+)
+def test_ppo_optimizer_gets_sb3s_arguments(policy_kwargs):
+    """SB3's rule for PPO's Adam: ``eps=1e-5`` only when no ``optimizer_kwargs`` are given, and only for Adam."""
+    import stable_baselines3
+
+    optimizers = [
+        cls("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs, device="cpu").policy.optimizer
+        for cls in (stable_baselines3.PPO, PPO)
+    ]
+    theirs, ours = ({k: g[k] for k in ("eps", "weight_decay", "lr")} for g in (o.param_groups[0] for o in optimizers))
+    assert type(optimizers[1]) is type(optimizers[0]) and ours == theirs
+    assert (theirs["eps"] == 1e-5) == (not policy_kwargs)
+
+
 POLICY_SETTINGS = (
     *("net_arch", "activation_fn", "normalize_images", "optimizer_class", "optimizer_kwargs"),
     *("features_extractor_kwargs", "share_features_extractor"),

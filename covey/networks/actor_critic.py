@@ -90,8 +90,8 @@ class PolicyConfig:
     NatureCNN) and ``cnn_output_dim`` (MultiInputPolicy's image encoders)."""
     optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam
     """Optimizer class for actor and critic together."""
-    optimizer_kwargs: dict = field(default_factory=dict)
-    """Extra optimizer arguments (covey's Adam default for PPO: ``eps=1e-5`` as in SB3)."""
+    optimizer_kwargs: dict | None = None
+    """Extra optimizer arguments. None (not given): PPO's and POCA's Adam get ``eps=1e-5``, as SB3's PPO does."""
     n_critics: int = 2
     """SAC: number of Q networks (the target takes their minimum)."""
     value_head: str = "scalar"
@@ -119,12 +119,11 @@ class PolicyConfig:
     """Box actions with state-dependent exploration; set by the agent's ``use_sde`` argument, not here."""
 
     def optimizer_arguments(self, adam_eps: float | None = None) -> dict:
-        """The keyword arguments ``optimizer_class`` gets: ``optimizer_kwargs``, with ``adam_eps`` as Adam's (or
-        AdamW's) ``eps`` unless given there."""
-        kwargs = dict(self.optimizer_kwargs)
-        if adam_eps is not None and self.optimizer_class in (torch.optim.Adam, torch.optim.AdamW):
-            kwargs.setdefault("eps", adam_eps)
-        return kwargs
+        """The keyword arguments ``optimizer_class`` gets: ``optimizer_kwargs``; without them, Adam's ``eps`` is
+        ``adam_eps`` when given (SB3's rule: only for Adam, and only when no ``optimizer_kwargs`` are given)."""
+        if self.optimizer_kwargs is not None:
+            return dict(self.optimizer_kwargs)
+        return {"eps": adam_eps} if adam_eps is not None and self.optimizer_class is torch.optim.Adam else {}
 
     @classmethod
     def from_kwargs(cls, policy_kwargs: dict | None, **defaults: Any) -> PolicyConfig:

@@ -125,7 +125,7 @@ class _PolicyBase(nn.Module):
     """The agent whose model files :meth:`load` reads ("PPO" or "SAC")."""
     _model = None  # the agent this policy belongs to (what ``save`` writes), set by the agent
     config = None  # the agent's PolicyConfig (its policy_kwargs), set by the agent
-    _adam_eps: float | None = None  # the eps the agent gives Adam unless optimizer_kwargs has one
+    _adam_eps: float | None = None  # the eps the agent gives Adam when no optimizer_kwargs are given
 
     def __getstate__(self) -> dict:
         # Copies and pickles of the policy hold its networks, not the whole agent (env, buffers) it came from.
@@ -221,7 +221,7 @@ class _PolicyBase(nn.Module):
 
     @property
     def optimizer_kwargs(self) -> dict:
-        """The optimizer's keyword arguments (SB3's PPO adds Adam's ``eps=1e-5`` to them, as covey does)."""
+        """The optimizer's keyword arguments: PPO's Adam gets ``eps=1e-5`` when none are given, as in SB3."""
         return self._config("optimizer_kwargs").optimizer_arguments(self._adam_eps)
 
     @property
