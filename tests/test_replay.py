@@ -256,6 +256,39 @@ def test_n_steps_with_optimize_memory_usage_is_refused():
         ReplayBuffer(16, BOX_OBS, ACTIONS, optimize_memory_usage=True, n_steps=3)
 
 
+@pytest.mark.parametrize("dict_obs", [False, True], ids=["discrete", "dict-with-discrete"])
+def test_discrete_observations_have_sb3s_layout(dict_obs):
+    """A Discrete observation is ``(..., 1)`` in the arrays and in ``sample()``, as in SB3's buffers, and a
+    plain index in covey's own batch."""
+    from stable_baselines3.common.buffers import DictReplayBuffer
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+
+    space = spaces.Dict({"k": spaces.Discrete(5), "x": BOX_OBS}) if dict_obs else spaces.Discrete(5)
+    ours = ReplayBuffer(8, space, ACTIONS, n_envs=2)
+    theirs = (DictReplayBuffer if dict_obs else SB3ReplayBuffer)(8, space, ACTIONS, n_envs=2)
+    for t in range(3):
+        codes = np.array([t, t + 1])
+        obs = {"k": codes, "x": codes[:, None].astype(np.float32)} if dict_obs else codes
+        nxt = {"k": codes + 1, "x": codes[:, None] + 1.0} if dict_obs else codes + 1
+        for buf in (ours, theirs):
+            buf.add(obs, nxt, np.zeros((2, 1)), np.zeros(2), np.zeros(2), [{}, {}])
+    for name in ("observations", "next_observations"):
+        a, b = getattr(ours, name), getattr(theirs, name)
+        a, b = (a["k"], b["k"]) if dict_obs else (a, b)
+        assert a.shape == b.shape == (4, 2, 1), name
+        np.testing.assert_array_equal(a[:3], b[:3])
+    np.random.seed(0)
+    expected = theirs.sample(16)
+    np.random.seed(0)
+    got = ours.sample(16)
+    a, b = (
+        (got.observations["k"], expected.observations["k"]) if dict_obs else (got.observations, expected.observations)
+    )
+    assert a.shape == b.shape == (16, 1) and a.dtype == b.dtype and torch.equal(a, b)
+    batch = ours.sample_batch(16).observations
+    assert (batch["k"] if dict_obs else batch).shape[:1] == (16,)
+
+
 def test_discrete_actions_stored_as_integers():
     buf = ReplayBuffer(8, BOX_OBS, spaces.Discrete(3), n_envs=2)
     buf.add(make_obs([1, 2], False), make_obs([3, 4], False), np.array([2, 1]), np.zeros(2), np.zeros(2), np.zeros(2))

@@ -93,9 +93,9 @@ class ReplayBuffer:
 
     @property
     def observations(self) -> np.ndarray | dict[str, np.ndarray]:
-        """Stored observations in SB3's layout: ``(capacity, n_envs, *obs_shape)``, a dict of such arrays for a
-        Dict space."""
-        return self._obs[None] if None in self._obs else self._obs
+        """Stored observations in SB3's layout: ``(capacity, n_envs, *obs_shape)`` (``obs_shape`` ``(1,)`` for a
+        Discrete space, as SB3's), a dict of such arrays for a Dict space; views of the stored arrays."""
+        return self._sb3_layout(self._obs)
 
     @property
     def next_observations(self) -> np.ndarray | dict[str, np.ndarray] | None:
@@ -103,7 +103,11 @@ class ReplayBuffer:
         as in SB3)."""
         if self._next_obs is None:
             return None
-        return self._next_obs[None] if None in self._next_obs else self._next_obs
+        return self._sb3_layout(self._next_obs)
+
+    def _sb3_layout(self, stored: dict) -> np.ndarray | dict[str, np.ndarray]:
+        arrays = {k: v[..., None] if isinstance(self.spaces[k], spaces.Discrete) else v for k, v in stored.items()}
+        return arrays[None] if None in arrays else arrays
 
     @property
     def buffer_size(self) -> int:
@@ -248,9 +252,11 @@ class ReplayBuffer:
     def _to_tensor(self, obs: dict, as_stored: bool = False) -> ObsTensor:
         """Sampled observations as the networks take them, or ``as_stored`` in the space's dtype (as SB3's
         ``sample`` gives them)."""
-        if as_stored:
-            tensors = {k: torch.as_tensor(v, device=self.device) for k, v in obs.items()}
-            return tensors[None] if None in tensors else tensors
+        if as_stored:  # in SB3's layout: a Discrete observation as (B, 1)
+            layout = self._sb3_layout(obs)
+            if isinstance(layout, dict):
+                return {k: torch.as_tensor(v, device=self.device) for k, v in layout.items()}
+            return torch.as_tensor(layout, device=self.device)
         if None in obs:
             return batch_to_tensor(obs[None], self.observation_space, self.device)
         return batch_to_tensor(obs, self.observation_space, self.device)
