@@ -118,15 +118,8 @@ class HerReplayBuffer(ReplayBuffer):
             next_obs["desired_goal"][n_real:] = goals
             rewards[n_real:] = self._relabeled_rewards(next_obs["achieved_goal"][n_real:], goals, v_rows, v_envs)
         if env is not None:
-            obs, next_obs = self._normalized(obs, env), self._normalized(next_obs, env)
             rewards = np.asarray(env.normalize_reward(rewards), dtype=np.float32)
-        return ReplayBatch(
-            self._to_tensor(obs, as_stored),
-            torch.as_tensor(self.actions[rows, envs], device=self.device),
-            self._to_tensor(next_obs, as_stored),
-            torch.as_tensor(rewards, device=self.device),
-            torch.as_tensor(self.terminated[rows, envs], device=self.device),
-        )
+        return self._batch(rows, envs, obs, next_obs, rewards, self.terminated[rows, envs], env, as_stored)
 
     def _sample_goals(self, rows: np.ndarray, envs: np.ndarray) -> np.ndarray:
         """The achieved goal after a step of each sample's episode, chosen by the strategy."""

@@ -188,6 +188,11 @@ class ReplayBuffer:
             if env is not None:
                 rewards = np.asarray(env.normalize_reward(rewards), dtype=np.float32)
             next_obs = self._next_observations(rows, envs)
+        return self._batch(rows, envs, obs, next_obs, rewards, terminated, env, as_stored, discounts)
+
+    def _batch(self, rows, envs, obs, next_obs, rewards, terminated, env, as_stored, discounts=None) -> ReplayBatch:
+        """The sampled arrays (rewards already normalized) as a batch of tensors: observations normalized by
+        ``env``, a ``VecNormalize``, when given, and taken with the actions of ``rows`` of ``envs``."""
         if env is not None:
             obs, next_obs = self._normalized(obs, env), self._normalized(next_obs, env)
         return ReplayBatch(
