@@ -1293,3 +1293,114 @@ def test_predict_single_and_batched_shapes(env_id, obs_dim, action_shape):
     assert model.predict(np.zeros((7, obs_dim), np.float32))[0].shape == (7, *action_shape)
     assert model.predict(np.zeros((1, obs_dim), np.float32))[0].shape == (1, *action_shape)
     assert model.action_space.contains(action if action_shape else int(action))  # the action is a valid env action
+
+
+# ---------------------------------------------------------------------------- hyperparameters as attributes
+def _parameters(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.policy.parameters()]
+
+
+class _SetAttributes(BaseCallback):
+    """Sets model attributes at the start of training, as a curriculum callback does."""
+
+    def __init__(self, **values) -> None:
+        super().__init__()
+        self.values = values
+
+    def _on_training_start(self) -> None:
+        for name, value in self.values.items():
+            setattr(self.model, name, value)
+
+    def _on_step(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("manual", [True, False], ids=["hand-written-gradients", "autograd"])
+def test_a_hyperparameter_set_on_the_model_is_the_one_training_uses(monkeypatch, manual):
+    """SB3's PPO reads model.ent_coef, model.vf_coef, model.max_grad_norm... at each update, so callbacks change
+    them (an entropy schedule); set on covey's model, they train exactly as when given to the constructor."""
+    monkeypatch.setattr(PPO, "manual_gradients", manual)
+    changed = dict(ent_coef=0.2, vf_coef=0.1, max_grad_norm=0.05, n_epochs=3, batch_size=16, gae_lambda=0.5)
+    built = PPO("MlpPolicy", "CartPole-v1", **{**FAST, **changed}).learn(64)
+    assigned = PPO("MlpPolicy", "CartPole-v1", **FAST).learn(64, callback=_SetAttributes(**changed))
+    default = PPO("MlpPolicy", "CartPole-v1", **FAST).learn(64)
+    for a, b in zip(_parameters(built), _parameters(assigned), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert any(not torch.equal(a, b) for a, b in zip(_parameters(built), _parameters(default), strict=True))
+    assert assigned._n_updates == built._n_updates == 2 * 3
+    assert assigned.config.ent_coef == assigned.ent_coef == 0.2
+
+
+def test_sac_gradient_steps_and_tau_set_on_the_model_count_as_in_sb3():
+    """SB3's SAC reads model.gradient_steps and model.tau at each collection: the same number of updates."""
+    from stable_baselines3 import SAC as SB3SAC
+
+    from covey import SAC
+
+    counts = []
+    for cls in (SB3SAC, SAC):
+        model = cls("MlpPolicy", "Pendulum-v1", learning_starts=10, batch_size=8, seed=0).learn(20)
+        model.gradient_steps, model.tau = 3, 0.5
+        model.learn(10, reset_num_timesteps=False)
+        counts.append(model._n_updates)
+    assert counts[0] == counts[1] == 10 + 3 * 10
+
+
+def test_a_hyperparameter_set_on_the_model_is_saved(tmp_path):
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    model.gamma, model.target_kl = 0.9, 0.02
+    model.save(tmp_path / "model")
+    loaded = PPO.load(tmp_path / "model")
+    assert (loaded.gamma, loaded.target_kl) == (0.9, 0.02)
+    assert (loaded.config.gamma, loaded.config.target_kl) == (0.9, 0.02)
+
+
+def test_setting_a_hyperparameter_checks_it_as_the_constructor_does():
+    from covey import SAC
+
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    with pytest.raises(ValueError, match="gamma"):
+        model.gamma = 1.5
+    assert model.gamma == 0.99  # the refused value is not kept
+    sac = SAC("MlpPolicy", "Pendulum-v1", learning_starts=10, batch_size=8, seed=0)
+    sac.train_freq = (2, "episode")  # converted, as the constructor converts it
+    assert (sac.train_freq.frequency, sac.train_freq.unit.value) == (2, "episode")
+
+
+@pytest.mark.parametrize(
+    ("agent", "env_id", "name", "value", "what"),
+    [
+        ("PPO", "CartPole-v1", "n_steps", 64, "rollout buffer"),
+        ("SAC", "Pendulum-v1", "buffer_size", 100, "replay buffer"),
+        ("SAC", "Pendulum-v1", "ent_coef", 0.1, "temperature"),
+    ],
+)
+def test_a_setting_the_networks_or_buffers_are_built_from_is_refused_after_setup(agent, env_id, name, value, what):
+    import covey
+
+    cls = getattr(covey, agent)
+    model = cls("MlpPolicy", env_id, seed=0)
+    before = getattr(model, name)
+    with pytest.raises(ValueError, match=rf"{name} shapes the .*{what}.*{agent}\.load\(path, env, {name}=\.\.\.\)"):
+        setattr(model, name, value)
+    assert getattr(model, name) == before
+    unbuilt = cls("MlpPolicy", env_id, seed=0, _init_setup_model=False)
+    setattr(unbuilt, name, value)  # before the model is set up it is a setting like any other
+    unbuilt._setup_model()
+    assert getattr(unbuilt, name) == value
+
+
+def test_learning_rate_attribute_and_setup_lr_schedule_as_in_sb3():
+    """model.learning_rate = x alone leaves the schedule in force (SB3 too); _setup_lr_schedule() applies it."""
+    from stable_baselines3 import PPO as SB3PPO
+
+    rates = {}
+    for cls in (SB3PPO, PPO):
+        model = cls("MlpPolicy", "CartPole-v1", **FAST).learn(32)
+        model.learning_rate = 1e-5
+        model.learn(32, reset_num_timesteps=False)
+        alone = model.policy.optimizer.param_groups[0]["lr"]
+        model._setup_lr_schedule()
+        model.learn(32, reset_num_timesteps=False)
+        rates[cls.__module__.split(".")[0]] = (alone, model.policy.optimizer.param_groups[0]["lr"])
+    assert rates["covey"] == rates["stable_baselines3"] == (3e-4, 1e-5)

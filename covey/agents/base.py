@@ -379,6 +379,43 @@ class BaseAgent:
     )
     # Keys of the settings that hold schedules (float or callable of progress remaining).
     schedule_keys: ClassVar[tuple[str, ...]] = ("learning_rate",)
+    config_class: ClassVar[type | None] = None
+    """The agent's hyperparameters (a dataclass, ``model.config``). Each field is also an attribute of the
+    model, as in SB3 (``model.gamma``, ``model.n_epochs``), that reads and writes the config: what training
+    uses and what ``save`` writes."""
+    own_attributes: ClassVar[frozenset[str]] = frozenset()
+    """Config fields whose model attribute the agent keeps itself, in SB3's form (PPO's ``clip_range`` is the
+    schedule built from the setting)."""
+    built_from: ClassVar[dict[str, str]] = {}
+    """Config fields read only when the networks and buffers are built, and what they shape: once the model is
+    set up they are fixed (an assignment is refused with the fix, instead of being ignored or breaking
+    training)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        config_class = cls.__dict__.get("config_class")
+        if config_class is None:
+            return
+        for field in dataclasses.fields(config_class):
+            if field.name not in cls.own_attributes and field.name not in cls.__dict__:
+                setattr(cls, field.name, _setting(field.name))
+
+    def _set_setting(self, name: str, value: Any) -> None:
+        """``model.<name> = value`` for a config field: checked and converted by the config's own rules."""
+        if name in self.built_from and getattr(self, "policy", None) is not None:
+            agent = type(self).__name__
+            raise ValueError(
+                f"{name} shapes {self.built_from[name]}, built when the model was made, so it cannot change "
+                f"afterwards. Pass {name}=... to {agent}(...), or to {agent}.load(path, env, {name}=...) to "
+                "rebuild a saved model with it."
+            )
+        checked = dataclasses.replace(self.config, **{name: value})  # the config's checks, e.g. of a range
+        setattr(self.config, name, getattr(checked, name))
+
+    def _setup_lr_schedule(self) -> None:
+        """SB3's ``_setup_lr_schedule``: the learning rate in force becomes ``model.learning_rate`` (after
+        ``model.learning_rate = ...``, which alone, as in SB3, leaves the schedule in force unchanged)."""
+        self.lr_schedule = as_schedule(self.learning_rate)
 
     def __init__(
         self,
@@ -707,11 +744,6 @@ class BaseAgent:
         """Constructor keyword arguments (JSON-friendly) that rebuild this agent: its config's fields."""
         return config_dict(self.config)
 
-    def _expose_config(self) -> None:
-        """SB3 exposes the hyperparameters as attributes (``model.n_steps``, ...); so does covey."""
-        for key, value in config_dict(self.config).items():
-            setattr(self, key, value)
-
     def _parameter_groups(self) -> dict[str, Any]:
         """What ``get_parameters`` returns and ``set_parameters`` and model files restore, by name (PPO and SAC
         use SB3's names: ``policy``, ``policy.optimizer``, ...): modules, optimizers and anything else with
@@ -958,6 +990,18 @@ def _policy_kwargs_from_json(data: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+def _setting(name: str) -> property:
+    """The model attribute of the config field ``name`` (see :attr:`BaseAgent.config_class`)."""
+
+    def get(self: BaseAgent) -> Any:
+        return getattr(self.config, name)
+
+    def set(self: BaseAgent, value: Any) -> None:
+        self._set_setting(name, value)
+
+    return property(get, set, doc=f"The ``{name}`` hyperparameter (``model.config.{name}``).")
 
 
 def config_dict(config: Any) -> dict[str, Any]:

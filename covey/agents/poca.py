@@ -76,6 +76,9 @@ class POCA(BaseAgent):
 
     agent_name = "POCA"
     schedule_keys = ("learning_rate", "clip_range")
+    config_class = POCAConfig
+    own_attributes = frozenset({"clip_range"})
+    built_from = {"n_steps": "the rollout buffer"}
 
     def __init__(
         self,
@@ -127,7 +130,6 @@ class POCA(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
-        self._expose_config()
         self.clip_range = as_schedule(clip_range)
         self.agent_ids: list[str] = list(self.env.agent_ids) if self.env is not None else []
         self.agent_steps = 0

@@ -534,6 +534,9 @@ class PPO(BaseAgent):
 
     agent_name = "PPO"
     schedule_keys = ("learning_rate", "clip_range", "clip_range_vf")
+    config_class = PPOConfig
+    own_attributes = frozenset({"clip_range", "clip_range_vf"})
+    built_from = {"n_steps": "the rollout buffer", "use_sde": "the policy's action distribution"}
     manual_gradients: ClassVar[bool] = True
     """Train MLP networks with :class:`ManualPPOUpdate` where it applies (set ``PPO.manual_gradients = False``
     before building a model to use autograd for every network)."""
@@ -602,7 +605,6 @@ class PPO(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
-        self._expose_config()
         self.clip_range = as_schedule(clip_range)
         self.clip_range_vf = as_schedule(clip_range_vf) if clip_range_vf is not None else None
         if _init_setup_model:

@@ -432,6 +432,16 @@ class SAC(BaseAgent):
 
     agent_name = "SAC"
     supported_action_spaces = (spaces.Box, spaces.Discrete)
+    config_class = SACConfig
+    own_attributes = frozenset({"target_entropy"})  # as in SB3, the number in force once set up ("auto" resolved)
+    built_from = {
+        "buffer_size": "the replay buffer",
+        "optimize_memory_usage": "the replay buffer",
+        "n_steps": "the replay buffer's n-step returns",
+        "use_sde": "the actor's action distribution",
+        "ent_coef": "the entropy temperature (learned or fixed)",
+        "bf16_matmuls": "the gradient step",
+    }
     manual_gradients: ClassVar[bool] = True
     """Take gradient steps with :class:`ManualSACStep` where it applies (set ``SAC.manual_gradients = False``
     before building a model to use autograd for every network)."""
@@ -512,7 +522,6 @@ class SAC(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
-        self._expose_config()
         self.replay_buffer: ReplayBuffer | None = None
         if _init_setup_model:
             self._setup_model()
