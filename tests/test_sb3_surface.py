@@ -1404,3 +1404,18 @@ def test_learning_rate_attribute_and_setup_lr_schedule_as_in_sb3():
         model.learn(32, reset_num_timesteps=False)
         rates[cls.__module__.split(".")[0]] = (alone, model.policy.optimizer.param_groups[0]["lr"])
     assert rates["covey"] == rates["stable_baselines3"] == (3e-4, 1e-5)
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC"])
+def test_policy_aliases_name_the_policy_classes_as_in_sb3(agent):
+    import stable_baselines3
+
+    import covey
+
+    cls, sb3_cls = getattr(covey, agent), getattr(stable_baselines3, agent)
+    assert cls.policy_aliases.keys() == sb3_cls.policy_aliases.keys()
+    policies = getattr(covey, agent.lower()).policies
+    for name, policy_class in cls.policy_aliases.items():
+        assert policy_class is getattr(policies, name)
+    env_id = "CartPole-v1" if agent == "PPO" else "Pendulum-v1"
+    assert cls(cls.policy_aliases["MlpPolicy"], env_id, seed=0).policy_name == "MlpPolicy"

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import os
 import platform
@@ -990,6 +991,18 @@ def _policy_kwargs_from_json(data: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+class PolicyAliases:
+    """SB3's ``policy_aliases`` class attribute: ``{"MlpPolicy": ..., "CnnPolicy": ..., "MultiInputPolicy": ...}``,
+    the policy classes of the module ``module`` (e.g. ``covey.ppo.policies``), imported when first read."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def __get__(self, obj: Any, owner: type) -> dict[str, type]:
+        policies = importlib.import_module(self.module)
+        return {name: getattr(policies, name) for name in ("MlpPolicy", "CnnPolicy", "MultiInputPolicy")}
 
 
 def _setting(name: str) -> property:

@@ -11,6 +11,7 @@ from stable_baselines3.common.utils import explained_variance
 
 from covey.agents.base import (
     BaseAgent,
+    PolicyAliases,
     Schedule,
     as_schedule,
     merge_parameter_groups,
@@ -535,6 +536,7 @@ class PPO(BaseAgent):
     agent_name = "PPO"
     schedule_keys = ("learning_rate", "clip_range", "clip_range_vf")
     config_class = PPOConfig
+    policy_aliases = PolicyAliases("covey.ppo.policies")
     own_attributes = frozenset({"clip_range", "clip_range_vf"})
     built_from = {"n_steps": "the rollout buffer", "use_sde": "the policy's action distribution"}
     manual_gradients: ClassVar[bool] = True

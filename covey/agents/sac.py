@@ -21,6 +21,7 @@ from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as SB3HerRep
 from covey.agents.base import (
     BaseAgent,
     FlatParameters,
+    PolicyAliases,
     Schedule,
     merge_parameter_groups,
     require,
@@ -433,6 +434,7 @@ class SAC(BaseAgent):
     agent_name = "SAC"
     supported_action_spaces = (spaces.Box, spaces.Discrete)
     config_class = SACConfig
+    policy_aliases = PolicyAliases("covey.sac.policies")
     own_attributes = frozenset({"target_entropy"})  # as in SB3, the number in force once set up ("auto" resolved)
     built_from = {
         "buffer_size": "the replay buffer",
