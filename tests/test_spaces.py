@@ -186,3 +186,29 @@ def test_space_env_is_reproducible() -> None:
     # Rewards follow the first component (1 is MultiDiscrete([2, 3])'s highest first value); the last step truncates.
     assert [r for _, r, _, _ in a[1:]] == [0.0, 1.0, 0.0]
     assert [(te, tr) for _, _, te, tr in a[1:]] == [(False, False), (False, False), (False, True)]
+
+
+def test_grayscale_images_without_a_channel_axis_get_a_fix_that_works() -> None:
+    """A (H, W) uint8 Box under CnnPolicy: the error names the wrapper that adds the channel axis, for Gymnasium
+    and for PettingZoo envs, and that advice, applied as written, trains."""
+    import re
+
+    import gymnasium as gym
+    import supersuit
+    from pettingzoo.butterfly import pistonball_v6
+
+    from covey import POCA
+
+    env = SpaceEnv(spaces.Box(0, 255, (40, 40), np.uint8), DISCRETE_ACTIONS, episode_length=8)
+    with pytest.raises(ValueError, match=re.escape("gymnasium.wrappers.ReshapeObservation(env, (40, 40, 1))")):
+        PPO("CnnPolicy", env)
+    model = PPO("CnnPolicy", gym.wrappers.ReshapeObservation(env, (40, 40, 1)), n_steps=16, batch_size=16, seed=0)
+    assert model.learn(16).num_timesteps == 16
+
+    def pistons():
+        return supersuit.resize_v1(supersuit.color_reduction_v0(pistonball_v6.parallel_env(n_pistons=3), "B"), 40, 40)
+
+    with pytest.raises(ValueError, match=re.escape("supersuit.reshape_v0(env, (40, 40, 1))")):
+        POCA("CnnPolicy", pistons)
+    team = POCA("CnnPolicy", lambda: supersuit.reshape_v0(pistons(), (40, 40, 1)), n_steps=8, batch_size=8, seed=0)
+    assert team.learn(8).num_timesteps == 8

@@ -65,6 +65,14 @@ class NatureCNN(nn.Module):
 
     def __init__(self, space: spaces.Box, features_dim: int = 512, normalize_images: bool = True) -> None:
         super().__init__()
+        if isinstance(space, spaces.Box) and len(space.shape) == 2:
+            shape = (*space.shape, 1)
+            raise ValueError(
+                f"CnnPolicy needs image observations (a Box with 3 dimensions), got {space}: a grayscale image "
+                f"without its channel axis? Add the axis with gymnasium.wrappers.ReshapeObservation(env, {shape}) "
+                f"(a Gymnasium env) or supersuit.reshape_v0(env, {shape}) (a PettingZoo env), or use 'MlpPolicy' "
+                "for observations that are not images."
+            )
         if not isinstance(space, spaces.Box) or len(space.shape) != 3:
             raise ValueError(
                 f"CnnPolicy needs image observations (a Box with 3 dimensions), got {space}. "
