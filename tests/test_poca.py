@@ -454,7 +454,14 @@ def test_policy_loss_reaches_only_the_actor(rollout_model):
 def test_poca_loss_without_critic_weight_leaves_the_critic_alone(rollout_model):
     model = rollout_model
     buf = model.rollout_buffer
-    for t in (buf.advantages, buf.returns, buf.values, buf.baselines, buf.continuing_values, buf.log_probs):
+    for t in (
+        buf.advantages_tensor,
+        buf.returns_tensor,
+        buf.values_tensor,
+        buf.baselines_tensor,
+        buf.continuing_values,
+        buf.log_probs_tensor,
+    ):
         assert not t.requires_grad
     batch = next(buf.minibatches(32))
     assert not batch.advantages.requires_grad and not batch.returns.requires_grad
@@ -501,13 +508,17 @@ def test_rollout_buffer_is_consistent_with_the_critic(rollout_model):
     model = rollout_model
     buf = model.rollout_buffer
     with torch.no_grad():
-        values = model.critic.value(buf.flat(buf.observations), buf.flat(buf.present))
-        baselines = model.critic.baseline(buf.flat(buf.observations), buf.flat(buf.actions), buf.flat(buf.present))
-    torch.testing.assert_close(buf.flat(buf.values), values, rtol=1e-5, atol=1e-5)
-    present = buf.flat(buf.present)
-    torch.testing.assert_close(buf.flat(buf.baselines)[present], baselines[present], rtol=1e-5, atol=1e-5)
-    assert (buf.advantages[~buf.present] == 0).all()
-    torch.testing.assert_close(buf.advantages[buf.present], (buf.returns - buf.baselines)[buf.present])
+        values = model.critic.value(buf.flat(buf.observations_tensor), buf.flat(buf.present_tensor))
+        baselines = model.critic.baseline(
+            buf.flat(buf.observations_tensor), buf.flat(buf.actions_tensor), buf.flat(buf.present_tensor)
+        )
+    torch.testing.assert_close(buf.flat(buf.values_tensor), values, rtol=1e-5, atol=1e-5)
+    present = buf.flat(buf.present_tensor)
+    torch.testing.assert_close(buf.flat(buf.baselines_tensor)[present], baselines[present], rtol=1e-5, atol=1e-5)
+    assert (buf.advantages_tensor[~buf.present_tensor] == 0).all()
+    torch.testing.assert_close(
+        buf.advantages_tensor[buf.present_tensor], (buf.returns_tensor - buf.baselines_tensor)[buf.present_tensor]
+    )
 
 
 # ============================================================================================ 3. posthumous credit
@@ -536,16 +547,16 @@ def hand_built_buffer(group_terminal_at_end: bool) -> GroupRolloutBuffer:
             obs.numpy(),
             (present[t] | ended[t])[None],
         )
-    buf.values = torch.tensor([[1.0], [2.0], [4.0]])
+    buf.values_tensor = torch.tensor([[1.0], [2.0], [4.0]])
     buf.continuing_values = torch.tensor([[2.0], [5.0], [7.0]])
-    buf.baselines = torch.tensor([[[0.1, 0.2, 0.3]], [[9.0, 0.4, 0.5]], [[9.0, 0.6, 0.7]]])
+    buf.baselines_tensor = torch.tensor([[[0.1, 0.2, 0.3]], [[9.0, 0.4, 0.5]], [[9.0, 0.6, 0.7]]])
     buf.compute_returns(np.array([10.0]), GAMMA, LAM)
     return buf
 
 
 def test_leaver_is_credited_with_the_group_it_leaves():
     buf = hand_built_buffer(group_terminal_at_end=True)
-    ret = buf.returns[:, 0].numpy()
+    ret = buf.returns_tensor[:, 0].numpy()
     # Agent 0 left at t=0 while the group went on: r + gamma * V(continuing group) = 0.5 + 0.9 * 2 = 2.3 (not 0.5).
     assert ret[0, 0] == pytest.approx(2.3)
     # Agents 1, 2 end at t=2 with a group terminal: no bootstrap (r only), then lambda-returns backwards:
@@ -557,7 +568,7 @@ def test_leaver_is_credited_with_the_group_it_leaves():
 
 def test_time_limit_bootstraps_from_the_final_group_state():
     buf = hand_built_buffer(group_terminal_at_end=False)
-    ret = buf.returns[:, 0].numpy()
+    ret = buf.returns_tensor[:, 0].numpy()
     assert ret[0, 0] == pytest.approx(2.3)
     # Truncation: r + gamma * continuing value 7: agent 1 3 + 6.3 = 9.3, agent 2 0 + 6.3 = 6.3.
     np.testing.assert_allclose(ret[2, 1:], [9.3, 6.3], rtol=1e-6)
@@ -569,17 +580,17 @@ def test_group_terminal_at_the_leavers_step_cuts_its_bootstrap():
     buf = hand_built_buffer(group_terminal_at_end=True)
     buf.group_terminal[0, 0] = True
     buf.compute_returns(np.array([10.0]), GAMMA, LAM)
-    assert buf.returns[0, 0, 0].item() == pytest.approx(0.5)
+    assert buf.returns_tensor[0, 0, 0].item() == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("terminal", [True, False])
 def test_advantages_are_returns_minus_baselines_on_present_slots(terminal):
     buf = hand_built_buffer(group_terminal_at_end=terminal)
-    present = buf.present
-    torch.testing.assert_close(buf.advantages[present], (buf.returns - buf.baselines)[present])
-    assert (buf.advantages[~present] == 0).all()  # agent 0 at t=1, 2 (baseline 9 there is ignored)
-    assert buf.advantages[0, 0, 0].item() == pytest.approx(2.3 - 0.1)
-    assert not buf.advantages.requires_grad and buf.advantages.dtype == torch.float32
+    present = buf.present_tensor
+    torch.testing.assert_close(buf.advantages_tensor[present], (buf.returns_tensor - buf.baselines_tensor)[present])
+    assert (buf.advantages_tensor[~present] == 0).all()  # agent 0 at t=1, 2 (baseline 9 there is ignored)
+    assert buf.advantages_tensor[0, 0, 0].item() == pytest.approx(2.3 - 0.1)
+    assert not buf.advantages_tensor.requires_grad and buf.advantages_tensor.dtype == torch.float32
 
 
 def test_posthumous_credit_in_a_collected_rollout():
@@ -596,7 +607,7 @@ def test_posthumous_credit_in_a_collected_rollout():
     t_left = np.arange(16) % 8 == 0  # episodes of 8 steps, agent_0 leaves at their first step
     tl = torch.as_tensor(t_left)
     assert buf.ended[t_left, :, 0].all() and not buf.ended[~t_left, :, 0].any()
-    assert buf.present[tl, :, 0].all() and not buf.present[~tl, :, 0].any()
+    assert buf.present_tensor[tl, :, 0].all() and not buf.present_tensor[~tl, :, 0].any()
     assert not buf.group_terminal.any()  # the only other ends are time limits
     assert buf.continuing_present[tl].all()  # the leaver plus both stayers
     leaver_reward = buf.rewards[t_left, :, 0]
@@ -606,14 +617,14 @@ def test_posthumous_credit_in_a_collected_rollout():
         cont = model.critic.value(buf.continuing_obs[tl].reshape(-1, 3, 5), buf.continuing_present[tl].reshape(-1, 3))
     torch.testing.assert_close(buf.continuing_values[tl].reshape(-1), cont, rtol=1e-5, atol=1e-5)
     expected = buf.rewards[t_left, :, 0] + 0.9 * buf.continuing_values[tl].numpy()
-    np.testing.assert_allclose(buf.returns[tl, :, 0].numpy(), expected, rtol=1e-5, atol=1e-6)
-    assert (np.abs(buf.returns[tl, :, 0].numpy() - leaver_reward) > 1e-4).all()  # a bootstrap, not just r
+    np.testing.assert_allclose(buf.returns_tensor[tl, :, 0].numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert (np.abs(buf.returns_tensor[tl, :, 0].numpy() - leaver_reward) > 1e-4).all()  # a bootstrap, not just r
     # The stayers end at the time limit (t = 7, 15) and bootstrap from their final group state.
     t_end = np.arange(16) % 8 == 7
     te = torch.as_tensor(t_end)
     assert buf.ended[t_end, :, 1:].all()
     expected_end = buf.rewards[t_end][:, :, 1:] + 0.9 * buf.continuing_values[te].numpy()[:, :, None]
-    np.testing.assert_allclose(buf.returns[te][:, :, 1:].numpy(), expected_end, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(buf.returns_tensor[te][:, :, 1:].numpy(), expected_end, rtol=1e-5, atol=1e-6)
 
 
 # ============================================================================================ 4. the agent's API
@@ -939,3 +950,68 @@ def test_set_env_with_another_number_of_copies_is_refused():
     model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=8, seed=0)
     with pytest.raises(ValueError, match="2 copies"):
         model.set_env(GroupVecEnv([EarlyExitEnv] * 3))
+
+
+def test_a_callback_reads_the_group_buffer_and_the_steps_by_sb3s_names():
+    """SB3's callback habits on a team: self.locals["rollout_buffer"], its fields as NumPy arrays (so
+    np.mean(buffer.returns) works), per-step locals by SB3's names, and an in-place edit of the advantages in
+    _on_rollout_end reaching the update (zeroed: the policy does not move, the critic does)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class ZeroAdvantages(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.steps, self.fields = [], {}
+
+        def _on_step(self) -> bool:
+            self.steps.append(
+                (
+                    self.locals["n_steps"],
+                    self.locals["new_obs"].shape,
+                    self.locals["rewards"].shape,
+                    len(self.locals["dones"]),
+                )
+            )
+            return True
+
+        def _on_rollout_end(self) -> None:
+            buffer = self.locals["rollout_buffer"]
+            assert buffer is self.model.rollout_buffer
+            for name in (
+                "observations",
+                "actions",
+                "present",
+                "values",
+                "baselines",
+                "log_probs",
+                "returns",
+                "advantages",
+            ):
+                value = getattr(buffer, name)
+                self.fields[name] = (type(value), value.shape, value.dtype)
+            self.mean_return = float(np.mean(buffer.returns[buffer.present]))
+            np.testing.assert_array_equal(buffer.advantages, buffer.advantages_tensor.numpy())
+            buffer.advantages[:] = 0.0  # in place, as SB3's callbacks edit its buffer
+
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=8, batch_size=16, n_epochs=2, ent_coef=0.0, seed=0)
+    actor, critic = ([p.detach().clone() for p in net.parameters()] for net in (model.actor, model.critic))
+    callback = ZeroAdvantages()
+    model.learn(16, callback=callback)
+    n_slots = model.rollout_buffer.n_slots
+    obs_shape = model.observation_space.shape
+    assert callback.steps == [(t, (2, n_slots, *obs_shape), (2, n_slots), 2) for t in range(8)]
+    lead = (8, 2, n_slots)
+    assert callback.fields == {
+        "observations": (np.ndarray, (*lead, *obs_shape), np.float32),
+        "actions": (np.ndarray, lead, np.int64),
+        "present": (np.ndarray, lead, np.bool_),
+        "values": (np.ndarray, (8, 2), np.float32),
+        "baselines": (np.ndarray, lead, np.float32),
+        "log_probs": (np.ndarray, lead, np.float32),
+        "returns": (np.ndarray, lead, np.float32),
+        "advantages": (np.ndarray, lead, np.float32),
+    }
+    buffer = model.rollout_buffer
+    assert callback.mean_return == pytest.approx(float(buffer.returns_tensor[buffer.present_tensor].mean()))
+    assert (model.rollout_buffer.buffer_size, buffer.gamma, buffer.gae_lambda) == (8, model.gamma, model.gae_lambda)
+    assert all(torch.equal(a, b) for a, b in zip(actor, model.actor.parameters(), strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(critic, model.critic.parameters(), strict=True))

@@ -70,7 +70,7 @@ def scripted():
 
 def test_actor_memory_resets_where_each_agent_starts_and_drops_the_dead(scripted):
     rec, buf = scripted.recurrent, scripted.rollout_buffer
-    present = buf.present.numpy()
+    present = buf.present_tensor.numpy()
     starts = rec.slot_starts & present  # a trajectory starts for a present agent
     for e, end in enumerate((5, 6)):
         for t in range(rec.n_steps):
@@ -92,15 +92,15 @@ def test_old_log_probs_from_sequences_equal_acting_step_by_step(scripted):
     rec, buf, actor = scripted.recurrent, scripted.rollout_buffer, scripted.actor
     n = rec.n_envs * rec.n_slots
     state = tuple(rec.actor_states[0].reshape(n, -1, actor.memory.hidden_size)[:, i][None] for i in range(2))
-    present = buf.present
+    present = buf.present_tensor
     with torch.no_grad():
         for t in range(rec.n_steps):
             state = reset(state, rec.slot_starts[t])
-            obs = buf.observations[t].reshape(n, -1)
+            obs = buf.observations_tensor[t].reshape(n, -1)
             params, state = actor.forward_step(obs, state, torch.zeros(n, dtype=torch.bool))
-            log_prob, _ = actor.evaluate_params(params, buf.actions[t].reshape(n))
+            log_prob, _ = actor.evaluate_params(params, buf.actions_tensor[t].reshape(n))
             mask = present[t].reshape(n)
-            torch.testing.assert_close(buf.log_probs[t].reshape(n)[mask], log_prob[mask], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(buf.log_probs_tensor[t].reshape(n)[mask], log_prob[mask], rtol=1e-5, atol=1e-6)
 
 
 def test_critic_memory_recorded_and_read_like_a_step_by_step_run(scripted):
@@ -116,11 +116,13 @@ def test_critic_memory_recorded_and_read_like_a_step_by_step_run(scripted):
             state = reset(state, rec.episode_starts[t])
             torch.testing.assert_close(rec.critic_states[t], torch.stack([s[0] for s in state], dim=1))
             before = state
-            pooled = critic.pooled_value(buf.observations[t], buf.present[t])
+            pooled = critic.pooled_value(buf.observations_tensor[t], buf.present_tensor[t])
             out, state = critic.memory.step(pooled, state, no_reset)
-            torch.testing.assert_close(buf.values[t], head.value(critic.head(out)))
-            baseline = critic.read(critic.pooled_baseline(buf.observations[t], buf.actions[t], buf.present[t]), before)
-            torch.testing.assert_close(buf.baselines[t], head.value(baseline))
+            torch.testing.assert_close(buf.values_tensor[t], head.value(critic.head(out)))
+            baseline = critic.read(
+                critic.pooled_baseline(buf.observations_tensor[t], buf.actions_tensor[t], buf.present_tensor[t]), before
+            )
+            torch.testing.assert_close(buf.baselines_tensor[t], head.value(baseline))
             continuing = critic.read(critic.pooled_value(buf.continuing_obs[t], buf.continuing_present[t]), state)
             torch.testing.assert_close(buf.continuing_values[t], head.value(continuing))
     # the memory carried into the next rollout is the one after the last step
@@ -149,13 +151,13 @@ def test_baselines_read_the_memory_without_advancing_it():
     _, callback = model._setup_learn(16, None, False, "test", False)
     model.collect_rollouts(callback)
     rec, buf = model.recurrent, model.rollout_buffer
-    values, baselines, memories = buf.values.clone(), buf.baselines.clone(), rec.critic_states.clone()
+    values, baselines, memories = buf.values_tensor.clone(), buf.baselines_tensor.clone(), rec.critic_states.clone()
     rec.critic_state = tuple(rec.critic_states[0][:, i][None] for i in range(2))  # the same starting memory
-    buf.actions = 1 - buf.actions
+    buf.actions_tensor = 1 - buf.actions_tensor
     model._evaluate_rollout()
-    torch.testing.assert_close(buf.values, values)
+    torch.testing.assert_close(buf.values_tensor, values)
     torch.testing.assert_close(rec.critic_states, memories)
-    assert not torch.allclose(buf.baselines[buf.present], baselines[buf.present])
+    assert not torch.allclose(buf.baselines_tensor[buf.present_tensor], baselines[buf.present_tensor])
 
 
 # ------------------------------------------------------------------------------------------------ the API

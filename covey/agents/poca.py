@@ -327,18 +327,20 @@ class POCA(BaseAgent):
 
     def collect_rollouts(self, callback) -> bool:
         """Fill the group buffer with ``n_steps`` steps of every copy; False when a callback stops training."""
-        buffer, actor, env = self.rollout_buffer, self.actor, self.env
-        buffer.reset()
+        # Callbacks read these locals by SB3's names: rollout_buffer, n_steps (the step), new_obs and rewards
+        # (n_envs, n_slots, ...), dones and infos (one per copy), actions (a row per slot: (n_envs * n_slots, ...)).
+        rollout_buffer, actor, env = self.rollout_buffer, self.actor, self.env
+        rollout_buffer.reset()
         actor.set_training_mode(False)
         callback.on_rollout_start()
         n_envs, n_slots = env.n_envs, env.n_slots
         dtype = obs_dtype(self.observation_space)
-        for t in range(self.config.n_steps):
+        for n_steps in range(self.config.n_steps):
             obs = torch.as_tensor(self._last_obs, dtype=dtype)  # (E, S, *obs_shape)
             flat_obs = obs.reshape(n_envs * n_slots, *obs.shape[2:])  # all slots at once
             if self.recurrent is not None:
                 action_tensor = self.recurrent.act(
-                    actor, flat_obs, self._last_episode_starts, self._last_slot_starts, t
+                    actor, flat_obs, self._last_episode_starts, self._last_slot_starts, n_steps
                 )
             else:
                 with torch.inference_mode():
@@ -347,6 +349,7 @@ class POCA(BaseAgent):
             env_actions = actor.to_env_actions(actions).reshape(n_envs, n_slots, *self.action_space.shape)
             present = self._last_mask
             step = env.step(env_actions)
+            new_obs = step.observations
             self.num_timesteps += n_envs
             self.agent_steps += int(present.sum())
             rewards = step.rewards
@@ -369,7 +372,7 @@ class POCA(BaseAgent):
             )
             # Only a copy whose every acting agent terminated is a true terminal of the group.
             group_terminal = dones & ~np.any(step.truncated & present, axis=1)
-            buffer.add(
+            rollout_buffer.add(
                 obs,
                 action_tensor,
                 present,
@@ -384,7 +387,7 @@ class POCA(BaseAgent):
             self._last_slot_starts = ~present | dones[:, None]
             self._last_obs, self._last_mask, self._last_episode_starts = step.observations, step.mask, dones
         last_values = self._evaluate_rollout()
-        buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
+        rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
@@ -398,13 +401,17 @@ class POCA(BaseAgent):
                 self.actor,
                 critic,
                 buf,
-                torch.as_tensor(self._last_obs, dtype=buf.observations.dtype),
+                torch.as_tensor(self._last_obs, dtype=buf.observations_tensor.dtype),
                 torch.as_tensor(self._last_mask),
                 self._last_episode_starts,
                 _chunked,
             )
             return last_values
-        obs, actions, present = buf.flat(buf.observations), buf.flat(buf.actions), buf.flat(buf.present)
+        obs, actions, present = (
+            buf.flat(buf.observations_tensor),
+            buf.flat(buf.actions_tensor),
+            buf.flat(buf.present_tensor),
+        )
         n = present.shape[0]
         head = critic.value_head
         values, baselines, log_probs, entropies = [], [], [], []
@@ -420,9 +427,9 @@ class POCA(BaseAgent):
             log_probs.append(lp.reshape(o.shape[:2]))
         shape = (buf.n_steps, buf.n_envs)
         self._value_entropy = torch.cat(entropies).mean().item() if entropies else None
-        buf.values = torch.cat(values).reshape(shape)
-        buf.baselines = torch.cat(baselines).reshape(*shape, buf.n_slots)
-        buf.log_probs = torch.cat(log_probs).reshape(*shape, buf.n_slots)
+        buf.values_tensor = torch.cat(values).reshape(shape)
+        buf.baselines_tensor = torch.cat(baselines).reshape(*shape, buf.n_slots)
+        buf.log_probs_tensor = torch.cat(log_probs).reshape(*shape, buf.n_slots)
         # The continuing state is read only where an agent's trajectory ended without the group's terminal
         # (a leaver's bootstrap, a time limit): evaluate those group-steps alone (zeros elsewhere).
         rows = torch.as_tensor((buf.ended.any(axis=-1) & ~buf.group_terminal).reshape(-1)).nonzero().squeeze(1)
@@ -469,17 +476,17 @@ class POCA(BaseAgent):
         for key in history[0] if history else []:
             self.logger.record(f"train/{key}", torch.stack([h[key] for h in history]).mean().item())
         buf = self.rollout_buffer
-        present = buf.present
-        values = buf.values[:, :, None].expand_as(buf.returns)[present]
+        present = buf.present_tensor
+        values = buf.values_tensor[:, :, None].expand_as(buf.returns_tensor)[present]
         self.logger.record(
-            "train/explained_variance", float(explained_variance(values.numpy(), buf.returns[present].numpy()))
+            "train/explained_variance", float(explained_variance(values.numpy(), buf.returns_tensor[present].numpy()))
         )
-        self.logger.record("train/value_estimate", buf.values.mean().item())
-        self.logger.record("train/value_std", buf.values.std().item())
+        self.logger.record("train/value_estimate", buf.values_tensor.mean().item())
+        self.logger.record("train/value_std", buf.values_tensor.std().item())
         self.logger.record("train/td_error_abs", buf.td_error_abs)
         if self._value_entropy is not None:
             self.logger.record("train/value_entropy", self._value_entropy)
-        self.logger.record("train/baseline_estimate", buf.baselines[present].mean().item())
+        self.logger.record("train/baseline_estimate", buf.baselines_tensor[present].mean().item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/clip_range", clip_range)
         self.logger.record("train/learning_rate", lr)

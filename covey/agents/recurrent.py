@@ -248,7 +248,11 @@ class GroupRecurrentRollout:
         it; fill values, continuing values (from the memory after each step), baselines and old
         log-probs. Returns V(last observations) per copy and the two-hot value entropy (or None)."""
         memory, head = critic.memory, critic.value_head
-        obs, actions, present = buf.flat(buf.observations), buf.flat(buf.actions), buf.flat(buf.present)
+        obs, actions, present = (
+            buf.flat(buf.observations_tensor),
+            buf.flat(buf.actions_tensor),
+            buf.flat(buf.present_tensor),
+        )
         time_major = (self.n_steps, self.n_envs)
         pooled, pooled_baseline = chunked(critic.pooled, obs, actions, present)
         pooled = pooled.reshape(*time_major, -1)
@@ -265,9 +269,9 @@ class GroupRecurrentRollout:
         self.critic_states = torch.stack([x.transpose(0, 1) for x in started], dim=2)  # (T, E, n_state, hidden)
         raw = critic.head(finished[0].transpose(0, 1))  # (T, E[, K])
         entropy = head.entropy(raw).mean().item() if head.distributional else None
-        buf.values = head.value(raw)
+        buf.values_tensor = head.value(raw)
         before, after = flat_states(started), flat_states(finished)
-        buf.baselines = head.value(critic.read(pooled_baseline, before)).reshape(*time_major, self.n_slots)
+        buf.baselines_tensor = head.value(critic.read(pooled_baseline, before)).reshape(*time_major, self.n_slots)
         # An agent that leaves bootstraps from the group it leaves, as the memory knows it after the step.
         pooled_continuing = chunked(critic.pooled_value, buf.flat(buf.continuing_obs), buf.flat(buf.continuing_present))
         buf.continuing_values = head.value(critic.read(pooled_continuing, after)).reshape(time_major)
@@ -281,7 +285,7 @@ class GroupRecurrentRollout:
         full[mask] = log_prob
         out = torch.zeros(self.n_steps * self.n_envs, self.n_slots)
         out[seq.flat_index(rows)] = full[seq.valid_tensor(rows)]
-        buf.log_probs = out.reshape(*time_major, self.n_slots)
+        buf.log_probs_tensor = out.reshape(*time_major, self.n_slots)
         return head.value(last).numpy(), entropy
 
     def _actor_outputs(
@@ -293,17 +297,17 @@ class GroupRecurrentRollout:
         seq = self.sequences
         valid = seq.valid_tensor(rows)
         s, length, n = len(rows), self.sequence_length, self.n_slots
-        mask = valid[..., None] & seq.gather(buf.flat(buf.present), rows)  # (S, L, n)
+        mask = valid[..., None] & seq.gather(buf.flat(buf.present_tensor), rows)  # (S, L, n)
 
         def per_slot(x: torch.Tensor) -> torch.Tensor:  # (S, L, n, ...) -> (S * n, L, ...)
             return x.transpose(1, 2).reshape(s * n, length, *x.shape[3:])
 
-        obs = per_slot(seq.gather(buf.flat(buf.observations), rows))
+        obs = per_slot(seq.gather(buf.flat(buf.observations_tensor), rows))
         resets = per_slot(seq.gather(torch.as_tensor(self.slot_starts.reshape(-1, n)), rows))
         initial = seq.initial_states(self.actor_states, rows)  # (1, S * n, hidden)
         params = actor.forward_sequences(obs, initial, per_slot(mask), resets)  # (S * n, L, P)
         params = params.reshape(s, n, length, -1).transpose(1, 2)  # (S, L, n, P)
-        actions = seq.gather(buf.flat(buf.actions), rows)
+        actions = seq.gather(buf.flat(buf.actions_tensor), rows)
         log_prob, entropy = actor.evaluate_params(params[mask], actions[mask])
         return log_prob, entropy, mask
 
@@ -321,8 +325,8 @@ class GroupRecurrentRollout:
         seq = self.sequences
         valid = seq.valid_tensor(rows)
         log_prob, entropy, mask = self._actor_outputs(actor, buf, rows)
-        obs = seq.gather(buf.flat(buf.observations), rows)
-        actions = seq.gather(buf.flat(buf.actions), rows)
+        obs = seq.gather(buf.flat(buf.observations_tensor), rows)
+        actions = seq.gather(buf.flat(buf.actions_tensor), rows)
         initial = seq.initial_states(self.critic_states, rows)
         raw_value, raw_baseline = critic.raw_sequences(obs, actions, mask, initial, valid)
         ema = None
@@ -333,13 +337,13 @@ class GroupRecurrentRollout:
         idx = seq.flat_index(rows)
         batch = GroupBatch(
             None,
-            buf.flat(buf.actions)[idx],
-            buf.flat(buf.present)[idx],
-            buf.flat(buf.log_probs)[idx],
-            buf.flat(buf.values)[idx],
-            buf.flat(buf.baselines)[idx],
-            buf.flat(buf.advantages)[idx],
-            buf.flat(buf.returns)[idx],
+            buf.flat(buf.actions_tensor)[idx],
+            buf.flat(buf.present_tensor)[idx],
+            buf.flat(buf.log_probs_tensor)[idx],
+            buf.flat(buf.values_tensor)[idx],
+            buf.flat(buf.baselines_tensor)[idx],
+            buf.flat(buf.advantages_tensor)[idx],
+            buf.flat(buf.returns_tensor)[idx],
         )
         return log_prob, entropy, raw_value[valid], raw_baseline[valid], ema, batch
 

@@ -47,25 +47,66 @@ class GroupRolloutBuffer:
         self.n_steps, self.n_envs, self.n_slots = n_steps, n_envs, n_slots
         self.device = torch.device(device)
         lead = (n_steps, n_envs, n_slots)
-        self.observations = torch.zeros((*lead, *observation_space.shape), dtype=obs_dtype(observation_space))
+        # The group's arrays are torch tensors (``*_tensor``); SB3's names read them as NumPy arrays (views).
+        self.observations_tensor = torch.zeros((*lead, *observation_space.shape), dtype=obs_dtype(observation_space))
         act_shape, act_dtype = action_storage(action_space)
-        self.actions = torch.zeros((*lead, *act_shape), dtype=act_dtype)
-        self.present = torch.zeros(lead, dtype=torch.bool)
+        self.actions_tensor = torch.zeros((*lead, *act_shape), dtype=act_dtype)
+        self.present_tensor = torch.zeros(lead, dtype=torch.bool)
         # The state each group continues from after a step where some agents left (their final
         # observations plus the agents still there): the posthumous bootstrap.
-        self.continuing_obs = torch.zeros_like(self.observations)
+        self.continuing_obs = torch.zeros_like(self.observations_tensor)
         self.continuing_present = torch.zeros(lead, dtype=torch.bool)
         self.rewards = np.zeros(lead, dtype=np.float32)
         self.ended = np.zeros(lead, dtype=bool)
         self.group_terminal = np.zeros((n_steps, n_envs), dtype=bool)
-        self.values = torch.zeros((n_steps, n_envs))
+        self.values_tensor = torch.zeros((n_steps, n_envs))
         self.continuing_values = torch.zeros((n_steps, n_envs))
-        self.baselines = torch.zeros(lead)
-        self.log_probs = torch.zeros(lead)
-        self.returns = torch.zeros(lead)
-        self.advantages = torch.zeros(lead)
+        self.baselines_tensor = torch.zeros(lead)
+        self.log_probs_tensor = torch.zeros(lead)
+        self.returns_tensor = torch.zeros(lead)
+        self.advantages_tensor = torch.zeros(lead)
+        self.gamma, self.gae_lambda = 0.99, 0.95  # those of the last compute_returns
         self.pos = 0
         self.td_error_abs = 0.0
+
+    # SB3's names, as NumPy arrays over the tensors (the buffer lives on the CPU): ``(n_steps, n_envs, n_slots,
+    # ...)``, ``values`` ``(n_steps, n_envs)`` (the group's). An in-place edit reaches the update.
+    @property
+    def observations(self) -> np.ndarray:
+        return self.observations_tensor.numpy()
+
+    @property
+    def actions(self) -> np.ndarray:
+        return self.actions_tensor.numpy()
+
+    @property
+    def present(self) -> np.ndarray:
+        return self.present_tensor.numpy()
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.values_tensor.numpy()
+
+    @property
+    def baselines(self) -> np.ndarray:
+        return self.baselines_tensor.numpy()
+
+    @property
+    def log_probs(self) -> np.ndarray:
+        return self.log_probs_tensor.numpy()
+
+    @property
+    def returns(self) -> np.ndarray:
+        return self.returns_tensor.numpy()
+
+    @property
+    def advantages(self) -> np.ndarray:
+        return self.advantages_tensor.numpy()
+
+    @property
+    def buffer_size(self) -> int:
+        """SB3's name for the steps per env copy in a rollout."""
+        return self.n_steps
 
     def reset(self) -> None:
         self.pos = 0
@@ -82,9 +123,9 @@ class GroupRolloutBuffer:
         continuing_present: np.ndarray,
     ) -> None:
         t = self.pos
-        self.observations[t] = obs
-        self.actions[t] = actions.reshape(self.actions.shape[1:])
-        self.present[t] = torch.as_tensor(present)
+        self.observations_tensor[t] = obs
+        self.actions_tensor[t] = actions.reshape(self.actions_tensor.shape[1:])
+        self.present_tensor[t] = torch.as_tensor(present)
         self.rewards[t] = rewards
         self.ended[t] = ended
         self.group_terminal[t] = group_terminal
@@ -102,19 +143,18 @@ class GroupRolloutBuffer:
         # (leaving early while the group goes on, or a time limit) bootstraps from the group it leaves.
         bootstrap = np.where(self.group_terminal[..., None], 0.0, self.continuing_values.numpy()[..., None])
         bootstrap = np.broadcast_to(bootstrap, self.rewards.shape)
-        returns = group_lambda_returns(
-            self.rewards, self.values.numpy(), last_values, self.ended, bootstrap, gamma, lam
-        )
-        self.returns = torch.as_tensor(returns, dtype=torch.float32)
+        self.gamma, self.gae_lambda = gamma, lam
+        returns = group_lambda_returns(self.rewards, self.values, last_values, self.ended, bootstrap, gamma, lam)
+        self.returns_tensor = torch.as_tensor(returns, dtype=torch.float32)
         # Diagnostic: mean absolute one-step TD error of the group value over present agent-steps.
-        values = self.values.numpy()
+        values = self.values
         next_values = np.concatenate([values[1:], np.asarray(last_values)[None]], axis=0)[..., None]
         next_values = np.where(self.ended, bootstrap, next_values)
         td = self.rewards + gamma * next_values - values[..., None]
-        present = self.present.numpy()
+        present = self.present
         self.td_error_abs = float(np.abs(td[present]).mean()) if present.any() else 0.0
         # The advantage of agent i: its return minus the counterfactual baseline of its own action.
-        self.advantages = (self.returns - self.baselines) * self.present
+        self.advantages_tensor = (self.returns_tensor - self.baselines_tensor) * self.present_tensor
 
     def minibatches(self, batch_size: int) -> Iterator[GroupBatch]:
         """Shuffled minibatches of whole group-steps (all slots of a step stay together)."""
@@ -122,14 +162,14 @@ class GroupRolloutBuffer:
         fields = [
             self.flat(x)
             for x in (
-                self.observations,
-                self.actions,
-                self.present,
-                self.log_probs,
-                self.values,
-                self.baselines,
-                self.advantages,
-                self.returns,
+                self.observations_tensor,
+                self.actions_tensor,
+                self.present_tensor,
+                self.log_probs_tensor,
+                self.values_tensor,
+                self.baselines_tensor,
+                self.advantages_tensor,
+                self.returns_tensor,
             )
         ]
         if batch_size >= n:
