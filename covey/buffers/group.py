@@ -27,6 +27,11 @@ class GroupBatch(NamedTuple):
     returns: torch.Tensor
 
 
+def _numpy_view(tensor: str) -> property:
+    """A read-only attribute: the buffer's tensor ``tensor`` as a NumPy array sharing its memory."""
+    return property(lambda self: getattr(self, tensor).numpy(), doc=f"``{tensor}`` as a NumPy array (a view).")
+
+
 class GroupRolloutBuffer:
     """One rollout of a group: each step stores every slot's observation and action, which slots were
     present, their rewards, whose trajectory ended, and the state the group continues from.
@@ -71,37 +76,14 @@ class GroupRolloutBuffer:
 
     # SB3's names, as NumPy arrays over the tensors (the buffer lives on the CPU): ``(n_steps, n_envs, n_slots,
     # ...)``, ``values`` ``(n_steps, n_envs)`` (the group's). An in-place edit reaches the update.
-    @property
-    def observations(self) -> np.ndarray:
-        return self.observations_tensor.numpy()
-
-    @property
-    def actions(self) -> np.ndarray:
-        return self.actions_tensor.numpy()
-
-    @property
-    def present(self) -> np.ndarray:
-        return self.present_tensor.numpy()
-
-    @property
-    def values(self) -> np.ndarray:
-        return self.values_tensor.numpy()
-
-    @property
-    def baselines(self) -> np.ndarray:
-        return self.baselines_tensor.numpy()
-
-    @property
-    def log_probs(self) -> np.ndarray:
-        return self.log_probs_tensor.numpy()
-
-    @property
-    def returns(self) -> np.ndarray:
-        return self.returns_tensor.numpy()
-
-    @property
-    def advantages(self) -> np.ndarray:
-        return self.advantages_tensor.numpy()
+    observations = _numpy_view("observations_tensor")
+    actions = _numpy_view("actions_tensor")
+    present = _numpy_view("present_tensor")
+    values = _numpy_view("values_tensor")
+    baselines = _numpy_view("baselines_tensor")
+    log_probs = _numpy_view("log_probs_tensor")
+    returns = _numpy_view("returns_tensor")
+    advantages = _numpy_view("advantages_tensor")
 
     @property
     def buffer_size(self) -> int:
