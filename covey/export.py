@@ -364,6 +364,13 @@ def export_onnx(
             f"This {type(agent).__name__} has no networks yet (it was built without an env); "
             "build it with an env or load a saved model."
         )
+    if isinstance(agent.observation_space, spaces.Dict) and not isinstance(trained.observation_space, spaces.Dict):
+        raise ValueError(
+            f"ONNX export of a {type(agent).__name__} team with Dict observations is not supported yet (its actor "
+            "takes each agent's observation flattened). Train on a flattened Box, e.g. with SuperSuit and Gymnasium: "
+            "supersuit.observation_lambda_v0(env, lambda obs, space: gymnasium.spaces.flatten(space, obs), "
+            "gymnasium.spaces.flatten_space)."
+        )
     target = pathlib.Path(path)
     if target.is_dir():
         raise IsADirectoryError(f"{str(target)!r} is a folder; pass the path of the .onnx file to write.")

@@ -390,22 +390,29 @@ class DictObsEnv(ScriptedEnv):
         return {"pos": np.array([self.possible_agents.index(agent) + 1, self.t], np.float32), "tag": self.t % 3}
 
 
-def test_dict_observations_are_rejected_with_a_fix_that_works():
-    with pytest.raises(ValueError, match="Dict observation spaces") as info:
-        GroupVecEnv([DictObsEnv])
-    assert "observation_lambda_v0" in str(info.value)
-    # The suggested fix, as the message writes it.
-    import gymnasium
-
-    def flat():
-        return supersuit.observation_lambda_v0(
-            DictObsEnv(), lambda obs, space: gymnasium.spaces.flatten(space, obs), gymnasium.spaces.flatten_space
-        )
-
-    venv = GroupVecEnv([flat])
+def test_dict_observations_are_stored_flat_per_slot_in_and_out_of_process():
+    """Each slot holds its Dict observation as one float32 vector in key order ([pos, tag]), absent slots zeros;
+    a leaver's final observation is flattened the same way, and worker processes store exactly the same."""
+    venv = GroupVecEnv([DictObsEnv])
+    assert venv.observation_space == DictObsEnv().observation_space("a")  # the agents' space, for the networks
     obs, mask = venv.reset(seed=0)
-    assert obs.shape == (1, 3, 5) and mask[0].tolist() == [True, True, False]
-    np.testing.assert_array_equal(obs[0, :2], [[1, 0, 1, 0, 0], [2, 0, 1, 0, 0]])  # pos, then tag one-hot
+    assert obs.shape == (1, 3, 3) and obs.dtype == np.float32 and mask[0].tolist() == [True, True, False]
+    np.testing.assert_array_equal(obs[0], [[1, 0, 0], [2, 0, 0], [0, 0, 0]])
+    steps = [venv.step(np.zeros((1, 3), np.int64)) for _ in range(3)]
+    np.testing.assert_array_equal(steps[1].observations[0], [[1, 2, 2], [2, 2, 2], [3, 2, 2]])  # c joined at t=2
+    assert steps[2].left[0].tolist() == [True, False, False]  # a terminated at t=3: its final observation
+    np.testing.assert_array_equal(steps[2].final_observations[0, 0], [1, 3, 0])
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    remote = SubprocGroupVecEnv([DictObsEnv])
+    try:
+        np.testing.assert_array_equal(remote.reset(seed=0)[0], obs)
+        for step in steps:
+            got = remote.step(np.zeros((1, 3), np.int64))
+            np.testing.assert_array_equal(got.observations, step.observations)
+            np.testing.assert_array_equal(got.final_observations, step.final_observations)
+    finally:
+        remote.close()
 
 
 class KeepsDoneAgentsListedEnv(ScriptedEnv):

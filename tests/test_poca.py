@@ -26,9 +26,10 @@ from covey.agents.poca import poca_loss
 from covey.agents.ppo import clipped_surrogate_loss, value_loss
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
 from covey.envs import EarlyExitEnv
+from covey.evaluation import evaluate_group
 from covey.networks import attention as attention_module
 from covey.networks.attention import POCACritic, ResidualSelfAttention, _poca_sets, masked_mean, set_attention
-from covey.networks.encoders import FlattenEncoder
+from covey.networks.encoders import FlattenEncoder, NatureCNN, obs_dtype
 from covey.networks.twohot import make_value_head
 from covey.serialization import SETTINGS_ENTRY
 from covey.wrappers.group_env import GroupVecEnv
@@ -1015,3 +1016,132 @@ def test_a_callback_reads_the_group_buffer_and_the_steps_by_sb3s_names():
     assert (model.rollout_buffer.buffer_size, buffer.gamma, buffer.gae_lambda) == (8, model.gamma, model.gae_lambda)
     assert all(torch.equal(a, b) for a, b in zip(actor, model.actor.parameters(), strict=True))
     assert any(not torch.equal(a, b) for a, b in zip(critic, model.critic.parameters(), strict=True))
+
+
+# ---------------------------------------------------------------------------- Dict observations
+class DictTeam(ParallelEnv):
+    """EarlyExitEnv whose agents observe a Dict: ``{"obs": the original vector}`` plus, with ``slot=True``, the
+    agent's index (Discrete) and, with ``view=True``, a 36x36 uint8 image filled with its first feature."""
+
+    metadata = {"name": "dict_team_v0", "render_modes": []}
+
+    def __init__(self, slot: bool = True, view: bool = False) -> None:
+        self.env = EarlyExitEnv()
+        self.possible_agents = self.env.possible_agents
+        keys = {"obs": self.env.observation_space(self.possible_agents[0])}
+        if slot:
+            keys["slot"] = spaces.Discrete(len(self.possible_agents), start=1)
+        if view:
+            keys["view"] = spaces.Box(0, 255, (36, 36, 1), np.uint8)
+        self.space = spaces.Dict(keys)
+
+    def observation_space(self, agent):
+        return self.space
+
+    def action_space(self, agent):
+        return self.env.action_space(agent)
+
+    @property
+    def agents(self):
+        return self.env.agents
+
+    def _dicts(self, observations):
+        out = {}
+        for agent, obs in observations.items():
+            out[agent] = {"obs": obs}
+            if "slot" in self.space.spaces:
+                out[agent]["slot"] = self.possible_agents.index(agent) + 1
+            if "view" in self.space.spaces:
+                out[agent]["view"] = np.full((36, 36, 1), int(255 * obs[0]), np.uint8)
+        return out
+
+    def reset(self, seed=None, options=None):
+        observations, infos = self.env.reset(seed=seed, options=options)
+        return self._dicts(observations), infos
+
+    def step(self, actions):
+        observations, *rest = self.env.step(actions)
+        return (self._dicts(observations), *rest)
+
+
+def test_flat_dict_round_trip_is_exact_for_every_kind_of_key():
+    from covey.networks.encoders import FlatDict
+
+    space = spaces.Dict(
+        {
+            "vec": spaces.Box(-1, 1, (2, 3), np.float32),
+            "image": spaces.Box(0, 255, (4, 4, 3), np.uint8),
+            "id": spaces.Discrete(5, start=2),
+            "md": spaces.MultiDiscrete([3, 4]),
+            "mb": spaces.MultiBinary(3),
+        }
+    )
+    space.seed(0)
+    flat = FlatDict(space)
+    samples = [space.sample() for _ in range(4)]
+    rows = np.stack([flat.flatten(obs) for obs in samples])
+    assert rows.dtype == np.float32 and rows.shape == (4, flat.flat_space.shape[0]) == (4, 6 + 48 + 1 + 2 + 3)
+    back = flat.unflatten(torch.as_tensor(rows))
+    for key, sub in space.spaces.items():
+        expected = np.stack([np.asarray(obs[key]) for obs in samples])
+        assert back[key].dtype == obs_dtype(sub)
+        np.testing.assert_array_equal(back[key].numpy(), expected.reshape(4, *sub.shape))
+    with pytest.raises(ValueError, match=r"lacks the key 'md'"):
+        flat.flatten({k: v for k, v in samples[0].items() if k != "md"}, "'agent_0'")
+    with pytest.raises(ValueError, match=r"of 'agent_0' has shape \(3,\) for key 'vec'; the space expects \(2, 3\)"):
+        flat.flatten({**samples[0], "vec": np.zeros(3)}, "'agent_0'")
+
+
+@pytest.mark.parametrize("policy", ["MlpPolicy", "MlpLstmPolicy"])
+def test_a_team_observing_a_one_key_dict_trains_exactly_as_on_the_vector(policy):
+    """A Dict of one Box key travels flat and is encoded as the Box itself: same seed, bit-identical networks
+    after training (feed-forward and recurrent), so the Dict path adds nothing to what POCA computes."""
+    settings = dict(n_envs=2, n_steps=16, batch_size=16, n_epochs=2, seed=0)
+    plain = POCA(policy, EarlyExitEnv, **settings).learn(64)
+    wrapped = POCA(policy, lambda: DictTeam(slot=False), **settings).learn(64)
+    assert isinstance(wrapped.observation_space, spaces.Dict)
+    for net in ("actor", "critic"):
+        a, b = getattr(plain, net).state_dict(), getattr(wrapped, net).state_dict()
+        assert [k.replace("encoder.encoder.encoders.obs.", "encoder.") for k in b] == list(a)
+        for x, y in zip(a.values(), b.values(), strict=True):
+            assert torch.equal(x, y)
+
+
+def test_a_team_with_dict_observations_learns_predicts_saves_and_evaluates(tmp_path):
+    model = POCA("MlpPolicy", DictTeam, n_envs=2, n_steps=16, batch_size=32, seed=0).learn(64)
+    observations, _ = DictTeam().reset(seed=1)
+    actions, _ = model.predict(observations, deterministic=True)
+    assert sorted(actions) == sorted(observations)
+    model.save(tmp_path / "team")
+    loaded = POCA.load(tmp_path / "team")
+    assert loaded.observation_space == DictTeam().space
+    assert loaded.predict(observations, deterministic=True)[0] == actions
+    result = evaluate_group(loaded, DictTeam, n_eval_episodes=2, seed=0)
+    assert result == evaluate_group(model, DictTeam, n_eval_episodes=2, seed=0)
+    # The slot key reaches the networks: changing it changes the policy's output.
+    first = {"agent_0": observations["agent_0"]}
+    moved = {"agent_0": {**observations["agent_0"], "slot": 3}}
+    with torch.no_grad():
+        logits = [
+            model.actor.distribution_params(torch.as_tensor(model.env.flat_dict.flatten(o["agent_0"]))[None])
+            for o in (first, moved)
+        ]
+    assert not torch.equal(*logits)
+    with pytest.raises(ValueError, match=r"one agent's Dict observation .* \{agent: observation\}"):
+        model.predict(observations["agent_0"])
+    with pytest.raises(ValueError, match=r"observation of 'agent_1' lacks the key 'slot'"):
+        model.predict({"agent_1": {"obs": observations["agent_1"]["obs"]}})
+    with pytest.raises(ValueError, match=r"Dict observations is not supported yet"):
+        pytest.importorskip("onnx")
+        from covey.export import export_onnx
+
+        export_onnx(model, tmp_path / "team.onnx", verify=False)
+
+
+def test_a_team_with_image_keys_gets_a_cnn_per_image_key():
+    model = POCA("MultiInputPolicy", lambda: DictTeam(view=True), n_envs=2, n_steps=8, batch_size=16, seed=0)
+    for net in (model.actor, model.critic):
+        assert isinstance(net.encoder.encoder.encoders["view"], NatureCNN)
+    before = [p.detach().clone() for p in model.actor.encoder.parameters()]
+    model.learn(16)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.actor.encoder.parameters()))

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from gymnasium import spaces
 from stable_baselines3.common.utils import explained_variance
 
 from covey.agents.base import BaseAgent, Schedule, as_schedule, warn_batch_size
@@ -24,8 +25,8 @@ from covey.networks.actor_critic import (
 )
 from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
-from covey.networks.encoders import obs_dtype
-from covey.wrappers.group_env import GroupVecEnv, is_env_maker, make_group_env
+from covey.networks.encoders import FlatDict, obs_dtype
+from covey.wrappers.group_env import GroupVecEnv, is_env_maker, make_group_env, storage_space
 
 _EVAL_CHUNK = 256
 """Group-steps per batched pass of the rollout evaluation (:meth:`POCA._evaluate_rollout`): the attention critic's
@@ -223,7 +224,7 @@ class POCA(BaseAgent):
         self.optimizer = self.actor.optimizer = self._make_optimizer(self._params, adam_eps=PPO_ADAM_EPS)
         n_slots = len(self.agent_ids) if self.agent_ids else 1
         self.rollout_buffer = GroupRolloutBuffer(
-            cfg.n_steps, self.n_envs, n_slots, self.observation_space, self.action_space, self.device
+            cfg.n_steps, self.n_envs, n_slots, storage_space(self.observation_space), self.action_space, self.device
         )
         memory = memory_settings(self.policy_name, pc)
         if memory is None and self.env is not None:
@@ -254,7 +255,7 @@ class POCA(BaseAgent):
         ``episode_start`` resets memories first: a bool for all, ``{agent: bool}`` (e.g. an agent that just
         joined), or an array over the given observations' rows. Others pass ``state`` through.
         """
-        single = tuple(self.observation_space.shape)
+        single = tuple(storage_space(self.observation_space).shape)
         if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[0], dict):
             raise ValueError(
                 "predict() got a tuple of two dicts: PettingZoo's reset() returns (observations, infos). Pass the "
@@ -271,6 +272,15 @@ class POCA(BaseAgent):
                 return actions.reshape(*obs.shape[:2], *actions.shape[1:]), state
             return self.policy.predict(obs, state, episode_start, deterministic)
         unknown = [a for a in observation if a not in self.agent_ids]
+        if (
+            unknown
+            and isinstance(self.observation_space, spaces.Dict)
+            and set(observation) == set(self.observation_space)
+        ):
+            raise ValueError(
+                f"predict() got one agent's Dict observation (keys {list(observation)}); pass the group's "
+                "observations as {agent: observation}, as PettingZoo's reset() and step() return them."
+            )
         if unknown:
             raise ValueError(
                 f"predict() got observations for agents {unknown} that are not in this model's group "
@@ -279,6 +289,9 @@ class POCA(BaseAgent):
         if not observation:
             return {}, state
         agents = list(observation)
+        if isinstance(self.observation_space, spaces.Dict):  # stored flat, as the networks take them
+            flat = FlatDict(self.observation_space)
+            observation = {a: flat.flatten(observation[a], repr(a)) for a in agents}
         wrong = {a: np.shape(observation[a]) for a in agents if np.shape(observation[a]) != single}
         if wrong:
             raise ValueError(
@@ -334,7 +347,7 @@ class POCA(BaseAgent):
         actor.set_training_mode(False)
         callback.on_rollout_start()
         n_envs, n_slots = env.n_envs, env.n_slots
-        dtype = obs_dtype(self.observation_space)
+        dtype = obs_dtype(storage_space(self.observation_space))
         for n_steps in range(self.config.n_steps):
             obs = torch.as_tensor(self._last_obs, dtype=dtype)  # (E, S, *obs_shape)
             flat_obs = obs.reshape(n_envs * n_slots, *obs.shape[2:])  # all slots at once

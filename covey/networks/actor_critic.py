@@ -24,7 +24,7 @@ from covey.networks.distributions import (
     StateDependentGaussianHead,
     make_action_head,
 )
-from covey.networks.encoders import ExternalEncoder, make_encoder
+from covey.networks.encoders import ExternalEncoder, FlatDict, FlatDictEncoder, make_encoder
 from covey.networks.memory import Memory, State, sequence_features
 from covey.networks.mlp import mlp, parse_net_arch
 from covey.networks.obs import ObsTensor, obs_to_tensor
@@ -635,6 +635,14 @@ def build_poca_networks(
     """
     kind = policy_kind(policy, observation_space)
     encoder = _encoder_factory(kind, observation_space, config)
+    if isinstance(observation_space, spaces.Dict):
+        # A team's Dict observations travel flat (one vector per agent slot); each encoder unflattens them.
+        flat, dict_encoder = FlatDict(observation_space), encoder
+        observation_space = flat.flat_space
+
+        def encoder() -> nn.Module:
+            return FlatDictEncoder(flat, dict_encoder())
+
     arch = parse_net_arch(config.net_arch, ("pi", "vf"), [128, 128])
     memory = memory_settings(policy, config)  # the actor's memory per agent, the critic's per group
     actor = _actor(observation_space, action_space, encoder(), arch["pi"], config, memory)

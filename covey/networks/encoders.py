@@ -6,7 +6,7 @@ batches) to ``(B, out_dim)`` float features.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -43,12 +43,16 @@ class OneHotEncoder(nn.Module):
         else:
             nvec = space.nvec.reshape(-1)
             start = np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).reshape(-1)
-        offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]]) - start
         self.out_dim = int(nvec.sum())
-        self.register_buffer("offsets", torch.as_tensor(offsets, dtype=torch.long), persistent=False)
+        self.register_buffer("starts", torch.as_tensor(start, dtype=torch.long), persistent=False)
+        self.register_buffer("highest", torch.as_tensor(nvec - 1, dtype=torch.long), persistent=False)
+        self.register_buffer("offsets", torch.as_tensor(np.cumsum([0, *nvec[:-1]]), dtype=torch.long), persistent=False)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        idx = obs.long().reshape(obs.shape[0], -1) + self.offsets  # (B, n_components)
+        # Values outside the space (the zeros of an absent agent's slot when the space starts above 0) are clamped
+        # into it rather than indexing out of range; a present agent's value is always inside.
+        value = obs.long().reshape(obs.shape[0], -1) - self.starts
+        idx = torch.minimum(value.clamp_(min=0), self.highest) + self.offsets  # (B, n_components)
         out = torch.zeros(obs.shape[0], self.out_dim, device=obs.device)
         return out.scatter_(1, idx, 1.0)  # (B, out_dim)
 
@@ -168,6 +172,69 @@ class ExternalEncoder(nn.Module):
         if isinstance(self.inputs, nn.ModuleDict):
             return self.extractor({k: m(obs[k]) for k, m in self.inputs.items()})
         return self.extractor(self.inputs(obs))
+
+
+class FlatDict:
+    """A Dict observation as one float32 vector and back, for a team whose agents observe a Dict space: the group's
+    env copies, rollout buffer and critic hold one array per agent slot, and the networks' encoders unflatten it.
+
+    Each key's values are laid out raw, in the space's key order (a Discrete value as its index, an image as its
+    pixels), so :meth:`unflatten` gives back exactly the tensors a Dict batch would hold: integers and uint8 pixels
+    are exact in float32 (up to 2**24).
+
+    >>> flat = FlatDict(spaces.Dict({"pos": spaces.Box(-1, 1, (2,)), "id": spaces.Discrete(3)}))
+    >>> flat.flatten({"id": 2, "pos": np.array([0.5, -0.5])})
+    array([ 2. ,  0.5, -0.5], dtype=float32)
+    """
+
+    def __init__(self, space: spaces.Dict) -> None:
+        self.space = space
+        self.shapes = {key: tuple(sub.shape) for key, sub in space.spaces.items()}
+        self.dtypes = {key: obs_dtype(sub) for key, sub in space.spaces.items()}
+        sizes = [int(np.prod(shape)) for shape in self.shapes.values()]
+        self.bounds = dict(zip(self.shapes, zip(np.cumsum([0, *sizes[:-1]]).tolist(), np.cumsum(sizes).tolist())))
+        self.flat_space = spaces.Box(-np.inf, np.inf, (int(sum(sizes)),), np.float32)
+
+    def flatten(self, observation: Any, who: str = "") -> np.ndarray:
+        """One observation (a dict with the space's keys) as a float32 vector; a clear error for anything else."""
+        where = f" of {who}" if who else ""
+        if not isinstance(observation, dict):
+            raise ValueError(
+                f"The observation{where} is a {type(observation).__name__}, but the agents observe a Dict space with "
+                f"keys {list(self.shapes)}. Pass a dict with those keys."
+            )
+        parts = []
+        for key, shape in self.shapes.items():
+            if key not in observation:
+                raise ValueError(f"The observation{where} lacks the key {key!r} of the Dict space {self.space}.")
+            value = np.asarray(observation[key], dtype=np.float32)
+            if value.shape != shape:
+                raise ValueError(
+                    f"The observation{where} has shape {value.shape} for key {key!r}; the space expects {shape}. "
+                    "Check that the env matches the one the model was trained on."
+                )
+            parts.append(value.reshape(-1))
+        return np.concatenate(parts)
+
+    def unflatten(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``(B, flat_dim)`` floats to the Dict batch: ``{key: (B, *shape)}`` in the key's storage dtype."""
+        return {
+            key: x[:, start:end].reshape(x.shape[0], *self.shapes[key]).to(self.dtypes[key])
+            for key, (start, end) in self.bounds.items()
+        }
+
+
+class FlatDictEncoder(nn.Module):
+    """Runs ``encoder`` (built for the Dict space) on flattened Dict observations (:class:`FlatDict`)."""
+
+    def __init__(self, flat: FlatDict, encoder: nn.Module) -> None:
+        super().__init__()
+        self.flat = flat
+        self.encoder = encoder
+        self.out_dim = encoder.out_dim
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.encoder(self.flat.unflatten(obs))  # (B, out_dim)
 
 
 def make_encoder(

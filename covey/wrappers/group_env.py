@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from gymnasium import spaces
 
+from covey.networks.encoders import FlatDict
 from covey.spaces import check_action_space, check_observation_space
 
 
@@ -87,14 +88,14 @@ def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
                 + f". Make them equal, e.g. with SuperSuit's {fix}(env)."
             )
     check_observation_space(obs_spaces[agents[0]])
-    if isinstance(obs_spaces[agents[0]], spaces.Dict):
-        raise ValueError(
-            f"Dict observation spaces are not supported for groups yet (agents have {obs_spaces[agents[0]]}). "
-            "Flatten them into one Box first, e.g. with SuperSuit and Gymnasium: supersuit.observation_lambda_v0(env, "
-            "lambda obs, space: gymnasium.spaces.flatten(space, obs), gymnasium.spaces.flatten_space)."
-        )
     check_action_space(act_spaces[agents[0]])
     return obs_spaces[agents[0]], act_spaces[agents[0]]
+
+
+def storage_space(space: spaces.Space) -> spaces.Space:
+    """The space of one agent slot's stored observation: a Dict space's flat vector (:class:`FlatDict`), otherwise
+    the space itself."""
+    return FlatDict(space).flat_space if isinstance(space, spaces.Dict) else space
 
 
 def _storage_dtype(space: spaces.Space) -> np.dtype:
@@ -125,8 +126,10 @@ class GroupVecEnv:
                 raise ValueError("All env copies must have the same possible_agents.")
         self.slot = {agent: i for i, agent in enumerate(self.agent_ids)}
         self.n_envs, self.n_slots = len(self.envs), len(self.agent_ids)
-        self.obs_shape = tuple(self.observation_space.shape)
-        self.obs_dtype = _storage_dtype(self.observation_space)
+        # Dict observations are stored flat, one float32 vector per slot (the networks unflatten them)
+        self.flat_dict = FlatDict(self.observation_space) if isinstance(self.observation_space, spaces.Dict) else None
+        self.obs_shape = tuple(storage_space(self.observation_space).shape)
+        self.obs_dtype = _storage_dtype(storage_space(self.observation_space))
         lead = (self.n_envs, self.n_slots)
         self._obs = np.zeros((*lead, *self.obs_shape), dtype=self.obs_dtype)
         self._mask = np.zeros(lead, dtype=bool)
@@ -171,8 +174,11 @@ class GroupVecEnv:
 
     def _put(self, e: int, agent: str, obs: Any) -> None:
         s = self.slot[agent]
-        self._obs[e, s] = obs
+        self._obs[e, s] = self._stored(obs, agent)
         self._mask[e, s] = True
+
+    def _stored(self, obs: Any, agent: str) -> Any:
+        return obs if self.flat_dict is None else self.flat_dict.flatten(obs, repr(agent))
 
     def step(self, actions: np.ndarray) -> GroupStep:
         """Step every copy with ``actions`` ``(n_envs, n_slots, ...)`` (entries of absent slots are ignored)."""
@@ -201,7 +207,8 @@ class GroupVecEnv:
                 if agent not in still:
                     # The agent is gone: keep its last observation for the (posthumous) bootstrap.
                     left[e, s] = True
-                    final_obs[e, s] = observations.get(agent, self._obs[e, s])
+                    last = observations.get(agent)
+                    final_obs[e, s] = self._obs[e, s] if last is None else self._stored(last, agent)
             self._ep_return[e] += rewards[e]
             self._obs[e] = 0
             self._mask[e] = False
@@ -328,8 +335,8 @@ class SubprocGroupVecEnv(GroupVecEnv):
         probe.close()
         self.slot = {agent: i for i, agent in enumerate(self.agent_ids)}
         self.n_envs, self.n_slots = len(env_fns), len(self.agent_ids)
-        self.obs_shape = tuple(self.observation_space.shape)
-        self.obs_dtype = _storage_dtype(self.observation_space)
+        self.obs_shape = tuple(storage_space(self.observation_space).shape)  # the workers store Dicts flat
+        self.obs_dtype = _storage_dtype(storage_space(self.observation_space))
         self._seed = None
         ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"))
         self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(self.n_envs)])
