@@ -87,11 +87,13 @@ class ExportedActor(nn.Module):
     for a Dict space. Used by :func:`export_onnx`; it holds the actor's modules, not copies.
     """
 
-    def __init__(self, actor: nn.Module) -> None:
+    def __init__(self, actor: nn.Module, observation_space: spaces.Space | None = None) -> None:
         super().__init__()
         self.actor = actor
-        space = actor.observation_space
+        space = self.observation_space = observation_space_of(actor, observation_space)
         self.keys: list[str] | None = list(space.spaces) if isinstance(space, spaces.Dict) else None
+        # A team's Dict observations reach its actor flattened (FlatDict): the graph takes the keys and flattens.
+        self.flatten_keys = isinstance(space, spaces.Dict) and not isinstance(actor.observation_space, spaces.Dict)
         self.action_shape = tuple(int(d) for d in actor.action_space.shape or ())
         self.recurrent = actor.memory is not None
         self.n_state = actor.memory.n_state if self.recurrent else 0
@@ -115,6 +117,8 @@ class ExportedActor(nn.Module):
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         n_obs = self.n_obs_inputs
         obs = dict(zip(self.keys, inputs[:n_obs])) if self.keys is not None else inputs[0]
+        if self.flatten_keys:
+            obs = torch.cat([x.reshape(x.shape[0], -1).to(torch.float32) for x in inputs[:n_obs]], dim=1)
         if self.recurrent:
             state = tuple(inputs[n_obs : n_obs + self.n_state])
             episode_start = inputs[n_obs + self.n_state]
@@ -137,9 +141,14 @@ class ExportedActor(nn.Module):
         return action.reshape(-1, *self.action_shape)  # (B, *action_space.shape)
 
 
-def _names(actor: nn.Module) -> tuple[list[str], list[str]]:
+def observation_space_of(actor: nn.Module, observation_space: spaces.Space | None = None) -> spaces.Space:
+    """The observation space of the graph's inputs: ``observation_space`` when given (a team's Dict space, whose
+    observations its actor takes flattened), else the actor's."""
+    return actor.observation_space if observation_space is None else observation_space
+
+
+def _names(actor: nn.Module, space: spaces.Space) -> tuple[list[str], list[str]]:
     """Graph input and output names."""
-    space = actor.observation_space
     inputs = list(space.spaces) if isinstance(space, spaces.Dict) else ["obs"]
     outputs = ["action"]
     if actor.memory is not None:
@@ -153,21 +162,18 @@ def _obs_spaces(space: spaces.Space) -> list[spaces.Space]:
     return list(space.spaces.values()) if isinstance(space, spaces.Dict) else [space]
 
 
-def _example_inputs(actor: nn.Module, batch: int) -> tuple[torch.Tensor, ...]:
+def _example_inputs(actor: nn.Module, space: spaces.Space, batch: int) -> tuple[torch.Tensor, ...]:
     """Zeros of the graph's input shapes and dtypes (batch > 1: torch.export specializes sizes 0 and 1)."""
-    args = [
-        torch.from_numpy(np.zeros((batch, *_input_shape(s)), dtype=_input_dtype(s)))
-        for s in _obs_spaces(actor.observation_space)
-    ]
+    args = [torch.from_numpy(np.zeros((batch, *_input_shape(s)), dtype=_input_dtype(s))) for s in _obs_spaces(space)]
     if actor.memory is not None:
         args += [torch.zeros(1, batch, actor.memory.hidden_size) for _ in range(actor.memory.n_state)]
         args.append(torch.zeros(batch, dtype=torch.bool))
     return tuple(args)
 
 
-def _dynamic_shapes(actor: nn.Module) -> tuple[dict[int, Any], ...]:
+def _dynamic_shapes(actor: nn.Module, space: spaces.Space) -> tuple[dict[int, Any], ...]:
     batch = torch.export.Dim("batch")
-    shapes: list[dict[int, Any]] = [{0: batch} for _ in _obs_spaces(actor.observation_space)]
+    shapes: list[dict[int, Any]] = [{0: batch} for _ in _obs_spaces(space)]
     if actor.memory is not None:
         shapes += [{1: batch} for _ in range(actor.memory.n_state)]  # (1, batch, hidden)
         shapes.append({0: batch})
@@ -191,18 +197,19 @@ def _quiet_exporter():
 
 def _export_bytes(wrapper: ExportedActor, actor: nn.Module) -> bytes:
     """The ONNX model (weights embedded) as bytes, from torch's torch.export-based exporter."""
-    input_names, output_names = _names(actor)
+    space = observation_space_of(actor, wrapper.observation_space)
+    input_names, output_names = _names(actor, space)
     try:
         with _quiet_exporter():
             program = torch.onnx.export(
                 wrapper,
-                _example_inputs(actor, batch=3),
+                _example_inputs(actor, space, batch=3),
                 f=None,
                 dynamo=True,
                 input_names=input_names,
                 output_names=output_names,
                 opset_version=OPSET,
-                dynamic_shapes=_dynamic_shapes(actor),
+                dynamic_shapes=_dynamic_shapes(actor, space),
                 external_data=False,
                 verbose=False,
             )
@@ -212,7 +219,26 @@ def _export_bytes(wrapper: ExportedActor, actor: nn.Module) -> bytes:
             f"torch.onnx.export could not export this actor ({type(actor.encoder).__name__} encoder, "
             f"{type(actor.head).__name__} action head): {first}"
         ) from err
+    _unique_value_names(program.model)
     return program.model_proto.SerializeToString()
+
+
+def _unique_value_names(model: Any) -> None:
+    """Rename the graph's inner values that carry an input's or output's name: the exporter names values after the
+    ops that make them (``view``, ``cat``, ...), so a Dict key of that name would otherwise appear twice in the
+    graph, which ONNX refuses."""
+    graph = model.graph
+    ends = [*graph.inputs, *graph.outputs]
+    reserved, own = {v.name for v in ends}, {id(v) for v in ends}
+    taken = reserved | {value.name for node in graph for value in node.outputs} | set(graph.initializers)
+    for node in graph:
+        for value in node.outputs:
+            if value.name in reserved and id(value) not in own:
+                k = 1
+                while f"{value.name}_{k}" in taken:
+                    k += 1
+                value.name = f"{value.name}_{k}"
+                taken.add(value.name)
 
 
 def _add_metadata(onnx_bytes: bytes, agent: Any) -> bytes:
@@ -291,7 +317,17 @@ def _compare(expected: np.ndarray, got: np.ndarray, discrete: bool) -> tuple[boo
     return (diff == 0.0 if discrete else diff <= CONTINUOUS_ATOL), diff
 
 
-def _verify(agent: Any, cpu_actor: nn.Module, file: str, n_samples: int, seed: int) -> tuple[bool, float]:
+def _as_actor_input(obs: np.ndarray | dict[str, np.ndarray], actor: nn.Module) -> np.ndarray | dict[str, np.ndarray]:
+    """Sampled observations as the actor takes them: a Dict batch flattened (in key order) for an actor of flat
+    vectors (a team's, :class:`~covey.networks.encoders.FlatDict`), otherwise as they are."""
+    if isinstance(obs, dict) and not isinstance(actor.observation_space, spaces.Dict):
+        return np.concatenate([value.reshape(len(value), -1).astype(np.float32) for value in obs.values()], axis=1)
+    return obs
+
+
+def _verify(
+    agent: Any, cpu_actor: nn.Module, space: spaces.Space, file: str, n_samples: int, seed: int
+) -> tuple[bool, float]:
     """Run the file with onnxruntime on sampled observations and compare with ``agent.predict``.
 
     An agent on another device is compared through the CPU copy of its actor (what ``agent.predict`` runs
@@ -303,22 +339,24 @@ def _verify(agent: Any, cpu_actor: nn.Module, file: str, n_samples: int, seed: i
     actor = cpu_actor
     if torch.device(getattr(agent, "device", "cpu")).type != "cpu":
         agent = cpu_actor
-    input_names, _ = _names(actor)
+    input_names, _ = _names(actor, space)
     action_space = actor.action_space
     discrete = isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
     rng = np.random.default_rng(seed)
-    obs = _sample_observations(actor.observation_space, n_samples, seed)
+    obs = _sample_observations(space, n_samples, seed)
     if actor.memory is None:
-        expected, _ = agent.predict(obs, deterministic=True)
+        expected, _ = agent.predict(_as_actor_input(obs, actor), deterministic=True)
         (got,) = session.run(None, _as_feed(obs, input_names))
         return _compare(expected, got, discrete)
     # A recurrent actor: two steps, the second from the state the first returned, with some memories reset.
     ok, worst = True, 0.0
     state = tuple(np.zeros((1, n_samples, actor.memory.hidden_size), np.float32) for _ in range(actor.memory.n_state))
     for step in range(2):
-        obs_t = obs if step == 0 else _sample_observations(actor.observation_space, n_samples, seed + 1)
+        obs_t = obs if step == 0 else _sample_observations(space, n_samples, seed + 1)
         starts = rng.random(n_samples) < 0.3
-        expected, expected_state = agent.predict(obs_t, state=state, episode_start=starts, deterministic=True)
+        expected, expected_state = agent.predict(
+            _as_actor_input(obs_t, actor), state=state, episode_start=starts, deterministic=True
+        )
         feed = _as_feed(obs_t, input_names)
         feed.update(zip(input_names[-actor.memory.n_state - 1 : -1], state))
         feed["episode_start"] = starts
@@ -364,13 +402,6 @@ def export_onnx(
             f"This {type(agent).__name__} has no networks yet (it was built without an env); "
             "build it with an env or load a saved model."
         )
-    if isinstance(agent.observation_space, spaces.Dict) and not isinstance(trained.observation_space, spaces.Dict):
-        raise ValueError(
-            f"ONNX export of a {type(agent).__name__} team with Dict observations is not supported yet (its actor "
-            "takes each agent's observation flattened). Train on a flattened Box, e.g. with SuperSuit and Gymnasium: "
-            "supersuit.observation_lambda_v0(env, lambda obs, space: gymnasium.spaces.flatten(space, obs), "
-            "gymnasium.spaces.flatten_space)."
-        )
     target = pathlib.Path(path)
     if target.is_dir():
         raise IsADirectoryError(f"{str(target)!r} is a folder; pass the path of the .onnx file to write.")
@@ -379,8 +410,10 @@ def export_onnx(
 
     # Export a CPU copy in eval mode: the agent the caller holds is left exactly as it was.
     actor = copy.deepcopy(trained).cpu().eval()
-    onnx_bytes = _add_metadata(_export_bytes(ExportedActor(actor), actor), agent)
-    input_names, output_names = _names(actor)
+    # Dict observations: the graph takes the keys, as the agents observe them (a team's actor takes them flat)
+    space = agent.observation_space if isinstance(agent.observation_space, spaces.Dict) else actor.observation_space
+    onnx_bytes = _add_metadata(_export_bytes(ExportedActor(actor, space), actor), agent)
+    input_names, output_names = _names(actor, space)
 
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -389,7 +422,9 @@ def export_onnx(
             f.write(onnx_bytes)
             f.flush()
             os.fsync(f.fileno())
-        verified, max_abs_diff = _verify(agent, actor, tmp, int(n_samples), seed) if verify else (False, float("nan"))
+        verified, max_abs_diff = (
+            _verify(agent, actor, space, tmp, int(n_samples), seed) if verify else (False, float("nan"))
+        )
         os.replace(tmp, target)
     except BaseException:
         # A failed export or verification crash leaves any previous file as it was.

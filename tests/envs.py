@@ -8,6 +8,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+from covey.envs import EarlyExitEnv
 
 
 def image_space(shape: tuple[int, ...]) -> spaces.Box:
@@ -77,3 +80,48 @@ class SpaceEnv(gym.Env):
         done = self._t >= self.episode_length
         terminated, truncated = (done and not self.truncate), (done and self.truncate)
         return self._sampler.sample(), reward, terminated, truncated, {}
+
+
+class DictTeam(ParallelEnv):
+    """EarlyExitEnv whose agents observe a Dict: ``{"obs": the original vector}`` plus, with ``slot=True``, the
+    agent's index (Discrete) and, with ``view=True``, a 36x36 uint8 image filled with its first feature."""
+
+    metadata = {"name": "dict_team_v0", "render_modes": []}
+
+    def __init__(self, slot: bool = True, view: bool = False) -> None:
+        self.env = EarlyExitEnv()
+        self.possible_agents = self.env.possible_agents
+        keys = {"obs": self.env.observation_space(self.possible_agents[0])}
+        if slot:
+            keys["slot"] = spaces.Discrete(len(self.possible_agents), start=1)
+        if view:
+            keys["view"] = spaces.Box(0, 255, (36, 36, 1), np.uint8)
+        self.space = spaces.Dict(keys)
+
+    def observation_space(self, agent):
+        return self.space
+
+    def action_space(self, agent):
+        return self.env.action_space(agent)
+
+    @property
+    def agents(self):
+        return self.env.agents
+
+    def _dicts(self, observations):
+        out = {}
+        for agent, obs in observations.items():
+            out[agent] = {"obs": obs}
+            if "slot" in self.space.spaces:
+                out[agent]["slot"] = self.possible_agents.index(agent) + 1
+            if "view" in self.space.spaces:
+                out[agent]["view"] = np.full((36, 36, 1), int(255 * obs[0]), np.uint8)
+        return out
+
+    def reset(self, seed=None, options=None):
+        observations, infos = self.env.reset(seed=seed, options=options)
+        return self._dicts(observations), infos
+
+    def step(self, actions):
+        observations, *rest = self.env.step(actions)
+        return (self._dicts(observations), *rest)

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from envs import SpaceEnv, image_space
+from envs import DictTeam, SpaceEnv, image_space
 from gymnasium import spaces
 from onnx import numpy_helper
 
@@ -374,3 +374,45 @@ def test_verification_catches_a_graph_that_differs_from_predict(tmp_path, monkey
         result = export_onnx(model, tmp_path / "wrong.onnx")
     assert result["verified"] is False
     assert result["max_abs_diff"] == pytest.approx(1.0 if env_id == "CartPole-v1" else 0.25, abs=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["MultiInputPolicy", "MultiInputLstmPolicy"])
+def test_poca_with_dict_observations_takes_one_input_per_key(tmp_path, policy):
+    """A team's actor takes each agent's Dict observation flattened; its graph takes the keys, as PettingZoo gives
+    them, and flattens them inside: the actions equal predict({agent: {key: value}})."""
+    model = POCA(policy, lambda: DictTeam(view=True), n_envs=2, n_steps=16, batch_size=32, seed=0).learn(32)
+    result = export_onnx(model, tmp_path / "team.onnx")
+    assert result["verified"]
+    assert result["inputs"][:3] == ["obs", "slot", "view"]
+    assert {k: v for k, v in input_types(result["path"]).items() if k in ("obs", "slot", "view")} == {
+        "obs": "tensor(float)",
+        "slot": "tensor(int64)",
+        "view": "tensor(uint8)",
+    }
+    observations, _ = DictTeam(view=True).reset(seed=5)
+    agents = list(observations)
+    keys = {key: np.stack([np.asarray(observations[a][key]) for a in agents]) for key in ("obs", "slot", "view")}
+    feeds = {"obs": keys["obs"].astype(np.float32), "slot": keys["slot"].astype(np.int64), "view": keys["view"]}
+    if policy == "MultiInputLstmPolicy":
+        memory = model.actor.memory
+        state = tuple(np.zeros((1, len(agents), memory.hidden_size), np.float32) for _ in range(memory.n_state))
+        feeds.update(zip(result["inputs"][3 : 3 + memory.n_state], state))
+        feeds["episode_start"] = np.ones(len(agents), bool)
+        expected, _ = model.predict(observations, state=None, episode_start=True, deterministic=True)
+    else:
+        expected, _ = model.predict(observations, deterministic=True)
+    actions = session(result["path"]).run(None, feeds)[0]
+    assert actions.tolist() == [expected[a] for a in agents]
+    assert_actor_only(model, result["path"])
+
+
+def test_keys_named_like_the_graphs_ops_are_still_the_inputs_names(tmp_path):
+    """The exporter names inner values after their ops (view, cat, ...): a Dict key of such a name stays the name of
+    its input, and the graph stays valid ONNX (each name once)."""
+    obs_space = spaces.Dict({"view": spaces.Box(-1, 1, (2, 2), np.float32), "cat": spaces.Discrete(3)})
+    env = SpaceEnv(obs_space, spaces.Discrete(2), episode_length=8)
+    model = PPO("MultiInputPolicy", env, n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(16)
+    result = export_onnx(model, tmp_path / "ops.onnx")
+    assert result["verified"] and result["inputs"] == list(obs_space.spaces) == ["cat", "view"]
+    onnx.checker.check_model(onnx.load(result["path"]))
+    assert_same_actions(model, result["path"])

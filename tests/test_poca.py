@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import supersuit
 import torch
+from envs import DictTeam
 from gymnasium import spaces
 from mpe2 import simple_spread_v3
 from pettingzoo import ParallelEnv
@@ -1019,51 +1020,6 @@ def test_a_callback_reads_the_group_buffer_and_the_steps_by_sb3s_names():
 
 
 # ---------------------------------------------------------------------------- Dict observations
-class DictTeam(ParallelEnv):
-    """EarlyExitEnv whose agents observe a Dict: ``{"obs": the original vector}`` plus, with ``slot=True``, the
-    agent's index (Discrete) and, with ``view=True``, a 36x36 uint8 image filled with its first feature."""
-
-    metadata = {"name": "dict_team_v0", "render_modes": []}
-
-    def __init__(self, slot: bool = True, view: bool = False) -> None:
-        self.env = EarlyExitEnv()
-        self.possible_agents = self.env.possible_agents
-        keys = {"obs": self.env.observation_space(self.possible_agents[0])}
-        if slot:
-            keys["slot"] = spaces.Discrete(len(self.possible_agents), start=1)
-        if view:
-            keys["view"] = spaces.Box(0, 255, (36, 36, 1), np.uint8)
-        self.space = spaces.Dict(keys)
-
-    def observation_space(self, agent):
-        return self.space
-
-    def action_space(self, agent):
-        return self.env.action_space(agent)
-
-    @property
-    def agents(self):
-        return self.env.agents
-
-    def _dicts(self, observations):
-        out = {}
-        for agent, obs in observations.items():
-            out[agent] = {"obs": obs}
-            if "slot" in self.space.spaces:
-                out[agent]["slot"] = self.possible_agents.index(agent) + 1
-            if "view" in self.space.spaces:
-                out[agent]["view"] = np.full((36, 36, 1), int(255 * obs[0]), np.uint8)
-        return out
-
-    def reset(self, seed=None, options=None):
-        observations, infos = self.env.reset(seed=seed, options=options)
-        return self._dicts(observations), infos
-
-    def step(self, actions):
-        observations, *rest = self.env.step(actions)
-        return (self._dicts(observations), *rest)
-
-
 def test_flat_dict_round_trip_is_exact_for_every_kind_of_key():
     from covey.networks.encoders import FlatDict
 
@@ -1131,11 +1087,6 @@ def test_a_team_with_dict_observations_learns_predicts_saves_and_evaluates(tmp_p
         model.predict(observations["agent_0"])
     with pytest.raises(ValueError, match=r"observation of 'agent_1' lacks the key 'slot'"):
         model.predict({"agent_1": {"obs": observations["agent_1"]["obs"]}})
-    with pytest.raises(ValueError, match=r"Dict observations is not supported yet"):
-        pytest.importorskip("onnx")
-        from covey.export import export_onnx
-
-        export_onnx(model, tmp_path / "team.onnx", verify=False)
 
 
 def test_a_team_with_image_keys_gets_a_cnn_per_image_key():
