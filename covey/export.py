@@ -90,7 +90,8 @@ class ExportedActor(nn.Module):
     def __init__(self, actor: nn.Module, observation_space: spaces.Space | None = None) -> None:
         super().__init__()
         self.actor = actor
-        space = self.observation_space = observation_space_of(actor, observation_space)
+        # The graph's inputs: a team's Dict space when given (its actor takes the observations flat), else the actor's
+        space = self.observation_space = actor.observation_space if observation_space is None else observation_space
         self.keys: list[str] | None = list(space.spaces) if isinstance(space, spaces.Dict) else None
         # A team's Dict observations reach its actor flattened (FlatDict): the graph takes the keys and flattens.
         self.flatten_keys = isinstance(space, spaces.Dict) and not isinstance(actor.observation_space, spaces.Dict)
@@ -139,12 +140,6 @@ class ExportedActor(nn.Module):
             if self.clip_high:
                 action = torch.minimum(action, self.high)
         return action.reshape(-1, *self.action_shape)  # (B, *action_space.shape)
-
-
-def observation_space_of(actor: nn.Module, observation_space: spaces.Space | None = None) -> spaces.Space:
-    """The observation space of the graph's inputs: ``observation_space`` when given (a team's Dict space, whose
-    observations its actor takes flattened), else the actor's."""
-    return actor.observation_space if observation_space is None else observation_space
 
 
 def _names(actor: nn.Module, space: spaces.Space) -> tuple[list[str], list[str]]:
@@ -197,7 +192,7 @@ def _quiet_exporter():
 
 def _export_bytes(wrapper: ExportedActor, actor: nn.Module) -> bytes:
     """The ONNX model (weights embedded) as bytes, from torch's torch.export-based exporter."""
-    space = observation_space_of(actor, wrapper.observation_space)
+    space = wrapper.observation_space
     input_names, output_names = _names(actor, space)
     try:
         with _quiet_exporter():

@@ -26,7 +26,7 @@ from covey.networks.actor_critic import (
 from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import FlatDict, obs_dtype
-from covey.wrappers.group_env import GroupVecEnv, is_env_maker, make_group_env, storage_space
+from covey.wrappers.group_env import GroupVecEnv, is_env_maker, make_group_env
 
 _EVAL_CHUNK = 256
 """Group-steps per batched pass of the rollout evaluation (:meth:`POCA._evaluate_rollout`): the attention critic's
@@ -205,6 +205,10 @@ class POCA(BaseAgent):
     def _setup_model(self) -> None:
         self._require_spaces()
         cfg = self.config
+        # Agents observing a Dict space: each slot's observation is stored and acted on flat (FlatDict)
+        dict_obs = isinstance(self.observation_space, spaces.Dict)
+        self._flat_dict = FlatDict(self.observation_space) if dict_obs else None
+        self._stored_space = self._flat_dict.flat_space if dict_obs else self.observation_space
         self.set_random_seed(self.seed)
         self.actor, self.critic = build_poca_networks(
             self.policy_name,
@@ -224,7 +228,7 @@ class POCA(BaseAgent):
         self.optimizer = self.actor.optimizer = self._make_optimizer(self._params, adam_eps=PPO_ADAM_EPS)
         n_slots = len(self.agent_ids) if self.agent_ids else 1
         self.rollout_buffer = GroupRolloutBuffer(
-            cfg.n_steps, self.n_envs, n_slots, storage_space(self.observation_space), self.action_space, self.device
+            cfg.n_steps, self.n_envs, n_slots, self._stored_space, self.action_space, self.device
         )
         memory = memory_settings(self.policy_name, pc)
         if memory is None and self.env is not None:
@@ -255,7 +259,7 @@ class POCA(BaseAgent):
         ``episode_start`` resets memories first: a bool for all, ``{agent: bool}`` (e.g. an agent that just
         joined), or an array over the given observations' rows. Others pass ``state`` through.
         """
-        single = tuple(storage_space(self.observation_space).shape)
+        single = tuple(self._stored_space.shape)
         if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[0], dict):
             raise ValueError(
                 "predict() got a tuple of two dicts: PettingZoo's reset() returns (observations, infos). Pass the "
@@ -289,9 +293,8 @@ class POCA(BaseAgent):
         if not observation:
             return {}, state
         agents = list(observation)
-        if isinstance(self.observation_space, spaces.Dict):  # stored flat, as the networks take them
-            flat = FlatDict(self.observation_space)
-            observation = {a: flat.flatten(observation[a], repr(a)) for a in agents}
+        if self._flat_dict is not None:  # flat, as the networks take them
+            observation = {a: self._flat_dict.flatten(observation[a], repr(a)) for a in agents}
         wrong = {a: np.shape(observation[a]) for a in agents if np.shape(observation[a]) != single}
         if wrong:
             raise ValueError(
@@ -347,7 +350,7 @@ class POCA(BaseAgent):
         actor.set_training_mode(False)
         callback.on_rollout_start()
         n_envs, n_slots = env.n_envs, env.n_slots
-        dtype = obs_dtype(storage_space(self.observation_space))
+        dtype = obs_dtype(self._stored_space)
         for n_steps in range(self.config.n_steps):
             obs = torch.as_tensor(self._last_obs, dtype=dtype)  # (E, S, *obs_shape)
             flat_obs = obs.reshape(n_envs * n_slots, *obs.shape[2:])  # all slots at once

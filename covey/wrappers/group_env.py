@@ -128,8 +128,8 @@ class GroupVecEnv:
         self.n_envs, self.n_slots = len(self.envs), len(self.agent_ids)
         # Dict observations are stored flat, one float32 vector per slot (the networks unflatten them)
         self.flat_dict = FlatDict(self.observation_space) if isinstance(self.observation_space, spaces.Dict) else None
-        self.obs_shape = tuple(storage_space(self.observation_space).shape)
-        self.obs_dtype = _storage_dtype(storage_space(self.observation_space))
+        stored = self.observation_space if self.flat_dict is None else self.flat_dict.flat_space
+        self.obs_shape, self.obs_dtype = tuple(stored.shape), _storage_dtype(stored)
         lead = (self.n_envs, self.n_slots)
         self._obs = np.zeros((*lead, *self.obs_shape), dtype=self.obs_dtype)
         self._mask = np.zeros(lead, dtype=bool)
@@ -335,8 +335,8 @@ class SubprocGroupVecEnv(GroupVecEnv):
         probe.close()
         self.slot = {agent: i for i, agent in enumerate(self.agent_ids)}
         self.n_envs, self.n_slots = len(env_fns), len(self.agent_ids)
-        self.obs_shape = tuple(storage_space(self.observation_space).shape)  # the workers store Dicts flat
-        self.obs_dtype = _storage_dtype(storage_space(self.observation_space))
+        stored = storage_space(self.observation_space)  # the workers store Dicts flat
+        self.obs_shape, self.obs_dtype = tuple(stored.shape), _storage_dtype(stored)
         self._seed = None
         ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"))
         self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(self.n_envs)])
