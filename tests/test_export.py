@@ -168,6 +168,20 @@ def test_sac(tmp_path, env):
     assert_actor_only(model, result["path"])
 
 
+def test_ppo_with_squashed_sde_rescales_to_the_bounds(tmp_path):
+    """PPO with use_sde and squash_output=True: the graph squashes the mean and rescales it to the bounds (not
+    clips it), as predict does."""
+    env = SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), ASYMMETRIC_BOX, episode_length=8)
+    model = PPO("MlpPolicy", env, use_sde=True, policy_kwargs=dict(squash_output=True), n_steps=32, batch_size=32)
+    with torch.no_grad():
+        model.actor.head.proj.bias += torch.tensor([0.5, -0.5])  # off-centre, so the rescaling shows
+    result = export_onnx(model, tmp_path / "squashed.onnx")
+    assert result["verified"]
+    actions = assert_same_actions(model, result["path"], discrete=False)
+    assert np.all(actions > ASYMMETRIC_BOX.low) and np.all(actions < ASYMMETRIC_BOX.high)
+    assert_actor_only(model, result["path"])
+
+
 def test_ppo_dict_observations_one_input_per_key(tmp_path):
     obs_space = spaces.Dict(
         {

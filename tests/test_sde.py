@@ -11,6 +11,7 @@ from gymnasium import spaces
 from stable_baselines3.common.distributions import StateDependentNoiseDistribution
 
 from covey import PPO
+from covey.envs import EarlyExitEnv
 from covey.networks.distributions import StateDependentGaussianHead
 
 FAST = dict(n_steps=16, batch_size=16, n_epochs=1, seed=0)
@@ -116,6 +117,121 @@ def test_use_sde_errors_are_clear():
     model = PPO("MlpPolicy", "Pendulum-v1", **FAST)
     with pytest.raises(ValueError, match="only available with state-dependent exploration"):
         model.policy.reset_noise()
+
+
+def test_squashed_ppo_head_matches_sb3s_squashed_noise_without_learned_features():
+    """PPO's use_sde with squash_output=True against SB3's StateDependentNoiseDistribution(squash_output=True,
+    learn_features=False): the same samples from the same exploration matrix, log-probabilities and mode; the
+    entropy estimate is minus the log-probability (SB3's PPO uses -log_prob when entropy() is None); the latent
+    takes gradients through the mean alone."""
+    from covey.networks.distributions import SquashedStateDependentHead
+
+    torch.manual_seed(0)
+    latent_dim, action_dim, batch = 5, 2, 8
+    head = SquashedStateDependentHead(latent_dim, action_dim, -0.5, clip_mean=0.0, learn_features=False)
+    with torch.no_grad():
+        head.log_std.uniform_(-1.5, 0.5)
+        head.proj.weight.mul_(5.0)  # means beyond 2, which a clipped mean (SAC's) would change
+    latent = torch.randn(batch, latent_dim, requires_grad=True)
+    params = head(latent)
+    mean = params[:, :action_dim]
+    assert mean.abs().max() > 2.0
+    sb3 = StateDependentNoiseDistribution(action_dim, squash_output=True, learn_features=False)
+    sb3.latent_sde_dim = latent_dim
+    sb3.proba_distribution(mean, head.log_std, latent)
+    assert sb3.entropy() is None
+    sb3.sample_weights(head.log_std, batch_size=batch)
+    head.exploration, head.explorations = sb3.exploration_mat, sb3.exploration_matrices
+    with torch.no_grad():
+        actions = head.sample(params)
+        torch.testing.assert_close(actions, sb3.sample())
+        torch.testing.assert_close(head.sample(params, deterministic=True), sb3.mode())
+    inside = actions.clamp(-0.999, 0.999)  # away from +-1, where the two implementations clip differently
+    log_prob, entropy = head.log_prob_entropy(params, inside)
+    torch.testing.assert_close(log_prob, sb3.log_prob(inside))
+    torch.testing.assert_close(entropy, -log_prob)
+    # learn_features=False: d log p / d latent only through the mean layer (the variance's latent is detached)
+    grad = torch.autograd.grad(head.log_prob(head(latent), inside).sum(), latent)[0]
+    detached = head(latent.detach())
+    mean_only = detached[:, :action_dim].detach().requires_grad_(True)
+    lp = head.log_prob(torch.cat([mean_only, detached[:, action_dim:]], dim=-1), inside).sum()
+    torch.testing.assert_close(grad, torch.autograd.grad(lp, mean_only)[0] @ head.proj.weight)
+
+
+class _RecordActions(SpaceEnv):
+    """SpaceEnv that keeps every action it is given."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.received: list[np.ndarray] = []
+
+    def step(self, action):
+        self.received.append(np.array(action, dtype=np.float64))
+        return super().step(action)
+
+
+def test_ppo_squash_output_stores_squashed_actions_and_rescales_them_for_the_env():
+    """With squash_output=True the rollout keeps actions in [-1, 1] and the env gets them rescaled to its bounds
+    (SB3's unscale_action), not clipped; predict rescales too. The entropy loss is the mean log-probability of the
+    rollout's actions (learning rate 0: the policy that collected them is the one evaluated)."""
+    box = spaces.Box(np.array([-3.0, 0.0], np.float32), np.array([5.0, 0.5], np.float32))
+    env = _RecordActions(BOX_OBS, box)
+    kwargs = dict(n_steps=32, batch_size=32, n_epochs=1, seed=0, learning_rate=0.0, use_sde=True)
+    model = PPO("MlpPolicy", env, **kwargs, policy_kwargs=dict(squash_output=True, log_std_init=1.0))
+    assert (
+        model.policy.squash_output is True
+        and model.policy.evaluate_actions(torch.zeros(2, 3), torch.zeros(2, 2))[2] is None
+    )
+    model.learn(32)
+    stored = model.rollout_buffer.actions.reshape(32, 2)
+    assert np.all(np.abs(stored) <= 1.0) and np.abs(stored).max() > 0.5
+    expected = box.low + 0.5 * (stored + 1.0) * (box.high - box.low)
+    np.testing.assert_allclose(np.stack(env.received[-32:]), expected, rtol=1e-5, atol=1e-6)
+    log_probs = model.rollout_buffer.log_probs.reshape(-1)
+    assert model.logger.name_to_value["train/entropy_loss"] == pytest.approx(log_probs.mean(), rel=1e-4)
+    obs = np.random.default_rng(0).uniform(-1, 1, (6, 3)).astype(np.float32)
+    with torch.no_grad():
+        squashed = model.actor.act(torch.as_tensor(obs), deterministic=True).numpy()
+    np.testing.assert_allclose(
+        model.predict(obs, deterministic=True)[0], box.low + 0.5 * (squashed + 1.0) * (box.high - box.low), rtol=1e-6
+    )
+
+
+def test_ppo_squash_output_copies_sb3_weights_saves_and_loads(tmp_path):
+    import stable_baselines3
+
+    kwargs = dict(use_sde=True, sde_sample_freq=4, policy_kwargs=dict(squash_output=True, net_arch=[16]))
+    model = PPO("MlpPolicy", "Pendulum-v1", **kwargs, **FAST).learn(32)
+    assert model._manual is None  # the hand-written update does not cover the squashed head
+    sb3 = stable_baselines3.PPO("MlpPolicy", "Pendulum-v1", **kwargs, **FAST)
+    model.set_parameters(sb3.get_parameters(), exact_match=False)
+    obs, actions = torch.randn(5, 3), torch.rand(5, 1) * 1.8 - 0.9
+    with torch.no_grad():
+        theirs, ours = sb3.policy.evaluate_actions(obs, actions), model.policy.evaluate_actions(obs, actions)
+    torch.testing.assert_close(ours[0], theirs[0])
+    torch.testing.assert_close(ours[1], theirs[1])
+    assert ours[2] is None and theirs[2] is None
+    batch = obs.numpy()
+    np.testing.assert_allclose(
+        model.predict(batch, deterministic=True)[0], sb3.predict(batch, deterministic=True)[0], rtol=1e-5, atol=1e-6
+    )
+    model.save(tmp_path / "m")
+    loaded = PPO.load(tmp_path / "m")
+    assert loaded.policy.squash_output and type(loaded.actor.head) is type(model.actor.head)
+    np.testing.assert_array_equal(
+        loaded.predict(batch, deterministic=True)[0], model.predict(batch, deterministic=True)[0]
+    )
+
+
+def test_squash_output_errors_are_clear():
+    from covey import POCA, SAC
+
+    with pytest.raises(ValueError, match="needs use_sde=True"):
+        PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(squash_output=True))
+    with pytest.raises(ValueError, match="SAC always squashes"):
+        SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(squash_output=True))
+    with pytest.raises(ValueError, match="POCA has no state-dependent exploration"):
+        POCA("MlpPolicy", EarlyExitEnv, policy_kwargs=dict(squash_output=True))
 
 
 def test_recurrent_ppo_with_sde_explores_with_its_latent():

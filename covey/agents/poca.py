@@ -127,6 +127,11 @@ class POCA(BaseAgent):
         self.attention_width = int(kwargs.pop("attention_width", DEFAULT_ATTENTION_WIDTH))
         self.attention_heads = int(kwargs.pop("attention_heads", 4))
         self.policy_config = PolicyConfig.from_kwargs(kwargs, activation_fn=torch.nn.ReLU)
+        if self.policy_config.squash_output:
+            raise ValueError(
+                "policy_kwargs squash_output=True applies to PPO with use_sde=True; POCA has no state-dependent "
+                "exploration (its Box actions are clipped to the bounds): remove squash_output."
+            )
         self._requested_n_envs = n_envs
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed

@@ -604,6 +604,12 @@ class PPO(BaseAgent):
         )
         self.policy_config = PolicyConfig.from_kwargs(policy_kwargs)
         self.policy_config.use_sde = bool(use_sde)
+        if self.policy_config.squash_output and not use_sde:
+            raise ValueError(
+                "policy_kwargs squash_output=True squashes the actions of state-dependent exploration, so it needs "
+                "use_sde=True (as in SB3): pass use_sde=True, or remove squash_output (Box actions are then "
+                "clipped to the bounds)."
+            )
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )

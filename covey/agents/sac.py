@@ -517,6 +517,11 @@ class SAC(BaseAgent):
             kwargs, activation_fn=torch.nn.ReLU, ortho_init=False, share_features_extractor=False, log_std_init=-3.0
         )
         self.policy_config.use_sde = bool(use_sde)
+        if self.policy_config.squash_output:
+            raise ValueError(
+                "policy_kwargs squash_output is not a SAC setting: SAC always squashes its Box actions into the "
+                "bounds (tanh, then rescaled). Remove squash_output."
+            )
         self.action_noise = action_noise
         """SB3's exploration noise (a ``stable_baselines3.common.noise.ActionNoise``) added to Box actions in
         [-1, 1] while collecting, as in SB3; not saved with the model (set ``model.action_noise`` again)."""

@@ -60,7 +60,7 @@ def policy_name(policy: str | type) -> str:
 
 
 # SB3 options covey does not implement; they are refused by name rather than silently ignored.
-_UNSUPPORTED = ("use_sde", "squash_output", "sde_net_arch")
+_UNSUPPORTED = ("use_sde", "sde_net_arch")
 
 
 PPO_ADAM_EPS = 1e-5
@@ -117,6 +117,9 @@ class PolicyConfig:
     """SAC with ``use_sde``: the Gaussian's mean is kept in [-clip_mean, clip_mean] (0: not clipped)."""
     use_sde: bool = False
     """Box actions with state-dependent exploration; set by the agent's ``use_sde`` argument, not here."""
+    squash_output: bool = False
+    """PPO with ``use_sde``: actions squashed by tanh into [-1, 1] and rescaled to the bounds (instead of
+    clipped to them), as SB3's ``squash_output=True``."""
 
     def optimizer_arguments(self, adam_eps: float | None = None) -> dict:
         """The keyword arguments ``optimizer_class`` gets: ``optimizer_kwargs``; without them, Adam's ``eps`` is
@@ -456,9 +459,19 @@ def _actor(
         hidden,
         config.activation_fn,
         config.log_std_init,
+        squashed=config.squash_output,
         memory=_memory(encoder, memory),
-        sde=dict(full_std=config.full_std, use_expln=config.use_expln) if config.use_sde else None,
+        sde=_on_policy_sde(config),
     )
+
+
+def _on_policy_sde(config: PolicyConfig) -> dict | None:
+    """The state-dependent head's settings for PPO's ``use_sde`` (None without): when squashed, its mean is not
+    clipped and its latent takes no gradient through the noise, as SB3's PPO has them."""
+    if not config.use_sde:
+        return None
+    sde = dict(full_std=config.full_std, use_expln=config.use_expln)
+    return dict(sde, clip_mean=0.0, learn_features=False) if config.squash_output else sde
 
 
 def _ortho_init(module: nn.Module, gain: float) -> None:

@@ -309,11 +309,15 @@ class StateDependentGaussianHead(nn.Module):
 
 
 class SquashedStateDependentHead(StateDependentGaussianHead):
-    """SAC's Box actions with state-dependent exploration (SB3's SAC ``use_sde=True``): the Gaussian of
-    :class:`StateDependentGaussianHead`, its mean kept in [-clip_mean, clip_mean] (SB3's Hardtanh), squashed by
-    tanh into [-1, 1]. The latent takes gradients through the noise and the variance too (SB3's
-    ``learn_features=True`` for SAC). ``rsample`` uses the single exploration matrix, which SAC draws anew,
-    differentiably, at every gradient step."""
+    """Box actions with state-dependent exploration squashed by tanh into [-1, 1]: SAC's with ``use_sde=True``,
+    and PPO's with ``use_sde=True`` and ``policy_kwargs=dict(squash_output=True)``.
+
+    The Gaussian of :class:`StateDependentGaussianHead`, its mean kept in [-clip_mean, clip_mean] (SB3 SAC's
+    Hardtanh; PPO's is not clipped, ``clip_mean=0``). With ``learn_features`` (SAC's, as in SB3) the latent
+    takes gradients through the noise and the variance too; without (PPO's) only through the mean.
+    ``rsample`` uses the single exploration matrix, which SAC draws anew, differentiably, at every gradient
+    step. The squashed Gaussian's entropy has no closed form: :meth:`log_prob_entropy` gives PPO's estimate,
+    minus the log-probability (SB3's)."""
 
     def __init__(
         self,
@@ -323,15 +327,16 @@ class SquashedStateDependentHead(StateDependentGaussianHead):
         full_std: bool = True,
         use_expln: bool = False,
         clip_mean: float = 2.0,
+        learn_features: bool = True,
     ) -> None:
         super().__init__(in_dim, action_dim, log_std_init, full_std, use_expln)
-        self.clip_mean = clip_mean
+        self.clip_mean, self.learn_features = clip_mean, learn_features
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
         mean = self.proj(latent)
         if self.clip_mean > 0:
             mean = F.hardtanh(mean, -self.clip_mean, self.clip_mean)
-        return torch.cat([mean, latent], dim=-1)
+        return torch.cat([mean, latent if self.learn_features else latent.detach()], dim=-1)
 
     def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         return torch.tanh(super().sample(params, deterministic))
@@ -353,6 +358,12 @@ class SquashedStateDependentHead(StateDependentGaussianHead):
         a = actions.clamp(-1.0 + 1e-6, 1.0 - 1e-6)
         u = torch.atanh(a)
         return super().log_prob(params, u) - torch.log(1.0 - a.square() + self.epsilon).sum(-1)
+
+    def log_prob_entropy(self, params: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities of ``actions`` and, for the entropy, its estimate from those actions: minus their
+        log-probabilities (what SB3's PPO uses when the distribution has no closed-form entropy)."""
+        log_prob = self.log_prob(params, actions)
+        return log_prob, -log_prob
 
     # -- hand-differentiated training (see covey.agents.sac.ManualSACStep)
     def manual_rsample(self, raw_mean: torch.Tensor, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
