@@ -38,7 +38,7 @@ from stable_baselines3.common.vec_env import (
     VecTransposeImage,
 )
 
-from covey import PPO
+from covey import PPO, SAC
 
 # Small budgets: one rollout of 32 steps per env, two epochs, minibatches that tile the rollout.
 FAST = dict(n_steps=32, batch_size=32, n_epochs=2, seed=0)
@@ -838,6 +838,24 @@ def test_share_features_extractor(share):
     model.learn(32)
 
 
+def test_sac_share_features_extractor_without_encoder_weights_trains_as_separate_encoders():
+    """SAC's encoder on vector observations has no weights, so sharing it (SB3's share_features_extractor=True)
+    changes nothing that trains: the same seed gives the same networks after training, bit for bit. An encoder with
+    weights is refused with the fix."""
+    kwargs = dict(learning_starts=32, batch_size=16, seed=0)
+    # each built and trained in turn: building a model reseeds the global generators that training draws from
+    shared = SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(share_features_extractor=True, net_arch=[16]), **kwargs)
+    shared.learn(96)
+    apart = SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(share_features_extractor=False, net_arch=[16]), **kwargs)
+    apart.learn(96)
+    assert shared.critic.encoder is shared.actor.encoder and apart.critic.encoder is not apart.actor.encoder
+    assert shared.policy.share_features_extractor and not apart.policy.share_features_extractor
+    for ours, theirs in zip(shared.policy.state_dict().values(), apart.policy.state_dict().values()):
+        assert torch.equal(ours, theirs)
+    with pytest.raises(NotImplementedError, match="encoders without weights.*Remove share_features_extractor"):
+        SAC("CnnPolicy", ImageEnv(), policy_kwargs=dict(share_features_extractor=True))
+
+
 def test_custom_features_extractor_class(tmp_path):
     policy_kwargs = dict(features_extractor_class=TinyExtractor, features_extractor_kwargs=dict(features_dim=16))
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs, **FAST)
@@ -975,8 +993,9 @@ POLICY_SETTINGS = (
         ("PPO", ImageEnv, "CnnPolicy", dict(features_extractor_kwargs=dict(features_dim=32))),
         ("SAC", "Pendulum-v1", "MlpPolicy", {}),
         ("SAC", "Pendulum-v1", "MlpPolicy", dict(net_arch=[32, 32], activation_fn=torch.nn.Tanh)),
+        ("SAC", "Pendulum-v1", "MlpPolicy", dict(share_features_extractor=True)),
     ],
-    ids=["ppo", "ppo-kwargs", "ppo-cnn", "sac", "sac-kwargs"],
+    ids=["ppo", "ppo-kwargs", "ppo-cnn", "sac", "sac-kwargs", "sac-shared"],
 )
 def test_the_policy_keeps_its_settings_as_sb3s_does(name, env, policy, policy_kwargs):
     """``model.policy.net_arch``, ``activation_fn``, ... read as on SB3's policy built with the same arguments

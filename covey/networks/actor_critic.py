@@ -608,28 +608,33 @@ def build_sac_networks(
 ) -> tuple[Actor, QEnsemble]:
     """SAC's actor (tanh-squashed Gaussian for Box, categorical for Discrete) and its Q ensemble."""
     kind = policy_kind(policy, observation_space)
-    if config.share_features_extractor:
-        raise NotImplementedError(
-            "SAC with share_features_extractor=True is not supported; actor and critics keep their own "
-            "encoders (SB3's default for SAC)."
-        )
     if config.n_critics < 1:
         raise ValueError(f"policy_kwargs n_critics={config.n_critics} is invalid: it must be >= 1.")
     encoder = _encoder_factory(kind, observation_space, config)
+    actor_encoder = encoder()
+    if config.share_features_extractor:
+        # SB3 trains a shared encoder with the actor's loss alone; one without weights is the same either way.
+        if any(True for _ in actor_encoder.parameters()):
+            raise NotImplementedError(
+                "SAC with share_features_extractor=True is supported for encoders without weights (MlpPolicy on "
+                "vector observations); this policy's encoder has weights, and covey's SAC keeps one for the actor "
+                "and one for the critics (SB3's default for SAC). Remove share_features_extractor."
+            )
 
     arch = parse_net_arch(config.net_arch, ("pi", "qf"), [256, 256])
     sde = dict(full_std=config.full_std, use_expln=config.use_expln, clip_mean=config.clip_mean)
     actor = Actor(
         observation_space,
         action_space,
-        encoder(),
+        actor_encoder,
         arch["pi"],
         config.activation_fn,
         config.log_std_init,
         squashed=True,
         sde=sde if config.use_sde else None,
     )
-    critic = QEnsemble(encoder(), action_space, arch["qf"], config.activation_fn, config)
+    critic_encoder = actor_encoder if config.share_features_extractor else encoder()
+    critic = QEnsemble(critic_encoder, action_space, arch["qf"], config.activation_fn, config)
     return actor, critic
 
 
