@@ -83,26 +83,43 @@ def read_settings(path: str | os.PathLike | io.BufferedIOBase) -> dict:
     return settings
 
 
+def resolve_model_path(path: str | os.PathLike | io.BufferedIOBase) -> tuple[str, Any]:
+    """``(name for messages, what zipfile opens)``: a path as given, or with ``.zip`` added when only that
+    exists (SB3's rule), or a binary file object."""
+    if not isinstance(path, (str, os.PathLike)):
+        return "the given file object", path
+    source = pathlib.Path(path)
+    if not source.exists() and model_path(source).exists():
+        source = model_path(source)
+    if not source.exists():
+        raise FileNotFoundError(f"No model file at {str(path)!r} (nor with a .zip suffix).")
+    return str(source), source
+
+
+def zip_entry_names(path: str | os.PathLike | io.BufferedIOBase) -> set[str]:
+    """The entry names of a zip file (empty when it is not a readable zip); a file object is rewound after."""
+    _, source = resolve_model_path(path)
+    try:
+        with zipfile.ZipFile(source) as zf:
+            return set(zf.namelist())
+    except (zipfile.BadZipFile, EOFError, OSError):
+        return set()
+    finally:
+        if hasattr(source, "seek"):
+            source.seek(0)
+
+
 def _read_entries(path: str | os.PathLike | io.BufferedIOBase) -> tuple[str, dict, bytes]:
     """``(name, settings, tensor bytes)`` of a model file, after checking its structure and version."""
-    source: Any = path
-    name = "the given file object"
-    if isinstance(path, (str, os.PathLike)):
-        source = pathlib.Path(path)
-        if not source.exists() and model_path(source).exists():
-            source = model_path(source)
-        if not source.exists():
-            raise FileNotFoundError(f"No model file at {str(path)!r} (nor with a .zip suffix).")
-        name = str(source)
+    name, source = resolve_model_path(path)
     try:
         with zipfile.ZipFile(source) as zf:
             names = set(zf.namelist())
             if SETTINGS_ENTRY not in names or TENSORS_ENTRY not in names:
                 raise ModelFileError(
                     f"{name} is a zip file but not a covey model (it lacks {SETTINGS_ENTRY} or {TENSORS_ENTRY}). "
-                    "Stable-Baselines3 model files cannot be loaded (they unpickle code). Load it with "
-                    "stable_baselines3 and copy its weights into a covey model with the same settings: "
-                    "model.set_parameters(sb3_model.get_parameters()) (PPO and SAC with MlpPolicy or CnnPolicy)."
+                    "A Stable-Baselines3 PPO or SAC file loads with covey's PPO.load or SAC.load, which read it "
+                    "without unpickling."
                 )
             settings = json.loads(zf.read(SETTINGS_ENTRY))
             tensor_bytes = zf.read(TENSORS_ENTRY)

@@ -14,7 +14,6 @@ from envs import SpaceEnv, image_space
 from gymnasium import spaces
 
 import covey
-from covey.serialization import ModelFileError
 
 
 def trained_pair(name: str, env_id: str, **kwargs):
@@ -152,13 +151,6 @@ def test_what_cannot_be_copied_is_refused_clearly():
         covey.PPO("MultiInputPolicy", env, n_steps=16, batch_size=16).set_parameters(
             {"policy": combined.policy.state_dict()}
         )
-
-
-def test_loading_an_sb3_file_says_how_to_bring_its_weights(tmp_path):
-    path = tmp_path / "sb3_ppo.zip"
-    stable_baselines3.PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16).save(path)
-    with pytest.raises(ModelFileError, match=r"set_parameters\(sb3_model.get_parameters\(\)\)"):
-        covey.PPO.load(path)
 
 
 def test_multi_input_policy_weights_see_the_dict_keys_in_sb3s_order():

@@ -100,12 +100,17 @@ def test_garbage_and_foreign_zips_give_clear_errors(tmp_path):
     junk.write_bytes(b"not a zip at all" * 10)
     with pytest.raises(ModelFileError, match="not a readable covey model"):
         PPO.load(junk)
-    foreign = tmp_path / "sb3.zip"
+    foreign = tmp_path / "foreign.zip"
     with zipfile.ZipFile(foreign, "w") as zf:
-        zf.writestr("data", "{}")
-        zf.writestr("policy.pth", b"")
+        zf.writestr("weights.bin", b"")
     with pytest.raises(ModelFileError, match="not a covey model"):
         PPO.load(foreign)
+    sb3_shaped = tmp_path / "sb3.zip"  # an SB3 file's entries, holding nothing
+    with zipfile.ZipFile(sb3_shaped, "w") as zf:
+        zf.writestr("data", "{}")
+        zf.writestr("policy.pth", b"")
+    with pytest.raises(ModelFileError, match="corrupt Stable-Baselines3 model file"):
+        PPO.load(sb3_shaped)
     with pytest.raises(FileNotFoundError, match="No model file"):
         PPO.load(tmp_path / "missing.zip")
 

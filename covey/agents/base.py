@@ -31,7 +31,7 @@ from stable_baselines3.common.utils import configure_logger, safe_mean
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from torch.optim import optimizer as _optimizer_module
 
-from covey import serialization
+from covey import sb3_files, serialization
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_name
 from covey.spaces import check_action_space, check_observation_space
@@ -766,11 +766,13 @@ class BaseAgent:
         exact_match: bool = True,
         device: torch.device | str = "auto",
     ) -> None:
-        """Load state dicts from a dict (as ``get_parameters`` returns) or from a covey model file. With
+        """Load state dicts from a dict (as ``get_parameters`` returns), a covey model file or an SB3 one. With
         ``exact_match`` every network of the model must be given, with every tensor; optimizer states may be
         left out (the optimizers keep theirs), so that ``{"policy": sb3_model.policy.state_dict()}`` copies."""
         if isinstance(load_path_or_dict, dict):
             params = load_path_or_dict
+        elif sb3_files.is_sb3_file(serialization.zip_entry_names(load_path_or_dict)):
+            _, params = sb3_files.read_sb3_model(load_path_or_dict, self.agent_name, self.config_class)
         else:
             _, params = serialization.load_model_file(load_path_or_dict, self.device)
         params = self._translate_parameter_names(params)
@@ -859,7 +861,10 @@ class BaseAgent:
         """
         # Tensors are read onto the CPU and copied into the model, built on the device that it resolves
         # (some models run on the CPU only, whatever "auto" would pick).
-        settings, tensors = serialization.load_model_file(path, "cpu")
+        if sb3_files.is_sb3_file(serialization.zip_entry_names(path)):
+            settings, tensors = sb3_files.read_sb3_model(path, cls.agent_name, cls.config_class)
+        else:
+            settings, tensors = serialization.load_model_file(path, "cpu")
         if print_system_info:
             current = system_info()
             print("== CURRENT SYSTEM INFO ==")
@@ -873,6 +878,14 @@ class BaseAgent:
                 f"The file holds a {agent} model; load it with covey.{agent}.load instead of {cls.__name__}.load."
             )
         custom_objects = dict(custom_objects or {})
+        unread = [key for key in settings.get("unread", []) if key not in custom_objects]
+        if unread:
+            warnings.warn(
+                f"The Stable-Baselines3 file pickled {', '.join(unread)} (a function or a class), which covey never "
+                "unpickles: the model takes covey's defaults for them. Pass them in custom_objects to set them.",
+                UserWarning,
+                stacklevel=2,
+            )
         hyper = dict(settings["hyperparameters"])
         for key, value in hyper.items():
             if isinstance(value, dict) and "schedule_value" in value:
@@ -886,7 +899,8 @@ class BaseAgent:
         # Settings kept beside the hyperparameters: the seed as saved, the rest as SB3 leaves them unless
         # custom_objects or keyword arguments set them.
         outside = {"seed": settings.get("seed"), "tensorboard_log": None, "verbose": 0}
-        hyper.update({k: v for k, v in custom_objects.items() if k in hyper or k in outside})
+        settable = {*hyper, *outside, *settings.get("unread", [])}
+        hyper.update({k: v for k, v in custom_objects.items() if k in settable})
         unknown = sorted(set(kwargs) - set(hyper) - set(outside))
         if unknown:
             raise ValueError(f"Unknown keyword arguments {unknown} for {cls.__name__}.load.")

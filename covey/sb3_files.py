@@ -1,0 +1,371 @@
+"""Stable-Baselines3 model files, read without unpickling anything.
+
+An SB3 ``.zip`` holds ``data``, a JSON object of the model's settings, and the networks' state dicts
+(``policy.pth``, the optimizers', SAC's ``pytorch_variables.pth``). Settings that JSON cannot hold (spaces,
+schedules, classes in ``policy_kwargs``) are cloudpickled inside ``data``, and SB3 writes their plain
+attributes beside each pickle for people to read. covey reads those attributes and the JSON values, and the
+tensors with ``torch.load(weights_only=True)``; it never unpickles, so what a pickle alone holds (a schedule
+written as a function, a custom class) is not read: the load says what it left out and how to pass it again.
+
+:func:`read_sb3_model` turns a file into covey's settings and parameter groups, which
+:meth:`covey.agents.base.BaseAgent.load` then loads like a covey file.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import binascii
+import dataclasses
+import io
+import json
+import pickle
+import pickletools
+import re
+import zipfile
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from covey import serialization
+
+DATA_ENTRY = "data"
+POLICY_ENTRY = "policy.pth"
+VARIABLES_ENTRY = "pytorch_variables.pth"
+
+
+def is_sb3_file(names: set[str]) -> bool:
+    """Whether a zip's entry names are those of an SB3 model file."""
+    return DATA_ENTRY in names and POLICY_ENTRY in names
+
+
+# ------------------------------------------------------------------------------------------------ spaces
+
+
+def parse_space(text: str) -> spaces.Space:
+    """A Gymnasium space from its ``repr`` (``Box(-1.0, 1.0, (3,), float32)``, ``Discrete(3, start=1)``,
+    ``MultiDiscrete([3 2])``, ``MultiBinary(4)``, ``Dict('a': ..., 'b': ...)``), nested Dicts included.
+    Raises ``ValueError`` for anything else, or for a repr whose arrays NumPy printed summarized (``...``)."""
+    text = text.strip()
+    match = re.fullmatch(r"(\w+)\((.*)\)", text, flags=re.DOTALL)
+    if match is None:
+        raise ValueError(f"not a space's repr: {text[:80]!r}")
+    kind, body = match.groups()
+    args = _split_top(body)
+    if kind == "Box":
+        if len(args) != 4:
+            raise ValueError(f"a Box repr has 4 parts: {text[:80]!r}")
+        shape = tuple(int(n) for n in ast.literal_eval(args[2]))
+        dtype = np.dtype(args[3])
+        return spaces.Box(_array(args[0], shape, dtype), _array(args[1], shape, dtype), shape, dtype)
+    if kind == "Discrete":
+        keywords = _keywords(args[1:])
+        return spaces.Discrete(int(args[0]), start=int(keywords.get("start", "0")))
+    if kind == "MultiDiscrete":
+        nvec = np.asarray(_numbers(args[0]), dtype=np.int64)
+        keywords = _keywords(args[1:])
+        start = np.asarray(_numbers(keywords["start"]), dtype=np.int64) if "start" in keywords else None
+        return spaces.MultiDiscrete(nvec, start=start)
+    if kind == "MultiBinary":
+        return spaces.MultiBinary(_multibinary_n(args[0]))
+    if kind == "Dict":
+        return spaces.Dict(_parse_items(body))
+    raise ValueError(f"covey does not read {kind} spaces from SB3 files.")
+
+
+def _parse_items(body: str) -> dict[str, spaces.Space]:
+    """``'a': Box(...), 'b': Discrete(2)`` (a Dict's repr inside its parentheses, or a dict's inside braces)."""
+    items = {}
+    for part in _split_top(body):
+        key, _, value = part.partition(":")
+        items[ast.literal_eval(key.strip())] = parse_space(value)
+    return items
+
+
+def _split_top(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets, parentheses, braces and quotes."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, char in enumerate(text):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    if text[start:].strip():
+        parts.append(text[start:].strip())
+    return parts
+
+
+def _keywords(args: list[str]) -> dict[str, str]:
+    return dict(arg.split("=", 1) for arg in args)
+
+
+def _numbers(text: str) -> Any:
+    """A number or a (nested) list of numbers as NumPy prints them (``[-1. 2.5 inf]``, ``[[1 2]\\n [3 4]]``)."""
+    text = text.strip()
+    if "..." in text:
+        raise ValueError("the array was printed summarized (too many elements to print in full)")
+    text = re.sub(r"(?<![\w.])(-?)inf\b", r"\1Infinity", text)
+    text = re.sub(r"\bnan\b", "NaN", text)
+    text = re.sub(r"(\d)\.(?![\d])", r"\1.0", text)  # "1." -> "1.0"
+    text = re.sub(r"(?<=[\d\]a-zA-Z])\s+(?=[-\d\[IN])", ",", text)  # whitespace between elements -> commas
+    text = re.sub(r"\[\s+", "[", text)
+    return json.loads(text)
+
+
+def _multibinary_n(text: str) -> int | list[int]:
+    """MultiBinary's ``n``: ``4``, ``(2, 3)`` or ``[2 3]``."""
+    text = text.strip()
+    n = ast.literal_eval(text) if text.startswith("(") else _numbers(text)
+    return [int(k) for k in n] if isinstance(n, (list, tuple)) else int(n)
+
+
+def _array(text: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A Box bound: a scalar for all elements, or an array of ``shape``. NumPy prints an array of over 1,000
+    elements summarized (its first and last rows and columns around ``...``): one whose printed elements all hold
+    one value (an image's 0 or 255) is read as that value everywhere; any other is refused."""
+    text = text.strip()
+    if "..." in text:
+        shown = set(re.findall(r"-?[\w.+]+", text.replace("...", " ")))
+        if len(shown) != 1:
+            raise ValueError("a bound printed summarized (too many elements to print in full) with several values")
+        text = shown.pop()
+    values = np.asarray(_numbers(text), dtype=np.float64)
+    if values.ndim == 0:
+        values = np.full(shape, float(values))
+    if values.shape != shape:
+        raise ValueError(f"a bound of shape {values.shape} for a Box of shape {shape}")
+    return values.astype(dtype)
+
+
+def _space_entry(entry: Any, what: str, name: str) -> spaces.Space:
+    """A space from its entry in ``data``: the pickle's type and its attributes written beside it."""
+    if not isinstance(entry, dict) or ":type:" not in entry:
+        raise serialization.ModelFileError(f"{name} has no readable {what}.")
+    kind = re.search(r"\.(\w+)'>$", entry[":type:"])
+    kind = kind.group(1) if kind else entry[":type:"]
+    try:
+        if kind == "Box":
+            shape = tuple(int(n) for n in entry["_shape"])
+            dtype = np.dtype(entry["dtype"])
+            # low_repr / high_repr: one number when every element has it, else the array (as low / high are)
+            low, high = (entry.get(f"{bound}_repr") or entry[bound] for bound in ("low", "high"))
+            return spaces.Box(_array(low, shape, dtype), _array(high, shape, dtype), shape, dtype)
+        if kind == "Discrete":
+            return spaces.Discrete(int(entry["n"]), start=int(entry.get("start", 0)))
+        if kind == "MultiDiscrete":
+            nvec = np.asarray(_numbers(str(entry["nvec"])), dtype=np.int64)
+            start = np.asarray(_numbers(str(entry["start"])), dtype=np.int64) if "start" in entry else None
+            return spaces.MultiDiscrete(nvec, start=start)
+        if kind == "MultiBinary":
+            n = entry["n"]
+            return spaces.MultiBinary(_multibinary_n(n) if isinstance(n, str) else n)
+        if kind == "Dict":
+            body = entry["spaces"].strip()
+            return spaces.Dict(_parse_items(body[1:-1] if body.startswith("{") else body))
+        raise ValueError(f"covey does not read {kind} spaces from SB3 files")
+    except (KeyError, ValueError, TypeError, SyntaxError) as err:
+        raise serialization.ModelFileError(
+            f"Could not read the {what} of {name} from what SB3 wrote beside its pickle ({err}). Pass the env "
+            "to load: Model.load(path, env=env) takes the spaces from it."
+        ) from err
+
+
+# ------------------------------------------------------------------------------------------------ the file
+
+_ALGORITHMS = {  # the module of SB3's policy class -> the algorithm
+    "stable_baselines3.sac.": "SAC",
+    "stable_baselines3.td3.": "TD3 or DDPG",
+    "stable_baselines3.dqn.": "DQN",
+    "sb3_contrib.": "sb3-contrib",
+}
+_SETTING_NAMES = {"stats_window_size": "_stats_window_size"}
+"""covey's hyperparameter -> SB3's attribute, where they differ."""
+
+
+def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dict]:
+    """covey's ``(settings, tensors)`` (what :func:`covey.serialization.load_model_file` returns) for the SB3
+    model file at ``path`` (or a binary file object), which must hold an ``agent`` ("PPO" or "SAC") model whose
+    hyperparameters are the fields of ``config_class``.
+
+    ``settings["unread"]`` names the settings that only SB3's pickles hold (schedules written as functions,
+    classes in ``replay_buffer_class``): the model takes covey's defaults for them."""
+    name, source = serialization.resolve_model_path(path)
+    try:
+        with zipfile.ZipFile(source) as zf:
+            data = json.loads(zf.read(DATA_ENTRY))
+            policy = _load_tensors(zf, POLICY_ENTRY, name)
+            names = set(zf.namelist())
+            variables = _load_tensors(zf, VARIABLES_ENTRY, name) if VARIABLES_ENTRY in names else {}
+            version = zf.read("_stable_baselines3_version").decode() if "_stable_baselines3_version" in names else "?"
+    except (zipfile.BadZipFile, EOFError, OSError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise serialization.ModelFileError(f"{name} is a corrupt Stable-Baselines3 model file ({err}).") from err
+    found = _algorithm(data)
+    if found != agent:
+        where = f"covey.{found}.load" if found in ("PPO", "SAC") else "stable_baselines3"
+        raise serialization.ModelFileError(
+            f"{name} holds a Stable-Baselines3 {found} model; load it with {where}."
+            + ("" if found in ("PPO", "SAC") else " covey loads SB3's PPO and SAC files.")
+        )
+    observation_space = _space_entry(data.get("observation_space"), "observation space", name)
+    action_space = _space_entry(data.get("action_space"), "action space", name)
+    hyperparameters, unread = _hyperparameters(data, agent, config_class)
+    tensors: dict[str, Any] = {"policy": policy}
+    if (
+        agent == "SAC"
+        and "log_ent_coef" in variables
+        and str(hyperparameters.get("ent_coef", "auto")).startswith("auto")
+    ):
+        tensors["ent_coef"] = {"log_ent_coef": variables["log_ent_coef"].reshape(1)}
+    settings = {
+        "agent": agent,
+        "policy": _policy_name(observation_space, policy),
+        "policy_kwargs": _policy_kwargs(data.get("policy_kwargs")),
+        "hyperparameters": hyperparameters,
+        "observation_space": serialization.space_to_json(observation_space),
+        "action_space": serialization.space_to_json(action_space),
+        "n_envs": int(data.get("n_envs") or 1),
+        "num_timesteps": int(data.get("num_timesteps") or 0),
+        "n_updates": int(data.get("_n_updates") or 0),
+        "seed": data.get("seed"),
+        "system_info": {"Stable-Baselines3": version},
+        "unread": unread,
+    }
+    return settings, tensors
+
+
+def _load_tensors(zf: zipfile.ZipFile, entry: str, name: str) -> dict:
+    try:
+        tensors = torch.load(io.BytesIO(zf.read(entry)), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise serialization.ModelFileError(
+            f"Refusing to load {name}: its {entry} is not a plain tensor file (it names Python objects that could "
+            "run code when unpickled, which covey never does)."
+        ) from err
+    if not isinstance(tensors, dict):
+        raise serialization.ModelFileError(f"{name}'s {entry} holds a {type(tensors).__name__}, not a state dict.")
+    return tensors
+
+
+def _algorithm(data: dict) -> str:
+    policy_class = data.get("policy_class")
+    module = policy_class.get("__module__", "") if isinstance(policy_class, dict) else ""
+    for prefix, algorithm in _ALGORITHMS.items():
+        if module.startswith(prefix):
+            return algorithm
+    if "n_epochs" in data and "clip_range" in data:
+        return "PPO"
+    return "A2C" if "n_steps" in data and "rollout_buffer_class" in data else f"unknown ({module or 'no policy class'})"
+
+
+def _policy_name(observation_space: spaces.Space, policy: dict) -> str:
+    if isinstance(observation_space, spaces.Dict):
+        return "MultiInputPolicy"
+    return "CnnPolicy" if any("features_extractor.cnn." in key for key in policy) else "MlpPolicy"
+
+
+def _readable(entry: Any) -> Any:
+    """A value of ``data``: itself when JSON held it, else the attributes SB3 wrote beside its pickle."""
+    if isinstance(entry, dict) and ":serialized:" in entry:
+        return {key: value for key, value in entry.items() if not key.startswith(":")}
+    return entry
+
+
+def _policy_kwargs(entry: Any) -> dict:
+    """``policy_kwargs`` in covey's JSON form: classes (which SB3 pickled, writing their names beside) as
+    ``{"class": "torch.nn.ReLU"}``; covey's load imports only the classes it knows."""
+    out = {}
+    for key, value in (_readable(entry) or {}).items():
+        match = re.fullmatch(r"<class '([\w.]+)'>", value) if isinstance(value, str) else None
+        out[key] = {"class": _class_name(match.group(1))} if match else value
+    out.pop("use_sde", None)  # SB3's off-policy agents write their own use_sde here
+    return out
+
+
+def _class_name(path: str) -> str:
+    """``torch.nn.modules.activation.ReLU`` -> ``torch.nn.ReLU``, ``torch.optim.adam.Adam`` -> ``torch.optim.Adam``
+    (the names covey's files use); other classes keep their full path."""
+    for package in ("torch.nn.", "torch.optim."):
+        if path.startswith(package):
+            return package + path.rsplit(".", 1)[1]
+    return path
+
+
+def _hyperparameters(data: dict, agent: str, config_class: type) -> tuple[dict, list[str]]:
+    """covey's constructor settings (the fields of ``config_class``) from ``data``, and the names of those only
+    a pickle holds."""
+    hyper, unread = {}, []
+    for field in dataclasses.fields(config_class):
+        key = _SETTING_NAMES.get(field.name, field.name)
+        if key not in data:
+            continue
+        value = data[key]
+        if isinstance(value, dict) and ":serialized:" in value:
+            value = _pickled_setting(field.name, value)
+            if value is None:
+                unread.append(field.name)
+                continue
+        hyper[field.name] = value
+    if agent == "SAC" and _class_of(data.get("replay_buffer_class")) not in _OWN_BUFFERS:
+        unread.append("replay_buffer_class")  # e.g. HerReplayBuffer, whose settings come with the env
+    return hyper, unread
+
+
+_OWN_BUFFERS = {None, "ReplayBuffer", "DictReplayBuffer", "NStepReplayBuffer"}
+"""SB3's replay buffers that covey's SAC picks by itself (from the observation space and ``n_steps``)."""
+
+
+def _class_of(entry: Any) -> str | None:
+    """The name of a class SB3 pickled, from the name of its ``__init__`` written beside (None for None)."""
+    if entry is None:
+        return None
+    match = re.match(r"<function (\w+)\.__init__", str(_readable(entry).get("__init__", "")))
+    return match.group(1) if match else "unknown"
+
+
+def _pickled_setting(name: str, entry: dict) -> Any:
+    """A setting SB3 pickled, from the attributes written beside it, or None where they do not tell it: a
+    constant schedule (``FloatSchedule`` of ``ConstantSchedule(val=0.2)``) is its value, a linear one SB3's
+    ``LinearSchedule``; a function is code, and not read. SAC's ``train_freq`` (a ``TrainFreq``, which has no
+    attributes to write) is read from the pickle's opcodes, without running them (:func:`_train_freq`)."""
+    if name == "train_freq":
+        return _train_freq(entry[":serialized:"])
+    if name in ("learning_rate", "clip_range", "clip_range_vf"):
+        text = str(entry.get("value_schedule", ""))
+        constant = re.fullmatch(r"ConstantSchedule\(val=([-+\w.]+)\)", text)
+        if constant:
+            return float(constant.group(1))
+        linear = re.fullmatch(r"LinearSchedule\(start=([-+\w.]+), end=([-+\w.]+), end_fraction=([-+\w.]+)\)", text)
+        if linear:
+            from stable_baselines3.common.utils import LinearSchedule
+
+            return LinearSchedule(*(float(x) for x in linear.groups()))
+    return None
+
+
+_INT_OPCODES = {"INT", "LONG", "BININT", "BININT1", "BININT2", "LONG1", "LONG4"}
+
+
+def _train_freq(serialized: str) -> list | None:
+    """SAC's ``TrainFreq(frequency, unit)`` as ``[frequency, "step" | "episode"]``, read from its pickle by listing
+    the opcodes (:func:`pickletools.genops` parses; nothing is called or built). None unless the pickle is SB3's
+    ``TrainFreq`` of one integer and a ``TrainFrequencyUnit``, and nothing else."""
+    try:
+        ops = list(pickletools.genops(base64.b64decode(serialized)))
+    except (ValueError, TypeError, binascii.Error):
+        return None
+    strings = {arg for _, arg, _ in ops if isinstance(arg, str)}
+    ints = [arg for op, arg, _ in ops if op.name in _INT_OPCODES]
+    units = strings & {"step", "episode"}
+    names = {"stable_baselines3.common.type_aliases", "TrainFreq", "TrainFrequencyUnit"}
+    if len(units) != 1 or strings != names | units or len(ints) != 1:
+        return None
+    return [int(ints[0]), units.pop()]

@@ -1,0 +1,304 @@
+"""Stable-Baselines3 model files load into covey's PPO and SAC without unpickling anything: the same actions,
+values and settings as SB3's own load gives, pickles in the file never run, and what only a pickle holds is
+named in a warning."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import warnings
+import zipfile
+
+import cloudpickle
+import numpy as np
+import pytest
+import stable_baselines3 as sb3
+import torch
+from envs import SpaceEnv, image_space
+from gymnasium import spaces
+
+from covey import POCA, PPO, SAC
+from covey.sb3_files import parse_space
+from covey.serialization import ModelFileError
+
+SPACES = [
+    spaces.Box(-1.0, 1.0, (3,), np.float32),
+    spaces.Box(np.array([-1.0, -2.5, -np.inf], np.float32), np.array([1.0, 2.5, np.inf], np.float32)),
+    spaces.Box(0, 255, (84, 84, 3), np.uint8),
+    spaces.Box(-np.inf, np.inf, (2, 3), np.float64),
+    spaces.Box(np.array([[0.1, 0.2], [0.3, 1e-8]], np.float32), np.array([[1e10, 2], [3, 4]], np.float32)),
+    spaces.Box(-1.2345678, 3.3333333, (2,), np.float32),
+    spaces.Discrete(3),
+    spaces.Discrete(5, start=-2),
+    spaces.MultiDiscrete([3, 2]),
+    spaces.MultiDiscrete([[2, 3], [4, 5]]),
+    spaces.MultiDiscrete([3, 4], start=[1, -1]),
+    spaces.MultiBinary(4),
+    spaces.MultiBinary([2, 3]),
+    spaces.Dict(
+        {"a": spaces.Box(-1, 1, (3,)), "b": spaces.Discrete(3), "c": spaces.Dict({"x": spaces.MultiBinary(2)})}
+    ),
+]
+
+
+@pytest.mark.parametrize("space", SPACES, ids=lambda s: repr(s)[:40])
+def test_a_spaces_repr_parses_back_to_the_space(space):
+    assert parse_space(repr(space)) == space
+
+
+def test_a_summarized_bound_is_read_only_when_it_shows_one_value():
+    """NumPy prints arrays of over 1,000 elements summarized: an image's uniform bounds read back, bounds that
+    show several values are refused."""
+    image = spaces.Box(np.zeros((40, 40, 3), np.uint8), np.full((40, 40, 3), 255, np.uint8), dtype=np.uint8)
+    assert "..." in str(image.low)
+    assert parse_space(f"Box({image.low}, {image.high}, (40, 40, 3), uint8)") == image
+    low = np.arange(2000, dtype=np.float32)
+    with pytest.raises(ValueError, match="summarized"):
+        parse_space(repr(spaces.Box(low, low + 1)))
+
+
+# ============================================================================================ helpers
+
+
+@pytest.fixture
+def no_unpickling(monkeypatch):
+    """Make every way to unpickle an object fail, as a file's pickle would run code through it (tensors load
+    through torch's weights-only reader, which is not one of these)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("unpickled")
+
+    for module in (pickle, cloudpickle):
+        monkeypatch.setattr(module, "loads", refuse)
+        monkeypatch.setattr(module, "load", refuse)
+
+
+def obs_batch(space: spaces.Space, n: int = 16) -> np.ndarray | dict:
+    space.seed(0)
+    samples = [space.sample() for _ in range(n)]
+    if isinstance(space, spaces.Dict):
+        return {key: np.stack([s[key] for s in samples]) for key in space.spaces}
+    return np.stack(samples)
+
+
+def assert_same_policy(ours, theirs, n: int = 16) -> None:
+    obs = obs_batch(theirs.observation_space, n)
+    np.testing.assert_allclose(
+        ours.predict(obs, deterministic=True)[0], theirs.predict(obs, deterministic=True)[0], rtol=1e-5, atol=1e-5
+    )
+
+
+# ============================================================================================ PPO
+
+
+def test_ppo_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
+    kwargs = dict(
+        n_steps=64,
+        batch_size=32,
+        n_epochs=2,
+        gamma=0.95,
+        gae_lambda=0.9,
+        ent_coef=0.01,
+        clip_range=0.3,
+        learning_rate=1e-3,
+        max_grad_norm=0.7,
+        seed=3,
+        policy_kwargs=dict(net_arch=dict(pi=[32], vf=[16]), activation_fn=torch.nn.ReLU),
+    )
+    theirs = sb3.PPO("MlpPolicy", "CartPole-v1", **kwargs).learn(128)
+    theirs.save(tmp_path / "sb3_ppo")
+    ours = PPO.load(tmp_path / "sb3_ppo")  # the suffix added, as SB3 does
+    assert_same_policy(ours, theirs)
+    obs = torch.as_tensor(obs_batch(theirs.observation_space))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.policy.predict_values(obs), theirs.policy.predict_values(obs))
+    for name in ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "ent_coef", "max_grad_norm", "seed"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert ours.learning_rate == 1e-3 and ours.clip_range(1.0) == 0.3 and ours.clip_range_vf is None
+    assert ours.num_timesteps == theirs.num_timesteps == 128
+    assert ours.policy.activation_fn is torch.nn.ReLU and ours.policy.net_arch == dict(pi=[32], vf=[16])
+    assert ours.observation_space == theirs.observation_space and ours.action_space == theirs.action_space
+    ours.set_env(theirs.get_env())
+    ours.learn(64, reset_num_timesteps=False)
+    assert ours.num_timesteps == 192
+
+
+@pytest.mark.parametrize("kind", ["cnn", "dict", "box-actions"])
+def test_ppo_loads_sb3s_cnn_dict_and_box_action_files(tmp_path, kind, no_unpickling):
+    if kind == "cnn":
+        env, policy = SpaceEnv(image_space((36, 36, 3)), spaces.Discrete(3)), "CnnPolicy"
+    elif kind == "dict":
+        obs_space = spaces.Dict({"pos": spaces.Box(-1, 1, (3,)), "mode": spaces.Discrete(4)})
+        env, policy = SpaceEnv(obs_space, spaces.Discrete(2)), "MultiInputPolicy"
+    else:
+        box = spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
+        env, policy = SpaceEnv(spaces.Box(-1, 1, (3,)), box), "MlpPolicy"
+    theirs = sb3.PPO(policy, env, n_steps=32, batch_size=16, n_epochs=1, seed=0).learn(32)
+    theirs.save(tmp_path / "m.zip")
+    ours = PPO.load(tmp_path / "m.zip")
+    assert ours.policy_name == policy
+    assert_same_policy(ours, theirs)
+
+
+# ============================================================================================ SAC
+
+
+def test_sac_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
+    kwargs = dict(
+        learning_starts=50,
+        batch_size=32,
+        buffer_size=5_000,
+        tau=0.01,
+        gamma=0.98,
+        train_freq=2,
+        gradient_steps=3,
+        seed=1,
+        policy_kwargs=dict(net_arch=[32, 32]),
+    )
+    theirs = sb3.SAC("MlpPolicy", "Pendulum-v1", **kwargs).learn(120)
+    theirs.save(tmp_path / "sb3_sac.zip")
+    ours = SAC.load(tmp_path / "sb3_sac.zip")
+    assert_same_policy(ours, theirs)
+    obs = torch.as_tensor(obs_batch(theirs.observation_space))
+    actions = torch.rand(16, 1) * 2 - 1
+    with torch.no_grad():
+        for q_ours, q_theirs in zip(ours.critic(obs, actions), theirs.critic(obs, actions)):
+            torch.testing.assert_close(q_ours, q_theirs)
+        for q_ours, q_theirs in zip(ours.critic_target(obs, actions), theirs.critic_target(obs, actions)):
+            torch.testing.assert_close(q_ours, q_theirs)
+    torch.testing.assert_close(ours.log_ent_coef.detach(), theirs.log_ent_coef.detach())
+    for name in ("learning_starts", "batch_size", "buffer_size", "tau", "gamma", "gradient_steps", "target_entropy"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert tuple(ours.train_freq) == tuple(theirs.train_freq)
+    assert ours.num_timesteps == theirs.num_timesteps
+    ours.set_env(theirs.get_env())
+    ours.learn(60, reset_num_timesteps=False)  # goes on training from the loaded networks
+    assert ours.num_timesteps == theirs.num_timesteps + 60
+
+
+# ============================================================================================ safety and errors
+
+
+class _Marker:
+    """Unpickled, it writes a file: the stand-in for code a crafted file would run."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (_touch, (self.path,))
+
+
+def _touch(path: str) -> None:
+    with open(path, "w") as f:
+        f.write("ran")
+
+
+def _rewrite_zip(path, entry: str, content: bytes) -> None:
+    with zipfile.ZipFile(path) as zf:
+        entries = {name: zf.read(name) for name in zf.namelist()}
+    entries[entry] = content
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, value in entries.items():
+            zf.writestr(name, value)
+
+
+def test_a_pickle_planted_in_the_data_never_runs(tmp_path):
+    theirs = sb3.PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0)
+    path = tmp_path / "planted.zip"
+    theirs.save(path)
+    marker = tmp_path / "ran.txt"
+    with zipfile.ZipFile(path) as zf:
+        data = json.loads(zf.read("data"))
+    data["observation_space"][":serialized:"] = base64.b64encode(pickle.dumps(_Marker(str(marker)))).decode()
+    _rewrite_zip(path, "data", json.dumps(data).encode())
+    ours = PPO.load(path)
+    assert not marker.exists()  # covey read the attributes beside the pickle, not the pickle
+    assert ours.observation_space == theirs.observation_space
+    with pytest.raises(ValueError, match="not a Gymnasium space"):
+        sb3.PPO.load(path)  # SB3 unpickles: the planted call runs, then SB3 finds None where the space was
+    assert marker.exists()
+
+
+def test_a_crafted_tensor_file_is_refused(tmp_path):
+    sb3.PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0).save(tmp_path / "m.zip")
+    marker = tmp_path / "ran.txt"
+    _rewrite_zip(tmp_path / "m.zip", "policy.pth", pickle.dumps({"w": _Marker(str(marker))}))
+    with pytest.raises(ModelFileError, match="not a plain tensor file"):
+        PPO.load(tmp_path / "m.zip")
+    assert not marker.exists()
+
+
+def test_a_schedule_written_as_a_function_is_named_and_can_be_passed_again(tmp_path):
+    def schedule(progress: float) -> float:
+        return 1e-3 * progress
+
+    sb3.PPO("MlpPolicy", "CartPole-v1", learning_rate=schedule, clip_range=0.25, n_steps=32, batch_size=32).save(
+        tmp_path / "m.zip"
+    )
+    with pytest.warns(UserWarning, match="pickled learning_rate.*custom_objects"):
+        ours = PPO.load(tmp_path / "m.zip")
+    assert ours.learning_rate == 3e-4 and ours.clip_range(1.0) == 0.25  # covey's default; the constant read
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # passed again: nothing left unread, no warning
+        again = PPO.load(tmp_path / "m.zip", custom_objects={"learning_rate": schedule})
+    assert again.learning_rate is schedule
+
+
+def test_a_linear_clip_range_schedule_is_read(tmp_path):
+    from stable_baselines3.common.utils import LinearSchedule
+
+    sb3.PPO("MlpPolicy", "CartPole-v1", clip_range=LinearSchedule(0.3, 0.1, 0.5), n_steps=32, batch_size=32).save(
+        tmp_path / "m.zip"
+    )
+    ours = PPO.load(tmp_path / "m.zip")
+    for progress in (1.0, 0.8, 0.5, 0.0):
+        assert ours.clip_range(progress) == pytest.approx(LinearSchedule(0.3, 0.1, 0.5)(progress))
+
+
+def test_files_of_other_algorithms_name_where_they_load(tmp_path):
+    sb3.SAC("MlpPolicy", "Pendulum-v1", buffer_size=100).save(tmp_path / "sac.zip")
+    with pytest.raises(ModelFileError, match="Stable-Baselines3 SAC model; load it with covey.SAC.load"):
+        PPO.load(tmp_path / "sac.zip")
+    sb3.PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(tmp_path / "ppo.zip")
+    with pytest.raises(ModelFileError, match="Stable-Baselines3 PPO model; load it with covey.PPO.load"):
+        POCA.load(tmp_path / "ppo.zip")
+    sb3.A2C("MlpPolicy", "CartPole-v1").save(tmp_path / "a2c.zip")
+    with pytest.raises(ModelFileError, match="A2C model; load it with stable_baselines3. covey loads SB3's PPO"):
+        PPO.load(tmp_path / "a2c.zip")
+    sb3.DQN("MlpPolicy", "CartPole-v1", buffer_size=100).save(tmp_path / "dqn.zip")
+    with pytest.raises(ModelFileError, match="DQN model"):
+        SAC.load(tmp_path / "dqn.zip")
+
+
+def test_train_freq_is_read_from_its_pickles_opcodes_alone(tmp_path):
+    """SAC's TrainFreq has no attributes for SB3 to write beside its pickle: covey lists the pickle's opcodes
+    (nothing is built or called) and reads it only when it is a TrainFreq and nothing else."""
+    from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
+
+    from covey.sb3_files import _train_freq
+
+    def encoded(value) -> str:
+        return base64.b64encode(cloudpickle.dumps(value)).decode()
+
+    assert _train_freq(encoded(TrainFreq(4, TrainFrequencyUnit.EPISODE))) == [4, "episode"]
+    assert _train_freq(encoded(TrainFreq(1, TrainFrequencyUnit.STEP))) == [1, "step"]
+    marker = tmp_path / "ran.txt"
+    assert _train_freq(encoded((TrainFreq(1, TrainFrequencyUnit.STEP), _Marker(str(marker))))) is None
+    assert _train_freq("not base64 of a pickle") is None
+    assert not marker.exists()
+
+
+def test_set_parameters_reads_an_sb3_file(tmp_path):
+    """SB3's ``model.set_parameters("file.zip")`` on a model built with the file's settings: the file's weights."""
+    kwargs = dict(n_steps=32, batch_size=32, n_epochs=1, policy_kwargs=dict(net_arch=[16]))
+    theirs = sb3.PPO("MlpPolicy", "CartPole-v1", seed=0, **kwargs).learn(64)
+    theirs.save(tmp_path / "m.zip")
+    ours = PPO("MlpPolicy", "CartPole-v1", seed=1, **kwargs)
+    obs = torch.as_tensor(obs_batch(theirs.observation_space))
+    with torch.no_grad():
+        assert not torch.allclose(ours.policy.predict_values(obs), theirs.policy.predict_values(obs))  # other seed
+        ours.set_parameters(tmp_path / "m.zip")
+        torch.testing.assert_close(ours.policy.predict_values(obs), theirs.policy.predict_values(obs))
+    assert_same_policy(ours, theirs)
