@@ -275,7 +275,8 @@ def _resolve_agent(model: Any) -> Any:
         return load(path, device="cpu")
     raise TypeError(
         f"export_onnx needs a covey agent (PPO, SAC or POCA) or the path of a covey model file, got "
-        f"{type(model).__name__}. Stable-Baselines3 models are not covey agents: train or load the model with covey."
+        f"{type(model).__name__}. A Stable-Baselines3 model is not a covey agent: pass the path of its saved file "
+        "(covey loads SB3's PPO and SAC files) or train the model with covey."
     )
 
 
@@ -374,7 +375,7 @@ def export_onnx(
 ) -> dict[str, Any]:
     """Export a covey agent's actor to an ONNX file that computes ``predict(obs, deterministic=True)``.
 
-    :param model: a covey agent (PPO, SAC or POCA) or the path of a covey model file.
+    :param model: a covey agent (PPO, SAC or POCA) or the path of a model file (covey's, or SB3's PPO or SAC).
         For POCA the graph is the group's shared actor and takes one agent's observation per row.
     :param path: the ``.onnx`` file to write (suffix added when missing), written atomically.
     :param verify: run the file with onnxruntime on ``n_samples`` observations sampled from the observation

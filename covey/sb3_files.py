@@ -242,6 +242,26 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
     return settings, tensors
 
 
+def file_algorithm(path: Any) -> str:
+    """The algorithm of the SB3 model file at ``path``: "PPO" or "SAC"; any other raises, naming it."""
+    name, source = serialization.resolve_model_path(path)
+    try:
+        with zipfile.ZipFile(source) as zf:
+            data = json.loads(zf.read(DATA_ENTRY))
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise serialization.ModelFileError(f"{name} is a corrupt Stable-Baselines3 model file ({err}).") from err
+    finally:
+        if hasattr(source, "seek"):
+            source.seek(0)
+    found = _algorithm(data)
+    if found not in ("PPO", "SAC"):
+        raise serialization.ModelFileError(
+            f"{name} holds a Stable-Baselines3 {found} model; load it with stable_baselines3. covey loads SB3's PPO "
+            "and SAC files."
+        )
+    return found
+
+
 def _load_tensors(zf: zipfile.ZipFile, entry: str, name: str) -> dict:
     try:
         tensors = torch.load(io.BytesIO(zf.read(entry)), map_location="cpu", weights_only=True)
@@ -339,7 +359,12 @@ def _pickled_setting(name: str, entry: dict) -> Any:
     if name == "train_freq":
         return _train_freq(entry[":serialized:"])
     if name in ("learning_rate", "clip_range", "clip_range_vf"):
+        # a FloatSchedule writes its inner schedule's repr; a schedule object given directly, its own attributes
         text = str(entry.get("value_schedule", ""))
+        kind = re.search(r"\.(\w+)'>$", entry.get(":type:", ""))
+        if kind and kind.group(1) in ("ConstantSchedule", "LinearSchedule"):
+            attributes = ", ".join(f"{key}={value}" for key, value in entry.items() if not key.startswith(":"))
+            text = f"{kind.group(1)}({attributes})"
         constant = re.fullmatch(r"ConstantSchedule\(val=([-+\w.]+)\)", text)
         if constant:
             return float(constant.group(1))

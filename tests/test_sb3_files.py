@@ -246,15 +246,24 @@ def test_a_schedule_written_as_a_function_is_named_and_can_be_passed_again(tmp_p
     assert again.learning_rate is schedule
 
 
-def test_a_linear_clip_range_schedule_is_read(tmp_path):
-    from stable_baselines3.common.utils import LinearSchedule
+def test_sb3s_schedule_objects_are_read(tmp_path):
+    """SB3's LinearSchedule and ConstantSchedule, given as the learning rate (kept as given) or the clip range
+    (wrapped in a FloatSchedule), are read from the attributes written beside their pickles."""
+    from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule
 
-    sb3.PPO("MlpPolicy", "CartPole-v1", clip_range=LinearSchedule(0.3, 0.1, 0.5), n_steps=32, batch_size=32).save(
+    learning_rate, clip_range = LinearSchedule(1e-3, 1e-4, 0.8), LinearSchedule(0.3, 0.1, 0.5)
+    kwargs = dict(n_steps=32, batch_size=32)
+    sb3.PPO("MlpPolicy", "CartPole-v1", learning_rate=learning_rate, clip_range=clip_range, **kwargs).save(
         tmp_path / "m.zip"
     )
-    ours = PPO.load(tmp_path / "m.zip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = PPO.load(tmp_path / "m.zip")
     for progress in (1.0, 0.8, 0.5, 0.0):
-        assert ours.clip_range(progress) == pytest.approx(LinearSchedule(0.3, 0.1, 0.5)(progress))
+        assert ours.clip_range(progress) == pytest.approx(clip_range(progress))
+        assert ours.learning_rate(progress) == pytest.approx(learning_rate(progress))
+    sb3.PPO("MlpPolicy", "CartPole-v1", learning_rate=ConstantSchedule(5e-4), **kwargs).save(tmp_path / "c.zip")
+    assert PPO.load(tmp_path / "c.zip").learning_rate == 5e-4
 
 
 def test_files_of_other_algorithms_name_where_they_load(tmp_path):
@@ -302,3 +311,30 @@ def test_set_parameters_reads_an_sb3_file(tmp_path):
         ours.set_parameters(tmp_path / "m.zip")
         torch.testing.assert_close(ours.policy.predict_values(obs), theirs.policy.predict_values(obs))
     assert_same_policy(ours, theirs)
+
+
+def test_sb3_files_load_by_their_agent_in_the_cli_and_the_exporter(tmp_path):
+    """``covey.agents.load`` picks the agent of an SB3 file as of a covey one, so ``covey eval`` and ``covey export``
+    take SB3's PPO and SAC files too; another algorithm's file is refused, naming it."""
+    import subprocess
+    import sys
+
+    from covey.agents import file_agent, load
+    from covey.export import export_onnx
+
+    sb3.PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0).save(tmp_path / "ppo.zip")
+    sb3.SAC("MlpPolicy", "Pendulum-v1", buffer_size=100, seed=0).save(tmp_path / "sac.zip")
+    assert file_agent(tmp_path / "ppo.zip") == "PPO" and isinstance(load(tmp_path / "ppo.zip"), PPO)
+    assert file_agent(tmp_path / "sac.zip") == "SAC" and isinstance(load(tmp_path / "sac.zip"), SAC)
+    sb3.A2C("MlpPolicy", "CartPole-v1").save(tmp_path / "a2c.zip")
+    with pytest.raises(ModelFileError, match="Stable-Baselines3 A2C model"):
+        load(tmp_path / "a2c.zip")
+    result = subprocess.run(
+        [sys.executable, "-m", "covey", "eval", str(tmp_path / "ppo.zip"), "--env", "CartPole-v1", "--episodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "mean return" in result.stdout, result.stderr[-2000:]
+    pytest.importorskip("onnxruntime")
+    assert export_onnx(tmp_path / "sac.zip", tmp_path / "sac.onnx")["verified"]

@@ -18,13 +18,20 @@ def agent_class(name: str) -> type:
     return getattr(importlib.import_module(AGENTS[key]), key)
 
 
+def file_agent(path: str | os.PathLike | io.BufferedIOBase) -> str:
+    """The agent a model file holds ("PPO", "SAC" or "POCA"): a covey file's, or a Stable-Baselines3 PPO or SAC
+    file's (an SB3 file of another algorithm is refused, naming it)."""
+    from covey import sb3_files, serialization
+
+    if sb3_files.is_sb3_file(serialization.zip_entry_names(path)):
+        return sb3_files.file_algorithm(path)
+    return str(serialization.read_settings(path).get("agent"))
+
+
 def load(path: str | os.PathLike | io.BufferedIOBase, env: Any = None, **kwargs: Any):
-    """Load any covey model file with the agent class it was saved from.
+    """Load any covey model file, or a Stable-Baselines3 PPO or SAC file, with the agent class that saved it.
 
     >>> from covey.agents import load
     >>> model = load("ppo_cartpole.zip")  # doctest: +SKIP
     """
-    from covey import serialization
-
-    settings = serialization.read_settings(path)
-    return agent_class(str(settings.get("agent"))).load(path, env=env, **kwargs)
+    return agent_class(file_agent(path)).load(path, env=env, **kwargs)

@@ -44,10 +44,10 @@ def resolve_model(
         raise CLIError(f"{target!r} is neither a run folder nor a model file.")
     if best:
         raise CLIError("--best needs a run folder, not a model file.")
-    from covey import serialization
+    from covey.agents import file_agent
 
     try:
-        agent = str(serialization.read_settings(path).get("agent", "")).lower()
+        agent = file_agent(path).lower()
     except ValueError as err:
         raise CLIError(str(err)) from err
     if env is None:
