@@ -338,3 +338,26 @@ def test_sb3_files_load_by_their_agent_in_the_cli_and_the_exporter(tmp_path):
     assert result.returncode == 0 and "mean return" in result.stdout, result.stderr[-2000:]
     pytest.importorskip("onnxruntime")
     assert export_onnx(tmp_path / "sac.zip", tmp_path / "sac.onnx")["verified"]
+
+
+def test_a_file_from_the_gym_era_loads(tmp_path):
+    """SB3 1.x files (as many shared models are) name gym's space classes, write Discrete's n as a number without
+    a start and Box bounds without their short repr, and pickle the clip range as a function: they load, and the
+    clip range left unread is named."""
+    theirs = sb3.PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0).learn(32)
+    path = tmp_path / "old.zip"
+    theirs.save(path)
+    with zipfile.ZipFile(path) as zf:
+        data = json.loads(zf.read("data"))
+    obs, act = data["observation_space"], data["action_space"]
+    obs[":type:"] = "<class 'gym.spaces.box.Box'>"
+    for key in ("low_repr", "high_repr"):
+        obs.pop(key)
+    data["action_space"] = {":type:": "<class 'gym.spaces.discrete.Discrete'>", ":serialized:": act[":serialized:"]}
+    data["action_space"].update(n=2, shape=[], dtype="int64", _np_random=None)
+    data["clip_range"] = {":type:": "<class 'function'>", ":serialized:": data["clip_range"][":serialized:"]}
+    _rewrite_zip(path, "data", json.dumps(data).encode())
+    with pytest.warns(UserWarning, match="pickled clip_range"):
+        ours = PPO.load(path)
+    assert ours.action_space == spaces.Discrete(2) and ours.observation_space == theirs.observation_space
+    assert_same_policy(ours, theirs)
