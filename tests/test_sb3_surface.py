@@ -13,7 +13,9 @@ import os
 import gymnasium as gym
 import numpy as np
 import pytest
+import stable_baselines3
 import torch
+from envs import SpaceEnv, image_space
 from gymnasium import spaces
 from stable_baselines3.common.callbacks import (
     BaseCallback,
@@ -840,8 +842,7 @@ def test_share_features_extractor(share):
 
 def test_sac_share_features_extractor_without_encoder_weights_trains_as_separate_encoders():
     """SAC's encoder on vector observations has no weights, so sharing it (SB3's share_features_extractor=True)
-    changes nothing that trains: the same seed gives the same networks after training, bit for bit. An encoder with
-    weights is refused with the fix."""
+    changes nothing that trains: the same seed gives the same networks after training, bit for bit."""
     kwargs = dict(learning_starts=32, batch_size=16, seed=0)
     # each built and trained in turn: building a model reseeds the global generators that training draws from
     shared = SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(share_features_extractor=True, net_arch=[16]), **kwargs)
@@ -852,8 +853,64 @@ def test_sac_share_features_extractor_without_encoder_weights_trains_as_separate
     assert shared.policy.share_features_extractor and not apart.policy.share_features_extractor
     for ours, theirs in zip(shared.policy.state_dict().values(), apart.policy.state_dict().values()):
         assert torch.equal(ours, theirs)
-    with pytest.raises(NotImplementedError, match="encoders without weights.*Remove share_features_extractor"):
-        SAC("CnnPolicy", ImageEnv(), policy_kwargs=dict(share_features_extractor=True))
+
+
+def _shared_cnn_sac(**kwargs) -> SAC:
+    env = SpaceEnv(image_space((36, 36, 3)), spaces.Box(-1, 1, (2,), np.float32))
+    policy_kwargs = dict(share_features_extractor=True, features_extractor_kwargs=dict(features_dim=32))
+    return SAC("CnnPolicy", env, policy_kwargs=policy_kwargs, buffer_size=200, batch_size=8, seed=0, **kwargs)
+
+
+def test_sac_with_a_shared_cnn_trains_it_with_the_actors_loss_alone():
+    """SB3's share_features_extractor=True for SAC: one CNN for actor and critics; the critics' optimizer leaves it
+    out and no gradient reaches it through the Q values, so the critics' update does not move it and the actor's
+    does; the target critics' copy of it follows the actor's by Polyak averaging."""
+    model = _shared_cnn_sac(learning_starts=16, tau=0.1).learn(24)
+    encoder = list(model.actor.encoder.parameters())
+    assert model.critic.encoder is model.actor.encoder and encoder
+    assert {id(p) for p in model._critic_params}.isdisjoint(map(id, encoder))
+    assert {id(p) for p in model._critic_params} | set(map(id, encoder)) == {id(p) for p in model.critic.parameters()}
+    obs, actions = model.replay_buffer.sample_batch(8).observations, torch.zeros(8, 2)
+    grads = [None if p.grad is None else p.grad.clone() for p in encoder]  # what the last actor step left
+    model.critic(obs, actions)[0].sum().backward()
+    assert all(torch.equal(p.grad, g) if g is not None else p.grad is None for p, g in zip(encoder, grads))
+    batch = model.replay_buffer.sample_batch(8)
+    for group in model.actor_optimizer.param_groups:
+        group["lr"] = 0.0
+    before = [p.detach().clone() for p in encoder]
+    heads = [p.detach().clone() for p in model._critic_params]
+    model._gradient_step(batch)  # the critics' step alone (the actor's learning rate is 0)
+    assert all(torch.equal(a, p) for a, p in zip(before, encoder))
+    assert any(not torch.equal(a, p) for a, p in zip(heads, model._critic_params))
+    for group in model.actor_optimizer.param_groups:
+        group["lr"] = 3e-4
+    target_before = [p.detach().clone() for p in model.critic_target.encoder.parameters()]
+    model.train(gradient_steps=1, batch_size=8)
+    assert any(not torch.equal(a, p) for a, p in zip(before, encoder))  # the actor's step moves it
+    for old, new, source in zip(target_before, model.critic_target.encoder.parameters(), encoder):
+        torch.testing.assert_close(new, old + 0.1 * (source - old))
+
+
+def test_sac_shared_cnn_copies_sb3s_weights():
+    """SB3's SAC CnnPolicy with share_features_extractor=True, weights copied: the same actions and Q values."""
+    sb3_model = stable_baselines3.SAC(
+        "CnnPolicy",
+        SpaceEnv(image_space((36, 36, 3)), spaces.Box(-1, 1, (2,), np.float32)),
+        buffer_size=200,
+        seed=1,
+        policy_kwargs=dict(share_features_extractor=True, features_extractor_kwargs=dict(features_dim=32)),
+    )
+    model = _shared_cnn_sac()
+    model.set_parameters({"policy": sb3_model.policy.state_dict()})
+    frames = np.random.default_rng(0).integers(0, 256, (8, 36, 36, 3), dtype=np.uint8)
+    actions = torch.as_tensor(np.random.default_rng(1).uniform(-1, 1, (8, 2)).astype(np.float32))
+    np.testing.assert_allclose(
+        model.predict(frames, deterministic=True)[0], sb3_model.predict(frames, deterministic=True)[0], atol=1e-5
+    )
+    with torch.no_grad():
+        ours, theirs = model.policy.obs_to_tensor(frames)[0], sb3_model.policy.obs_to_tensor(frames)[0]
+        for q, sb3_q in zip(model.critic(ours, actions), sb3_model.critic(theirs, actions), strict=True):
+            torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
 
 
 def test_custom_features_extractor_class(tmp_path):

@@ -573,8 +573,17 @@ class SAC(BaseAgent):
         self.critic_ema = CriticEMA(self.critic, pc.critic_ema_decay) if pc.critic_ema_decay is not None else None
         self.policy = SACPolicy(self.actor, self.critic, self.critic_target, self)  # SB3's model.policy
         self.policy.config = self.policy_config
-        self._critic_params = list(self.critic.parameters())
-        self._target_params = list(self.critic_target.parameters())
+        # The critics' optimizer trains their own parameters; a shared encoder (share_features_extractor) is the
+        # actor's to train, and the target critics' copy of it follows it by Polyak averaging, as SB3's does.
+        shared = {id(p) for p in self.critic.encoder.parameters()} if self.critic.share_features_extractor else set()
+        targets = dict(self.critic_target.named_parameters())
+        own = [(name, p) for name, p in self.critic.named_parameters() if id(p) not in shared]
+        self._critic_params = [p for _, p in own]
+        self._target_params = [targets[name] for name, _ in own]
+        self._shared_polyak = [  # (target copies, the actor's encoder parameters)
+            [targets[name] for name, p in self.critic.named_parameters() if id(p) in shared],
+            [p for p in self.critic.parameters() if id(p) in shared],
+        ]
 
         if cfg.target_entropy == "auto":
             n = int(self.action_space.n) if self.discrete else int(np.prod(self.action_space.shape))
@@ -821,6 +830,8 @@ class SAC(BaseAgent):
             # The interval counts gradient steps over the whole run, not within one train() call.
             if self._n_updates % self.config.target_update_interval == 0:
                 polyak_update([self._target_flat.data], [self.critic_optimizer.flat_parameters.data], self.config.tau)
+                if self._shared_polyak[0]:
+                    polyak_update(*self._shared_polyak, self.config.tau)
         for key, values in history.items():
             self.logger.record(f"train/{key}", (values[0] if len(values) == 1 else torch.stack(values).mean()).item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")

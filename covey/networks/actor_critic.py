@@ -561,8 +561,12 @@ class QEnsemble(nn.Module):
     ``values`` gives the Q values stacked on dim 0: Box actions ``(n_critics, B)``, Discrete
     ``(n_critics, B, n_actions)``; ``raw`` the heads' outputs (two-hot logits carry a trailing bucket axis).
     Called, it answers as SB3's ``ContinuousCritic``: a tuple of one ``(B, 1)`` tensor per critic (``(B,
-    n_actions)`` for Discrete actions); ``q1_forward`` the first critic's alone.
+    n_actions)`` for Discrete actions); ``q1_forward`` the first critic's alone. With
+    ``share_features_extractor`` the encoder is the actor's, and no gradient reaches it through the Q values
+    (SB3's rule: the actor's loss alone trains it).
     """
+
+    share_features_extractor: bool = False
 
     def __init__(
         self,
@@ -582,8 +586,13 @@ class QEnsemble(nn.Module):
     def value_head(self) -> nn.Module:
         return self.qs[0].head
 
-    def raw(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+    def features(self, obs: ObsTensor) -> torch.Tensor:
+        """The encoder's output for the Q networks (cut from the graph when the encoder is the actor's)."""
         features = self.encoder(obs)
+        return features.detach() if self.share_features_extractor else features
+
+    def raw(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+        features = self.features(obs)
         return torch.stack([q(features, actions) for q in self.qs])
 
     def values(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
@@ -594,7 +603,7 @@ class QEnsemble(nn.Module):
 
     def q1_forward(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
         """The first critic's Q values, ``(B, 1)`` (``(B, n_actions)`` for Discrete actions), as SB3's."""
-        return self._sb3_shape(self.value_head.value(self.qs[0](self.encoder(obs), actions)))
+        return self._sb3_shape(self.value_head.value(self.qs[0](self.features(obs), actions)))
 
     def _sb3_shape(self, q: torch.Tensor) -> torch.Tensor:
         return q if self.qs[0].discrete else q.unsqueeze(-1)
@@ -612,14 +621,6 @@ def build_sac_networks(
         raise ValueError(f"policy_kwargs n_critics={config.n_critics} is invalid: it must be >= 1.")
     encoder = _encoder_factory(kind, observation_space, config)
     actor_encoder = encoder()
-    if config.share_features_extractor:
-        # SB3 trains a shared encoder with the actor's loss alone; one without weights is the same either way.
-        if any(True for _ in actor_encoder.parameters()):
-            raise NotImplementedError(
-                "SAC with share_features_extractor=True is supported for encoders without weights (MlpPolicy on "
-                "vector observations); this policy's encoder has weights, and covey's SAC keeps one for the actor "
-                "and one for the critics (SB3's default for SAC). Remove share_features_extractor."
-            )
 
     arch = parse_net_arch(config.net_arch, ("pi", "qf"), [256, 256])
     sde = dict(full_std=config.full_std, use_expln=config.use_expln, clip_mean=config.clip_mean)
@@ -633,8 +634,10 @@ def build_sac_networks(
         squashed=True,
         sde=sde if config.use_sde else None,
     )
+    # share_features_extractor (as SB3's): the critics read the actor's encoder, which only the actor's loss trains
     critic_encoder = actor_encoder if config.share_features_extractor else encoder()
     critic = QEnsemble(critic_encoder, action_space, arch["qf"], config.activation_fn, config)
+    critic.share_features_extractor = config.share_features_extractor
     return actor, critic
 
 
