@@ -174,8 +174,9 @@ def _space_entry(entry: Any, what: str, name: str) -> spaces.Space:
         raise ValueError(f"covey does not read {kind} spaces from SB3 files")
     except (KeyError, ValueError, TypeError, SyntaxError) as err:
         raise serialization.ModelFileError(
-            f"Could not read the {what} of {name} from what SB3 wrote beside its pickle ({err}). Pass the env "
-            "to load: Model.load(path, env=env) takes the spaces from it."
+            f"Could not read the {what} of {name} from what SB3 wrote beside its pickle ({err}). Load the file "
+            "with stable_baselines3 and copy its weights into a covey model built on the env: "
+            "model.set_parameters(sb3_model.get_parameters())."
         ) from err
 
 

@@ -361,3 +361,13 @@ def test_a_file_from_the_gym_era_loads(tmp_path):
         ours = PPO.load(path)
     assert ours.action_space == spaces.Discrete(2) and ours.observation_space == theirs.observation_space
     assert_same_policy(ours, theirs)
+
+
+def test_a_space_the_file_does_not_tell_in_full_names_the_way_around(tmp_path):
+    """Bounds of over 1,000 elements that differ are printed summarized beside the pickle: the load says so and
+    names the copy of weights from a model loaded with SB3."""
+    low = np.linspace(-2.0, -1.0, 1200, dtype=np.float32)
+    env = SpaceEnv(spaces.Box(low, -low), spaces.Discrete(2))
+    sb3.PPO("MlpPolicy", env, n_steps=16, batch_size=16, policy_kwargs=dict(net_arch=[8])).save(tmp_path / "m.zip")
+    with pytest.raises(ModelFileError, match=r"observation space .*summarized.*set_parameters\(sb3_model"):
+        PPO.load(tmp_path / "m.zip")
