@@ -13,7 +13,6 @@ import os
 import gymnasium as gym
 import numpy as np
 import pytest
-import stable_baselines3
 import torch
 from envs import SpaceEnv, image_space
 from gymnasium import spaces
@@ -889,28 +888,6 @@ def test_sac_with_a_shared_cnn_trains_it_with_the_actors_loss_alone():
     assert any(not torch.equal(a, p) for a, p in zip(before, encoder))  # the actor's step moves it
     for old, new, source in zip(target_before, model.critic_target.encoder.parameters(), encoder):
         torch.testing.assert_close(new, old + 0.1 * (source - old))
-
-
-def test_sac_shared_cnn_copies_sb3s_weights():
-    """SB3's SAC CnnPolicy with share_features_extractor=True, weights copied: the same actions and Q values."""
-    sb3_model = stable_baselines3.SAC(
-        "CnnPolicy",
-        SpaceEnv(image_space((36, 36, 3)), spaces.Box(-1, 1, (2,), np.float32)),
-        buffer_size=200,
-        seed=1,
-        policy_kwargs=dict(share_features_extractor=True, features_extractor_kwargs=dict(features_dim=32)),
-    )
-    model = _shared_cnn_sac()
-    model.set_parameters({"policy": sb3_model.policy.state_dict()})
-    frames = np.random.default_rng(0).integers(0, 256, (8, 36, 36, 3), dtype=np.uint8)
-    actions = torch.as_tensor(np.random.default_rng(1).uniform(-1, 1, (8, 2)).astype(np.float32))
-    np.testing.assert_allclose(
-        model.predict(frames, deterministic=True)[0], sb3_model.predict(frames, deterministic=True)[0], atol=1e-5
-    )
-    with torch.no_grad():
-        ours, theirs = model.policy.obs_to_tensor(frames)[0], sb3_model.policy.obs_to_tensor(frames)[0]
-        for q, sb3_q in zip(model.critic(ours, actions), sb3_model.critic(theirs, actions), strict=True):
-            torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
 
 
 def test_custom_features_extractor_class(tmp_path):

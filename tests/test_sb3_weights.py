@@ -120,10 +120,15 @@ def test_cnn_policy_weights_copy_into_covey_nature_cnn(share):
         torch.testing.assert_close(logits, sb3_model.policy.get_distribution(sb3_obs).distribution.logits)
 
 
-def test_sac_cnn_policy_weights_copy():
+@pytest.mark.parametrize("share", [False, True])
+def test_sac_cnn_policy_weights_copy(share):
+    """SB3's SAC CnnPolicy (with share_features_extractor too: one CNN for actor and critics), weights copied:
+    the same actions, Q values and target Q values."""
     env = SpaceEnv(image_space((36, 36, 1)), spaces.Box(-1, 1, (2,), np.float32))
-    sb3_model = stable_baselines3.SAC("CnnPolicy", env, buffer_size=100, seed=0)
-    model = covey.SAC("CnnPolicy", env, buffer_size=100, seed=1)
+    kwargs = dict(buffer_size=100, policy_kwargs=dict(share_features_extractor=share))
+    sb3_model = stable_baselines3.SAC("CnnPolicy", env, seed=0, **kwargs)
+    model = covey.SAC("CnnPolicy", env, seed=1, **kwargs)
+    assert (model.critic.encoder is model.actor.encoder) == share
     model.set_parameters({"policy": sb3_model.policy.state_dict()})
     frames = np.random.default_rng(0).integers(0, 256, (8, 36, 36, 1), dtype=np.uint8)
     actions = torch.as_tensor(np.random.default_rng(1).uniform(-1, 1, (8, 2)).astype(np.float32))
@@ -132,8 +137,9 @@ def test_sac_cnn_policy_weights_copy():
     )
     with torch.no_grad():
         sb3_obs, ours = sb3_model.policy.obs_to_tensor(frames)[0], model.policy.obs_to_tensor(frames)[0]
-        for q, sb3_q in zip(model.critic_target(ours, actions), sb3_model.critic_target(sb3_obs, actions), strict=True):
-            torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
+        for critic, sb3_critic in ((model.critic, sb3_model.critic), (model.critic_target, sb3_model.critic_target)):
+            for q, sb3_q in zip(critic(ours, actions), sb3_critic(sb3_obs, actions), strict=True):
+                torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
 
 
 def test_what_cannot_be_copied_is_refused_clearly():
