@@ -771,10 +771,8 @@ class BaseAgent:
         left out (the optimizers keep theirs), so that ``{"policy": sb3_model.policy.state_dict()}`` copies."""
         if isinstance(load_path_or_dict, dict):
             params = load_path_or_dict
-        elif sb3_files.is_sb3_file(serialization.zip_entry_names(load_path_or_dict)):
-            _, params = sb3_files.read_sb3_model(load_path_or_dict, self.agent_name, self.config_class)
         else:
-            _, params = serialization.load_model_file(load_path_or_dict, self.device)
+            _, params = self._read_model_file(load_path_or_dict, self.device)
         params = self._translate_parameter_names(params)
         targets = self._parameter_groups()
         unknown = sorted(set(params) - set(targets))
@@ -843,6 +841,13 @@ class BaseAgent:
         return params
 
     @classmethod
+    def _read_model_file(cls, path: str | os.PathLike | io.BufferedIOBase, device: torch.device | str) -> tuple:
+        """``(settings, tensors)`` of a covey model file, or of an SB3 file of this agent read as one."""
+        if sb3_files.is_sb3_file(serialization.zip_entry_names(path)):
+            return sb3_files.read_sb3_model(path, cls.agent_name, cls.config_class)
+        return serialization.load_model_file(path, device)
+
+    @classmethod
     def load(
         cls,
         path: str | os.PathLike | io.BufferedIOBase,
@@ -861,10 +866,7 @@ class BaseAgent:
         """
         # Tensors are read onto the CPU and copied into the model, built on the device that it resolves
         # (some models run on the CPU only, whatever "auto" would pick).
-        if sb3_files.is_sb3_file(serialization.zip_entry_names(path)):
-            settings, tensors = sb3_files.read_sb3_model(path, cls.agent_name, cls.config_class)
-        else:
-            settings, tensors = serialization.load_model_file(path, "cpu")
+        settings, tensors = cls._read_model_file(path, "cpu")
         if print_system_info:
             current = system_info()
             print("== CURRENT SYSTEM INFO ==")
