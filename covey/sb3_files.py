@@ -146,6 +146,24 @@ def _array(text: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return values.astype(dtype)
 
 
+def _space_repr(kind: str, entry: dict) -> str:
+    """The space's repr, as :func:`parse_space` reads it, from the attributes SB3 wrote beside its pickle."""
+    if kind == "Box":
+        # low_repr / high_repr: one number when every element has it, else the array (as low / high are)
+        low, high = (entry.get(f"{bound}_repr") or entry[bound] for bound in ("low", "high"))
+        return f"Box({low}, {high}, {tuple(int(n) for n in entry['_shape'])}, {entry['dtype']})"
+    if kind == "Discrete":
+        return f"Discrete({entry['n']}, start={entry.get('start', 0)})"
+    if kind == "MultiDiscrete":
+        start = f", start={entry['start']}" if "start" in entry else ""
+        return f"MultiDiscrete({entry['nvec']}{start})"
+    if kind == "MultiBinary":
+        return f"MultiBinary({entry['n']})"
+    if kind == "Dict":  # a dict's str: {'a': Box(...), ...}
+        return f"Dict({entry['spaces'].strip().removeprefix('{').removesuffix('}')})"
+    raise ValueError(f"covey does not read {kind} spaces from SB3 files")
+
+
 def _space_entry(entry: Any, what: str, name: str) -> spaces.Space:
     """A space from its entry in ``data``: the pickle's type and its attributes written beside it."""
     if not isinstance(entry, dict) or ":type:" not in entry:
@@ -153,25 +171,7 @@ def _space_entry(entry: Any, what: str, name: str) -> spaces.Space:
     kind = re.search(r"\.(\w+)'>$", entry[":type:"])
     kind = kind.group(1) if kind else entry[":type:"]
     try:
-        if kind == "Box":
-            shape = tuple(int(n) for n in entry["_shape"])
-            dtype = np.dtype(entry["dtype"])
-            # low_repr / high_repr: one number when every element has it, else the array (as low / high are)
-            low, high = (entry.get(f"{bound}_repr") or entry[bound] for bound in ("low", "high"))
-            return spaces.Box(_array(low, shape, dtype), _array(high, shape, dtype), shape, dtype)
-        if kind == "Discrete":
-            return spaces.Discrete(int(entry["n"]), start=int(entry.get("start", 0)))
-        if kind == "MultiDiscrete":
-            nvec = np.asarray(_numbers(str(entry["nvec"])), dtype=np.int64)
-            start = np.asarray(_numbers(str(entry["start"])), dtype=np.int64) if "start" in entry else None
-            return spaces.MultiDiscrete(nvec, start=start)
-        if kind == "MultiBinary":
-            n = entry["n"]
-            return spaces.MultiBinary(_multibinary_n(n) if isinstance(n, str) else n)
-        if kind == "Dict":
-            body = entry["spaces"].strip()
-            return spaces.Dict(_parse_items(body[1:-1] if body.startswith("{") else body))
-        raise ValueError(f"covey does not read {kind} spaces from SB3 files")
+        return parse_space(_space_repr(kind, entry))
     except (KeyError, ValueError, TypeError, SyntaxError) as err:
         raise serialization.ModelFileError(
             f"Could not read the {what} of {name} from what SB3 wrote beside its pickle ({err}). Load the file "
