@@ -54,6 +54,7 @@ from benchmarks.common import (
     random_stepping_speed,
     unrendered_vec_env,
 )
+from covey.networks import linear
 
 FRAMEWORKS: dict[str, dict[str, type]] = {
     "covey": {"PPO": covey.PPO, "SAC": covey.SAC},
@@ -455,6 +456,13 @@ def format_report(
         for result in results
         if result.task.sb3_runs_of in names
     ]
+    left_out = getattr(args, "left_out", [])
+    if left_out:
+        shared.append(
+            f"Left out: {', '.join(left_out)}. This CPU has no fast bfloat16 products (PyTorch's CPU capability: "
+            f"{torch.backends.cpu.get_cpu_capability()}), where `bf16_matmuls=True` runs tens of times slower than "
+            "float32 and warns; name them in --tasks to run them anyway."
+        )
     notes = " ".join([notes, *(result.task.note for result in results if result.task.note), *shared])
     return "\n".join(["# covey vs Stable-Baselines3", "", format_table(results), "", notes, "", *machine, ""])
 
@@ -471,8 +479,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--env-seconds", type=float, default=2.0, help="duration of the raw env speed measurement")
     parser.add_argument("--out", default=None, help="also write the report as markdown to this file")
     args = parser.parse_args(argv)
+    args.left_out = []
     if args.tasks is None:
         args.task_list = [task.name for task in TASKS if args.suite in task.budgets]
+        if not linear.fast_bfloat16_products():  # bf16_matmuls would take an hour here, and say nothing new
+            args.left_out = [name for name in args.task_list if TASKS_BY_NAME[name].covey_options.get("bf16_matmuls")]
+            args.task_list = [name for name in args.task_list if name not in args.left_out]
     else:
         args.task_list = list(dict.fromkeys(name.strip() for name in args.tasks.split(",") if name.strip()))
     unknown = [name for name in args.task_list if name not in TASKS_BY_NAME]

@@ -1,6 +1,7 @@
 """The benchmark harness runs end to end on a tiny budget and prints a table row per task (no timing checks)."""
 
 import dataclasses
+import datetime
 import pathlib
 import shutil
 import subprocess
@@ -374,16 +375,50 @@ def test_poca_curve_first_reach_and_median_curve():
     assert median_curve([a, b, c]) == [(1024, 1.1, -30.0), (2048, 2.2, -21.0)]
 
 
-def test_compare_suites_hold_the_tasks_with_a_budget_there():
+def test_compare_suites_hold_the_tasks_with_a_budget_there(monkeypatch):
     """The gSDE tasks run in the full suite only; naming one for the quick suite is an error that says so."""
+    from benchmarks import compare
     from benchmarks.compare import TASKS, parse_args
 
+    monkeypatch.setattr(compare.linear, "fast_bfloat16_products", lambda: True)
     quick, full = parse_args([]).task_list, parse_args(["--suite", "full"]).task_list
     assert full == [task.name for task in TASKS]
     assert set(full) - set(quick) == {"ppo_pendulum_sde", "sac_pendulum_sde"}
     command = [sys.executable, "-m", "benchmarks.compare", "--tasks", "sac_pendulum_sde"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 2 and "have no quick budget; run them with --suite full" in result.stderr
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_compare_leaves_the_bf16_tasks_out_where_bfloat16_products_are_slow(monkeypatch, fast):
+    """Where PyTorch has no fast bfloat16 products, a suite leaves out the ``bf16_matmuls`` tasks (hours there)
+    and its report says so and why; naming one in --tasks still runs it."""
+    from benchmarks import compare
+
+    monkeypatch.setattr(compare.linear, "fast_bfloat16_products", lambda: fast)
+    bf16 = [task.name for task in compare.TASKS if task.covey_options.get("bf16_matmuls")]
+    assert bf16 == ["sac_pendulum_bf16", "sac_lunarlander_continuous_bf16"]
+    for suite in ("quick", "full"):
+        args = compare.parse_args(["--suite", suite])
+        every = [task.name for task in compare.TASKS if suite in task.budgets]
+        assert args.task_list == (every if fast else [name for name in every if name not in bf16])
+        assert args.left_out == ([] if fast else bf16)
+    named = compare.parse_args(["--tasks", "ppo_cartpole_1env,sac_pendulum_bf16"])
+    assert named.task_list == ["ppo_cartpole_1env", "sac_pendulum_bf16"] and named.left_out == []
+
+    def fake_training(framework, task, suite, timesteps, seed):
+        return compare.RunResult(framework, seed, 2.0, timesteps, -100.0)
+
+    monkeypatch.setattr(compare, "measure_training", fake_training)
+    monkeypatch.setattr(compare, "measure_env_speed", lambda task, seconds: 1000.0)
+    args = compare.parse_args(["--tasks", "ppo_cartpole_1env"] if fast else [])
+    results = compare.run_group([compare.TASKS_BY_NAME["ppo_cartpole_1env"]], "quick", 1, 1.0, 0.1, print)
+    started = datetime.datetime.now().astimezone()
+    report = compare.format_report(results, args, "python -m benchmarks.compare", started, (0.0, 0.0, 0.0), "x")
+    note = "Left out: sac_pendulum_bf16, sac_lunarlander_continuous_bf16. This CPU has no fast bfloat16 products"
+    assert (note in report) is not fast
+    if not fast:
+        assert "`bf16_matmuls=True` runs tens of times slower than float32" in report and "--tasks" in report
 
 
 def test_cpu_description_reads_the_first_processor():

@@ -2,6 +2,8 @@
 step, hand-differentiated MLPs and PPO updates, flat Polyak averaging, bfloat16 SAC and action sampling."""
 
 import importlib
+import types
+import warnings
 
 import numpy as np
 import pytest
@@ -875,6 +877,38 @@ def test_sac_bf16_matmuls_survives_save_and_load(tmp_path):
     assert SAC.load(tmp_path / "sac.zip").config.bf16_matmuls is True
     with pytest.raises(ValueError, match="bf16_matmuls"):
         SAC("MlpPolicy", "Pendulum-v1", bf16_matmuls="yes")
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_sac_bf16_matmuls_warns_at_learn_where_bfloat16_products_are_slow(monkeypatch, fast):
+    """Where PyTorch has no fast bfloat16 CPU products (AVX2 CPUs), ``learn`` with ``bf16_matmuls=True`` warns
+    and names the fix; float32 models never warn, and neither does building or loading a model."""
+    monkeypatch.setattr(linear_module, "fast_bfloat16_products", lambda: fast)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bf16 = SAC("MlpPolicy", "Pendulum-v1", learning_starts=20, batch_size=8, seed=0, bf16_matmuls=True)
+        fp32 = SAC("MlpPolicy", "Pendulum-v1", learning_starts=20, batch_size=8, seed=0)
+        assert not [w for w in caught if "bf16_matmuls" in str(w.message)]
+        fp32.learn(25)
+        assert not [w for w in caught if "bf16_matmuls" in str(w.message)]
+        bf16.learn(25)
+    slow = [w for w in caught if "bf16_matmuls" in str(w.message)]
+    assert len(slow) == (0 if fast else 1)
+    if not fast:
+        message = str(slow[0].message)
+        assert slow[0].category is UserWarning and slow[0].filename == __file__  # points at the learn call
+        assert "no fast bfloat16 matrix products" in message and "Use bf16_matmuls=False" in message
+        assert torch.backends.cpu.get_cpu_capability() in message
+
+
+def test_fast_bfloat16_products_follows_pytorchs_onednn_check(monkeypatch):
+    """covey's check is PyTorch's own (whether oneDNN takes bfloat16 products); without that check, fast."""
+    assert linear_module.fast_bfloat16_products() is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    for answer in (True, False):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda answer=answer: answer)
+        assert linear_module.fast_bfloat16_products() is answer
+    monkeypatch.setattr(torch.ops, "mkldnn", types.SimpleNamespace())  # a PyTorch without the check
+    assert linear_module.fast_bfloat16_products() is True
 
 
 def sac_pair(monkeypatch, env, policy: str = "MlpPolicy", **kwargs) -> tuple[SAC, SAC]:

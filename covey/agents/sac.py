@@ -30,6 +30,7 @@ from covey.agents.base import (
 )
 from covey.buffers.her import HerReplayBuffer, goal_strategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
+from covey.networks import linear
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks
 from covey.networks.distributions import SquashedGaussianHead, SquashedStateDependentHead
 from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
@@ -75,7 +76,8 @@ class SACConfig:
     With hand-written gradients (:class:`ManualSACStep`) the large layers' products do, each rounded to
     bfloat16 as autocast rounds them; otherwise the networks run under bfloat16 autocast, with float32
     outputs. Faster gradient steps on a CPU with bfloat16 units (where a 256x256 product takes half the
-    float32 time or less), at bfloat16's 8-bit mantissa in those layers."""
+    float32 time or less), at bfloat16's 8-bit mantissa in those layers. Many times slower on a CPU whose
+    PyTorch has no fast bfloat16 products (AVX2 x86 CPUs): ``learn`` warns there."""
     use_sde: bool = False
     """Generalized state-dependent exploration for Box actions (the noise a linear function of the state)."""
     sde_sample_freq: int = -1
@@ -698,6 +700,15 @@ class SAC(BaseAgent):
         progress_bar: bool = False,
     ) -> SAC:
         """Collect and train until ``total_timesteps`` env steps (over all envs); returns self."""
+        if self.config.bf16_matmuls and self.device.type == "cpu" and not linear.fast_bfloat16_products():
+            warnings.warn(
+                "SAC(bf16_matmuls=True): this CPU has no fast bfloat16 matrix products (PyTorch multiplies "
+                "bfloat16 in oneDNN only with AVX-512 or Arm's bfloat16 instructions; its CPU capability here is "
+                f"{torch.backends.cpu.get_cpu_capability()}), so each gradient step's bfloat16 products run in a "
+                "fallback loop, tens of times slower than in float32. Use bf16_matmuls=False on this machine.",
+                UserWarning,
+                stacklevel=2,
+            )
         noise = self.action_noise
         if noise is not None:  # as SB3: one noise process per env, each started afresh
             if self.env is not None and self.env.num_envs > 1 and not isinstance(noise, VectorizedActionNoise):
