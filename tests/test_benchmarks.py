@@ -8,6 +8,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+from covey.networks import linear
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TASKS = ["ppo_cartpole_8env", "sac_pendulum"]
@@ -99,7 +102,8 @@ def test_fast_paths_smoke():
         assert f"PPO autograd minibatch step, {setting}" in measurements
     for n in ("1 observation", "8 observations"):
         assert [f"PPO acting, a batch of {n}, VecEnv array to env actions", "NumPy"] in [row[:2] for row in rows]
-    assert measurements.count("SAC gradient step, Pendulum 256x256") == 8
+    fast_bf16 = linear.fast_bfloat16_products()  # without, the bf16_matmuls rows are left out (own test)
+    assert measurements.count("SAC gradient step, Pendulum 256x256") == (8 if fast_bf16 else 7)
     flushing = [row for row in rows if row[0].startswith("SAC gradient step, Pendulum 256x256, after 50 steps (")]
     assert [row[1:4:2] for row in flushing] == [["Adam steps flushing denormals", "not flushing"]]
     assert ["SAC gradient step, Pendulum 256x256", "critics' action gradients g @ W"] in [row[:2] for row in rows]
@@ -111,10 +115,12 @@ def test_fast_paths_smoke():
     assert "input gradient of a 4 -> 256 layer on 256 samples" in measurements
     assert ["SAC gradient step, Pendulum 256x256", "hand-written gradients"] in [row[:2] for row in rows]
     bf16_rows = [row for row in rows if row[0] == "SAC gradient step, Pendulum 256x256, bf16_matmuls=True"]
-    assert [row[1:4:2] for row in bf16_rows] == [
-        ["hand-written gradients", "autograd under autocast"],
-        ["weights rounded once per change", "per product"],
-    ]
+    assert [row[1:4:2] for row in bf16_rows] == (
+        [["hand-written gradients", "autograd under autocast"], ["weights rounded once per change", "per product"]]
+        if fast_bf16
+        else []
+    )
+    assert ("Left out: the SAC rows with bf16_matmuls=True." in result.stdout) is not fast_bf16
     sde_rows = [row for row in rows if row[0] == "SAC gradient step, Pendulum 256x256, use_sde=True"]
     assert [row[1:4:2] for row in sde_rows] == [["hand-written gradients", "autograd"]]
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
@@ -183,6 +189,24 @@ def test_fast_paths_runs_only_the_chosen_groups_and_names_unknown_ones():
     assert measurements and all("POCA" in m or "softmax" in m for m in measurements), measurements
     bad = subprocess.run([*base, "--groups", "poca,gpu"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert bad.returncode == 2 and "--groups takes names of ppo, kernels, compile, sac, poca" in bad.stderr
+
+
+def test_fast_paths_leaves_the_sac_bf16_rows_out_where_bfloat16_products_are_slow(monkeypatch, capsys):
+    """Where PyTorch has no fast bfloat16 products, the SAC group times float32 only and says what it left out
+    and why (its bfloat16 steps would take most of an hour there)."""
+    from benchmarks import fast_paths
+
+    monkeypatch.setattr(fast_paths.linear_module, "fast_bfloat16_products", lambda: False)
+    fast_paths.main(["--groups", "sac", "--repeats", "1", "--calls-scale", "0.05"])
+    out = capsys.readouterr().out
+    rows = table_cells(out)[1:]
+    assert rows and not any("bf16" in row[0] or "bf16" in row[1] or "bf16" in row[3] for row in rows), rows
+    assert ["SAC gradient step, Pendulum 256x256", "hand-written gradients"] in [row[:2] for row in rows]
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert (
+        "Left out: the SAC rows with bf16_matmuls=True. This CPU has no fast bfloat16 products (PyTorch's CPU "
+        f"capability: {capability})" in out
+    )
 
 
 def test_fast_paths_compile_rows():
