@@ -129,6 +129,29 @@ def test_mkl_is_told_apart_by_the_cpus_vendor(monkeypatch):
     assert linear_module.TRANSPOSED_INPUT_GRADS is not linear_module.INTEL_MKL
 
 
+def test_onednn_by_default_only_with_avx512_on_cpus_other_than_intels(monkeypatch):
+    """Without AVX-512 oneDNN's AVX2 products are no faster than MKL's, and its copies of transposed operands
+    make the updates slower: MKL keeps them there, as on Intel CPUs."""
+    monkeypatch.setattr(linear_module, "AVAILABLE", True)
+    monkeypatch.setattr(linear_module.torch.backends.mkl, "is_available", lambda: True)
+    monkeypatch.setattr(linear_module.platform, "machine", lambda: "x86_64")
+    cases = [
+        ("AuthenticAMD", "AVX512", True),
+        ("AuthenticAMD", "AVX2", False),
+        ("AuthenticAMD", "DEFAULT", False),
+        ("GenuineIntel", "AVX512", False),
+        ("GenuineIntel", "AVX2", False),
+    ]
+    for vendor, capability, expected in cases:
+        monkeypatch.setattr(linear_module, "_cpu_vendor", lambda vendor=vendor: vendor)
+        monkeypatch.setattr(linear_module.torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert linear_module._onednn_pays() is expected, (vendor, capability)
+    monkeypatch.setattr(linear_module, "AVAILABLE", False)
+    monkeypatch.setattr(linear_module, "_cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(linear_module.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert not linear_module._onednn_pays()
+
+
 def test_covey_networks_are_built_from_linear_layers_with_nn_linear_state():
     net = mlp(3, [256, 256], nn.ReLU)
     assert all(type(m) is Linear for m in net[0::2])

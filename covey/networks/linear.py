@@ -1,12 +1,15 @@
 """Linear layers whose large float32 matrix multiplies on CPU run in oneDNN where MKL is slow.
 
 PyTorch multiplies float32 matrices on CPU with MKL, which takes its fastest (AVX-512) code only on Intel
-CPUs. On other x86 CPUs oneDNN, which PyTorch also ships, multiplies the large ones about twice as fast:
-155 us against 311 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m
+CPUs. On other x86 CPUs with AVX-512 oneDNN, which PyTorch also ships, multiplies the large ones about twice as
+fast: 155 us against 311 us for 256x256x256 on one core of an AVX-512 AMD EPYC (``python -m
 benchmarks.fast_paths``). So there, and only for layers of at least :data:`ONEDNN_MIN_WEIGHTS` weights on
 batches of at least :data:`ONEDNN_MIN_ROWS` rows (below, oneDNN's fixed cost outweighs the gain), covey
 computes in oneDNN. Both libraries compute in float32: results differ by summation order only, as between
-any two BLAS libraries.
+any two BLAS libraries. On CPUs without AVX-512 both libraries run AVX2 code at about the same speed (a
+256x256x256 forward 0.94x MKL's time in oneDNN on an AVX2 AMD EPYC, 1.04x on another), and oneDNN's copies
+of transposed operands, which MKL reads in place, make the updates no faster or slower: there covey keeps MKL
+(:data:`ONEDNN`).
 
 :func:`linear` is ``F.linear`` with that choice, differentiable (the backward's two products in oneDNN too);
 :class:`Linear` is an ``nn.Linear`` that calls it. Everything else (Intel or non-x86 CPUs, a PyTorch
@@ -67,8 +70,22 @@ the products of layers on few inputs, and ``torch.tanh``, need none of the detou
 ``torch.tanh`` of 64x64 took 3.1 us against 11.2 us for ``2 * sigmoid(2x) - 1``; ``python -m
 benchmarks.fast_paths``)."""
 
-ONEDNN = AVAILABLE and _mkl_on(intel=False)
-"""Whether covey sends large float32 CPU products to oneDNN here (set it to False to keep them in MKL)."""
+
+def _avx512() -> bool:
+    """Whether PyTorch runs its AVX-512 kernels on this CPU."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+def _onednn_pays() -> bool:
+    """Whether large float32 products go to oneDNN by default: MKL on an x86 CPU other than Intel's, with AVX-512."""
+    return AVAILABLE and _mkl_on(intel=False) and _avx512()
+
+
+ONEDNN = _onednn_pays()
+"""Whether covey sends large float32 CPU products to oneDNN here (set it to False to keep them in MKL): on x86
+CPUs other than Intel's, with AVX-512. On an AVX2 AMD EPYC (Zen 2) SAC's gradient step took 1.02x its time in
+MKL with them in oneDNN and MA-POCA's minibatch 1.04x (``python -m benchmarks.fast_paths --groups sac,poca``,
+"large products in oneDNN" against "all in MKL")."""
 
 
 NARROW = not INTEL_MKL
