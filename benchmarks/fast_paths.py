@@ -117,7 +117,7 @@ def in_mkl(fn: Callable[[], object]) -> Callable[[], None]:
     return with_setting(fn, "ONEDNN", False)
 
 
-def in_onednn(fn: Callable[[], object]) -> Callable[[], None]:
+def onednn_on(fn: Callable[[], object]) -> Callable[[], None]:
     """``fn`` with large float32 products in oneDNN where this PyTorch has it (``covey.networks.linear.ONEDNN =
     AVAILABLE``), whether or not covey's rule sends them there on this CPU: the other side of :func:`in_mkl`."""
     return with_setting(fn, "ONEDNN", linear_module.AVAILABLE)
@@ -272,7 +272,7 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     n_envs, kwargs = PPO_SETTINGS["8 envs (batch 256)"]
     wide = collected_ppo(n_envs, True, **kwargs, policy_kwargs=dict(net_arch=[256, 256]))
     minibatches = wide.n_epochs * -(-wide.n_steps * n_envs // wide.batch_size)
-    onednn, mkl = (t / minibatches for t in timed.pair(in_onednn(wide.train), in_mkl(wide.train), 3))
+    onednn, mkl = (t / minibatches for t in timed.pair(onednn_on(wide.train), in_mkl(wide.train), 3))
     rows.append(
         (
             "PPO update per minibatch, 256x256 MLPs (batch 256)",
@@ -406,7 +406,7 @@ def kernel_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
                 f"float32 linear layer {m}x{k}x{n}, forward",
                 *timed.versus(
                     "covey linear (oneDNN from 8192 weights)",
-                    in_onednn(lambda x=x, w=w, b=b: linear_module.linear(x, w, b)),
+                    onednn_on(lambda x=x, w=w, b=b: linear_module.linear(x, w, b)),
                     "F.linear (MKL)",
                     lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b),
                     300,
@@ -677,7 +677,7 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     rows.append(
         (
             "SAC gradient step, Pendulum 256x256",
-            *timed.versus("large products in oneDNN", in_onednn(steps(fp32)), "all in MKL", in_mkl(steps(fp32)), 40),
+            *timed.versus("large products in oneDNN", onednn_on(steps(fp32)), "all in MKL", in_mkl(steps(fp32)), 40),
         )
     )
     rows.append(stacked_critics_row(timed, fp32))
@@ -824,7 +824,7 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             f"POCA update per minibatch, {group}",
             *timed.versus(
                 "large products in oneDNN",
-                in_onednn(update(models[128])),
+                onednn_on(update(models[128])),
                 "all in MKL",
                 in_mkl(update(models[128])),
                 30,
