@@ -278,8 +278,8 @@ def test_poca_beats_random_on_simple_spread():
     rng = np.random.default_rng(0)  # the random policy's own generator: the same baseline on every run
     random_return = per_agent_return(lambda obs, e: {a: int(rng.integers(e.action_space(a).n)) for a in e.agents})
     # gamma=0.95 suits 25-step episodes; with n_epochs=8 four seeds ended at -19.0, -17.9, -17.4 and -19.0 on an
-    # AVX2 AMD EPYC, where gamma=0.99 with 4 epochs ended at -20.6 and -21.6 (the margin too thin to hold on
-    # every CPU's rounding).
+    # AVX2 AMD EPYC (its large products then in oneDNN, MKL since 5aaae20), where gamma=0.99 with 4 epochs ended at
+    # -20.6 and -21.6 (the margin too thin to hold on every CPU's rounding).
     model = POCA(
         "MlpPolicy", make, n_envs=8, n_steps=128, batch_size=256, n_epochs=8, gamma=0.95, learning_rate=1e-3, seed=0
     )
