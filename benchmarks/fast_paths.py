@@ -174,9 +174,10 @@ def products_row(timed: Timer, what: str, step: Callable[[], object], calls: int
 
 
 def ppo_on(agent: type, n_envs: int, env_id: str = "CartPole-v1", **kwargs):
-    """A PPO model of class ``agent`` (covey's or SB3's) as these measurements make it: ``n_envs`` copies of
-    ``env_id``, seed 0, ``kwargs`` for its other arguments."""
-    return agent("MlpPolicy", make_vec_env(env_id, n_envs, seed=0), seed=0, **kwargs)
+    """A PPO model of class ``agent`` (covey's or SB3's) as these measurements make it: on the CPU (on machines
+    with CUDA too: these are the CPU's paths), ``n_envs`` copies of ``env_id``, seed 0, ``kwargs`` for its other
+    arguments."""
+    return agent("MlpPolicy", make_vec_env(env_id, n_envs, seed=0), seed=0, device="cpu", **kwargs)
 
 
 def collected_ppo(n_envs: int, manual: bool, env_id: str = "CartPole-v1", **kwargs) -> PPO:
@@ -479,11 +480,10 @@ def poca_compile_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
 
 
 def sac_on_pendulum(agent: type, **kwargs):
-    """A SAC model of class ``agent`` (covey's or SB3's) on one Pendulum env as these measurements make it:
-    learning rate 1e-3, gradient steps from env step 300 on, seed 0, ``kwargs`` for its other arguments."""
-    return agent(
-        "MlpPolicy", make_vec_env("Pendulum-v1", 1, seed=0), learning_rate=1e-3, learning_starts=300, seed=0, **kwargs
-    )
+    """A SAC model of class ``agent`` (covey's or SB3's) on one Pendulum env as these measurements make it: on
+    the CPU, learning rate 1e-3, gradient steps from env step 300 on, seed 0, ``kwargs`` for its other arguments."""
+    env = make_vec_env("Pendulum-v1", 1, seed=0)
+    return agent("MlpPolicy", env, learning_rate=1e-3, learning_starts=300, seed=0, device="cpu", **kwargs)
 
 
 def sac_model(bf16: bool = False, manual: bool = True, timesteps: int = 400, **kwargs) -> SAC:

@@ -12,3 +12,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def cpu_for_auto(request, monkeypatch):
+    """Tests marked ``cpu`` compare with results computed on the CPU (SB3's, NumPy's, torch's own on CPU
+    tensors), exercise a CPU-only path (NumPy acting, oneDNN, the CPU's bfloat16 check), or learn from seeds
+    measured on the CPU. On a machine with CUDA, ``device="auto"`` means the CPU inside them, for covey and SB3
+    alike: both ask ``torch.cuda.is_available()``. tests/test_cuda.py covers the agents on CUDA."""
+    if request.node.get_closest_marker("cpu") is not None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

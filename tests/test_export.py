@@ -168,6 +168,7 @@ def test_sac(tmp_path, env):
     assert_actor_only(model, result["path"])
 
 
+@pytest.mark.cpu
 def test_ppo_with_squashed_sde_rescales_to_the_bounds(tmp_path):
     """PPO with use_sde and squash_output=True: the graph squashes the mean and rescales it to the bounds (not
     clips it), as predict does."""

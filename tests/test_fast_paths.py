@@ -585,6 +585,7 @@ def test_categorical_samples_follow_the_softmax():
     ("env_id", "kwargs"),
     [("CartPole-v1", {}), ("Pendulum-v1", {}), ("CartPole-v1", dict(policy_kwargs=dict(activation_fn=nn.ReLU)))],
 )
+@pytest.mark.cpu
 def test_numpy_acting_equals_the_actor_and_follows_its_updates(env_id, kwargs):
     """The NumPy forward reads the live weights: after updates it still equals the actor's own forward."""
     model = PPO("MlpPolicy", env_id, n_steps=64, batch_size=32, seed=0, **kwargs)
@@ -600,6 +601,7 @@ def test_numpy_acting_equals_the_actor_and_follows_its_updates(env_id, kwargs):
     assert np.allclose(acting.forward(obs.astype(np.float64)), expected, atol=1e-5)  # float64 observations
 
 
+@pytest.mark.cpu
 def test_numpy_acting_samples_follow_the_policy():
     """Discrete: action frequencies are the softmax of the logits (Gumbel-max); Box: mean + std * N(0, 1)."""
     np.random.seed(0)
@@ -650,6 +652,7 @@ def test_numpy_acting_applies_only_with_the_manual_update_and_a_flatten_encoder(
     assert any(not torch.equal(p, q) for p, q in zip(model.actor.parameters(), before))
 
 
+@pytest.mark.cpu
 def test_numpy_acting_with_gsde_gives_the_modules_actions_without_drawing():
     """``use_sde=True``: NumPy acting adds ``latent @ E`` from the exploration matrices drawn in PyTorch (one per
     env for a batch of every env, the single one otherwise), as ``Actor.act`` does, and draws nothing from
@@ -674,6 +677,7 @@ def test_numpy_acting_with_gsde_gives_the_modules_actions_without_drawing():
     model.learn(32)  # collecting and training with it
 
 
+@pytest.mark.cpu
 def test_numpy_acting_can_be_switched_off(monkeypatch):
     """``PPO.numpy_acting = False``: acting in PyTorch, with PyTorch's random generator."""
     actions = {}
@@ -879,6 +883,7 @@ def test_sac_bf16_matmuls_survives_save_and_load(tmp_path):
         SAC("MlpPolicy", "Pendulum-v1", bf16_matmuls="yes")
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("fast", [True, False])
 def test_sac_bf16_matmuls_warns_at_learn_where_bfloat16_products_are_slow(monkeypatch, fast):
     """Where PyTorch has no fast bfloat16 CPU products (AVX2 CPUs), ``learn`` with ``bf16_matmuls=True`` warns
@@ -1019,6 +1024,7 @@ def test_sac_falls_back_to_autograd_outside_the_manual_path(kwargs):
     assert any(not torch.equal(p, q) for p, q in zip(model.critic.parameters(), before))
 
 
+@pytest.mark.cpu
 @pytest.mark.skipif(not linear_module.AVAILABLE, reason="this PyTorch has no oneDNN linear op")
 def test_manual_sac_step_reads_the_onednn_switch_at_every_train_call(monkeypatch):
     """Every network of the hand-written step, the target critics included, follows

@@ -48,6 +48,7 @@ def assert_same_samples(got, expected) -> None:
             torch.testing.assert_close(x, y, rtol=0, atol=0, msg=f"{name} {key}")
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("strategy", ["future", "final", "episode"])
 @pytest.mark.parametrize("steps", [9, 30], ids=["filling", "wrapped"])
 def test_samples_are_sb3s(strategy, steps):
@@ -155,6 +156,7 @@ def test_sac_her_settings_that_cannot_work_are_refused():
         her_sac(replay_buffer_kwargs=dict(n_goals=4))
 
 
+@pytest.mark.cpu
 @pytest.mark.slow
 def test_sac_with_her_solves_continuous_bit_flipping_with_8_bits():
     """SB3's HER example on its BitFlippingEnv (8 bits, continuous actions, 8 steps an episode): after 5k steps

@@ -12,6 +12,9 @@ from covey import POCA, PPO, SAC
 from covey.envs import EarlyExitEnv
 from covey.networks.linear import fast_bfloat16_products
 
+# the seeds and thresholds were measured on the CPU (conftest.py: cpu)
+pytestmark = pytest.mark.cpu
+
 
 class ReachTarget(gym.Env):
     """Continuous control in its smallest form: output the target you observe.

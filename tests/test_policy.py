@@ -75,6 +75,7 @@ def test_ppo_policy_holds_both_networks_as_sb3s_does():
     assert policy.share_features_extractor == (model.actor.encoder is model.critic.encoder)
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("kind", sorted(ACTION_SPACES))
 def test_ppo_policy_forward_evaluate_and_distribution_match_torch_distributions(kind):
     space = ACTION_SPACES[kind]
@@ -131,6 +132,7 @@ def test_ppo_policy_forward_evaluate_and_distribution_match_torch_distributions(
         np.testing.assert_array_equal(expected, mode.numpy())
 
 
+@pytest.mark.cpu
 def test_ppo_evaluate_actions_gradients_reach_actor_and_critic():
     """SB3 code trains through evaluate_actions (e.g. behaviour cloning): its outputs carry gradients."""
     model = ppo_model(ACTION_SPACES["box"])
@@ -141,6 +143,7 @@ def test_ppo_evaluate_actions_gradients_reach_actor_and_critic():
         assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.trunk.parameters())
 
 
+@pytest.mark.cpu
 def test_ppo_policy_takes_dict_observations():
     space = spaces.Dict({"a": BOX_OBS, "b": spaces.Discrete(4)})
     model = PPO("MultiInputPolicy", SpaceEnv(space, spaces.Discrete(2)), **FAST).learn(32)
@@ -153,6 +156,7 @@ def test_ppo_policy_takes_dict_observations():
     assert values.shape == (5, 1) and log_prob.shape == (5,)
 
 
+@pytest.mark.cpu
 def test_policy_state_dict_and_parameter_vector_round_trip():
     """SB3's "accessing and modifying model parameters" recipes: state_dict copies, parameter vectors."""
     model_a = ppo_model(ACTION_SPACES["discrete"])
@@ -177,6 +181,7 @@ def test_policy_state_dict_and_parameter_vector_round_trip():
         model_a.policy.load_from_vector(vector[:-1])
 
 
+@pytest.mark.cpu
 def test_ppo_policy_after_load(tmp_path):
     model = ppo_model(ACTION_SPACES["box"])
     model.save(tmp_path / "m")
@@ -188,6 +193,7 @@ def test_ppo_policy_after_load(tmp_path):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("kind", ["discrete", "multidiscrete", "box"])
 def test_sb3_onnx_export_recipe_runs_on_the_ppo_policy(kind, tmp_path):
     """SB3's documented ONNX recipe: a module returning policy(obs, deterministic=True), exported with
@@ -218,6 +224,7 @@ def test_sb3_onnx_export_recipe_runs_on_the_ppo_policy(kind, tmp_path):
         np.testing.assert_array_equal(outputs[0][0], predicted)
 
 
+@pytest.mark.cpu
 def test_policy_refuses_numpy_observations_and_recurrent_calls_without_memory():
     model = ppo_model(ACTION_SPACES["discrete"])
     with pytest.raises(TypeError, match=r"obs_to_tensor"):
@@ -280,6 +287,7 @@ def sac_model() -> SAC:
     return SAC("MlpPolicy", "Pendulum-v1", learning_starts=16, batch_size=16, seed=0).learn(32)
 
 
+@pytest.mark.cpu
 def test_sac_policy_is_sb3s_sacpolicy():
     model = sac_model()
     policy = model.policy
@@ -308,6 +316,7 @@ def test_sac_policy_is_sb3s_sacpolicy():
     np.testing.assert_allclose(policy.scale_action(predicted), deterministic.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.cpu
 def test_sac_actor_action_log_prob_is_the_squashed_gaussians():
     """SB3 SAC's ``model.actor.action_log_prob(obs)``: a reparameterized action in [-1, 1] and its
     log-probability with the tanh change of variables, checked against torch.distributions."""
@@ -324,6 +333,7 @@ def test_sac_actor_action_log_prob_is_the_squashed_gaussians():
     torch.testing.assert_close(log_prob.detach(), expected, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.cpu
 def test_sac_policy_on_discrete_actions():
     model = SAC("MlpPolicy", SpaceEnv(BOX_OBS, spaces.Discrete(3)), learning_starts=8, batch_size=8, seed=0).learn(16)
     obs = obs_batch(4)
@@ -333,6 +343,7 @@ def test_sac_policy_on_discrete_actions():
     assert model.policy.squash_output is False
 
 
+@pytest.mark.cpu
 def test_sac_critics_answer_as_sb3s_continuous_critic():
     """``model.critic(obs, actions)`` is a tuple of one ``(B, 1)`` tensor per critic, so SB3's
     ``torch.cat(model.critic(obs, actions), dim=1)`` works; ``q1_forward`` is the first critic's."""
@@ -354,6 +365,7 @@ def test_sac_critics_answer_as_sb3s_continuous_critic():
     assert len(targets) == 3 and targets[0].shape == (5, 1)
 
 
+@pytest.mark.cpu
 def test_sac_discrete_critics_give_one_value_per_action():
     model = SAC("MlpPolicy", SpaceEnv(BOX_OBS, spaces.Discrete(3)), learning_starts=8, batch_size=8, seed=0).learn(16)
     obs = obs_batch(4)
@@ -390,6 +402,7 @@ def test_get_parameters_has_sb3s_groups_and_policy_state(name):
         model_b.set_parameters({"actors": {}})
 
 
+@pytest.mark.cpu
 def test_sb3_sac_onnx_recipe_runs_on_the_sac_actor(tmp_path):
     """SB3's ONNX recipe for SAC calls ``model.policy.actor(obs, deterministic=True)``: covey's actor answers
     a call with actions (squashed into [-1, 1]), as SB3's does, and exports with it."""
@@ -453,6 +466,7 @@ def test_sb3_policy_save_and_load_recipe(tmp_path):
         assert "policy" in tensors and type(model).load(path).num_timesteps == model.num_timesteps
 
 
+@pytest.mark.cpu
 def test_policy_load_names_the_right_class_and_copies_do_not_save(tmp_path):
     import copy
     import pickle

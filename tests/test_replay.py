@@ -131,6 +131,7 @@ def test_arrays_have_sb3s_layout(n_envs):
     ],
     ids=["box", "discrete", "dict"],
 )
+@pytest.mark.cpu
 def test_sample_returns_sb3s_samples(obs_space, action_space):
     """``sample()`` is SB3's: the same transitions put in SB3's buffer and covey's, sampled under the same NumPy
     seed, give the same ``ReplayBufferSamples``, field by field (shapes and dtypes included); ``dones`` is the
@@ -207,6 +208,7 @@ def test_n_step_returns_by_hand(dict_obs):
         assert (next_obs[i], batch.terminated[i].item()) == (nxt, term)
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("normalized", [False, True], ids=["raw", "vec-normalize"])
 @pytest.mark.parametrize("handle_timeouts", [True, False])
 @pytest.mark.parametrize("rows", [7, 20], ids=["part-filled", "wrapped"])
@@ -256,6 +258,7 @@ def test_n_steps_with_optimize_memory_usage_is_refused():
         ReplayBuffer(16, BOX_OBS, ACTIONS, optimize_memory_usage=True, n_steps=3)
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("dict_obs", [False, True], ids=["discrete", "dict-with-discrete"])
 def test_discrete_observations_have_sb3s_layout(dict_obs):
     """A Discrete observation is ``(..., 1)`` in the arrays and in ``sample()``, as in SB3's buffers, and a

@@ -710,6 +710,7 @@ class _RecordRaw(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
+@pytest.mark.cpu
 def test_sac_behind_vecnormalize_stores_original_data_and_samples_it_normalized():
     """As SB3 does: behind a VecNormalize the buffer holds the env's original observations and rewards (stored
     normalized ones would go stale as the statistics move), and sample(env=...) normalizes them with the

@@ -860,6 +860,7 @@ def _shared_cnn_sac(**kwargs) -> SAC:
     return SAC("CnnPolicy", env, policy_kwargs=policy_kwargs, buffer_size=200, batch_size=8, seed=0, **kwargs)
 
 
+@pytest.mark.cpu
 def test_sac_with_a_shared_cnn_trains_it_with_the_actors_loss_alone():
     """SB3's share_features_extractor=True for SAC: one CNN for actor and critics; the critics' optimizer leaves it
     out and no gradient reaches it through the Q values, so the critics' update does not move it and the actor's

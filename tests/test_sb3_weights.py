@@ -28,6 +28,7 @@ def observations(space: spaces.Box, n: int = 32) -> np.ndarray:
     return np.random.default_rng(0).uniform(-1, 1, (n, *space.shape)).astype(np.float32)
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_ppo_takes_sb3s_weights_and_acts_values_and_scores_as_sb3(env_id):
     sb3_model, model = trained_pair("PPO", env_id, n_steps=64, batch_size=64, n_epochs=2)
@@ -48,6 +49,7 @@ def test_ppo_takes_sb3s_weights_and_acts_values_and_scores_as_sb3(env_id):
     torch.testing.assert_close(entropy, sb3_entropy, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.cpu
 def test_sac_takes_sb3s_weights_and_acts_and_values_as_sb3():
     sb3_model, model = trained_pair("SAC", "Pendulum-v1", learning_starts=64, batch_size=32)
     obs = observations(model.observation_space)
@@ -74,6 +76,7 @@ def test_the_policy_alone_copies_without_a_warning():
     np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("share", [True, False])
 def test_mlp_extractor_and_extract_features_are_sb3s(share):
     """``policy.mlp_extractor`` and ``policy.extract_features`` answer as SB3's once the weights are SB3's: the
@@ -120,6 +123,7 @@ def test_cnn_policy_weights_copy_into_covey_nature_cnn(share):
         torch.testing.assert_close(logits, sb3_model.policy.get_distribution(sb3_obs).distribution.logits)
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("share", [False, True])
 def test_sac_cnn_policy_weights_copy(share):
     """SB3's SAC CnnPolicy (with share_features_extractor too: one CNN for actor and critics), weights copied:

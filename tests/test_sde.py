@@ -84,6 +84,7 @@ def test_ppo_with_sde_keeps_the_noise_between_draws():
     assert not np.allclose(model.predict(obs)[0], first)  # new matrices, new noise
 
 
+@pytest.mark.cpu
 def test_ppo_with_sde_saves_loads_and_copies_sb3_weights(tmp_path):
     import stable_baselines3
 
@@ -170,6 +171,7 @@ class _RecordActions(SpaceEnv):
         return super().step(action)
 
 
+@pytest.mark.cpu
 def test_ppo_squash_output_stores_squashed_actions_and_rescales_them_for_the_env():
     """With squash_output=True the rollout keeps actions in [-1, 1] and the env gets them rescaled to its bounds
     (SB3's unscale_action), not clipped; predict rescales too. The entropy loss is the mean log-probability of the
@@ -197,6 +199,7 @@ def test_ppo_squash_output_stores_squashed_actions_and_rescales_them_for_the_env
     )
 
 
+@pytest.mark.cpu
 def test_ppo_squash_output_copies_sb3_weights_saves_and_loads(tmp_path):
     import stable_baselines3
 
@@ -347,6 +350,7 @@ def test_sac_use_sde_at_warmup_acts_with_the_policy():
         assert (len(draws), len(acts)) == ((0, 20) if at_warmup else (20, 0))
 
 
+@pytest.mark.cpu
 def test_sac_with_sde_saves_loads_and_copies_sb3_weights(tmp_path):
     import warnings
 
