@@ -663,3 +663,19 @@ def test_threads_smoke():
     assert "command: python -m benchmarks.threads --repeats 1 --calls-scale 0.01" in result.stdout
     bad = subprocess.run([*command, "--calls-scale", "0"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert bad.returncode == 2 and "--calls-scale > 0" in bad.stderr
+
+
+def test_devices_smoke(capsys):
+    """covey and SB3, PPO and SAC, on each device this machine has: a row per round and run, then the ratios."""
+    from benchmarks import devices
+
+    devices.main(["--scale", "0.05", "--rounds", "2"])
+    output = capsys.readouterr().out
+    header, *rows = table_cells(output)
+    assert header == ["round", "learner", "library", "device", "env steps", "seconds", "env steps/s"]
+    on = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    runs = [(r, agent, lib, dev) for r in "01" for agent in ("PPO", "SAC") for lib in ("covey", "SB3") for dev in on]
+    assert [tuple(row[:4]) for row in rows] == runs
+    assert all(number(row[5]) > 0 and number(row[4]) == (2048 if row[1] == "PPO" else 108) for row in rows)
+    assert "- PPO, covey/SB3 both on cpu: " in output and "- SAC, covey/SB3 both on cpu: " in output
+    assert ("- SAC, SB3 on the CPU / on CUDA: " in output) == torch.cuda.is_available()

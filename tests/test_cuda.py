@@ -1,10 +1,15 @@
 """The agents on a CUDA device (skipped where there is none): PPO and SAC train there, their hand-written
 gradients agree with autograd there too, a model saved on the GPU predicts the same on the CPU, and the models
-that run on the CPU only (POCA, recurrent PPO) take it for device='auto'."""
+that run on the CPU only (POCA, recurrent PPO) take it for device='auto'; PPO with an MlpPolicy there recommends
+the CPU, as SB3's does."""
+
+import warnings
 
 import numpy as np
 import pytest
 import torch
+from envs import SpaceEnv, image_space
+from gymnasium import spaces
 from test_fast_paths import one_update, sac_pair
 
 from covey import POCA, PPO, SAC
@@ -74,3 +79,15 @@ def test_poca_and_recurrent_ppo_pick_the_cpu_for_auto():
         assert model.device.type == "cpu" and devices(model) == {"cpu"} and model._n_updates > 0
     with pytest.raises(ValueError, match="runs on the CPU only"):
         POCA("MlpPolicy", EarlyExitEnv, n_envs=2, seed=0, device="cuda")
+
+
+def test_ppo_with_an_mlp_policy_on_cuda_recommends_the_cpu():
+    with pytest.warns(UserWarning, match=r"PPO with an MlpPolicy on cuda.*Pass device='cpu'"):
+        model = PPO("MlpPolicy", "CartPole-v1", device="cuda")
+    assert model.device.type == "cuda"  # a recommendation: the model stays where it was asked for
+    image_env = SpaceEnv(image_space((36, 36, 3)), spaces.Discrete(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PPO("MlpPolicy", "CartPole-v1", device="cpu")
+        PPO("CnnPolicy", image_env, device="cuda")
+        SAC("MlpPolicy", "Pendulum-v1", device="cuda")

@@ -92,6 +92,7 @@ def assert_same_policy(ours, theirs, n: int = 16) -> None:
 # ============================================================================================ PPO
 
 
+@pytest.mark.cpu
 def test_ppo_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
     kwargs = dict(
         n_steps=64,
@@ -144,6 +145,7 @@ def test_ppo_loads_sb3s_cnn_dict_and_box_action_files(tmp_path, kind, no_unpickl
 # ============================================================================================ SAC
 
 
+@pytest.mark.cpu
 def test_sac_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
     kwargs = dict(
         learning_starts=50,
@@ -242,7 +244,8 @@ def test_a_schedule_written_as_a_function_is_named_and_can_be_passed_again(tmp_p
     assert ours.learning_rate == 3e-4 and ours.clip_range(1.0) == 0.25  # covey's default; the constant read
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # passed again: nothing left unread, no warning
-        again = PPO.load(tmp_path / "m.zip", custom_objects={"learning_rate": schedule})
+        # on the CPU: on a GPU, PPO with an MlpPolicy warns that the CPU is faster
+        again = PPO.load(tmp_path / "m.zip", custom_objects={"learning_rate": schedule}, device="cpu")
     assert again.learning_rate is schedule
 
 
@@ -258,7 +261,7 @@ def test_sb3s_schedule_objects_are_read(tmp_path):
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ours = PPO.load(tmp_path / "m.zip")
+        ours = PPO.load(tmp_path / "m.zip", device="cpu")  # on a GPU, PPO with an MlpPolicy would warn
     for progress in (1.0, 0.8, 0.5, 0.0):
         assert ours.clip_range(progress) == pytest.approx(clip_range(progress))
         assert ours.learning_rate(progress) == pytest.approx(learning_rate(progress))
@@ -299,6 +302,7 @@ def test_train_freq_is_read_from_its_pickles_opcodes_alone(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.cpu
 def test_set_parameters_reads_an_sb3_file(tmp_path):
     """SB3's ``model.set_parameters("file.zip")`` on a model built with the file's settings: the file's weights."""
     kwargs = dict(n_steps=32, batch_size=32, n_epochs=1, policy_kwargs=dict(net_arch=[16]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -613,6 +614,15 @@ class PPO(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
+        if self.device.type != "cpu" and self.policy_name == "MlpPolicy":
+            # as SB3 recommends for its PPO; covey's CPU paths (NumPy acting, hand-written gradients) widen the gap
+            warnings.warn(
+                f"PPO with an MlpPolicy on {self.device}: small MLPs train faster on the CPU, where covey acts in "
+                "NumPy and computes the update's gradients by hand, than on a GPU, where every env step waits on "
+                "a device round trip. Pass device='cpu' (the model trains on the GPU too, slowly).",
+                UserWarning,
+                stacklevel=2,
+            )
         self.clip_range = as_schedule(clip_range)
         self.clip_range_vf = as_schedule(clip_range_vf) if clip_range_vf is not None else None
         if _init_setup_model:
