@@ -44,6 +44,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from covey.requirements import release
 from covey.version import __version__
 
 OPSET = 18
@@ -55,6 +56,22 @@ CONTINUOUS_ATOL = 1e-5
 that verification accepts."""
 
 _INSTALL_HINT = 'pip install "covey[export]"'
+
+EXPORT_MIN_TORCH = (2, 8)
+"""The oldest torch whose torch.export-based ONNX exporter exports every actor covey has: the exporters of torch
+2.6 and 2.7 fixed the batch size of some actors (recurrent ones, a team's Dict actor) to the example's
+(tests/test_export.py: 3 of its 28 tests failed with torch 2.6.0, 2 with 2.7.1, none with 2.8.0)."""
+
+
+def _check_torch_for_export() -> None:
+    """ImportError, naming the upgrade, where the torch in use is older than :data:`EXPORT_MIN_TORCH`."""
+    version = torch.__version__
+    if release(version) < EXPORT_MIN_TORCH:
+        needed = ".".join(map(str, EXPORT_MIN_TORCH))
+        raise ImportError(
+            f"ONNX export needs torch>={needed}, whose exporter keeps every actor's batch size free; this "
+            f'environment has torch {version}: pip install -U "torch>={needed}".'
+        )
 
 
 def _require(module: str, purpose: str) -> Any:
@@ -385,6 +402,7 @@ def export_onnx(
     :param seed: seed of the sampled observations.
     :return: ``{"path", "verified", "max_abs_diff", "n_samples", "inputs", "outputs"}``.
     """
+    _check_torch_for_export()
     _require("onnx", "ONNX export")
     _require("onnxscript", "ONNX export")
     if verify:

@@ -125,3 +125,18 @@ class DictTeam(ParallelEnv):
     def step(self, actions):
         observations, *rest = self.env.step(actions)
         return (self._dicts(observations), *rest)
+
+
+def needs_onnx_exporter():
+    """pytest's mark that skips a test where torch's ONNX exporter is older than covey's export needs (export then
+    refuses, naming the upgrade: tests/test_requirements.py)."""
+    import pytest
+    import torch
+
+    from covey.export import EXPORT_MIN_TORCH
+    from covey.requirements import release
+
+    needed = ".".join(map(str, EXPORT_MIN_TORCH))
+    return pytest.mark.skipif(
+        release(torch.__version__) < EXPORT_MIN_TORCH, reason=f"ONNX export needs torch>={needed}"
+    )

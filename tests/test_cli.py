@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import yaml
+from envs import needs_onnx_exporter
 
 from covey.cli.config import CLIError, RunConfig, apply_sets, linear_schedule, parse_yaml
 
@@ -306,6 +307,7 @@ def test_enjoy_records_a_pettingzoo_team(poca_run):
     assert gif_frames(out) > 1 and "1 episode(s)" in result.stdout
 
 
+@needs_onnx_exporter()
 def test_export_writes_a_verified_onnx(ppo_run):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from envs import DictTeam, SpaceEnv, image_space
+from envs import DictTeam, SpaceEnv, image_space, needs_onnx_exporter
 from gymnasium import spaces
 from onnx import numpy_helper
 
@@ -19,6 +19,8 @@ from covey import POCA, PPO, SAC
 from covey.envs import EarlyExitEnv
 from covey.export import ExportedActor, export_onnx
 from covey.serialization import ModelFileError
+
+pytestmark = needs_onnx_exporter()
 
 # ============================================================================================ helpers
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import stable_baselines3 as sb3
 import torch
-from envs import SpaceEnv, image_space
+from envs import SpaceEnv, image_space, needs_onnx_exporter
 from gymnasium import spaces
 
 from covey import POCA, PPO, SAC
@@ -317,6 +317,7 @@ def test_set_parameters_reads_an_sb3_file(tmp_path):
     assert_same_policy(ours, theirs)
 
 
+@needs_onnx_exporter()
 def test_sb3_files_load_by_their_agent_in_the_cli_and_the_exporter(tmp_path):
     """``covey.agents.load`` picks the agent of an SB3 file as of a covey one, so ``covey eval`` and ``covey export``
     take SB3's PPO and SAC files too; another algorithm's file is refused, naming it."""

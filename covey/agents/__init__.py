@@ -7,6 +7,10 @@ import io
 import os
 from typing import Any
 
+from covey.requirements import check_versions
+
+check_versions()  # a dependency older than covey runs with: say which, before anything fails on it
+
 AGENTS = {"PPO": "covey.agents.ppo", "SAC": "covey.agents.sac", "POCA": "covey.agents.poca"}
 
 
