@@ -232,6 +232,12 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             )
         )
         rows.append((f"PPO update per minibatch, {name}", "torch.tanh", t_tanh, "2 * sigmoid(2x) - 1", t_sigmoid))
+        assert manual._manual.pair is not None  # SB3's default MlpPolicy: the trunks are paired
+        t_paired, t_apart = (
+            t / minibatches
+            for t in timed.pair(manual.train, with_setting(manual.train, "PAIR_TRUNKS", False, mlp_module), 3)
+        )
+        rows.append((f"PPO update per minibatch, {name}", "trunks paired", t_paired, "one network at a time", t_apart))
         flat_step, per_parameter_step = autograd_minibatch(auto, True), autograd_minibatch(auto, False)
 
         def flat_step_linked(step=flat_step, flat: FlatParameters = auto.optimizer.flat_parameters) -> None:

@@ -24,7 +24,7 @@ from covey.networks.distributions import (
     SquashedStateDependentHead,
     StateDependentGaussianHead,
 )
-from covey.networks.mlp import ManualMLP, mlp
+from covey.networks.mlp import ManualMLP, PairedMLP, mlp
 
 mlp_module = importlib.import_module("covey.networks.mlp")  # covey.networks.mlp is also the function's name
 
@@ -328,6 +328,82 @@ def test_manual_mlp_input_gradient_and_one_output_head_equal_autograd(monkeypatc
         manual.backward(inputs, grad_out)
     for p, g in zip(params, reference):
         assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-4 * g.abs().max().item())
+
+
+def actor_and_critic(n_in: int, hidden: list, activation, outs: tuple, order: str = "a, b"):
+    """Two ManualMLPs of the same trunk shape and output widths ``outs``, their parameters in one flat buffer
+    (``order``: whose come first), and each one's parameters."""
+    torch.manual_seed(0)
+    nets = [(mlp(n_in, hidden, activation), nn.Linear(hidden[-1] if hidden else n_in, n)) for n in outs]
+    params = [[*trunk.parameters(), *out.parameters()] for trunk, out in nets]
+    FlatParameters(params[0] + params[1] if order == "a, b" else params[1] + params[0])
+    return [ManualMLP(trunk, out) for trunk, out in nets], params
+
+
+@pytest.mark.parametrize("rows", [5, 64])
+@pytest.mark.parametrize(
+    ("n_in", "hidden", "activation", "outs"),
+    [
+        (3, [8, 6], nn.Tanh, (2, 1)),
+        (3, [32, 20], nn.Tanh, (3, 1)),  # a wide first layer on 3 inputs: transposed weight gradients
+        (20, [16], nn.ReLU, (1, 1)),  # one output each: outer products for the input gradients
+        (4, [64, 64], nn.ReLU, (2, 1)),
+    ],
+)
+def test_paired_mlp_equals_each_network_alone(n_in, hidden, activation, outs, rows, kernel_forms):
+    """The paired trunks give each network's outputs, and write each network's weight and bias gradients
+    into its own slice of the flat buffer, as the networks run one at a time do (to float rounding)."""
+    (a, b), params = actor_and_critic(n_in, hidden, activation, outs)
+    pair = PairedMLP.of(a, b)
+    assert pair is not None
+    assert (pair.narrow[0] is not None) == (hidden[0] >= 16 and n_in < 16)
+    x = torch.randn(rows, n_in)
+    grad_a, grad_b = torch.randn(rows, outs[0]), torch.randn(rows, outs[1])
+    out_a, saved_a = a.forward(x)
+    out_b, saved_b = b.forward(x)
+    a.backward(saved_a, grad_a)
+    b.backward(saved_b, grad_b)
+    alone = [p.grad.clone() for p in params[0] + params[1]]
+    for p in params[0] + params[1]:
+        p.grad.fill_(float("nan"))  # every gradient must be written again
+    paired_a, paired_b, saved = pair.forward(x)
+    pair.backward(saved, grad_a, grad_b)
+    assert torch.allclose(paired_a, out_a, atol=1e-6) and torch.allclose(paired_b, out_b, atol=1e-6)
+    for p, g in zip(params[0] + params[1], alone):
+        assert torch.allclose(p.grad, g, atol=1e-6)
+
+
+def test_paired_mlp_refuses_networks_it_cannot_run_as_one(monkeypatch):
+    """Other hidden layers, activations, no hidden layer, parameters outside one buffer or the second network's
+    before the first's, a large layer in oneDNN or bfloat16, and the switch off: no pairing."""
+    assert PairedMLP.of(*actor_and_critic(4, [8, 8], nn.Tanh, (2, 1))[0]) is not None
+    a, b = actor_and_critic(4, [8, 8], nn.Tanh, (2, 1), order="b, a")[0]
+    assert PairedMLP.of(a, b) is None and PairedMLP.of(b, a) is not None
+    torch.manual_seed(0)
+    nets = [
+        (mlp(4, hidden, act), nn.Linear(hidden[-1] if hidden else 4, 1))
+        for hidden, act in [([8, 8], nn.Tanh), ([8, 6], nn.Tanh), ([8, 8], nn.ReLU), ([], nn.Tanh), ([8, 8], nn.Tanh)]
+    ]
+    FlatParameters([p for trunk, out in nets[:4] for p in [*trunk.parameters(), *out.parameters()]])
+    first, other_width, other_activation, no_hidden, outside = (ManualMLP(trunk, out) for trunk, out in nets)
+    for second in (other_width, other_activation, outside):
+        assert PairedMLP.of(first, second) is None
+    assert PairedMLP.of(no_hidden, no_hidden) is None
+    a, b = actor_and_critic(4, [8, 8], nn.Tanh, (2, 1))[0]
+    monkeypatch.setattr(mlp_module, "PAIR_TRUNKS", False)
+    assert PairedMLP.of(a, b) is None
+    monkeypatch.setattr(mlp_module, "PAIR_TRUNKS", True)
+    a.bf16 = True
+    assert PairedMLP.of(a, b) is None
+    wide = actor_and_critic(4, [64, 128], nn.Tanh, (2, 1))[0]  # 64 x 128 weights: oneDNN's size
+    monkeypatch.setattr(linear_module, "ONEDNN", True)
+    for net in wide:
+        net.bind()
+    assert PairedMLP.of(*wide) is None
+    monkeypatch.setattr(linear_module, "ONEDNN", False)
+    for net in wide:
+        net.bind()
+    assert PairedMLP.of(*wide) is not None
 
 
 def bf16_reference(trunk: nn.Sequential, out: nn.Linear, x: torch.Tensor, large: list[bool]) -> torch.Tensor:
@@ -752,6 +828,8 @@ def test_manual_ppo_update_equals_autograd_update(monkeypatch, case, kernel_form
     env_id, kwargs = CASES[case]
     ours, ours_log = one_update(monkeypatch, True, env_id, **kwargs)
     ref, ref_log = one_update(monkeypatch, False, env_id, **kwargs)
+    # the trunks run paired (PairedMLP) unless gSDE's head reads the latent or the trunks differ
+    assert (ours._manual.pair is not None) == ("gSDE" not in case and "other widths" not in case)
     moved = max((p - q).abs().max().item() for p, q in zip(ours._params, ref._params))
     assert moved < 1e-5
     assert ours._n_updates == ref._n_updates
@@ -762,6 +840,27 @@ def test_manual_ppo_update_equals_autograd_update(monkeypatch, case, kernel_form
         assert ours._n_updates < ours.n_epochs
     if "clipping" in case:
         assert ours_log["train/clip_fraction"] > 0
+
+
+@pytest.mark.filterwarnings("ignore:batch_size=48 does not divide")
+@pytest.mark.parametrize("case", ["discrete, entropy bonus, clipping", "box, clipping", "truncated last minibatch"])
+def test_manual_ppo_update_with_paired_trunks_equals_one_network_at_a_time(monkeypatch, case):
+    """With the trunks paired and with them one at a time (``PAIR_TRUNKS``), the rollout's values and log-probs
+    and one update's parameters and statistics agree to float rounding."""
+    env_id, kwargs = CASES[case]
+    runs = {}
+    for paired in (True, False):
+        monkeypatch.setattr(mlp_module, "PAIR_TRUNKS", paired)
+        runs[paired] = one_update(monkeypatch, True, env_id, **kwargs)
+        assert (runs[paired][0]._manual.pair is not None) == paired
+    (ours, ours_log), (ref, ref_log) = runs[True], runs[False]
+    for name in ("values_tensor", "log_probs_tensor"):
+        expected = getattr(ref.rollout_buffer, name)
+        assert torch.allclose(getattr(ours.rollout_buffer, name), expected, atol=1e-6), name
+    assert max((p - q).abs().max().item() for p, q in zip(ours._params, ref._params)) < 1e-6
+    for key, value in ref_log.items():
+        if key.startswith("train/") and isinstance(value, float):
+            assert ours_log[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
 @pytest.mark.parametrize(
@@ -805,13 +904,16 @@ def test_rollout_is_evaluated_with_the_update_arithmetic(monkeypatch, net_arch):
     model.collect_rollouts(callback)
     buffer = model.rollout_buffer
     obs, actions = buffer.flat_observations(), buffer.flat_actions()
+    manual = model._manual
+    # 64-wide trunks run paired (PairedMLP), 256-wide ones in oneDNN one at a time (where PyTorch has it)
+    assert (manual.pair is not None) == (net_arch == [64, 64] or not linear_module.AVAILABLE)
     with torch.no_grad():
-        logits, _ = model._manual.policy_net.forward(model.actor.encoder(obs[100:164]))
-        log_prob = model.actor.head.manual_terms(logits, model.actor.head.manual_actions(actions[100:164]))[0]
+        x = model.actor.encoder(obs[100:164])  # the update's minibatch of 64 rows, as it computes it
+        logits, values, saved = manual._forward(x, x)
+        log_prob = manual._terms(logits, model.actor.head.manual_actions(actions[100:164]), saved)[0]
         assert torch.equal(log_prob, buffer.log_probs_tensor.reshape(-1)[100:164])
-        values = model._manual.value_net.forward(model.critic.encoder(obs[100:164]))[0].view(-1)
-        assert torch.equal(values, buffer.values_tensor.reshape(-1)[100:164])
-        logits, _ = model._manual.policy_net.forward(model.actor.encoder(obs))
+        assert torch.equal(values.view(-1), buffer.values_tensor.reshape(-1)[100:164])
+        logits, _ = manual.policy_net.forward(model.actor.encoder(obs))
         log_prob = model.actor.head.manual_terms(logits, model.actor.head.manual_actions(actions))[0]
         assert torch.allclose(model.actor.evaluate(obs, actions)[0], log_prob, atol=1e-5)
         assert torch.allclose(model.critic(obs), buffer.values_tensor.reshape(-1), atol=1e-5)

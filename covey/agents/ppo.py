@@ -35,7 +35,7 @@ from covey.networks.actor_critic import (
 from covey.networks.distributions import CategoricalHead, DiagGaussianHead, StateDependentGaussianHead
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import FlattenEncoder
-from covey.networks.mlp import ManualMLP
+from covey.networks.mlp import ManualMLP, PairedMLP
 from covey.networks.obs import ObsTensor, batch_to_tensor
 from covey.networks.policies import ActorCriticPolicy
 from covey.networks.sb3_names import translate_groups
@@ -241,7 +241,8 @@ class ManualPPOUpdate:
     path, in far fewer operations, which is what a minibatch of a small MLP costs on a CPU: the weight-free
     encoders run once per rollout, each epoch permutes the rollout once and normalizes the advantages of
     all its minibatches together, :class:`~covey.networks.mlp.ManualMLP` writes the gradients straight
-    into the optimizer's flat gradient buffer, and the logged statistics are reduced once per update.
+    into the optimizer's flat gradient buffer (both trunks at once where :class:`~covey.networks.mlp.PairedMLP`
+    pairs them), and the logged statistics are reduced once per update.
 
     It applies (:meth:`applies`) to weight-free encoders (``MlpPolicy`` on vector, Discrete or
     MultiBinary observations), ``Linear`` + Tanh/ReLU trunks, a Discrete or Box action head (with or without
@@ -256,6 +257,16 @@ class ManualPPOUpdate:
         self.policy_net = ManualMLP(actor.trunk, actor.head.proj)
         self.value_net = ManualMLP(critic.trunk, critic.value_head.proj)
         self.sde = type(actor.head) is StateDependentGaussianHead  # its terms read the latent too
+        self.pair: PairedMLP | None = None  # both trunks run as one, where bind() pairs them
+
+    def bind(self) -> None:
+        """Read the networks' gradient tensors and the CPU's kernel choices (:meth:`ManualMLP.bind`), and pair the
+        trunks (:class:`~covey.networks.mlp.PairedMLP`) where they read one encoder's output and have the same
+        hidden layers (not with gSDE, whose terms read the policy's latent)."""
+        self.policy_net.bind()
+        self.value_net.bind()
+        shared = self.critic.encoder is self.actor.encoder
+        self.pair = PairedMLP.of(self.policy_net, self.value_net) if shared and not self.sde else None
 
     def act(self, obs: ObsTensor) -> torch.Tensor:
         """Sampled actions for a batch of observations: :meth:`Actor.act` without the module calls (gSDE's
@@ -264,22 +275,43 @@ class ManualPPOUpdate:
             return self.actor.act(obs)
         return self.actor.head.sample(self.policy_net.infer(self.actor.encoder(obs)))
 
-    def _terms(self, x: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple, list]:
-        """The policy's log-probabilities, entropies and gradient terms for encoded observations ``x`` and
-        stored ``actions`` (in the head's form), and its layers' inputs (for the backward)."""
-        params, inputs = self.policy_net.forward(x)
+    def _forward(self, x_pi: torch.Tensor, x_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """The policy's output and the values ``(B, 1)`` for encoded observations, and both networks' layer
+        inputs (for :meth:`_backward`)."""
+        if self.pair is not None:
+            return self.pair.forward(x_pi)
+        params, h_pi = self.policy_net.forward(x_pi)
+        value, h_v = self.value_net.forward(x_v)
+        return params, value, (h_pi, h_v)
+
+    def _backward(self, inputs: Any, grad_params: torch.Tensor, grad_value: torch.Tensor) -> None:
+        """Both networks' gradients from d(loss)/d(policy output) and d(loss)/d(values), into the flat buffer."""
+        if self.pair is not None:
+            self.pair.backward(inputs, grad_params, grad_value)
+        else:
+            h_pi, h_v = inputs
+            self.policy_net.backward(h_pi, grad_params)
+            self.value_net.backward(h_v, grad_value)
+
+    def _terms(
+        self, params: torch.Tensor, actions: torch.Tensor, inputs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """The policy's log-probabilities, entropies and gradient terms for its output ``params`` and stored
+        ``actions`` (in the head's form); ``inputs``: :meth:`_forward`'s (gSDE's terms read the latent)."""
         if self.sde:
-            return (*self.actor.head.manual_terms(params, actions, inputs[-1]), inputs)
-        return (*self.actor.head.manual_terms(params, actions), inputs)
+            return self.actor.head.manual_terms(params, actions, inputs[0][-1])
+        return self.actor.head.manual_terms(params, actions)
 
     @torch.no_grad()
     def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Values and log-probabilities ``(B,)`` with the same arithmetic as the minibatch updates (so that
         the first update's probability ratios start at exactly 1)."""
+        self.bind()  # the pairing that the update after this rollout takes
         x_pi = self.actor.encoder(obs)
         x_v = x_pi if self.critic.encoder is self.actor.encoder else self.critic.encoder(obs)
-        log_prob = self._terms(x_pi, self.actor.head.manual_actions(actions))[0]
-        return self.value_net.forward(x_v)[0].view(-1), log_prob
+        params, value, inputs = self._forward(x_pi, x_v)
+        log_prob = self._terms(params, self.actor.head.manual_actions(actions), inputs)[0]
+        return value.view(-1), log_prob
 
     @torch.no_grad()
     def value(self, obs: ObsTensor) -> torch.Tensor:
@@ -315,9 +347,8 @@ class ManualPPOUpdate:
     ) -> tuple[dict[str, float], int]:
         """Run the epochs on the collected rollout: returns the mean of every minibatch statistic (as
         :func:`ppo_loss` names them) and the number of epochs started (an early stop ends one early)."""
-        policy_net, value_net, head = self.policy_net, self.value_net, self.actor.head
-        policy_net.bind()
-        value_net.bind()
+        head = self.actor.head
+        self.bind()
         flat = optimizer.flat_parameters
         n = buffer.n_steps * buffer.n_envs
         batch_size = min(config.batch_size, n)
@@ -331,9 +362,8 @@ class ManualPPOUpdate:
             head.manual_actions(buffer.flat_actions()),
             buffer.log_probs_tensor.reshape(n),
             buffer.advantages_tensor.reshape(n),
-            buffer.returns_tensor.reshape(n),
+            buffer.returns_tensor.reshape(n, 1),  # (n, 1) as the values
         )
-        minibatches = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
         # Per-sample terms of every minibatch, reduced to the logged statistics once at the end.
         log_ratios, s1s, s2s, errors, entropies, used = [], [], [], [], [], []
         low, high = 1.0 - clip_range, 1.0 + clip_range
@@ -344,27 +374,31 @@ class ManualPPOUpdate:
         if not shuffle:
             # One minibatch holds the whole rollout: its order does not change the gradient, so every epoch
             # takes the rollout as it is.
-            x_pi_e, x_v_e, act_e, old_e, adv_e, ret_e = rollout
-            adv_e = self._scaled_advantages(adv_e, batch_size, config.normalize_advantage)
+            whole = (
+                *rollout[:4],
+                self._scaled_advantages(rollout[4], batch_size, config.normalize_advantage),
+                rollout[5],
+            )
         for _ in range(config.n_epochs):
             epochs += 1
             if shuffle:
-                # One permutation per epoch; the minibatches are contiguous slices of the permuted rollout.
-                x_pi_e, x_v_e, act_e, old_e, adv_e, ret_e = _permute(rollout, torch.randperm(n, device=x_pi.device))
-                adv_e = self._scaled_advantages(adv_e, batch_size, config.normalize_advantage)
-            for start, end in minibatches:
-                size = end - start
-                epoch = (x_pi_e, x_v_e, act_e, old_e, adv_e, ret_e)
-                # one minibatch of the whole rollout takes it as it is, unsliced
-                x_pi_b, x_v_b, act_b, old_b, adv_b, ret_b = [t[start:end] for t in epoch] if shuffle else epoch
-                log_prob, entropy, terms, h_pi = self._terms(x_pi_b, act_b)
-                value, h_v = value_net.forward(x_v_b)
+                # One permutation per epoch; the minibatches are contiguous parts of the permuted rollout, split
+                # once per epoch (views).
+                epoch = _permute(rollout, torch.randperm(n, device=x_pi.device))
+                adv_e = self._scaled_advantages(epoch[4], batch_size, config.normalize_advantage)
+                minibatches = zip(*_split((*epoch[:4], adv_e, epoch[5]), batch_size))
+            else:
+                minibatches = (whole,)
+            for x_pi_b, x_v_b, act_b, old_b, adv_b, ret_b in minibatches:
+                size = ret_b.shape[0]
+                params, value, inputs = self._forward(x_pi_b, x_v_b)
+                log_prob, entropy, terms = self._terms(params, act_b, inputs)
                 log_ratio = log_prob - old_b
                 ratio = log_ratio.exp()
                 # adv_b is -A / size: the minus of the loss and the 1 / size of its mean folded in
                 s1 = ratio * adv_b
                 s2 = ratio.clamp(low, high).mul_(adv_b)
-                error = value.view(-1) - ret_b
+                error = value - ret_b  # (B, 1)
                 log_ratios.append(log_ratio)
                 s1s.append(s1)
                 s2s.append(s2)
@@ -381,8 +415,8 @@ class ManualPPOUpdate:
                 # policy loss = sum(max(s1, s2)) over the minibatch; its gradient flows through the unclipped
                 # term where that one is selected (ties: the ratio is inside the clip range).
                 grad_log_prob = torch.where(s1 >= s2, s1, 0.0)
-                policy_net.backward(h_pi, head.manual_grad(terms, grad_log_prob, -ent_coef / size))
-                value_net.backward(h_v, error.mul(2.0 * vf_coef / size).unsqueeze(1))
+                grad_params = head.manual_grad(terms, grad_log_prob, -ent_coef / size)
+                self._backward(inputs, grad_params, error.mul(2.0 * vf_coef / size))
                 flat.clip_grad_norm_(config.max_grad_norm)
                 flat.step(optimizer)
             if stop:
@@ -412,7 +446,7 @@ class ManualPPOUpdate:
         """Every statistic of :func:`ppo_loss`, averaged over the minibatches as the autograd path logs them."""
         if not sizes:
             return {}
-        cat = {key: torch.cat(values) for key, values in stash.items()}
+        cat = {key: torch.cat(values).view(-1) for key, values in stash.items()}
         m = len(sizes)
         if min(sizes) == max(sizes):
             mean = torch.mean
@@ -967,6 +1001,15 @@ def _permute(rollout: tuple[torch.Tensor, ...], perm: torch.Tensor) -> tuple[tor
         if id(x) not in done:
             done[id(x)] = x[perm]
     return tuple(done[id(x)] for x in rollout)
+
+
+def _split(tensors: tuple[torch.Tensor, ...], size: int) -> list[tuple[torch.Tensor, ...]]:
+    """Every tensor of ``tensors`` split into parts of ``size`` rows, views (a tensor appearing twice is split once)."""
+    done: dict[int, tuple[torch.Tensor, ...]] = {}
+    for x in tensors:
+        if id(x) not in done:
+            done[id(x)] = x.split(size)
+    return [done[id(x)] for x in tensors]
 
 
 def _slice(obs: ObsTensor, start: int, stop: int) -> ObsTensor:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from covey.networks import linear as linear_module
-from covey.networks.linear import Linear, in_onednn, onednn_linear, onednn_weight_grad
+from covey.networks.linear import ONEDNN_MIN_ROWS, Linear, in_onednn, onednn_linear, onednn_weight_grad
 
 
 def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
@@ -35,6 +35,9 @@ SIGMOID_TANH = not linear_module.INTEL_MKL
 """Whether :class:`ManualMLP` evaluates tanh as ``2 * sigmoid(2x) - 1`` in training: several times faster than
 ``torch.tanh`` on CPUs other than Intel's (5.9 us vs 10.0 us for 64x64 on an AMD EPYC), several times slower on
 Intel's, where ``torch.tanh`` runs in MKL's vector math (11.2 us vs 3.1 us; ``python -m benchmarks.fast_paths``)."""
+
+PAIR_TRUNKS = True
+"""Whether :meth:`PairedMLP.of` pairs networks (set it to False to run them one at a time)."""
 
 
 class ManualMLP:
@@ -198,21 +201,27 @@ class ManualMLP:
         plan = self._plan(g.shape[0])
         last = len(self.weights) - 1
         for i in range(len(self.weights) - 1, -1, -1):
-            narrow = self.narrow[i]
             g16 = None
             if plan[i] and self.bf16:  # (out, B) @ (B, in), rounded to float32 by the copy
                 g16 = g.to(torch.bfloat16)
                 self.weight_grads[i].copy_(torch.mm(g16.t(), _bf16_input(inputs, i)))
             elif plan[i]:
                 self.weight_grads[i].copy_(onednn_weight_grad(g, inputs[i]))
-            elif narrow is not None:
-                self.weight_grads[i].copy_(torch.mm(inputs[i].t(), g, out=narrow).t())
             else:
-                torch.mm(g.t(), inputs[i], out=self.weight_grads[i])  # (out, in)
+                self.weight_grad(i, g, inputs[i])
             torch.sum(g, 0, out=self.bias_grads[i])
             if i == 0:
                 break
             g = self._below(i, g, inputs, plan, grad_latent if i == last else None, g16)
+
+    def weight_grad(self, i: int, g: torch.Tensor, x: torch.Tensor) -> None:
+        """Write layer ``i``'s weight gradient from ``g`` = d(loss)/d(its output) ``(B, out)`` and its input ``x``
+        ``(B, in)``: a float32 product outside oneDNN, transposed for a layer on few inputs (:attr:`narrow`)."""
+        narrow = self.narrow[i]
+        if narrow is not None:
+            self.weight_grads[i].copy_(torch.mm(x.t(), g, out=narrow).t())
+        else:
+            torch.mm(g.t(), x, out=self.weight_grads[i])  # (out, in)
 
     def input_grad(self, inputs: list[torch.Tensor], grad_out: torch.Tensor, start: int = 0) -> torch.Tensor:
         """d(loss)/d(input) ``(B, in - start)`` for the input's columns from ``start`` on, from ``grad_out`` =
@@ -254,6 +263,126 @@ class ManualMLP:
         if self.kinds[i - 1] == "tanh":
             return torch.ops.aten.tanh_backward.grad_input(g, inputs[i], grad_input=g)  # g * (1 - h^2)
         return torch.ops.aten.threshold_backward.grad_input(g, inputs[i], 0.0, grad_input=g)  # g * (h > 0)
+
+
+class PairedMLP:
+    """Two :class:`ManualMLP` networks with the same hidden layers on the same input (PPO's actor and critic
+    trunks on a shared encoder), run as one: each hidden layer's two products are one batched product
+    (``baddbmm``, ``bmm``), and its activation, activation gradient and bias gradient one kernel over both
+    networks. A minibatch of two small MLPs on a CPU costs mostly per-operation overhead, which this halves
+    for the trunks; the output layers, of any widths, stay apart.
+
+    Nothing is copied: the weights and gradients are read and written through strided views of the one buffer
+    that holds both networks' parameters (:class:`~covey.agents.base.FlatParameters`), layer ``i`` of ``b`` at a
+    fixed distance after layer ``i`` of ``a``. :meth:`of` pairs two networks only where that holds and no layer
+    takes the large-product path (oneDNN, bfloat16), so every product is a float32 product of the same shapes
+    as the networks' own.
+
+    >>> from covey.agents.base import FlatParameters
+    >>> nets = [(mlp(4, [8, 8]), nn.Linear(8, n)) for n in (2, 1)]
+    >>> flat = FlatParameters([p for trunk, out in nets for p in [*trunk.parameters(), *out.parameters()]])
+    >>> pi, vf = (ManualMLP(trunk, out) for trunk, out in nets)
+    >>> pair = PairedMLP.of(pi, vf)
+    >>> x = torch.randn(5, 4)
+    >>> logits, value, _ = pair.forward(x)
+    >>> torch.allclose(logits, pi.forward(x)[0], atol=1e-6) and torch.allclose(value, vf.forward(x)[0], atol=1e-6)
+    True
+    """
+
+    def __init__(self, a: ManualMLP, b: ManualMLP, views: dict[str, list[torch.Tensor]]) -> None:
+        self.a, self.b = a, b
+        self.weights = views["weights"]  # (2, out, in) per hidden layer
+        self.weights_t = [w.transpose(1, 2) for w in self.weights]  # (2, in, out)
+        self.biases = [bias.unsqueeze(1) for bias in views["biases"]]  # (2, 1, out)
+        self.weight_grads = views["weight_grads"]
+        self.bias_grads = views["bias_grads"]  # (2, out)
+        self.narrow = [None if n is None else n.new_empty(2, *n.shape) for n in a.narrow[: len(self.weights)]]
+
+    @staticmethod
+    def of(a: ManualMLP, b: ManualMLP) -> PairedMLP | None:
+        """``a`` and ``b`` paired, as bound now (:meth:`ManualMLP.bind`; pair them again after binding them
+        again), or None where they cannot be: other hidden layers or activations, no hidden layer, a large layer
+        (oneDNN, bfloat16), parameters and gradients not in one buffer with ``b``'s after ``a``'s, or
+        :data:`PAIR_TRUNKS` off."""
+        hidden = len(a.kinds)
+        if (
+            not PAIR_TRUNKS
+            or hidden == 0
+            or a.kinds != b.kinds
+            or a.shapes[:hidden] != b.shapes[:hidden]
+            or a.bf16
+            or b.bf16
+        ):
+            return None
+        if (a.onednn or b.onednn) and any(
+            in_onednn(ONEDNN_MIN_ROWS, n_in, n_out) for n_out, n_in in a.shapes + b.shapes
+        ):
+            return None
+        views: dict[str, list[torch.Tensor]] = {}
+        for name in ("weights", "biases", "weight_grads", "bias_grads"):
+            stacked = [_stacked(p, q) for p, q in zip(getattr(a, name)[:hidden], getattr(b, name)[:hidden])]
+            if any(view is None for view in stacked):
+                return None
+            views[name] = stacked
+        return PairedMLP(a, b, views)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """Both networks' outputs ``(B, out_a)``, ``(B, out_b)`` on ``x`` ``(B, in)`` with :meth:`ManualMLP.forward`'s
+        arithmetic, and what :meth:`backward` needs: the layers' inputs ``(2, B, width)``, then the last one's
+        halves ``(B, width)``."""
+        a, b = self.a, self.b
+        h = x.expand(2, *x.shape)
+        inputs = [h]
+        for kind, weight_t, bias in zip(a.kinds, self.weights_t, self.biases):
+            if kind == "tanh" and a.sigmoid_tanh:  # 2 * sigmoid(2z) - 1, as ManualMLP.forward
+                z = torch.baddbmm(bias, h, weight_t, beta=2.0, alpha=2.0)
+                h = torch.add(a._minus_one, z.sigmoid_(), alpha=2.0, out=z)
+            else:
+                z = torch.baddbmm(bias, h, weight_t)
+                h = z.tanh_() if kind == "tanh" else z.relu_()
+            inputs.append(h)
+        h_a, h_b = h.unbind(0)
+        inputs.append((h_a, h_b))
+        return torch.addmm(a.biases[-1], h_a, a.weights_t[-1]), torch.addmm(b.biases[-1], h_b, b.weights_t[-1]), inputs
+
+    def backward(self, saved: list, grad_a: torch.Tensor, grad_b: torch.Tensor) -> None:
+        """Write both networks' weight and bias gradients from d(loss)/d(output) of each, ``grad_a`` and
+        ``grad_b``, as :meth:`ManualMLP.backward` would for each network (``saved``: :meth:`forward`'s)."""
+        *inputs, halves = saved
+        last = len(self.weights)
+        g = torch.empty_like(inputs[last])  # d(loss)/d(last hidden layer's outputs), both networks
+        for net, grad, h, g_net in zip((self.a, self.b), (grad_a, grad_b), halves, g.unbind(0)):
+            net.weight_grad(last, grad, h)
+            torch.sum(grad, 0, out=net.bias_grads[last])
+            weight = net.weights[last]
+            # one output (a value head): an outer product, which MKL is slow at
+            torch.mul(grad, weight, out=g_net) if weight.shape[0] == 1 else torch.mm(grad, weight, out=g_net)
+        for i in range(last - 1, -1, -1):
+            if self.a.kinds[i] == "tanh":
+                torch.ops.aten.tanh_backward.grad_input(g, inputs[i + 1], grad_input=g)
+            else:
+                torch.ops.aten.threshold_backward.grad_input(g, inputs[i + 1], 0.0, grad_input=g)
+            narrow = self.narrow[i]
+            if narrow is not None:  # (in, out) products: see ManualMLP.narrow
+                self.weight_grads[i].copy_(torch.bmm(inputs[i].transpose(1, 2), g, out=narrow).transpose(1, 2))
+            else:
+                torch.bmm(g.transpose(1, 2), inputs[i], out=self.weight_grads[i])
+            torch.sum(g, 1, out=self.bias_grads[i])
+            if i > 0:
+                g = torch.bmm(g, self.weights[i])
+
+
+def _stacked(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor | None:
+    """A ``(2, *shape)`` view of ``p`` and ``q``, tensors of one shape and strides in one storage, ``q`` after
+    ``p`` and apart from it; None otherwise."""
+    if p.shape != q.shape or p.stride() != q.stride() or p.device != q.device:
+        return None
+    if p.untyped_storage().data_ptr() != q.untyped_storage().data_ptr():
+        return None
+    distance = q.storage_offset() - p.storage_offset()
+    if distance < p.numel() or not p.is_contiguous():
+        return None
+    return p.as_strided((2, *p.shape), (distance, *p.stride()), p.storage_offset())
 
 
 class LayerInputs(list):
