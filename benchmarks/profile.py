@@ -25,7 +25,7 @@ from benchmarks import poca_vs_supersuit
 from benchmarks.common import code_version, cpu_description
 from benchmarks.compare import FRAMEWORKS, TASKS_BY_NAME, Task, make_env
 from covey.agents.poca import POCA
-from covey.agents.ppo import PPO, ManualPPOUpdate
+from covey.agents.ppo import PPO, ManualPPOUpdate, NumpyActing
 from covey.agents.sac import SAC
 from covey.buffers.group import GroupRolloutBuffer
 from covey.buffers.replay import ReplayBuffer
@@ -39,6 +39,7 @@ PHASES: list[tuple[str, type, str]] = [
     ("env step", GroupVecEnv, "step"),
     ("acting", Actor, "act"),
     ("acting", ManualPPOUpdate, "act"),
+    ("acting", NumpyActing, "act"),
     ("buffer", RolloutBuffer, "add"),
     ("buffer", RolloutBuffer, "compute_returns"),
     ("buffer", GroupRolloutBuffer, "add"),
