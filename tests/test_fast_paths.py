@@ -863,6 +863,21 @@ def test_manual_ppo_update_with_paired_trunks_equals_one_network_at_a_time(monke
             assert ours_log[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
+def test_ppo_keeps_training_with_paired_trunks_after_a_users_zero_grad():
+    """A user's ``zero_grad()`` between ``learn`` calls sets every gradient to None: the next rollout and update
+    run (paired again, the gradients back in the flat buffer) and move the parameters."""
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=2, seed=0).learn(64)
+    assert model._manual.pair is not None
+    model.policy.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in model._params)
+    before = [p.detach().clone() for p in model._params]
+    model.learn(64, reset_num_timesteps=False)
+    assert model._manual.pair is not None
+    flat = model.optimizer.flat_parameters
+    assert all(p.grad is not None and p.grad.data_ptr() == flat.view(p).data_ptr() for p in model._params)
+    assert all(not torch.equal(p, q) for p, q in zip(model._params, before))
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

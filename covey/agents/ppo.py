@@ -258,6 +258,7 @@ class ManualPPOUpdate:
         self.value_net = ManualMLP(critic.trunk, critic.value_head.proj)
         self.sde = type(actor.head) is StateDependentGaussianHead  # its terms read the latent too
         self.pair: PairedMLP | None = None  # both trunks run as one, where bind() pairs them
+        self.bind()
 
     def bind(self) -> None:
         """Read the networks' gradient tensors and the CPU's kernel choices (:meth:`ManualMLP.bind`), and pair the
@@ -306,7 +307,6 @@ class ManualPPOUpdate:
     def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Values and log-probabilities ``(B,)`` with the same arithmetic as the minibatch updates (so that
         the first update's probability ratios start at exactly 1)."""
-        self.bind()  # the pairing that the update after this rollout takes
         x_pi = self.actor.encoder(obs)
         x_v = x_pi if self.critic.encoder is self.actor.encoder else self.critic.encoder(obs)
         params, value, inputs = self._forward(x_pi, x_v)

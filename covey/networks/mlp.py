@@ -372,10 +372,10 @@ class PairedMLP:
                 g = torch.bmm(g, self.weights[i])
 
 
-def _stacked(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor | None:
+def _stacked(p: torch.Tensor | None, q: torch.Tensor | None) -> torch.Tensor | None:
     """A ``(2, *shape)`` view of ``p`` and ``q``, tensors of one shape and strides in one storage, ``q`` after
-    ``p`` and apart from it; None otherwise."""
-    if p.shape != q.shape or p.stride() != q.stride() or p.device != q.device:
+    ``p`` and apart from it; None otherwise (a gradient that is None, say)."""
+    if p is None or q is None or p.shape != q.shape or p.stride() != q.stride() or p.device != q.device:
         return None
     if p.untyped_storage().data_ptr() != q.untyped_storage().data_ptr():
         return None
