@@ -375,7 +375,8 @@ def test_paired_mlp_equals_each_network_alone(n_in, hidden, activation, outs, ro
 
 def test_paired_mlp_refuses_networks_it_cannot_run_as_one(monkeypatch):
     """Other hidden layers, activations, no hidden layer, parameters outside one buffer or the second network's
-    before the first's, a large layer in oneDNN or bfloat16, and the switch off: no pairing."""
+    before the first's, networks off the CPU, a large layer in oneDNN or bfloat16, and the switch off: no
+    pairing."""
     assert PairedMLP.of(*actor_and_critic(4, [8, 8], nn.Tanh, (2, 1))[0]) is not None
     a, b = actor_and_critic(4, [8, 8], nn.Tanh, (2, 1), order="b, a")[0]
     assert PairedMLP.of(a, b) is None and PairedMLP.of(b, a) is not None
@@ -390,6 +391,10 @@ def test_paired_mlp_refuses_networks_it_cannot_run_as_one(monkeypatch):
         assert PairedMLP.of(first, second) is None
     assert PairedMLP.of(no_hidden, no_hidden) is None
     a, b = actor_and_critic(4, [8, 8], nn.Tanh, (2, 1))[0]
+    on_cpu = a.weights
+    a.weights = [w.to("meta") for w in on_cpu]  # off the CPU (where pairing was measured): one at a time
+    assert PairedMLP.of(a, b) is None
+    a.weights = on_cpu
     monkeypatch.setattr(mlp_module, "PAIR_TRUNKS", False)
     assert PairedMLP.of(a, b) is None
     monkeypatch.setattr(mlp_module, "PAIR_TRUNKS", True)

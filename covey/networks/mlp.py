@@ -302,11 +302,12 @@ class PairedMLP:
     def of(a: ManualMLP, b: ManualMLP) -> PairedMLP | None:
         """``a`` and ``b`` paired, as bound now (:meth:`ManualMLP.bind`; pair them again after binding them
         again), or None where they cannot be: other hidden layers or activations, no hidden layer, a large layer
-        (oneDNN, bfloat16), parameters and gradients not in one buffer with ``b``'s after ``a``'s, or
-        :data:`PAIR_TRUNKS` off."""
+        (oneDNN, bfloat16), parameters and gradients not in one buffer with ``b``'s after ``a``'s, networks off
+        the CPU, or :data:`PAIR_TRUNKS` off."""
         hidden = len(a.kinds)
         if (
             not PAIR_TRUNKS
+            or a.weights[0].device.type != "cpu"  # measured on CPUs; elsewhere the networks run one at a time
             or hidden == 0
             or a.kinds != b.kinds
             or a.shapes[:hidden] != b.shapes[:hidden]
