@@ -260,9 +260,7 @@ class ManualMLP:
             g.add_(extra)
         # g is a new tensor here, still in cache: the activation's gradient overwrites it (a new tensor would
         # cost a cold write; SAC's gradient step takes about 0.97x the time)
-        if self.kinds[i - 1] == "tanh":
-            return torch.ops.aten.tanh_backward.grad_input(g, inputs[i], grad_input=g)  # g * (1 - h^2)
-        return torch.ops.aten.threshold_backward.grad_input(g, inputs[i], 0.0, grad_input=g)  # g * (h > 0)
+        return _activation_grad_(self.kinds[i - 1], g, inputs[i])
 
 
 class PairedMLP:
@@ -359,10 +357,7 @@ class PairedMLP:
             # one output (a value head): an outer product, which MKL is slow at
             torch.mul(grad, weight, out=g_net) if weight.shape[0] == 1 else torch.mm(grad, weight, out=g_net)
         for i in range(last - 1, -1, -1):
-            if self.a.kinds[i] == "tanh":
-                torch.ops.aten.tanh_backward.grad_input(g, inputs[i + 1], grad_input=g)
-            else:
-                torch.ops.aten.threshold_backward.grad_input(g, inputs[i + 1], 0.0, grad_input=g)
+            _activation_grad_(self.a.kinds[i], g, inputs[i + 1])
             narrow = self.narrow[i]
             if narrow is not None:  # (in, out) products: see ManualMLP.narrow
                 self.weight_grads[i].copy_(torch.bmm(inputs[i].transpose(1, 2), g, out=narrow).transpose(1, 2))
@@ -371,6 +366,14 @@ class PairedMLP:
             torch.sum(g, 1, out=self.bias_grads[i])
             if i > 0:
                 g = torch.bmm(g, self.weights[i])
+
+
+def _activation_grad_(kind: str, g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``g`` = d(loss)/d(activation output ``h``) turned in place into d(loss)/d(its input), for Tanh (``g * (1 -
+    h^2)``) or ReLU (``g * (h > 0)``); returns ``g``."""
+    if kind == "tanh":
+        return torch.ops.aten.tanh_backward.grad_input(g, h, grad_input=g)
+    return torch.ops.aten.threshold_backward.grad_input(g, h, 0.0, grad_input=g)
 
 
 def _stacked(p: torch.Tensor | None, q: torch.Tensor | None) -> torch.Tensor | None:
