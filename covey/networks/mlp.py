@@ -147,10 +147,7 @@ class ManualMLP:
                 z = torch.addmm(bias, h, weight_t, beta=2.0, alpha=2.0)
             else:
                 z = torch.addmm(bias, h, weight_t)
-            if by_sigmoid:  # in place, as the other activations
-                h = torch.add(self._minus_one, z.sigmoid_(), alpha=2.0, out=z)
-            else:
-                h = z.tanh_() if kind == "tanh" else z.relu_()
+            h = _activate_(kind, z, by_sigmoid, self._minus_one)
             inputs.append(h)
         if plan[-1]:
             return self._large_linear(len(self.weights) - 1, h, inputs), inputs
@@ -252,10 +249,8 @@ class ManualMLP:
         weight = self.weights[i]
         if plan[i]:
             g = self._large_input_grad(i, g, g16)
-        elif weight.shape[0] == 1:  # one output (a value head): an outer product, which MKL is slow at
-            g = g * weight
         else:
-            g = torch.mm(g, weight)
+            g = _times_weight(g, weight)
         if extra is not None:
             g.add_(extra)
         # g is a new tensor here, still in cache: the activation's gradient overwrites it (a new tensor would
@@ -333,12 +328,10 @@ class PairedMLP:
         h = x.expand(2, *x.shape)
         inputs = [h]
         for kind, weight_t, bias in zip(a.kinds, self.weights_t, self.biases):
-            if kind == "tanh" and a.sigmoid_tanh:  # 2 * sigmoid(2z) - 1, as ManualMLP.forward
-                z = torch.baddbmm(bias, h, weight_t, beta=2.0, alpha=2.0)
-                h = torch.add(a._minus_one, z.sigmoid_(), alpha=2.0, out=z)
-            else:
-                z = torch.baddbmm(bias, h, weight_t)
-                h = z.tanh_() if kind == "tanh" else z.relu_()
+            by_sigmoid = kind == "tanh" and a.sigmoid_tanh  # 2 * sigmoid(2z) - 1, as ManualMLP.forward
+            scale = 2.0 if by_sigmoid else 1.0  # the factor 2 folded into the product
+            z = torch.baddbmm(bias, h, weight_t, beta=scale, alpha=scale)
+            h = _activate_(kind, z, by_sigmoid, a._minus_one)
             inputs.append(h)
         h_a, h_b = h.unbind(0)
         inputs.append((h_a, h_b))
@@ -353,9 +346,7 @@ class PairedMLP:
         for net, grad, h, g_net in zip((self.a, self.b), (grad_a, grad_b), halves, g.unbind(0)):
             net.weight_grad(last, grad, h)
             torch.sum(grad, 0, out=net.bias_grads[last])
-            weight = net.weights[last]
-            # one output (a value head): an outer product, which MKL is slow at
-            torch.mul(grad, weight, out=g_net) if weight.shape[0] == 1 else torch.mm(grad, weight, out=g_net)
+            _times_weight(grad, net.weights[last], out=g_net)
         for i in range(last - 1, -1, -1):
             _activation_grad_(self.a.kinds[i], g, inputs[i + 1])
             narrow = self.narrow[i]
@@ -366,6 +357,22 @@ class PairedMLP:
             torch.sum(g, 1, out=self.bias_grads[i])
             if i > 0:
                 g = torch.bmm(g, self.weights[i])
+
+
+def _activate_(kind: str, z: torch.Tensor, by_sigmoid: bool, minus_one: torch.Tensor) -> torch.Tensor:
+    """The activation of a layer's pre-activation ``z``, in place: ReLU, tanh, or tanh as ``2 * sigmoid(2x) - 1``
+    (``by_sigmoid``: ``z`` holds twice the pre-activation); returns ``z``."""
+    if by_sigmoid:
+        return torch.add(minus_one, z.sigmoid_(), alpha=2.0, out=z)
+    return z.tanh_() if kind == "tanh" else z.relu_()
+
+
+def _times_weight(g: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``g @ weight``: d(loss)/d(a layer's input) from ``g`` = d(loss)/d(its output); for one output (a value
+    head) as an outer product, which MKL is slow at."""
+    if weight.shape[0] == 1:
+        return torch.mul(g, weight, out=out)
+    return torch.mm(g, weight, out=out)
 
 
 def _activation_grad_(kind: str, g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
