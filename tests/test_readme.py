@@ -1,0 +1,53 @@
+"""The README's complete examples (the Python blocks that start with their imports) use only names they define."""
+
+from __future__ import annotations
+
+import builtins
+import re
+import symtable
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+def complete(block: str) -> bool:
+    """A whole script, as opposed to a few lines that continue an earlier example."""
+    return block.lstrip().startswith(("import ", "from "))
+
+
+def undefined_names(code: str) -> set[str]:
+    """Names the code reads at module level, or as globals inside its functions and lambdas, but never binds."""
+    top = symtable.symtable(code, "<README>", "exec")
+    bound = {symbol.get_name() for symbol in top.get_symbols() if symbol.is_assigned() or symbol.is_imported()}
+    read: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        tables += table.get_children()
+        for symbol in table.get_symbols():
+            if symbol.is_referenced() and (table is top or symbol.is_global()):
+                read.add(symbol.get_name())
+    return read - bound - set(dir(builtins))
+
+
+def test_undefined_names_finds_an_unbound_name() -> None:
+    assert undefined_names("import os\nx = os.sep\nprint(y, (lambda: z)(), x)") == {"y", "z"}
+    assert undefined_names("f = lambda a: a + 1\nprint(f(2), [i for i in range(3)])") == set()
+
+
+BLOCKS = [block for block in python_blocks() if complete(block)]
+
+
+def test_the_readme_has_complete_examples() -> None:
+    assert len(BLOCKS) >= 3  # PPO, SAC, POCA
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_example_defines_what_it_uses(block: str) -> None:
+    assert undefined_names(block) == set(), block
