@@ -530,6 +530,21 @@ def test_aec_env_is_converted_to_parallel():
     assert as_parallel(par.envs[0]) is par.envs[0]
 
 
+def test_a_turn_based_aec_env_is_refused_with_what_it_means():
+    """PettingZoo's converter refuses an AEC env not marked parallelizable with an assertion about its wrapper;
+    the group env says instead why such an env (its agents take turns) cannot be a group, and what to pass."""
+    from pettingzoo.classic import tictactoe_v3
+
+    with pytest.raises(ValueError, match=r"'tictactoe_v3' is an AEC env .*is_parallelizable.*take turns"):
+        make_group_env(tictactoe_v3.env, n_envs=2)
+    with pytest.raises(ValueError, match="is_parallelizable"):
+        as_parallel(tictactoe_v3.env())
+    from covey import POCA
+
+    with pytest.raises(ValueError, match="parallel_env where it has one"):
+        POCA("MlpPolicy", tictactoe_v3.env)
+
+
 # ---------------------------------------------------------------------------------------------- seeding, EarlyExit
 def test_early_exit_env_group_return_and_seeding():
     venv = GroupVecEnv([EarlyExitEnv] * 2)

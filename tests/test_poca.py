@@ -681,6 +681,9 @@ def test_predict_names_what_is_wrong_with_its_input(learned):
     short["agent_1"] = reset[0]["agent_1"]
     with pytest.raises(ValueError, match=r"wrong shape: 'agent_0' \(4,\), 'agent_2' \(4,\); .*shape \(5,\)"):
         learned.predict(short)
+    # one dict per env copy: the array form is the way to give several copies
+    with pytest.raises(ValueError, match=r"got a list of dicts; .*\(n_envs, n_slots, \*obs_shape\).*'agent_0'"):
+        learned.predict([reset[0], reset[0]])
 
 
 def test_predict_array_of_env_copies(learned):

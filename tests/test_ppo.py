@@ -340,6 +340,11 @@ def test_predict_with_wrong_shape_says_what_it_expected():
         model.predict((np.zeros(4, dtype=np.float32), {}))
     with pytest.raises(ValueError, match="NaN"):
         model.predict(np.full(4, np.nan, dtype=np.float32))
+    # A dict for an array space (e.g. a POCA-style {agent: obs}) names the keys, not a shape of ()
+    with pytest.raises(ValueError, match=r"is a dict with keys \['agent_0'\], but the observation space is Box"):
+        model.predict({"agent_0": np.zeros(4, dtype=np.float32)})
+    with pytest.raises(ValueError, match=r"is a list of dict, not numbers: the observation space Box"):
+        model.predict([{"a": 1}, {"a": 2}])
 
 
 @pytest.mark.parametrize("n_steps", [0, -5])

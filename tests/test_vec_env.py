@@ -138,3 +138,77 @@ def test_truncation_bootstraps_from_final_observation():
     # The return at the truncated step is r + gamma * V(final observation) (lambda-weighted, A = delta there).
     expected = 1.0 + model.gamma * v_final
     assert buf.returns[2, 0] == pytest.approx(expected, rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------- envs off the Gymnasium API
+class OffApiEnv(CountEnv):
+    """CountEnv with one way of breaking the Gymnasium API, as custom envs often do."""
+
+    def __init__(self, fault: str):
+        super().__init__(length=5)
+        self.fault = fault
+        if fault == "dict_missing_key":
+            self.observation_space = spaces.Dict({"t": spaces.Box(0, 100, (1,)), "v": spaces.Box(0, 1, (2,))})
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed)
+        if self.fault == "reset_obs_only":  # the old Gym API
+            return obs
+        if self.fault == "reset_obs_only_2d":  # the old Gym API with a 2-long observation: unpacks without error
+            self.observation_space = spaces.Box(0, 100, (2,), np.float32)
+            return np.zeros(2, np.float32)
+        if self.fault == "reset_shape":
+            return np.zeros(3, np.float32), info
+        if self.fault == "dict_missing_key":
+            return {"t": obs}, info
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.fault == "step_four":  # the old Gym API: one done flag
+            return obs, reward, terminated or truncated, info
+        if self.fault == "step_shape":
+            return np.zeros((2, 2), np.float32), reward, terminated, truncated, info
+        if self.fault == "own_error":  # a failure of the env's own, which the check must leave as it is
+            raise ValueError("the simulator diverged")
+        return obs, reward, terminated, truncated, info
+
+
+class NoSeedEnv(CountEnv):
+    def reset(self):  # the old Gym signature
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("reset_obs_only", r"OffApiEnv\.reset\(\) returned one ndarray, not \(observation, info\)"),
+        ("reset_obs_only_2d", r"OffApiEnv\.reset\(\) returned one ndarray, not \(observation, info\)"),
+        ("reset_shape", r"reset\(\) returned an observation of shape \(3,\), where the observation_space .* \(1,\)"),
+        ("dict_missing_key", r"reset\(\) returned an observation without the keys \['v'\]"),
+        ("step_four", r"OffApiEnv\.step\(\) returned 4 values, not \(observation, reward, terminated, truncated"),
+        ("step_shape", r"step\(\) returned an observation of shape \(2, 2\), where the observation_space"),
+    ],
+)
+def test_an_env_off_the_gymnasium_api_gets_an_error_that_names_the_fault_and_the_fix(fault, message):
+    """What SB3's DummyVecEnv reports as an unpacking or broadcasting error (or, for an old-API reset of a 2-long
+    observation, not at all) is named at learn(): which call, what it returned, and the API covey expects."""
+    model = PPO("MlpPolicy", OffApiEnv(fault), n_steps=8, batch_size=8)
+    with pytest.raises(ValueError, match=message) as info:
+        model.learn(16)
+    assert "(observation, reward, terminated, truncated, info)" in str(info.value)
+    assert "check_env" in str(info.value)
+
+
+def test_a_reset_without_a_seed_argument_is_named():
+    model = PPO("MlpPolicy", NoSeedEnv(), n_steps=8, batch_size=8)
+    with pytest.raises(ValueError, match=r"NoSeedEnv\.reset\(\) takes no seed argument") as info:
+        model.learn(16)
+    assert "reset(seed=None, options=None)" in str(info.value)
+
+
+def test_an_envs_own_error_passes_through_unchanged():
+    model = PPO("MlpPolicy", OffApiEnv("own_error"), n_steps=8, batch_size=8)
+    with pytest.raises(ValueError, match="^the simulator diverged$"):
+        model.learn(16)

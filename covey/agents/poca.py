@@ -272,6 +272,12 @@ class POCA(BaseAgent):
             )
         if not isinstance(observation, dict):
             obs = np.asarray(observation)
+            if obs.dtype == object and any(isinstance(x, dict) for x in obs.reshape(-1)):
+                raise ValueError(
+                    f"predict() got a {type(observation).__name__} of dicts; it takes one {{agent: observation}} "
+                    "dict (one env copy's group), or for several copies an array (n_envs, n_slots, *obs_shape) "
+                    f"with slots in model.agent_ids order ({self.agent_ids})."
+                )
             if obs.ndim == len(single) + 2:  # (n_envs, n_slots, *obs_shape): flatten the two group axes
                 starts = episode_start
                 if starts is not None:  # per copy (n_envs,) or per slot (n_envs, n_slots)

@@ -71,7 +71,20 @@ def _image_axes(obs: np.ndarray, space: spaces.Space) -> np.ndarray:
 
 
 def _one_to_tensor(observation, space: spaces.Space, device, name: str) -> tuple[torch.Tensor, bool]:
-    obs = _image_axes(np.asarray(observation), space)
+    where = f" for key {name!r}" if name else ""
+    if isinstance(observation, dict):  # np.asarray would make it a 0-d object array, reported as shape ()
+        raise ValueError(
+            f"The observation{where} is a dict with keys {list(observation)}, but the observation space is {space}: "
+            "pass an array of that shape. Check that the env matches the one the model was trained on."
+        )
+    obs = np.asarray(observation)
+    if obs.dtype == object:  # e.g. a list of dicts: its shape would say nothing about what is wrong
+        held = sorted({type(x).__name__ for x in obs.reshape(-1)})
+        raise ValueError(
+            f"The observation{where} is a {type(observation).__name__} of {', '.join(held)}, not numbers: the "
+            f"observation space {space} takes an array (one observation, or a batch with one row per env)."
+        )
+    obs = _image_axes(obs, space)
     batched = _is_batched(obs, space, name)
     _check_finite(obs, name)
     tensor = torch.as_tensor(obs, dtype=obs_dtype(space), device=device)

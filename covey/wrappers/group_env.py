@@ -49,6 +49,15 @@ def as_parallel(env: Any) -> Any:
     if not isinstance(env, type) and hasattr(env, "agent_iter"):  # AEC API
         from pettingzoo.utils.conversions import aec_to_parallel
 
+        if not getattr(env, "metadata", {}).get("is_parallelizable", False):
+            # PettingZoo's converter refuses these with an assertion about its own wrapper; say what it means here
+            name = getattr(env, "metadata", {}).get("name") or type(env).__name__
+            raise ValueError(
+                f"POCA steps all agents of a group at once (a PettingZoo parallel env), but {name!r} is an AEC env "
+                "that does not declare metadata['is_parallelizable'] = True: its agents take turns (a board game "
+                "such as tic-tac-toe), so it has no parallel form. Pass the package's parallel_env where it has one; "
+                "an env of your own whose agents do act together each cycle can set that metadata key."
+            )
         return aec_to_parallel(env)
     if isinstance(env, str):
         raise TypeError(

@@ -20,6 +20,16 @@ from stable_baselines3.common.vec_env.util import dict_to_obs
 
 from covey.spaces import check_observation_space, is_image_space
 
+API_SYMPTOMS = (ValueError, TypeError, KeyError, IndexError)
+"""What SB3's DummyVecEnv raises on an env off the Gymnasium API (unpacking, broadcasting, a missing Dict key)."""
+
+GYMNASIUM_API = (
+    "covey steps Gymnasium envs, as SB3 2.x does: reset(seed=None, options=None) returns (observation, info) and "
+    "step(action) returns (observation, reward, terminated, truncated, info), with observations of the env's "
+    "observation_space. Update the env (an old Gym env can be wrapped with shimmy's GymV21CompatibilityV0); "
+    "stable_baselines3.common.env_checker.check_env(env) lists every mismatch."
+)
+
 
 class FastVecEnv(DummyVecEnv):
     """SB3's ``DummyVecEnv`` without the per-step deep copies of infos and observations.
@@ -29,7 +39,33 @@ class FastVecEnv(DummyVecEnv):
     for Gymnasium's envs and wrappers), and observations are copied once out of the buffer.
     """
 
+    def reset(self):
+        try:
+            obs = super().reset()
+        except API_SYMPTOMS as exc:
+            self._explain(exc, "reset")
+            raise
+        for i, info in enumerate(self.reset_infos):
+            if not isinstance(info, dict):  # an old-API reset() returned a 2-long observation, split in two
+                raise ValueError(env_api_problem(_inner(self.envs[i]), "reset") or _reset_info_problem(info))
+        return obs
+
     def step_wait(self):
+        try:
+            return self._step_wait()
+        except API_SYMPTOMS as exc:
+            self._explain(exc, "step")
+            raise
+
+    def _explain(self, exc: Exception, call: str) -> None:
+        """Raise a clear error where ``exc`` (raised by ``reset()`` or ``step()``) came from an env that breaks the
+        Gymnasium API (:func:`env_api_problem`); return where none does (``exc`` is then the env's own error)."""
+        for i, env in enumerate(self.envs):
+            problem = env_api_problem(_inner(env), call, None if call == "reset" else self.actions[i])
+            if problem is not None:
+                raise ValueError(problem) from exc
+
+    def _step_wait(self):
         infos = []
         for i, env in enumerate(self.envs):
             obs, reward, terminated, truncated, info = env.step(self.actions[i])
@@ -46,6 +82,62 @@ class FastVecEnv(DummyVecEnv):
 
     def _obs_from_buf(self):
         return dict_to_obs(self.observation_space, {k: v.copy() for k, v in self.buf_obs.items()})
+
+
+def _inner(env: gym.Env) -> gym.Env:
+    """The env under the ``Monitor`` that :func:`as_vec_env` adds (the user's env, whose API is in question)."""
+    return env.env if isinstance(env, Monitor) else env
+
+
+def _reset_info_problem(info: Any) -> str:
+    return f"The env's reset() gave {info!r} where the info dict belongs. {GYMNASIUM_API}"
+
+
+def env_api_problem(env: gym.Env, call: str, action: Any = None) -> str | None:
+    """How ``env`` breaks the Gymnasium API in ``call`` ("reset", or "step" with ``action``), found by calling it
+    once more (only after that call failed), or None where nothing does."""
+    name = f"{type(env.unwrapped).__name__}.{call}()"
+    try:
+        out = env.reset(seed=None) if call == "reset" else env.step(action)
+    except TypeError as exc:
+        if call == "reset" and "seed" in str(exc):
+            return f"{name} takes no seed argument ({exc}). {GYMNASIUM_API}"
+        return None
+    except Exception:  # the env fails on its own; its own error says more
+        return None
+    n = 2 if call == "reset" else 5
+    if not isinstance(out, tuple) or len(out) != n:
+        got = f"{len(out)} values" if isinstance(out, tuple) else f"one {type(out).__name__}"
+        expected = "(observation, info)" if n == 2 else "(observation, reward, terminated, truncated, info)"
+        return f"{name} returned {got}, not {expected}. {GYMNASIUM_API}"
+    if call == "reset" and not isinstance(out[1], dict):
+        return _reset_info_problem(out[1])
+    problem = observation_problem(out[0], env.observation_space)
+    if problem is not None:
+        return f"{name} returned an observation {problem}. {GYMNASIUM_API}"
+    return None
+
+
+def observation_problem(obs: Any, space: spaces.Space) -> str | None:
+    """Why ``obs`` cannot be stored as an observation of ``space`` (its shape, or a Dict's keys), or None."""
+    if isinstance(space, spaces.Dict):
+        if not isinstance(obs, dict):
+            return f"of type {type(obs).__name__}, where the observation_space is a Dict with keys {list(space.spaces)}"
+        missing = [k for k in space.spaces if k not in obs]
+        if missing:
+            return f"without the keys {missing} of the observation_space's Dict"
+        for key, sub in space.spaces.items():
+            problem = observation_problem(obs[key], sub)
+            if problem is not None:
+                return f"whose key {key!r} is {problem}"
+        return None
+    if space.shape is None:
+        return None
+    try:
+        np.broadcast_to(np.asarray(obs), space.shape)
+    except ValueError:
+        return f"of shape {np.shape(obs)}, where the observation_space {space} has shape {tuple(space.shape)}"
+    return None
 
 
 class GymnasiumVecEnv(VecEnv):
