@@ -545,6 +545,54 @@ def test_a_turn_based_aec_env_is_refused_with_what_it_means():
         POCA("MlpPolicy", tictactoe_v3.env)
 
 
+class OffApiEnv(ScriptedEnv):
+    """ScriptedEnv with one way of breaking PettingZoo's parallel API, as custom envs (or ones written for
+    PettingZoo before 1.22) often do."""
+
+    def __init__(self, fault: str):
+        super().__init__()
+        self.fault = fault
+
+    def reset(self, seed=None, options=None):
+        observations, infos = super().reset(seed=seed)
+        if self.fault == "reset_observations_only":
+            return observations
+        if self.fault == "wrong_shape":
+            observations["b"] = np.zeros(4, np.float32)
+        return observations, infos
+
+    def step(self, actions):
+        observations, rewards, terminations, truncations, infos = super().step(actions)
+        if self.fault == "step_dones":  # one done flag per agent, before terminations and truncations
+            dones = {a: terminations[a] or truncations[a] for a in terminations}
+            return observations, rewards, dones, infos
+        return observations, rewards, terminations, truncations, infos
+
+
+class NoSeedEnv(ScriptedEnv):
+    def reset(self):
+        return super().reset()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: OffApiEnv("reset_observations_only"), r"reset\(\) returned one dict, not \(observations, infos\)"),
+        (lambda: OffApiEnv("step_dones"), r"step\(\) returned 4 values, not 5"),
+        (lambda: OffApiEnv("wrong_shape"), r"gave agent 'b' an observation of shape \(4,\) that does not fit"),
+        (NoSeedEnv, r"reset\(\) takes no seed argument"),
+    ],
+)
+def test_an_env_off_the_parallel_api_gets_an_error_that_names_the_fault_and_the_api(make, message):
+    """Instead of an unpacking, indexing or broadcasting error from inside the group env."""
+    venv = GroupVecEnv([make, make])
+    with pytest.raises(ValueError, match=message) as info:
+        venv.reset(seed=0)
+        venv.step(np.zeros((2, 3), dtype=np.int64))
+    assert "(observations, rewards, terminations, truncations, infos)" in str(info.value)
+    assert "parallel_api_test" in str(info.value)
+
+
 # ---------------------------------------------------------------------------------------------- seeding, EarlyExit
 def test_early_exit_env_group_return_and_seeding():
     venv = GroupVecEnv([EarlyExitEnv] * 2)

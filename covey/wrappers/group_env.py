@@ -17,6 +17,17 @@ from gymnasium import spaces
 from covey.networks.encoders import FlatDict
 from covey.spaces import check_action_space, check_observation_space
 
+PETTINGZOO_API = (
+    "covey's POCA steps PettingZoo parallel envs (the API of PettingZoo 1.22 and newer): reset(seed=None, "
+    "options=None) returns (observations, infos) and step(actions) returns (observations, rewards, terminations, "
+    "truncations, infos), each a dict keyed by agent, with observations of env.observation_space(agent). "
+    "pettingzoo.test.parallel_api_test(env) checks an env against it."
+)
+
+
+def _api_error(call: str, problem: str) -> ValueError:
+    return ValueError(f"The env's {call} {problem}. {PETTINGZOO_API}")
+
 
 class GroupStep(NamedTuple):
     """What one step of every env copy returns (arrays ``(n_envs, n_slots, ...)`` unless said)."""
@@ -167,7 +178,16 @@ class GroupVecEnv:
         return self._obs.copy(), self._mask.copy()
 
     def _reset_env(self, e: int, seed: int | None) -> None:
-        observations, _ = self.envs[e].reset(seed=seed)
+        try:
+            out = self.envs[e].reset(seed=seed)
+        except TypeError as exc:
+            if "seed" in str(exc):
+                raise _api_error("reset()", f"takes no seed argument ({exc})") from exc
+            raise
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict)):
+            got = f"{len(out)} values" if isinstance(out, tuple) else f"one {type(out).__name__}"
+            raise _api_error("reset()", f"returned {got}, not (observations, infos)")
+        observations = out[0]
         if not self.envs[e].agents:
             raise ValueError(
                 "The env has no agents after reset(): a group needs at least one live agent to act. "
@@ -183,7 +203,15 @@ class GroupVecEnv:
 
     def _put(self, e: int, agent: str, obs: Any) -> None:
         s = self.slot[agent]
-        self._obs[e, s] = self._stored(obs, agent)
+        try:
+            self._obs[e, s] = self._stored(obs, agent)
+        except ValueError as exc:
+            shape = "" if self.flat_dict is not None else f" of shape {np.shape(obs)}"
+            raise _api_error(
+                "reset() or step()",
+                f"gave agent {agent!r} an observation{shape} that does not fit "
+                f"observation_space({agent!r}) = {self.observation_space} ({exc})",
+            ) from exc
         self._mask[e, s] = True
 
     def _stored(self, obs: Any, agent: str) -> Any:
@@ -202,7 +230,10 @@ class GroupVecEnv:
         for e, env in enumerate(self.envs):
             acting = [agent for agent in env.agents if self._mask[e, self.slot[agent]]]  # live after the last step
             action_dict = {agent: actions[e, self.slot[agent]] for agent in acting}
-            observations, rew, term, trunc, _ = env.step(action_dict)
+            out = env.step(action_dict)
+            if len(out) != 5:
+                raise _api_error("step()", f"returned {len(out)} values, not 5")
+            observations, rew, term, trunc, _ = out
             self._ep_length[e] += 1
             # Read once: on wrapped PettingZoo envs every read walks the wrapper chain. An agent the step
             # terminated or truncated is gone even where the env still lists it (PettingZoo's API removes it).
