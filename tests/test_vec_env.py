@@ -147,6 +147,8 @@ class OffApiEnv(CountEnv):
     def __init__(self, fault: str):
         super().__init__(length=5)
         self.fault = fault
+        if fault == "reset_obs_only_2d":
+            self.observation_space = spaces.Box(0, 100, (2,), np.float32)
         if fault == "dict_missing_key":
             self.observation_space = spaces.Dict({"t": spaces.Box(0, 100, (1,)), "v": spaces.Box(0, 1, (2,))})
 
@@ -155,7 +157,6 @@ class OffApiEnv(CountEnv):
         if self.fault == "reset_obs_only":  # the old Gym API
             return obs
         if self.fault == "reset_obs_only_2d":  # the old Gym API with a 2-long observation: unpacks without error
-            self.observation_space = spaces.Box(0, 100, (2,), np.float32)
             return np.zeros(2, np.float32)
         if self.fault == "reset_shape":
             return np.zeros(3, np.float32), info
