@@ -51,11 +51,23 @@ class FastVecEnv(DummyVecEnv):
         return obs
 
     def step_wait(self):
+        infos = []
         try:
-            return self._step_wait()
+            for i, env in enumerate(self.envs):
+                obs, reward, terminated, truncated, info = env.step(self.actions[i])
+                done = terminated or truncated
+                info["TimeLimit.truncated"] = truncated and not terminated
+                if done:
+                    info["terminal_observation"] = obs
+                    obs, self.reset_infos[i] = env.reset()
+                self._save_obs(i, obs)
+                self.buf_rews[i] = reward
+                self.buf_dones[i] = done
+                infos.append(info)
         except API_SYMPTOMS as exc:
             self._explain(exc, "step")
             raise
+        return self._obs_from_buf(), self.buf_rews.copy(), self.buf_dones.copy(), infos
 
     def _explain(self, exc: Exception, call: str) -> None:
         """Raise a clear error where ``exc`` (raised by ``reset()`` or ``step()``) came from an env that breaks the
@@ -64,21 +76,6 @@ class FastVecEnv(DummyVecEnv):
             problem = env_api_problem(_inner(env), call, None if call == "reset" else self.actions[i])
             if problem is not None:
                 raise ValueError(problem) from exc
-
-    def _step_wait(self):
-        infos = []
-        for i, env in enumerate(self.envs):
-            obs, reward, terminated, truncated, info = env.step(self.actions[i])
-            done = terminated or truncated
-            info["TimeLimit.truncated"] = truncated and not terminated
-            if done:
-                info["terminal_observation"] = obs
-                obs, self.reset_infos[i] = env.reset()
-            self._save_obs(i, obs)
-            self.buf_rews[i] = reward
-            self.buf_dones[i] = done
-            infos.append(info)
-        return self._obs_from_buf(), self.buf_rews.copy(), self.buf_dones.copy(), infos
 
     def _obs_from_buf(self):
         return dict_to_obs(self.observation_space, {k: v.copy() for k, v in self.buf_obs.items()})
