@@ -16,6 +16,7 @@ from gymnasium import spaces
 
 from covey.networks.encoders import FlatDict
 from covey.spaces import check_action_space, check_observation_space
+from covey.wrappers.vec_env import returned
 
 PETTINGZOO_API = (
     "covey's POCA steps PettingZoo parallel envs (the API of PettingZoo 1.22 and newer): reset(seed=None, "
@@ -60,9 +61,10 @@ def as_parallel(env: Any) -> Any:
     if not isinstance(env, type) and hasattr(env, "agent_iter"):  # AEC API
         from pettingzoo.utils.conversions import aec_to_parallel
 
-        if not getattr(env, "metadata", {}).get("is_parallelizable", False):
+        metadata = getattr(env, "metadata", {})
+        if not metadata.get("is_parallelizable", False):
             # PettingZoo's converter refuses these with an assertion about its own wrapper; say what it means here
-            name = getattr(env, "metadata", {}).get("name") or type(env).__name__
+            name = metadata.get("name") or type(env).__name__
             raise ValueError(
                 f"POCA steps all agents of a group at once (a PettingZoo parallel env), but {name!r} is an AEC env "
                 "that does not declare metadata['is_parallelizable'] = True: its agents take turns (a board game "
@@ -185,8 +187,7 @@ class GroupVecEnv:
                 raise _api_error("reset()", f"takes no seed argument ({exc})") from exc
             raise
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict)):
-            got = f"{len(out)} values" if isinstance(out, tuple) else f"one {type(out).__name__}"
-            raise _api_error("reset()", f"returned {got}, not (observations, infos)")
+            raise _api_error("reset()", f"returned {returned(out)}, not (observations, infos)")
         observations = out[0]
         if not self.envs[e].agents:
             raise ValueError(

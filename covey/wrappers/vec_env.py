@@ -104,15 +104,19 @@ def env_api_problem(env: gym.Env, call: str, action: Any = None) -> str | None:
         return None
     n = 2 if call == "reset" else 5
     if not isinstance(out, tuple) or len(out) != n:
-        got = f"{len(out)} values" if isinstance(out, tuple) else f"one {type(out).__name__}"
         expected = "(observation, info)" if n == 2 else "(observation, reward, terminated, truncated, info)"
-        return f"{name} returned {got}, not {expected}. {GYMNASIUM_API}"
+        return f"{name} returned {returned(out)}, not {expected}. {GYMNASIUM_API}"
     if call == "reset" and not isinstance(out[1], dict):
         return _reset_info_problem(out[1])
     problem = observation_problem(out[0], env.observation_space)
     if problem is not None:
         return f"{name} returned an observation {problem}. {GYMNASIUM_API}"
     return None
+
+
+def returned(out: Any) -> str:
+    """What a call returned, in words: "4 values" for a tuple, "one ndarray" otherwise."""
+    return f"{len(out)} values" if isinstance(out, tuple) else f"one {type(out).__name__}"
 
 
 def observation_problem(obs: Any, space: spaces.Space) -> str | None:
