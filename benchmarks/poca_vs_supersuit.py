@@ -34,6 +34,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from benchmarks.common import median_range, random_stepping_speed
 from covey import POCA
 from covey.evaluation import evaluate_group
+from covey.wrappers.group_env import SubprocGroupVecEnv
 
 N_AGENTS, N_COPIES, N_STEPS, BATCH_GROUP_STEPS, EPOCHS, LR = 3, 8, 128, 256, 4, 1e-3
 MIN_TIMESTEPS = N_COPIES * N_STEPS
@@ -57,11 +58,13 @@ class _SharedPolicy:
         return dict(zip(agents, actions)), state
 
 
-def make_poca(seed: int, **policy_kwargs) -> POCA:
-    """covey's POCA with this benchmark's settings (``policy_kwargs`` beyond covey's defaults, e.g. a width)."""
+def make_poca(seed: int, *, n_processes: int | None = None, **policy_kwargs) -> POCA:
+    """covey's POCA with this benchmark's settings (``policy_kwargs`` beyond covey's defaults, e.g. a width).
+    With ``n_processes`` the copies step in that many processes (:class:`SubprocGroupVecEnv`), else in this one."""
+    env = make_env if n_processes is None else SubprocGroupVecEnv([make_env] * N_COPIES, n_processes=n_processes)
     return POCA(
         "MlpPolicy",
-        make_env,
+        env,
         n_envs=N_COPIES,
         n_steps=N_STEPS,
         batch_size=BATCH_GROUP_STEPS,
@@ -73,37 +76,45 @@ def make_poca(seed: int, **policy_kwargs) -> POCA:
 
 
 def run_poca(
-    timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES, callback=None, policy_kwargs=None
+    timesteps: int,
+    seed: int,
+    n_eval_episodes: int = N_EVAL_EPISODES,
+    callback=None,
+    policy_kwargs=None,
+    n_processes: int | None = None,
 ) -> tuple[float, float, int]:
     """Train covey's POCA for ``timesteps`` env steps; (seconds of ``learn``, per-agent return, env steps).
 
     ``callback`` (an SB3 callback) is passed to ``learn``; a :class:`benchmarks.poca_curve.LearningCurve`'s own
-    evaluation time is left out of the seconds. ``policy_kwargs`` go to :func:`make_poca` (e.g. a width)."""
-    model = make_poca(seed, **(policy_kwargs or {}))
+    evaluation time is left out of the seconds. ``policy_kwargs`` (e.g. a width) and ``n_processes`` go to
+    :func:`make_poca`."""
+    model = make_poca(seed, n_processes=n_processes, **(policy_kwargs or {}))
     seconds = timed_learn(model, timesteps, callback)
+    model.get_env().close()
     agent_return = evaluate_group(model, make_env, n_eval_episodes=n_eval_episodes, seed=EVAL_SEED_OFFSET + seed)
     return seconds, agent_return["agent_return"], model.num_timesteps
 
 
-def make_supersuit_env(seed: int) -> VecEnv:
-    """N_COPIES copies of the env as one SB3 VecEnv with an entry per agent, copy i reset with seed + i.
+def make_supersuit_env(seed: int, num_cpus: int = 0) -> VecEnv:
+    """N_COPIES copies of the env as one SB3 VecEnv with an entry per agent, copy i reset with seed + i; stepped in
+    this process, or with ``num_cpus`` > 0 in that many worker processes (SuperSuit's blocks of copies).
 
     The vector env has no ``seed()``; the seeded reset seeds each copy's random generator, which the
     unseeded resets that follow (SB3's at the start of ``learn``, the copies' own) keep using.
     """
     venv = ss.concat_vec_envs_v1(
-        ss.pettingzoo_env_to_vec_env_v1(make_env()), N_COPIES, num_cpus=0, base_class="stable_baselines3"
+        ss.pettingzoo_env_to_vec_env_v1(make_env()), N_COPIES, num_cpus=num_cpus, base_class="stable_baselines3"
     )
     venv.venv.reset(seed=seed)
     return venv
 
 
-def make_supersuit_ppo(seed: int) -> SB3PPO:
+def make_supersuit_ppo(seed: int, num_cpus: int = 0) -> SB3PPO:
     """SB3's PPO with this benchmark's settings on :func:`make_supersuit_env` (torch and NumPy seeded first)."""
     set_random_seed(seed)
     return SB3PPO(
         "MlpPolicy",
-        make_supersuit_env(seed),
+        make_supersuit_env(seed, num_cpus),
         n_steps=N_STEPS,
         batch_size=BATCH_GROUP_STEPS * N_AGENTS,
         n_epochs=EPOCHS,
@@ -114,10 +125,11 @@ def make_supersuit_ppo(seed: int) -> SB3PPO:
 
 
 def run_supersuit_ppo(
-    timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES, callback=None
+    timesteps: int, seed: int, n_eval_episodes: int = N_EVAL_EPISODES, callback=None, num_cpus: int = 0
 ) -> tuple[float, float, int]:
-    """Train SB3 PPO with parameter sharing for ``timesteps`` env steps; as :func:`run_poca`."""
-    model = make_supersuit_ppo(seed)
+    """Train SB3 PPO with parameter sharing for ``timesteps`` env steps; as :func:`run_poca` (``num_cpus``: as
+    :func:`make_supersuit_env`'s)."""
+    model = make_supersuit_ppo(seed, num_cpus)
     seconds = timed_learn(model, timesteps * N_AGENTS, callback)  # SB3 counts one step per agent entry
     model.get_env().close()
     policy = _SharedPolicy(model)

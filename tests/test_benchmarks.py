@@ -297,6 +297,27 @@ def test_poca_width_smoke():
         assert number(row["per-agent return (median [min, max])"]) <= 0  # simple_spread rewards are <= 0
 
 
+def test_poca_processes_smoke():
+    """Each learner trains with its copies in one process and in two; covey's two runs are one run, step for step,
+    so their returns agree exactly (the script checks and says so)."""
+    command = [sys.executable, "-m", "benchmarks.poca_processes", "--timesteps", "1024", "--seeds", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table_rows(result.stdout)
+    assert set(rows) == {
+        "covey POCA, 1 process",
+        "covey POCA, 2 processes",
+        "SB3 PPO + SuperSuit, num_cpus=0",
+        "SB3 PPO + SuperSuit, num_cpus=2",
+    }
+    for row in rows.values():
+        assert number(cell(row, "env steps/s")) > 0
+        assert number(cell(row, "per-agent return")) <= 0  # simple_spread rewards are <= 0
+    returns = {name: row["per-agent return (median [min, max])"] for name, row in rows.items()}
+    assert returns["covey POCA, 1 process"] == returns["covey POCA, 2 processes"]
+    assert "seed by seed: identical" in result.stdout
+
+
 def test_lunar_lander_env_smoke():
     """One row per way of stepping LunarLander, each with a speed and the mean length of finished episodes."""
     command = [sys.executable, "-m", "benchmarks.lunar_lander_env", "--seconds", "3"]

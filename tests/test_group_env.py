@@ -670,27 +670,107 @@ def test_supersuit_wrappers_keep_working():
     np.testing.assert_array_equal(x, y)
 
 
-def test_subprocess_copies_step_exactly_like_in_process_ones():
-    """SubprocGroupVecEnv (one worker process per copy) returns what GroupVecEnv returns, step for step."""
+@pytest.mark.parametrize(
+    "n_copies, n_processes, workers",
+    [(2, None, 2), (5, 3, 2), (5, 2, 1), (3, 1, 0)],
+    ids=["a-worker-per-copy", "blocks-2-2-1", "blocks-3-2", "all-here"],
+)
+def test_subprocess_copies_step_exactly_like_in_process_ones(n_copies, n_processes, workers):
+    """SubprocGroupVecEnv returns what GroupVecEnv returns, step for step: with a worker process per copy, and
+    with ``n_processes`` blocks of copies, the first stepped in this process (copy i seeded seed + i either way)."""
     from covey.wrappers.group_env import SubprocGroupVecEnv
 
     def make():
         return simple_spread_v3.parallel_env(N=3, max_cycles=5)
 
-    workers, local = SubprocGroupVecEnv([make] * 2), GroupVecEnv([make] * 2)
+    remote, local = SubprocGroupVecEnv([make] * n_copies, n_processes=n_processes), GroupVecEnv([make] * n_copies)
     try:
-        for x, y in zip(workers.reset(seed=3), local.reset(seed=3)):
+        assert len(remote.processes) == workers and all(p.is_alive() for p in remote.processes)
+        for x, y in zip(remote.reset(seed=3), local.reset(seed=3)):
             np.testing.assert_array_equal(x, y)
         rng = np.random.default_rng(0)
         for _ in range(12):  # crosses two auto-resets
-            actions = rng.integers(0, 5, (2, 3))
-            a, b = workers.step(actions), local.step(actions)
+            actions = rng.integers(0, 5, (n_copies, 3))
+            a, b = remote.step(actions), local.step(actions)
             for name in a._fields[:-1]:
                 np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
             assert [i.get("episode", {}).get("l") for i in a.infos] == [i.get("episode", {}).get("l") for i in b.infos]
-        assert workers.num_envs == 2 and workers.agent_ids == local.agent_ids
+        assert remote.num_envs == n_copies and remote.agent_ids == local.agent_ids
     finally:
-        workers.close()
+        remote.close()
+    assert not any(p.is_alive() for p in remote.processes)
+
+
+class FailsAtStepEnv(EarlyExitEnv):
+    """EarlyExitEnv whose copies fail at their third step where ``fail`` is set (an attribute SB3's set_attr sets)."""
+
+    fail = False
+
+    def step(self, actions):
+        self.steps = getattr(self, "steps", 0) + 1
+        if self.fail and self.steps == 3:
+            raise RuntimeError(f"the simulator of copy {self.copy} diverged")
+        return super().step(actions)
+
+
+@pytest.mark.parametrize("failing", [0, 2], ids=["in-this-process", "in-a-worker"])
+def test_an_env_error_in_any_block_is_raised_here_and_the_copies_stay_usable(failing):
+    """A copy's exception reaches the caller, from a worker too (with the worker's traceback in a note), and
+    every block's answer is read, so the next calls get their own answers."""
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    venv = SubprocGroupVecEnv([FailsAtStepEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
+    try:
+        venv.set_attr("copy", 0, indices=0)
+        venv.set_attr("copy", 1, indices=1)
+        venv.set_attr("copy", 2, indices=2)
+        venv.set_attr("fail", True, indices=failing)
+        venv.reset(seed=0)
+        actions = np.zeros((3, 3), np.int64)
+        venv.step(actions)
+        venv.step(actions)
+        with pytest.raises(RuntimeError, match=f"simulator of copy {failing} diverged") as info:
+            venv.step(actions)
+        in_worker = any("Raised in an env worker process" in note for note in getattr(info.value, "__notes__", []))
+        assert in_worker == (failing == 2)
+        assert venv.get_attr("copy") == [0, 1, 2] and venv.get_attr("steps", indices=[2, 0]) == [3, 3]
+    finally:
+        venv.close()
+
+
+class BrokenEnv(EarlyExitEnv):
+    def __init__(self):
+        raise FileNotFoundError("no map named 'arena_7'")
+
+
+def test_an_env_that_fails_to_build_in_a_worker_fails_the_constructor_with_its_error():
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    with pytest.raises(FileNotFoundError, match="arena_7") as info:
+        SubprocGroupVecEnv([EarlyExitEnv, BrokenEnv], n_processes=2)
+    assert any("Raised in an env worker process" in note for note in info.value.__notes__)
+
+
+def test_an_env_off_the_api_in_a_worker_is_named_in_this_process():
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    venv = SubprocGroupVecEnv([ScriptedEnv, lambda: OffApiEnv("step_dones")], n_processes=2)
+    try:
+        venv.reset(seed=0)
+        with pytest.raises(ValueError, match=r"step\(\) returned 4 values, not 5"):
+            venv.step(np.zeros((2, 3), np.int64))
+    finally:
+        venv.close()
+
+
+@pytest.mark.parametrize("n_processes", [0, 4, 1.5, "2"])
+def test_n_processes_out_of_range_is_refused(n_processes):
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    with pytest.raises(
+        ValueError, match=r"n_processes must be a whole number from 1 to the number of env copies \(3\)"
+    ):
+        SubprocGroupVecEnv([EarlyExitEnv] * 3, n_processes=n_processes)
 
 
 class LevelEnv(EarlyExitEnv):
@@ -703,11 +783,14 @@ class LevelEnv(EarlyExitEnv):
         return self.level
 
 
-@pytest.mark.parametrize("workers", [False, True], ids=["in-process", "subprocess"])
+@pytest.mark.parametrize("workers", [False, True, 2], ids=["in-process", "subprocess", "blocks-here-and-a-worker"])
 def test_sb3s_env_calls_reach_every_copy_or_those_asked(workers):
     from covey.wrappers.group_env import SubprocGroupVecEnv
 
-    venv = (SubprocGroupVecEnv if workers else GroupVecEnv)([LevelEnv] * 3)
+    if workers is False:
+        venv = GroupVecEnv([LevelEnv] * 3)
+    else:  # with n_processes=2: copies 0 and 1 in this process, 2 in a worker
+        venv = SubprocGroupVecEnv([LevelEnv] * 3, n_processes=None if workers is True else workers)
     try:
         assert venv.get_attr("level") == [0, 0, 0]
         venv.set_attr("level", 4, indices=[0, 2])
