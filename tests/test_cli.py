@@ -181,6 +181,28 @@ def test_env_specs_that_do_not_fit_the_agent_are_refused(raw, problem):
         env_fn(cfg)()
 
 
+def test_a_poca_config_steps_its_copies_in_the_processes_it_names():
+    from covey.cli.envs import build_env
+    from covey.wrappers.group_env import GroupVecEnv, SubprocGroupVecEnv
+
+    raw = {"agent": "poca", "env": "mpe2:simple_spread_v3", "env_kwargs": {"N": 3, "max_cycles": 5}, "n_envs": 3}
+    one, two = build_env(RunConfig.from_dict(raw)), build_env(RunConfig.from_dict({**raw, "n_processes": 2}))
+    try:
+        assert type(one) is GroupVecEnv and isinstance(two, SubprocGroupVecEnv) and len(two.processes) == 1
+        for x, y in zip(one.reset(seed=1), two.reset(seed=1)):
+            np.testing.assert_array_equal(x, y)
+        actions = np.ones((3, 3), np.int64)
+        np.testing.assert_array_equal(one.step(actions).rewards, two.step(actions).rewards)
+    finally:
+        two.close()
+    with pytest.raises(CLIError, match=r"n_processes=2 is for poca.*ppo steps its copies in the training process"):
+        RunConfig.from_dict({"agent": "ppo", "env": "CartPole-v1", "n_envs": 4, "n_processes": 2})
+    with pytest.raises(CLIError, match=r"n_processes=4 is more than the 3 env copies"):
+        RunConfig.from_dict({**raw, "n_processes": 4})
+    with pytest.raises(CLIError, match=r"n_processes=0 is invalid: it must be >= 1"):
+        RunConfig.from_dict({**raw, "n_processes": 0})
+
+
 def test_config_values_numbers_and_dotted_overrides():
     raw = parse_yaml("agent: sac\nenv: Pendulum-v1\ntimesteps: 1e6\nhyperparameters: {buffer_size: 1e5}\n", "test")
     raw = apply_sets(raw, ["hyperparameters.learning_rate=3e-4", "hyperparameters.policy_kwargs.net_arch=[64, 64]"])

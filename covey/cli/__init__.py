@@ -134,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue a run from its latest checkpoint (= train --resume)")
     resume.add_argument("run_dir", metavar="RUN_DIR")
     resume.add_argument("--timesteps", help="a new total budget (to extend a run)")
-    _add_set(resume, "only timesteps, eval_freq, eval_episodes, eval_deterministic, checkpoint_freq, torch_threads")
+    _add_set(
+        resume,
+        "only timesteps, eval_freq, eval_episodes, eval_deterministic, checkpoint_freq, torch_threads, n_processes",
+    )
     resume.add_argument("--quiet", action="store_true")
     resume.set_defaults(func=_cmd_resume)
 

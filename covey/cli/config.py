@@ -128,6 +128,9 @@ class RunConfig:
     """Keyword arguments for ``gym.make`` or ``<module>.<name>.parallel_env``."""
     n_envs: int = 1
     """Env copies stepped together."""
+    n_processes: int = 1
+    """poca: processes that step the copies, in blocks (``SubprocGroupVecEnv(..., n_processes)``; 1: all in the
+    training process)."""
     wrappers: list[dict[str, Any]] = field(default_factory=list)
     """SuperSuit wrappers applied to each env copy, in order: ``{name: clip_reward_v0, kwargs: {...}}``."""
     policy: str = "MlpPolicy"
@@ -174,6 +177,7 @@ class RunConfig:
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
         for key, low in (
             ("n_envs", 1),
+            ("n_processes", 1),
             ("timesteps", 1),
             ("eval_freq", 0),
             ("eval_episodes", 0),
@@ -190,6 +194,16 @@ class RunConfig:
         if not isinstance(deterministic, bool):
             raise CLIError(f"eval_deterministic={deterministic!r} is invalid: use true or false.")
         values["eval_deterministic"] = deterministic
+        if values["n_processes"] > 1 and values["agent"] != "poca":
+            raise CLIError(
+                f"n_processes={values['n_processes']} is for poca, whose copies can step in several processes; "
+                f"{values['agent']} steps its copies in the training process. Drop n_processes."
+            )
+        if values["n_processes"] > values["n_envs"]:
+            raise CLIError(
+                f"n_processes={values['n_processes']} is more than the {values['n_envs']} env copies (n_envs) it "
+                "would split into blocks: raise n_envs or lower n_processes."
+            )
         cfg = cls(**values)
         check_hyperparameters(cfg.agent, cfg.hyperparameters)
         return cfg

@@ -145,8 +145,11 @@ def build_env(cfg: RunConfig, n_envs: int | None = None, seed: int | None = None
     n_envs = cfg.n_envs if n_envs is None else n_envs
     make = env_fn(cfg)
     if cfg.is_group:
-        from covey.wrappers.group_env import make_group_env
+        from covey.wrappers.group_env import SubprocGroupVecEnv, make_group_env
 
+        n_processes = min(cfg.n_processes, n_envs)
+        if n_processes > 1:
+            return SubprocGroupVecEnv([make] * n_envs, n_processes=n_processes)
         return make_group_env(make, n_envs)
     from covey.wrappers.vec_env import FastVecEnv
 

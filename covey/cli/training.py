@@ -56,6 +56,7 @@ RESUME_OVERRIDABLE = (
     "eval_deterministic",
     "checkpoint_freq",
     "torch_threads",
+    "n_processes",
 )
 
 
