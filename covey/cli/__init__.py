@@ -17,7 +17,7 @@ import pathlib
 import sys
 from typing import Any
 
-from covey.cli.config import AGENTS, CLIError, apply_sets, load_yaml_file, parse_yaml
+from covey.cli.config import AGENTS, RESUME_OVERRIDABLE, CLIError, apply_sets, load_yaml_file, parse_yaml
 from covey.version import __version__
 
 __all__ = ["CLIError", "main"]
@@ -134,10 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue a run from its latest checkpoint (= train --resume)")
     resume.add_argument("run_dir", metavar="RUN_DIR")
     resume.add_argument("--timesteps", help="a new total budget (to extend a run)")
-    _add_set(
-        resume,
-        "only timesteps, eval_freq, eval_episodes, eval_deterministic, checkpoint_freq, torch_threads, n_processes",
-    )
+    _add_set(resume, "only " + ", ".join(RESUME_OVERRIDABLE))
     resume.add_argument("--quiet", action="store_true")
     resume.set_defaults(func=_cmd_resume)
 

@@ -111,6 +111,18 @@ _RESERVED = {
 }
 
 
+# Keys of a finished run's config that --resume may change (the rest would no longer be the same run).
+RESUME_OVERRIDABLE = (
+    "timesteps",
+    "eval_freq",
+    "eval_episodes",
+    "eval_deterministic",
+    "checkpoint_freq",
+    "torch_threads",
+    "n_processes",
+)
+
+
 @dataclass
 class RunConfig:
     """What ``covey train`` runs: one agent, one env, a budget, and how to evaluate and checkpoint.

@@ -42,22 +42,19 @@ import torch
 import yaml
 from stable_baselines3.common.callbacks import BaseCallback
 
-from covey.cli.config import CLIError, RunConfig, agent_kwargs, load_yaml_file, schedule_objects
+from covey.cli.config import (
+    RESUME_OVERRIDABLE,
+    CLIError,
+    RunConfig,
+    agent_kwargs,
+    load_yaml_file,
+    schedule_objects,
+)
 from covey.cli.envs import build_env
 from covey.cli.evaluation import Evaluator
 
 STATE_FORMAT = 1
 EVALUATIONS_HEADER = "timesteps,mean_return,std_return\n"
-# Keys of a finished run's config that --resume may change (the rest would no longer be the same run).
-RESUME_OVERRIDABLE = (
-    "timesteps",
-    "eval_freq",
-    "eval_episodes",
-    "eval_deterministic",
-    "checkpoint_freq",
-    "torch_threads",
-    "n_processes",
-)
 
 
 # ---------------------------------------------------------------------------- the run folder
