@@ -219,9 +219,30 @@ def test_relink_restores_gradients_a_zero_grad_dropped_and_refuses_moved_paramet
     flat.zero_grad()
     loss_of(net, torch.randn(4, 3)).backward()
     assert flat.grad.abs().sum() > 0
-    net[0].weight.data = net[0].weight.data.clone()
-    with pytest.raises(RuntimeError, match="moved out of its flat buffer"):
+    net[0].weight.data = net[0].weight.data.double()
+    with pytest.raises(RuntimeError, match=r"replaced by one of shape \(5, 3\) \(torch.float64"):
         flat.relink()
+
+
+@pytest.mark.parametrize("n_params", [1, 4])
+def test_relink_takes_back_a_parameter_whose_data_was_replaced(n_params):
+    """``p.data = new`` (what torch's vector_to_parameters does) leaves the buffer behind; relink copies the new
+    values into the parameter's slice and makes it a view of the slice again, so an optimizer step over the
+    buffer moves the new values."""
+    net = two_layers()
+    params = list(net.parameters())[:n_params]
+    flat = FlatParameters(params)
+    optimizer = flat.attach(torch.optim.SGD([flat.data], lr=0.5))
+    address = params[-1].data_ptr()
+    new = torch.full_like(params[-1], 3.0)
+    params[-1].data = new.clone()
+    flat.relink()
+    assert params[-1].data_ptr() == address
+    torch.testing.assert_close(flat.view(params[-1], flat.data), new, rtol=0, atol=0)
+    flat.zero_grad()
+    flat.view(params[-1]).fill_(1.0)
+    flat.step(optimizer)
+    torch.testing.assert_close(params[-1].detach(), new - 0.5, rtol=0, atol=0)
 
 
 def test_polyak_update_of_flat_buffers_equals_per_parameter_lerp():

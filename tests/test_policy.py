@@ -181,6 +181,36 @@ def test_policy_state_dict_and_parameter_vector_round_trip():
         model_a.policy.load_from_vector(vector[:-1])
 
 
+def test_ppo_acts_and_trains_from_parameters_whose_data_was_replaced():
+    """torch's ``vector_to_parameters`` (which SB3's ``load_from_vector`` calls) replaces each parameter's
+    ``.data``. The next ``learn`` acts with the new values (PPO acts in NumPy from views of its flat buffer) and
+    its optimizer steps them."""
+    model = PPO("MlpPolicy", SpaceEnv(BOX_OBS, ACTION_SPACES["discrete"]), **{**FAST, "learning_rate": 0.0})
+    assert model._numpy_acting is not None
+    with torch.no_grad():
+        bias = model.actor.head.proj.bias.clone()
+        bias[:] = torch.tensor([-50.0, -50.0, 50.0])  # action 2 for any observation
+        new = [bias if p is model.actor.head.proj.bias else p.clone() for p in model.policy.parameters()]
+    torch.nn.utils.vector_to_parameters(torch.cat([p.reshape(-1) for p in new]), model.policy.parameters())
+    model.learn(32)
+    assert (model.rollout_buffer.actions == 2).all()
+    assert model.actor.head.proj.bias.data_ptr() - model.optimizer.flat_parameters.data.data_ptr() in range(
+        model.optimizer.flat_parameters.data.numel() * 4
+    )
+    torch.testing.assert_close(model.actor.head.proj.bias.detach(), bias, rtol=0, atol=0)  # lr 0: Adam kept it
+
+
+def test_sac_target_critics_follow_critics_whose_data_was_replaced():
+    """The Polyak update runs over the target critics' flat buffer: after their ``.data`` is replaced, the next
+    ``learn`` takes the new values back into it, so the update moves the target critics themselves."""
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=0, batch_size=8, learning_rate=0.0, tau=0.5, seed=0)
+    for p in model.critic_target.parameters():
+        p.data = torch.zeros_like(p)
+    model.learn(1)  # one gradient step (learning rate 0: the critics stay), one Polyak update
+    for target, critic in zip(model.critic_target.parameters(), model.critic.parameters()):
+        torch.testing.assert_close(target, 0.5 * critic.detach())
+
+
 @pytest.mark.cpu
 def test_ppo_policy_after_load(tmp_path):
     model = ppo_model(ACTION_SPACES["box"])

@@ -201,23 +201,32 @@ class FlatParameters:
 
     def relink(self) -> None:
         """Point every parameter's ``.grad`` at its slice of :attr:`grad` again (after a ``zero_grad`` that set
-        them to None, say), and check that no parameter was moved out of the buffer."""
+        them to None, say), and take back a parameter whose ``.data`` was replaced (SB3's
+        ``policy.load_from_vector``, ``p.data = ...``, ``share_memory()``): its values are copied into its slice
+        of :attr:`data` and it becomes a view of that slice again, so the optimizer, and every view made of the
+        buffer (NumPy acting, the hand-written updates), see them."""
         if not hasattr(self, "_links"):
-            size = self.data.element_size()
-            self._links = [
-                (p, self.data.data_ptr() + self.offsets[id(p)] * size, self.view(p) if self.with_grad else None)
-                for p in self.params
-            ]
-        for p, address, grad in self._links:
-            if p.data_ptr() != address:
-                raise RuntimeError(
-                    "A parameter was moved out of its flat buffer (e.g. by .to(device) after the model was "
-                    "built). Build the model on the device it trains on (device=...)."
-                )
+            self._links = [(p, p.data, self.view(p) if self.with_grad else None) for p in self.params]
+        for p, slot, grad in self._links:
+            if p.data_ptr() != slot.data_ptr():
+                self._take_back(p, slot)
             if grad is not None and p.grad is not grad:
                 p.grad = grad
         if self.with_grad:
             self.data.grad = self.grad
+
+    @staticmethod
+    def _take_back(p: torch.Tensor, slot: torch.Tensor) -> None:
+        if p.shape != slot.shape or p.dtype != slot.dtype or p.device != slot.device:
+            raise RuntimeError(
+                f"A parameter of shape {tuple(slot.shape)} ({slot.dtype}, {slot.device}) was replaced by one of "
+                f"shape {tuple(p.shape)} ({p.dtype}, {p.device}), e.g. by .to(device) or .double() after the "
+                "model was built. Build the model on the device it trains on (device=...), and change parameters' "
+                "values in place (load_state_dict, set_parameters, policy.load_from_vector)."
+            )
+        with torch.no_grad():
+            slot.copy_(p.data)
+        p.data = slot
 
     def zero_grad(self) -> None:
         self.grad.zero_()
@@ -611,6 +620,7 @@ class BaseAgent:
         self._num_timesteps_at_start = self.num_timesteps
         if reset_num_timesteps or self._last_obs is None:
             self._reset_env()
+        self._relink_parameters()
         if not self._custom_logger:
             self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
         return self._total_timesteps, self._init_callback(callback, progress_bar)
@@ -697,16 +707,25 @@ class BaseAgent:
 
     def _update_learning_rate(self) -> float:
         """Set every optimizer's step size from the schedule at the current progress; returns it. Called once
-        per update, it also re-points the parameters' gradients at their flat buffers (a user's
-        ``module.zero_grad()`` sets them to None)."""
+        per update, it also relinks the parameters with their flat buffers (a user's ``module.zero_grad()`` sets
+        their gradients to None; SB3's ``policy.load_from_vector`` replaces their data)."""
         lr = self.lr_schedule(self._current_progress_remaining)
         for optimizer in self._optimizers().values():
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            flat = getattr(optimizer, "flat_parameters", None)
-            if flat is not None:
-                flat.relink()
+        self._relink_parameters()
         return lr
+
+    def _flat_parameters(self) -> list[FlatParameters]:
+        """The flat buffers the model's parameters live in (:class:`FlatParameters`)."""
+        flats = (getattr(optimizer, "flat_parameters", None) for optimizer in self._optimizers().values())
+        return [flat for flat in flats if flat is not None]
+
+    def _relink_parameters(self) -> None:
+        """:meth:`FlatParameters.relink` for every buffer: before the first rollout of ``learn`` and before every
+        update, so a parameter's replaced ``.data`` trains from its new values."""
+        for flat in self._flat_parameters():
+            flat.relink()
 
     def _optimizer_step(self, loss: torch.Tensor, max_grad_norm: float) -> None:
         """One step of the single optimizer over ``self._params``: clip the global gradient norm, step, and

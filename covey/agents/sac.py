@@ -645,6 +645,9 @@ class SAC(BaseAgent):
             opts["ent_coef_optimizer"] = self.ent_coef_optimizer
         return opts
 
+    def _flat_parameters(self) -> list[FlatParameters]:
+        return [*super()._flat_parameters(), self._target_flat]
+
     def _parameter_groups(self) -> dict[str, Any]:
         groups = {"policy": self.policy, "actor.optimizer": self.actor_optimizer}  # SB3's names
         groups["critic.optimizer"] = self.critic_optimizer

@@ -271,9 +271,12 @@ class _PolicyBase(nn.Module):
         size = sum(p.numel() for p in self.parameters())
         if vector.shape != (size,):
             raise ValueError(f"The vector has shape {vector.shape}; this policy has {size} parameters: ({size},).")
-        with torch.no_grad():
+        with torch.no_grad():  # in place: the parameters stay views of the optimizers' flat buffers
             values = torch.as_tensor(vector, dtype=torch.float32, device=self.device)
-            torch.nn.utils.vector_to_parameters(values, self.parameters())
+            offset = 0
+            for p in self.parameters():
+                p.copy_(values[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
 
     def _no_memory(self, method: str) -> None:
         if self.actor.memory is not None:
