@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs import SpaceEnv
 from gymnasium import spaces
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.monitor import Monitor
@@ -814,3 +815,19 @@ def test_sac_action_noise_is_refused_for_discrete_actions():
 
     with pytest.raises(ValueError, match="action_noise applies to Box actions"):
         SAC("MlpPolicy", "CartPole-v1", action_noise=NormalActionNoise(np.zeros(1), np.ones(1)))
+
+
+def test_discrete_actions_with_a_start_train_as_from_zero():
+    """Discrete(n, start): the buffer keeps the env's actions (start + index) and the critics' loss reads the Q
+    value at the index. With a start of 5 the run is the run with a start of 0, weight for weight."""
+    obs_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    models = []
+    for start in (0, 5):
+        env = SpaceEnv(obs_space, spaces.Discrete(3, start=start))
+        model = SAC("MlpPolicy", env, learning_starts=20, batch_size=16, seed=0).learn(60)
+        assert set(np.unique(model.replay_buffer.actions[:60])) <= {start, start + 1, start + 2}
+        models.append(model)
+    for a, b in zip(models[0].critic.parameters(), models[1].critic.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(models[0].actor.parameters(), models[1].actor.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -972,7 +972,8 @@ class SAC(BaseAgent):
         if not self.discrete:
             return self._run(critic.raw, batch.observations, batch.actions)
         raw = self._run(critic.raw, batch.observations)  # (n_critics, B, n_actions[, K])
-        index = batch.actions.long().view(1, -1, 1, *([1] * (raw.dim() - 3)))
+        taken = batch.actions.long() - int(self.action_space.start)  # the buffer keeps Discrete(n, start)'s actions
+        index = taken.view(1, -1, 1, *([1] * (raw.dim() - 3)))
         index = index.expand(raw.shape[0], -1, 1, *raw.shape[3:])
         return raw.gather(2, index).squeeze(2)
 
