@@ -1,4 +1,5 @@
-"""Tiny test envs: any observation space, any action space, a reward that depends on the action."""
+"""Tiny test envs (any observation space, any action space, a reward that depends on the action), and a
+features extractor whose output depends on the training mode."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
 from covey.envs import EarlyExitEnv
 
@@ -139,3 +142,17 @@ def needs_onnx_exporter():
     except ImportError as refusal:
         return pytest.mark.skip(reason=str(refusal))
     return pytest.mark.skipif(False, reason="torch's ONNX exporter is new enough")
+
+
+class NormExtractor(BaseFeaturesExtractor):
+    """A user-written extractor with batch norm and dropout, which record the training mode of each call."""
+
+    def __init__(self, observation_space: spaces.Box) -> None:
+        super().__init__(observation_space, 16)
+        n = int(np.prod(observation_space.shape))
+        self.net = torch.nn.Sequential(torch.nn.Linear(n, 16), torch.nn.BatchNorm1d(16), torch.nn.Dropout(0.5))
+        self.calls: list[tuple[int, bool]] = []  # (rows, training) per forward
+
+    def forward(self, observations: torch.Tensor) -> torch.Tensor:
+        self.calls.append((observations.shape[0], self.training))
+        return self.net(observations)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import supersuit
 import torch
-from envs import DictTeam
+from envs import DictTeam, NormExtractor
 from gymnasium import spaces
 from mpe2 import simple_spread_v3
 from pettingzoo import ParallelEnv
@@ -1099,3 +1099,29 @@ def test_a_team_with_image_keys_gets_a_cnn_per_image_key():
     before = [p.detach().clone() for p in model.actor.encoder.parameters()]
     model.learn(16)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.actor.encoder.parameters()))
+
+
+def test_poca_rollouts_run_both_networks_in_evaluation_mode_and_updates_in_training_mode():
+    """As PPO's: the actor acts and the critic values the rollout in evaluation mode (a features extractor's
+    batch norm and dropout, here), and the update trains both."""
+    model = POCA(
+        "MlpPolicy",
+        lambda: simple_spread_v3.parallel_env(N=3, max_cycles=25),
+        n_steps=16,
+        batch_size=16,
+        n_epochs=1,
+        seed=0,
+        policy_kwargs=dict(features_extractor_class=NormExtractor),
+    )
+    extractors = {
+        name: m for name in ("actor", "critic") for m in getattr(model, name).modules() if isinstance(m, NormExtractor)
+    }
+    assert set(extractors) == {"actor", "critic"}
+    model.learn(16)  # one rollout, then one update of one minibatch (16 group steps x 3 agents)
+    for name, extractor in extractors.items():
+        first_update = [training for _, training in extractor.calls].index(True)
+        rollout, update = extractor.calls[:first_update], extractor.calls[first_update:]
+        assert rollout and not any(training for _, training in rollout), name
+        assert update and all(training and rows == 48 for rows, training in update), name
+        if name == "actor":
+            assert len(rollout) >= 16  # an action per step

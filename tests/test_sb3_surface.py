@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envs import SpaceEnv, image_space
+from envs import NormExtractor, SpaceEnv, image_space
 from gymnasium import spaces
 from stable_baselines3.common.callbacks import (
     BaseCallback,
@@ -910,6 +910,59 @@ def test_custom_features_extractor_class(tmp_path):
         PPO.load(tmp_path / "custom")
     loaded = PPO.load(tmp_path / "custom", custom_objects={"policy_kwargs": policy_kwargs})
     np.testing.assert_array_equal(loaded.predict(batch, deterministic=True)[0], expected)
+
+
+@pytest.mark.parametrize("algo", ["PPO", "SAC"])
+def test_predict_runs_the_policy_in_evaluation_mode_as_sb3s(algo):
+    """SB3's predict calls set_training_mode(False): dropout is off and batch norm uses its running statistics,
+    so deterministic actions repeat."""
+    model = (PPO if algo == "PPO" else SAC)(
+        "MlpPolicy", "Pendulum-v1", policy_kwargs=dict(features_extractor_class=NormExtractor)
+    )
+    model.policy.set_training_mode(True)
+    obs = np.random.default_rng(0).uniform(-1, 1, (4, 3)).astype(np.float32)
+    first = model.predict(obs, deterministic=True)[0]
+    assert not model.policy.training and not model.actor.training and not model.critic.training
+    for _ in range(3):
+        np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], first)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_ppo_rollouts_run_both_networks_in_evaluation_mode_and_updates_in_training_mode(share):
+    """As in SB3: the rollout (one env, so batch norm could not train on its single rows) acts and values in
+    evaluation mode, the update trains."""
+    policy_kwargs = dict(features_extractor_class=NormExtractor, share_features_extractor=share)
+    model = PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=policy_kwargs, n_steps=16, batch_size=16, n_epochs=1)
+    extractors = [m for m in model.policy.modules() if isinstance(m, NormExtractor)]
+    assert len(extractors) == (1 if share else 2)
+    model.learn(32)
+    for extractor in extractors:
+        rollout = [training for rows, training in extractor.calls if rows == 1]
+        update = [training for rows, training in extractor.calls if rows == 16]
+        assert rollout and update and not any(rollout) and all(update)
+
+
+def test_sac_target_critics_run_in_evaluation_mode_with_the_critics_batch_norm_statistics():
+    """SB3's target critics never train: their batch norm statistics are copied from the critics at each target
+    update (tau or not) and they run in evaluation mode, whatever mode the policy is set to."""
+    model = SAC(
+        "MlpPolicy",
+        "Pendulum-v1",
+        policy_kwargs=dict(features_extractor_class=NormExtractor, share_features_extractor=False),
+        learning_starts=10,
+        batch_size=8,
+        seed=0,
+    )
+    model.policy.set_training_mode(True)
+    model.learn(14)  # 4 gradient steps, each followed by a target update
+    target = dict(model.critic_target.named_buffers())
+    stats = {name: b for name, b in model.critic.named_buffers() if "running_" in name}
+    assert stats and not model.critic_target.training
+    for name, b in stats.items():
+        torch.testing.assert_close(target[name], b, rtol=0, atol=0)
+    assert int(target["encoder.extractor.net.1.num_batches_tracked"]) == 0  # never ran in training mode
+    extractor = next(m for m in model.critic_target.modules() if isinstance(m, NormExtractor))
+    assert extractor.calls and not any(training for _, training in extractor.calls)
 
 
 def test_sb3_nature_cnn_as_features_extractor_class():

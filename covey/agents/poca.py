@@ -358,7 +358,8 @@ class POCA(BaseAgent):
         # (n_envs, n_slots, ...), dones and infos (one per copy), actions (a row per slot: (n_envs * n_slots, ...)).
         rollout_buffer, actor, env = self.rollout_buffer, self.actor, self.env
         rollout_buffer.reset()
-        actor.set_training_mode(False)
+        actor.set_training_mode(False)  # both networks act and value the rollout in evaluation mode
+        self.critic.train(False)
         callback.on_rollout_start()
         n_envs, n_slots = env.n_envs, env.n_slots
         dtype = obs_dtype(self._stored_space)

@@ -768,7 +768,8 @@ class PPO(BaseAgent):
         n_rollout_steps = self.config.n_steps
         space = self.observation_space
         rollout_buffer.reset()
-        set_train_mode(actor, False)
+        set_train_mode(actor, False)  # both networks act and value the rollout in evaluation mode, as in SB3
+        set_train_mode(self.critic, False)
         use_sde, sde_sample_freq = self.config.use_sde, self.config.sde_sample_freq
         if use_sde:  # as SB3: exploration matrices for the rollout (one per env)
             actor.head.reset_noise(env.num_envs)

@@ -569,6 +569,7 @@ class SAC(BaseAgent):
         )[1]
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.critic_target.requires_grad_(False)
+        self.critic_target.train(False)  # as SB3's: targets run in evaluation mode (dropout off, batch norm frozen)
         pc = self.policy_config
         for module in (self.actor, self.critic, self.critic_target):
             module.to(self.device)
@@ -585,6 +586,12 @@ class SAC(BaseAgent):
         self._shared_polyak = [  # (target copies, the actor's encoder parameters)
             [targets[name] for name, p in self.critic.named_parameters() if id(p) in shared],
             [p for p in self.critic.parameters() if id(p) in shared],
+        ]
+        # Batch norm's running statistics (a custom features extractor's) are copied to the target critics at
+        # each target update, as SB3 copies them: the targets run in evaluation mode and never update their own.
+        target_buffers = dict(self.critic_target.named_buffers())
+        self._running_stats = [
+            (target_buffers[name], b) for name, b in self.critic.named_buffers() if "running_" in name
         ]
 
         if cfg.target_entropy == "auto":
@@ -828,6 +835,8 @@ class SAC(BaseAgent):
         self._update_current_progress_remaining()
         lr = self._update_learning_rate()
         set_train_mode(self.actor, True)
+        set_train_mode(self.critic, True)
+        set_train_mode(self.critic_target, False)
         history: dict[str, list[torch.Tensor]] = {}
         self._q_and_targets = []
         manual = self._manual
@@ -846,6 +855,8 @@ class SAC(BaseAgent):
                 polyak_update([self._target_flat.data], [self.critic_optimizer.flat_parameters.data], self.config.tau)
                 if self._shared_polyak[0]:
                     polyak_update(*self._shared_polyak, self.config.tau)
+                for target, stat in self._running_stats:
+                    target.copy_(stat)
         for key, values in history.items():
             self.logger.record(f"train/{key}", (values[0] if len(values) == 1 else torch.stack(values).mean()).item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")

@@ -281,8 +281,11 @@ class Actor(nn.Module):
         """SB3's ``predict``: a single or batched observation to actions (numpy), and the state.
 
         Recurrent actors take and return SB3-contrib's ``state`` (a tuple of ``(1, n_envs, hidden)`` arrays;
-        None means a fresh memory) and ``episode_start`` (rows whose memory is reset first).
+        None means a fresh memory) and ``episode_start`` (rows whose memory is reset first). The actor is put
+        in evaluation mode first, as SB3's ``predict`` puts its policy.
         """
+        if self.training:
+            self.train(False)
         obs, batched = self.obs_to_tensor(observation)
         if self.memory is not None:
             return self._predict_recurrent(obs, batched, state, episode_start, deterministic)

@@ -244,7 +244,10 @@ class _PolicyBase(nn.Module):
         episode_start: np.ndarray | None = None,
         deterministic: bool = False,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
-        """SB3's ``predict``: observations (numpy) to env actions (numpy), and the recurrent state."""
+        """SB3's ``predict``: observations (numpy) to env actions (numpy), and the recurrent state. As SB3's, it
+        puts the policy in evaluation mode first (dropout off, batch norm on its running statistics)."""
+        if self.actor.training or self.critic.training:
+            self.set_training_mode(False)
         return self.actor.predict(observation, state, episode_start, deterministic)
 
     def reset_noise(self, n_envs: int = 1) -> None:
