@@ -412,6 +412,18 @@ def test_replay_buffer_files_are_named_and_placed_as_sb3_names_them(tmp_path):
         fresh.load_replay_buffer(tmp_path / "missing")
 
 
+def test_an_sb3_replay_buffer_file_is_refused_without_being_unpickled(tmp_path):
+    """SB3's save_replay_buffer pickles the buffer; covey names that and the way out, and runs nothing."""
+    import stable_baselines3
+
+    sb3 = stable_baselines3.SAC("MlpPolicy", "Pendulum-v1", buffer_size=200, learning_starts=100, seed=0).learn(20)
+    sb3.save_replay_buffer(tmp_path / "sb3_buffer")
+    model = sac("Pendulum-v1", buffer_size=200)
+    with pytest.raises(ValueError, match=r"holds pickled data, as SB3's save_replay_buffer writes it.*covey's save"):
+        model.load_replay_buffer(tmp_path / "sb3_buffer")
+    assert model.replay_buffer.size() == 0
+
+
 def test_a_failed_replay_buffer_save_keeps_the_previous_file(tmp_path, monkeypatch):
     model = sac("Pendulum-v1", buffer_size=200).learn(60)
     model.save_replay_buffer(tmp_path / "replay.npz")

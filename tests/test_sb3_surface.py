@@ -758,6 +758,16 @@ def test_net_arch_dict():
     model.learn(32)
 
 
+def test_net_arch_in_sb3s_old_list_form_is_read_as_its_dict_with_a_warning():
+    """SB3 still takes net_arch=[dict(pi=..., vf=...)] (its form before 1.8) with a warning, as its dict."""
+    with pytest.warns(FutureWarning, match=r"net_arch=\[dict\(\.\.\.\)\] is SB3's form from before"):
+        model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[dict(pi=[32], vf=[64, 8])]), **FAST)
+    assert [m.out_features for m in linears(model.actor.trunk)] == [32]
+    assert [m.out_features for m in linears(model.critic.trunk)] == [64, 8]
+    with pytest.raises(ValueError, match=r"\[64, dict\(pi=\.\.\., vf=\.\.\.\)\], with shared layers, is gone"):
+        PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[64, dict(pi=[32], vf=[64])]))
+
+
 def test_activation_fn_relu(tmp_path):
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(activation_fn=torch.nn.ReLU), **FAST)
     for net in (model.policy, model.critic):

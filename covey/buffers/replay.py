@@ -304,7 +304,17 @@ class ReplayBuffer:
             path = pathlib.Path(path)
             if not path.exists() and path.suffix == "" and buffer_path(path).exists():
                 path = buffer_path(path)
-        with np.load(path, allow_pickle=False) as data:
+        try:
+            archive = np.load(path, allow_pickle=False)
+        except ValueError as error:
+            if "pickle" not in str(error):
+                raise
+            raise ValueError(
+                f"{path} holds pickled data, as SB3's save_replay_buffer writes it. covey reads only its own replay "
+                "buffer files (an .npz archive of plain arrays, from covey's save_replay_buffer): unpickling could "
+                "run code from the file. Fill the buffer by training with covey, and save it with covey."
+            ) from None
+        with archive as data:
             capacity, n_envs, pos, full, optimize = (int(x) for x in data["meta"])
             if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):
                 raise ValueError(

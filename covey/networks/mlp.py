@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -423,6 +424,14 @@ def parse_net_arch(net_arch: Sequence[int] | dict | None, keys: tuple[str, ...],
     """
     if net_arch is None:
         return {key: list(default) for key in keys}
+    if isinstance(net_arch, (list, tuple)) and len(net_arch) == 1 and isinstance(net_arch[0], dict):
+        warnings.warn(
+            f"net_arch=[dict(...)] is SB3's form from before version 1.8 (shared layers went then); "
+            f"write net_arch=dict(...) instead. Reading it as net_arch={net_arch[0]!r}.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        net_arch = net_arch[0]
     if isinstance(net_arch, dict):
         unknown = set(net_arch) - set(keys)
         if unknown:
@@ -438,6 +447,7 @@ def _sizes(sizes, name: str) -> list[int]:
     if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) and s > 0 for s in sizes):
         raise ValueError(
             f"net_arch entry {name!r} must be a list of positive layer sizes such as [64, 64], got {sizes!r}. "
-            "(The old form [dict(pi=..., vf=...)] is written dict(pi=..., vf=...) now.)"
+            "(The old form [64, dict(pi=..., vf=...)], with shared layers, is gone since SB3 1.8: write "
+            "dict(pi=..., vf=...).)"
         )
     return list(sizes)
