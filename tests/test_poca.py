@@ -1125,3 +1125,52 @@ def test_poca_rollouts_run_both_networks_in_evaluation_mode_and_updates_in_train
         assert update and all(training and rows == 48 for rows, training in update), name
         if name == "actor":
             assert len(rollout) >= 16  # an action per step
+
+
+class _ShapedActions(ParallelEnv):
+    """EarlyExitEnv whose agents act in ``space`` (a Box or MultiBinary): an agent presses when its action's first
+    number is above 0.5."""
+
+    metadata = {"name": "shaped_actions_v0", "render_modes": []}
+
+    def __init__(self, space: spaces.Space) -> None:
+        self.env, self.space = EarlyExitEnv(), space
+        self.possible_agents = self.env.possible_agents
+
+    def observation_space(self, agent):
+        return self.env.observation_space(agent)
+
+    def action_space(self, agent):
+        return self.space
+
+    @property
+    def agents(self):
+        return self.env.agents
+
+    def reset(self, seed=None, options=None):
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions):
+        return self.env.step({a: int(np.asarray(act).reshape(-1)[0] > 0.5) for a, act in actions.items()})
+
+
+@pytest.mark.parametrize(
+    "shaped, flat",
+    [
+        (spaces.Box(-1, 1, (2, 2), np.float32), spaces.Box(-1, 1, (4,), np.float32)),
+        (spaces.MultiBinary([2, 2]), spaces.MultiBinary(4)),
+    ],
+    ids=["box", "multibinary"],
+)
+def test_actions_of_several_dimensions_train_as_their_flat_rows(shaped, flat):
+    """The critic reads the groupmates' actions as the buffer keeps them, one flat row each: a team acting in a
+    (2, 2) space trains exactly as one acting in the flat (4,) space, and acts in the space's shape."""
+    settings = dict(n_envs=2, n_steps=16, batch_size=16, n_epochs=2, seed=0)
+    models = [
+        POCA("MlpPolicy", lambda space=space: _ShapedActions(space), **settings).learn(64) for space in (shaped, flat)
+    ]
+    for a, b in zip(models[0].critic.parameters(), models[1].critic.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    np.testing.assert_array_equal(models[0].rollout_buffer.actions, models[1].rollout_buffer.actions)
+    obs = {agent: np.zeros(models[0].observation_space.shape, np.float32) for agent in models[0].agent_ids}
+    assert all(action.shape == (2, 2) for action in models[0].predict(obs)[0].values())

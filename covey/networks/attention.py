@@ -186,14 +186,16 @@ class EntityEncoder(nn.Module):
 
 
 def action_features(actions: torch.Tensor, space: spaces.Space) -> torch.Tensor:
-    """Actions as network inputs ``(..., action_features_dim)``: one-hot for discrete, floats otherwise."""
+    """Actions as the rollout buffer stores them (:func:`covey.buffers.rollout.action_storage`: a Discrete action
+    a number, any other a flat row) to network inputs ``(..., action_features_dim)``: one-hot for discrete,
+    floats otherwise."""
     if isinstance(space, spaces.Discrete):
         return F.one_hot((actions.long() - int(space.start)).clamp(0, int(space.n) - 1), int(space.n)).float()
     if isinstance(space, spaces.MultiDiscrete):
         nvec = [int(n) for n in space.nvec.reshape(-1)]
-        idx = actions.long().reshape(*actions.shape[:-1], len(nvec)) - torch.as_tensor(space.start.reshape(-1))
+        idx = actions.long() - torch.as_tensor(space.start.reshape(-1))
         return torch.cat([F.one_hot(idx[..., i].clamp(0, n - 1), n).float() for i, n in enumerate(nvec)], dim=-1)
-    return actions.float().reshape(*actions.shape[: actions.dim() - len(space.shape)], -1)
+    return actions.float()
 
 
 def action_features_dim(space: spaces.Space) -> int:
