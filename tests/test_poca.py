@@ -691,6 +691,20 @@ def test_predict_array_of_env_copies(learned):
     stacked = np.stack([obs[a] for a in learned.agent_ids])
     actions, _ = learned.predict(np.stack([stacked, stacked]), deterministic=True)
     assert actions.shape == (2, 3)
+    with pytest.raises(
+        ValueError, match=r"array of shape \(2, 3, 4\).*observations have shape \(4,\).*\(n_envs, n_slots, 5\)"
+    ):
+        learned.predict(np.zeros((2, 3, 4), np.float32))
+
+
+def test_predict_array_of_env_copies_refuses_observations_laid_out_otherwise():
+    """Observations of shape (5, 1) given as (1, 5) have as many numbers: they are refused, not read in the
+    wrong order."""
+    model = POCA("MlpPolicy", lambda: supersuit.reshape_v0(EarlyExitEnv(), (5, 1)), n_steps=8, batch_size=8, seed=0)
+    assert model.observation_space.shape == (5, 1)
+    assert model.predict(np.zeros((2, 3, 5, 1), np.float32))[0].shape == (2, 3)
+    with pytest.raises(ValueError, match=r"observations have shape \(1, 5\).*\(n_envs, n_slots, 5, 1\)"):
+        model.predict(np.zeros((2, 3, 1, 5), np.float32))
 
 
 def test_save_load_round_trip(learned, tmp_path):

@@ -279,6 +279,15 @@ class POCA(BaseAgent):
                     f"with slots in model.agent_ids order ({self.agent_ids})."
                 )
             if obs.ndim == len(single) + 2:  # (n_envs, n_slots, *obs_shape): flatten the two group axes
+                if obs.shape[2:] != single:
+                    stored = "" if self._stored_space == self.observation_space else f", kept as rows of shape {single}"
+                    dims = ", ".join(map(str, single))
+                    raise ValueError(
+                        f"predict() got an array of shape {obs.shape}, read as (n_envs, n_slots, *obs_shape): its "
+                        f"observations have shape {obs.shape[2:]}, but this model's agents observe "
+                        f"{self.observation_space}{stored}. Pass (n_envs, n_slots, {dims}) with slots in "
+                        "model.agent_ids order, or an {agent: observation} dict."
+                    )
                 starts = episode_start
                 if starts is not None:  # per copy (n_envs,) or per slot (n_envs, n_slots)
                     starts = np.asarray(starts, dtype=bool)
