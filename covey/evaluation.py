@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from covey.wrappers.group_env import live_agents, make_one_env
+from covey.wrappers.group_env import LiveAgents, make_one_env
 
 
 def evaluate_group(
@@ -63,7 +63,7 @@ def group_episodes(
         obs, _ = env.reset(seed=seed + episode)
         for i, agent in enumerate(env.possible_agents):
             env.action_space(agent).seed(seed + 1000 * episode + i)
-        agents = list(env.agents)
+        agents, live = list(env.agents), LiveAgents()
         seen, total, length = set(agents), 0.0, 0
         state, previous = None, set()  # a recurrent model's memories; agents that acted last step
         going = on_step is None or on_step(env)
@@ -78,7 +78,7 @@ def group_episodes(
             previous = set(agents)
             obs, rewards, terminations, truncations, _ = env.step(actions)
             total += float(sum(rewards.values()))
-            agents = live_agents(env.agents, terminations, truncations)  # done agents are gone, listed or not
+            agents = live.after_step(env.agents, terminations, truncations)  # done agents are gone, listed or not
             seen |= set(agents)
             length += 1
             going = on_step is None or on_step(env)

@@ -415,38 +415,75 @@ def test_dict_observations_are_stored_flat_per_slot_in_and_out_of_process():
         remote.close()
 
 
-class KeepsDoneAgentsListedEnv(ScriptedEnv):
-    """ScriptedEnv that reports terminations and truncations but never removes an agent from ``agents`` (against
-    PettingZoo's API); it asserts it gets actions only for the agents it has not ended."""
+class ListsEndedAgentsEnv(ScriptedEnv):
+    """ScriptedEnv that keeps listing an agent after the step that ended it (against PettingZoo's API), reporting
+    its end once, with zero observations (or none, with ``observe_ended=False``). From step ``drop_at`` on it lists
+    them no more, and at step ``rejoin_at`` agent a joins again."""
+
+    def __init__(self, end=8, drop_at=5, rejoin_at=6, observe_ended=True):
+        super().__init__(end)
+        self.drop_at, self.rejoin_at, self.observe_ended = drop_at, rejoin_at, observe_ended
 
     def reset(self, seed=None, options=None):
-        self.ended: set[str] = set()
+        self.stale: set[str] = set()
         return super().reset(seed=seed, options=options)
 
     def step(self, actions):
-        assert not set(actions) & self.ended, f"actions for ended agents {sorted(set(actions) & self.ended)}"
-        listed = [a for a in self.agents if a not in self.ended]
-        self.agents = listed
-        out = super().step(actions)
-        _, _, terminations, truncations, _ = out
-        self.ended |= {a for a in listed if terminations[a] or truncations[a]}
-        self.agents = listed + [a for a in self.agents if a not in listed]  # still listed, plus any newcomer
-        return out
+        assert not set(actions) & self.stale, f"actions for ended agents {sorted(set(actions) & self.stale)}"
+        self.agents = [a for a in self.agents if a not in self.stale]
+        observations, rewards, terminations, truncations, infos = super().step(actions)
+        self.stale |= {a for a in terminations if terminations[a] or truncations[a]}
+        if self.t >= self.drop_at:
+            self.stale.clear()
+        if self.t == self.rejoin_at:
+            self.agents.append("a")
+            observations["a"] = self._obs("a")
+        for a in sorted(self.stale):
+            self.agents.append(a)
+            if self.observe_ended:
+                observations[a] = np.zeros(3, np.float32)
+        return observations, rewards, terminations, truncations, infos
 
 
-def test_agents_a_step_ends_are_gone_even_where_the_env_still_lists_them():
-    venv = GroupVecEnv([lambda: KeepsDoneAgentsListedEnv(end=5)])
+@pytest.mark.parametrize("observe_ended", [True, False])
+def test_agents_a_step_ends_are_gone_while_the_env_still_lists_them_and_may_join_again_later(observe_ended):
+    """An agent the env keeps listing after its end stays gone (it neither acts nor needs an observation) until the
+    env stops listing it; listed again later, it has joined again. The same in evaluate_group."""
+    venv = GroupVecEnv([lambda: ListsEndedAgentsEnv(observe_ended=observe_ended)])
     venv.reset(seed=0)
-    masks, dones = [], []
-    for _ in range(6):
-        st = venv.step(np.zeros((1, 3), np.int64))
-        masks.append(st.mask[0].tolist())
-        dones.append(bool(st.env_done[0]))
-    # a terminates at step 3 and leaves; all are truncated at step 5: the episode ends and the copy resets.
-    assert masks[:4] == [[1, 1, 0], [1, 1, 1], [0, 1, 1], [0, 1, 1]]
-    assert dones == [False, False, False, False, True, False] and masks[4] == [1, 1, 0]
-    result = evaluate_group(None, lambda: KeepsDoneAgentsListedEnv(end=5), n_eval_episodes=2)
-    assert result["episode_length"] == 5.0  # ends, instead of stepping the ended agents forever
+    masks = [venv.step(np.zeros((1, 3), np.int64)).mask[0].tolist() for _ in range(7)]
+    # a ends at step 3 (still listed at 3 and 4), is no longer listed from 5, and joins again at 6
+    assert masks == [[1, 1, 0], [1, 1, 1], [0, 1, 1], [0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]]
+    st = venv.step(np.zeros((1, 3), np.int64))  # step 8: all truncated, still listed: the episode ends
+    assert st.env_done[0] and st.infos[0]["episode"]["l"] == 8
+    result = evaluate_group(None, lambda: ListsEndedAgentsEnv(observe_ended=observe_ended), n_eval_episodes=1)
+    assert result["episode_length"] == 8.0
+
+
+class JoinRewardEnv(ScriptedEnv):
+    """ScriptedEnv that pays agent c 5 in the step it joins (before it has acted)."""
+
+    def step(self, actions):
+        observations, rewards, terminations, truncations, infos = super().step(actions)
+        if self.t == 2:
+            rewards["c"], terminations["c"], truncations["c"] = 5.0, False, False
+        return observations, rewards, terminations, truncations, infos
+
+
+def test_the_episode_return_counts_every_reward_the_env_paid_the_group():
+    """Training's episode return (rollout/ep_rew_mean) sums what evaluate_group sums: every reward of the step,
+    also one paid to an agent that has not acted yet."""
+    venv = GroupVecEnv([lambda: JoinRewardEnv(end=5)])
+    venv.reset(seed=0)
+    steps = [venv.step(np.zeros((1, 3), np.int64)) for _ in range(5)]
+    assert not steps[1].rewards[0, 2]  # the buffer's rewards are those of agents that acted
+    st = steps[-1]
+    assert st.env_done[0]
+    # action 0 throughout: a 11 + 12 + 13, b 21 + ... + 25, c 5 on joining, then 33 + 34 + 35
+    assert st.infos[0]["episode"]["r"] == 36 + 115 + 5 + 102
+    env = JoinRewardEnv(end=5)
+    model = type("Zeros", (), {"predict": lambda self, obs, **kw: ({a: 0 for a in obs}, None)})()
+    assert evaluate_group(model, env, n_eval_episodes=1)["group_return"] == 36 + 115 + 5 + 102
 
 
 def test_evaluate_group_takes_an_env_instance_and_leaves_it_open():
@@ -566,6 +603,8 @@ class OffApiEnv(ScriptedEnv):
         if self.fault == "step_dones":  # one done flag per agent, before terminations and truncations
             dones = {a: terminations[a] or truncations[a] for a in terminations}
             return observations, rewards, dones, infos
+        if self.fault == "missing_observation":
+            del observations["b"]
         return observations, rewards, terminations, truncations, infos
 
 
@@ -580,6 +619,10 @@ class NoSeedEnv(ScriptedEnv):
         (lambda: OffApiEnv("reset_observations_only"), r"reset\(\) returned one dict, not \(observations, infos\)"),
         (lambda: OffApiEnv("step_dones"), r"step\(\) returned 4 values, not 5"),
         (lambda: OffApiEnv("wrong_shape"), r"gave agent 'b' an observation of shape \(4,\) that does not fit"),
+        (
+            lambda: OffApiEnv("missing_observation"),
+            r"step\(\) gave no observation for 'b', which env.agents lists as live \(observations for \['a'\]\)",
+        ),
         (NoSeedEnv, r"reset\(\) takes no seed argument"),
     ],
 )

@@ -150,6 +150,7 @@ class GroupVecEnv:
         self.n_envs, self.n_slots = len(self.envs), len(self.agent_ids)
         # Dict observations are stored flat, one float32 vector per slot (the networks unflatten them)
         self.flat_dict = FlatDict(self.observation_space) if isinstance(self.observation_space, spaces.Dict) else None
+        self._live = [LiveAgents() for _ in self.envs]
         stored = self.observation_space if self.flat_dict is None else self.flat_dict.flat_space
         self.obs_shape, self.obs_dtype = tuple(stored.shape), _storage_dtype(stored)
         lead = (self.n_envs, self.n_slots)
@@ -196,8 +197,8 @@ class GroupVecEnv:
             )
         self._obs[e] = 0
         self._mask[e] = False
-        for agent in self.envs[e].agents:
-            self._put(e, agent, observations[agent])
+        self._live[e].reset()
+        self._put_all(e, self.envs[e].agents, observations, "reset()")
         self._ep_return[e] = 0.0
         self._ep_seen[e] = self._mask[e]
         self._ep_length[e] = 0
@@ -214,6 +215,20 @@ class GroupVecEnv:
                 f"observation_space({agent!r}) = {self.observation_space} ({exc})",
             ) from exc
         self._mask[e, s] = True
+
+    def _put_all(self, e: int, agents: Sequence[str], observations: dict, call: str) -> None:
+        try:
+            for agent in agents:
+                self._put(e, agent, observations[agent])
+        except KeyError as exc:
+            missing = [a for a in agents if a not in observations]
+            if not missing:
+                raise
+            raise _api_error(
+                call,
+                f"gave no observation for {', '.join(map(repr, missing))}, which env.agents lists as live "
+                f"(observations for {list(observations)}). Every agent in env.agents needs one",
+            ) from exc
 
     def _stored(self, obs: Any, agent: str) -> Any:
         return obs if self.flat_dict is None else self.flat_dict.flatten(obs, repr(agent))
@@ -238,7 +253,7 @@ class GroupVecEnv:
             self._ep_length[e] += 1
             # Read once: on wrapped PettingZoo envs every read walks the wrapper chain. An agent the step
             # terminated or truncated is gone even where the env still lists it (PettingZoo's API removes it).
-            after = live_agents(env.agents, term, trunc)
+            after = self._live[e].after_step(env.agents, term, trunc)
             still = set(after)
             for agent in acting:
                 s = self.slot[agent]
@@ -251,10 +266,13 @@ class GroupVecEnv:
                     last = observations.get(agent)
                     final_obs[e, s] = self._obs[e, s] if last is None else self._stored(last, agent)
             self._ep_return[e] += rewards[e]
+            if not rew.keys() <= action_dict.keys():  # rewards of agents that did not act (one that just joined)
+                for agent, r in rew.items():
+                    if agent not in action_dict and agent in self.slot:
+                        self._ep_return[e, self.slot[agent]] += r
             self._obs[e] = 0
             self._mask[e] = False
-            for agent in after:  # live agents, including ones that just appeared
-                self._put(e, agent, observations[agent])
+            self._put_all(e, after, observations, "step()")  # live agents, including ones that just appeared
             self._ep_seen[e] |= self._mask[e]
             if not after:
                 env_done[e] = True
@@ -295,9 +313,33 @@ class GroupVecEnv:
             env.close()
 
 
-def live_agents(agents: Sequence[str], terminations: dict, truncations: dict) -> list[str]:
-    """The agents of ``agents`` (an env's list after a step) that the step neither terminated nor truncated."""
-    return [a for a in agents if not (terminations.get(a, False) or truncations.get(a, False))]
+class LiveAgents:
+    """Who is still in one env copy's episode. PettingZoo's API removes an agent from ``env.agents`` once a step
+    terminates or truncates it; an env that keeps listing it (reporting the end once) has it gone all the same,
+    until the env stops listing it. An agent that leaves the list and comes back later has joined again.
+
+    >>> live = LiveAgents()
+    >>> live.after_step(["a", "b"], {"a": True}, {})
+    ['b']
+    >>> live.after_step(["a", "b"], {}, {})  # "a" still listed, not reported again: still gone
+    ['b']
+    >>> live.after_step(["b"], {}, {}), live.after_step(["a", "b"], {}, {})  # "a" left the list, then joined
+    (['b'], ['a', 'b'])
+    """
+
+    def __init__(self) -> None:
+        self.ended: set[str] = set()  # reported terminated or truncated, and listed ever since
+
+    def reset(self) -> None:
+        self.ended.clear()
+
+    def after_step(self, agents: Sequence[str], terminations: dict, truncations: dict) -> list[str]:
+        """The agents of ``agents`` (the env's list after a step) that are still in the episode."""
+        now = {a for a in agents if terminations.get(a, False) or truncations.get(a, False)}
+        if self.ended:
+            now |= self.ended.intersection(agents)
+        self.ended = now
+        return [a for a in agents if a not in now]
 
 
 def make_group_env(env: Any, n_envs: int) -> GroupVecEnv:
