@@ -965,6 +965,15 @@ def test_load_with_another_group_is_refused(tmp_path):
         POCA.load(tmp_path / "m.zip", env=_RenamedGroup)
 
 
+def test_n_envs_beside_a_group_vec_env_must_match_its_copies():
+    """The env's copies are what POCA steps: an n_envs that says otherwise is refused, not ignored."""
+    with pytest.raises(ValueError, match=r"n_envs=8, but the env given is a GroupVecEnv of 2 copies"):
+        POCA("MlpPolicy", GroupVecEnv([EarlyExitEnv] * 2), n_envs=8)
+    assert POCA("MlpPolicy", GroupVecEnv([EarlyExitEnv] * 2), n_envs=2).n_envs == 2
+    assert POCA("MlpPolicy", GroupVecEnv([EarlyExitEnv] * 2)).n_envs == 2
+    assert POCA("MlpPolicy", EarlyExitEnv).n_envs == 1
+
+
 def test_set_env_with_another_number_of_copies_is_refused():
     model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=8, seed=0)
     with pytest.raises(ValueError, match="2 copies"):

@@ -63,8 +63,9 @@ class POCAConfig(OnPolicyConfig):
 class POCA(BaseAgent):
     """MA-POCA for a cooperative group of agents in a PettingZoo parallel env, with SB3's API.
 
-    The env may be a ParallelEnv instance (one copy), a function returning one (``n_envs`` copies), an
-    AEC env (converted), or a :class:`~covey.wrappers.group_env.GroupVecEnv`. All agents share one policy
+    The env may be a ParallelEnv instance (one copy), a function returning one (``n_envs`` copies, default 1), an
+    AEC env (converted), or a :class:`~covey.wrappers.group_env.GroupVecEnv` (its copies; an ``n_envs`` given
+    beside it must match). All agents share one policy
     (``model.policy``); ``model.critic`` is the attention critic. ``total_timesteps`` counts env steps of
     all copies (one parallel step of one copy = 1); agent-steps are logged beside it (``time/agent_steps``).
 
@@ -85,7 +86,7 @@ class POCA(BaseAgent):
         self,
         policy: str,
         env: Any,
-        n_envs: int = 1,
+        n_envs: int | None = None,
         learning_rate: Schedule = 3e-4,
         n_steps: int = 256,
         batch_size: int = 256,
@@ -132,6 +133,11 @@ class POCA(BaseAgent):
                 "policy_kwargs squash_output=True applies to PPO with use_sde=True; POCA has no state-dependent "
                 "exploration (its Box actions are clipped to the bounds): remove squash_output."
             )
+        if isinstance(env, GroupVecEnv) and n_envs is not None and n_envs != env.n_envs:
+            raise ValueError(
+                f"n_envs={n_envs}, but the env given is a {type(env).__name__} of {env.n_envs} copies, which POCA "
+                f"steps as they are. Leave n_envs out (the env's copies count), or build the env with {n_envs} copies."
+            )
         self._requested_n_envs = n_envs
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
@@ -144,7 +150,7 @@ class POCA(BaseAgent):
 
     # ------------------------------------------------------------------ env plumbing (groups, not VecEnvs)
     def _wrap_env(self, env: Any) -> GroupVecEnv:
-        return make_group_env(env, getattr(self, "_requested_n_envs", 1))
+        return make_group_env(env, getattr(self, "_requested_n_envs", None))
 
     def _attach_env(self, env: GroupVecEnv) -> None:
         known = getattr(self, "agent_ids", None)

@@ -342,14 +342,16 @@ class LiveAgents:
         return [a for a in agents if a not in now]
 
 
-def make_group_env(env: Any, n_envs: int) -> GroupVecEnv:
-    """What a user passes as ``env`` to POCA, as a :class:`GroupVecEnv` of ``n_envs`` copies.
+def make_group_env(env: Any, n_envs: int | None) -> GroupVecEnv:
+    """What a user passes as ``env`` to POCA, as a :class:`GroupVecEnv` of ``n_envs`` copies (None: one, or a
+    GroupVecEnv's own).
 
     A function returning a ParallelEnv (or AEC env) is called once per copy; an env instance can only
     make one copy (pass a function for more); a GroupVecEnv is used as it is.
     """
     if isinstance(env, GroupVecEnv):
         return env
+    n_envs = 1 if n_envs is None else n_envs
     if isinstance(env, str):
         as_parallel(env)  # raises: a name is not an env
     if is_env_maker(env):
