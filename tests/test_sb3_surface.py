@@ -906,6 +906,9 @@ def test_custom_features_extractor_class(tmp_path):
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs, **FAST)
     extractors = [m for m in model.policy.modules() if isinstance(m, TinyExtractor)]
     assert len(extractors) == 1 and extractors[0].features_dim == 16
+    # SB3's attributes hold the user's extractor object itself
+    assert model.policy.features_extractor is model.policy.pi_features_extractor is extractors[0]
+    assert model.policy.vf_features_extractor is extractors[0] and model.policy.features_extractor.net is not None
     assert model.actor.encoder.out_dim == 16
     assert linears(model.actor.trunk)[0].in_features == 16
     before = extractors[0].net[0].weight.detach().clone()
@@ -980,6 +983,14 @@ def test_sb3_nature_cnn_as_features_extractor_class():
     model = PPO("CnnPolicy", ImageEnv(), n_steps=16, batch_size=16, n_epochs=1, seed=0, policy_kwargs=policy_kwargs)
     assert any(isinstance(m, NatureCNN) for m in model.policy.modules())
     assert model.actor.encoder.out_dim == 32
+    # extract_features with the policy's extractor prepares the images as SB3 does (channel-first, scaled)
+    assert isinstance(model.policy.features_extractor, NatureCNN)
+    images = torch.as_tensor(np.stack([ImageEnv().reset(seed=s)[0] for s in range(3)]))
+    with torch.no_grad():
+        features = model.policy.extract_features(images, model.policy.features_extractor)
+        torch.testing.assert_close(features, model.policy.extract_features(images), rtol=0, atol=0)
+        expected = model.policy.features_extractor(images.permute(0, 3, 1, 2).float() / 255.0)
+        torch.testing.assert_close(features, expected)  # x * (1 / 255) against x / 255: within float rounding
     assert linears(model.actor.trunk) == []  # SB3: NatureCNN feeds the action layer directly
     model.learn(32)
     obs = ImageEnv().reset(seed=0)[0]

@@ -33,6 +33,7 @@ from covey.networks.distributions import (
     SquashedStateDependentHead,
     StateDependentGaussianHead,
 )
+from covey.networks.encoders import ExternalEncoder
 from covey.networks.obs import ObsTensor
 
 
@@ -289,6 +290,12 @@ class _PolicyBase(nn.Module):
             )
 
 
+def _sb3_extractor(encoder: nn.Module) -> nn.Module:
+    """What SB3's ``features_extractor`` attributes hold: a user's extractor object (inside covey's
+    :class:`~covey.networks.encoders.ExternalEncoder`, which prepares its inputs), else covey's encoder."""
+    return encoder.extractor if isinstance(encoder, ExternalEncoder) else encoder
+
+
 class MlpExtractor(nn.Module):
     """SB3's ``policy.mlp_extractor``: the actor's MLP trunk as ``policy_net`` and the critic's as ``value_net``,
     features to the latent features the action and value layers take (``latent_dim_pi``, ``latent_dim_vf``).
@@ -370,15 +377,16 @@ class ActorCriticPolicy(_PolicyBase):
 
     @property
     def features_extractor(self) -> nn.Module:
-        return self.actor.encoder
+        """The actor's encoder: the user's SB3 extractor object where ``features_extractor_class`` was given."""
+        return _sb3_extractor(self.actor.encoder)
 
     @property
     def pi_features_extractor(self) -> nn.Module:
-        return self.actor.encoder
+        return _sb3_extractor(self.actor.encoder)
 
     @property
     def vf_features_extractor(self) -> nn.Module:
-        return self.critic.encoder
+        return _sb3_extractor(self.critic.encoder)
 
     @property
     def share_features_extractor(self) -> bool:
@@ -408,7 +416,12 @@ class ActorCriticPolicy(_PolicyBase):
         features, or a ``(pi_features, vf_features)`` pair with ``share_features_extractor=False``, as in SB3."""
         _check_obs(obs)
         if features_extractor is not None:
-            return features_extractor(obs)
+            # the policy's own extractors get their inputs as the networks give them (SB3 preprocesses them too)
+            encoder = next(
+                (e for e in (self.actor.encoder, self.critic.encoder) if _sb3_extractor(e) is features_extractor),
+                features_extractor,
+            )
+            return encoder(obs)
         if self.share_features_extractor:
             return self.actor.encoder(obs)
         return self.actor.encoder(obs), self.critic.encoder(obs)
