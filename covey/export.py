@@ -436,9 +436,16 @@ def export_onnx(
             f.write(onnx_bytes)
             f.flush()
             os.fsync(f.fileno())
-        verified, max_abs_diff = (
-            _verify(agent, actor, space, tmp, int(n_samples), seed) if verify else (False, float("nan"))
-        )
+        # predict, which verification calls, puts the policy in evaluation mode (as SB3's does): put back each
+        # module's mode as the caller left it
+        modes = [(m, m.training) for network in agent._networks().values() for m in network.modules()]
+        try:
+            verified, max_abs_diff = (
+                _verify(agent, actor, space, tmp, int(n_samples), seed) if verify else (False, float("nan"))
+            )
+        finally:
+            for module, mode in modes:
+                module.training = mode
         os.replace(tmp, target)
     except BaseException:
         # A failed export or verification crash leaves any previous file as it was.

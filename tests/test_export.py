@@ -116,6 +116,8 @@ def test_ppo_discrete_cartpole(tmp_path):
     before = {k: v.clone() for k, v in model.actor.state_dict().items()}
     training_mode = model.actor.training
     result = export_onnx(model, tmp_path / "cartpole.onnx", n_samples=32)
+    # The caller's agent is untouched (the exporter works on a copy, and puts back the mode predict changed).
+    assert model.actor.training == training_mode is True
     assert result == {
         "path": str(tmp_path / "cartpole.onnx"),
         "verified": True,
@@ -128,8 +130,6 @@ def test_ppo_discrete_cartpole(tmp_path):
     actions = assert_same_actions(model, result["path"])
     assert actions.dtype == np.int64
     assert_actor_only(model, result["path"])
-    # The caller's agent is untouched (the exporter works on a copy).
-    assert model.actor.training == training_mode
     for key, value in model.actor.state_dict().items():
         torch.testing.assert_close(value, before[key], rtol=0, atol=0)
 
