@@ -426,7 +426,7 @@ def parse_net_arch(net_arch: Sequence[int] | dict | None, keys: tuple[str, ...],
         return {key: list(default) for key in keys}
     if isinstance(net_arch, (list, tuple)) and len(net_arch) == 1 and isinstance(net_arch[0], dict):
         warnings.warn(
-            f"net_arch=[dict(...)] is SB3's form from before version 1.8 (shared layers went then); "
+            "net_arch=[dict(...)] is SB3's form from before version 1.8 (shared layers went then); "
             f"write net_arch=dict(...) instead. Reading it as net_arch={net_arch[0]!r}.",
             FutureWarning,
             stacklevel=2,
