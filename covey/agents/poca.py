@@ -66,8 +66,8 @@ class POCA(BaseAgent):
     The env may be a ParallelEnv instance (one copy), a function returning one (``n_envs`` copies, default 1),
     an AEC env (converted), or a :class:`~covey.wrappers.group_env.GroupVecEnv` (its copies; an ``n_envs``
     given beside it must match). All agents share one policy (``model.policy``); ``model.critic`` is the
-    attention critic. ``total_timesteps`` counts env steps of
-    all copies (one parallel step of one copy = 1); agent-steps are logged beside it (``time/agent_steps``).
+    attention critic. ``total_timesteps`` counts env steps of all copies (one parallel step of one copy = 1);
+    agent-steps are logged beside it (``time/agent_steps``).
 
     >>> from covey import POCA
     >>> from covey.envs import EarlyExitEnv
