@@ -1197,3 +1197,8 @@ def test_actions_of_several_dimensions_train_as_their_flat_rows(shaped, flat):
     np.testing.assert_array_equal(models[0].rollout_buffer.actions, models[1].rollout_buffer.actions)
     obs = {agent: np.zeros(models[0].observation_space.shape, np.float32) for agent in models[0].agent_ids}
     assert all(action.shape == (2, 2) for action in models[0].predict(obs)[0].values())
+
+
+def test_sac_only_policy_kwargs_are_refused():
+    with pytest.raises(ValueError, match=r"policy_kwargs n_critics is SAC's number of Q networks"):
+        POCA("MlpPolicy", EarlyExitEnv, policy_kwargs=dict(n_critics=2))

@@ -177,6 +177,11 @@ def test_predict_keeps_one_memory_per_agent_slot(tmp_path):
     _, carried = model.predict(obs, state=moved)
     np.testing.assert_allclose(joined[0][:, [0, 2]], carried[0][:, [0, 2]])
     assert not np.allclose(joined[0][:, 1], carried[0][:, 1])
+    # an episode_start that names no agent of the group, or of another length, is refused (not ignored)
+    with pytest.raises(ValueError, match=r"episode_start for agents \['agent1'\] that are not in this model's group"):
+        model.predict(obs, state=moved, episode_start={"agent1": True})
+    with pytest.raises(ValueError, match=r"one bool per observation given \(shape \(3,\).*got shape \(2,\)"):
+        model.predict(obs, state=moved, episode_start=[True, False])
     # the array forms: (n_slots, ...) and (n_envs, n_slots, ...)
     stacked = np.stack([obs[a] for a in model.agent_ids])
     acts, s1 = model.predict(stacked)

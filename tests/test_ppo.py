@@ -367,6 +367,9 @@ def test_bad_hyperparameters_name_the_field():
         PPO("LstmPolicy", "CartPole-v1")
     with pytest.raises(ValueError, match="Unknown policy_kwargs"):
         PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arc=[64]))
+    for key in ("n_critics", "clip_mean"):  # SAC's, which SB3's PPO refuses too
+        with pytest.raises(ValueError, match=rf"policy_kwargs {key} is SAC's .*not a setting of this agent"):
+            PPO("MlpPolicy", "CartPole-v1", policy_kwargs={key: 3})
     with pytest.raises(ValueError, match="net_arch"):
         PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=dict(pi=[64], critic=[64])))
 

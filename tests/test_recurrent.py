@@ -114,6 +114,15 @@ def test_predict_follows_sb3_contrib(tmp_path):
     assert not np.allclose(moved[0], state[0])
     _, fresh = model.predict(obs, state=moved, episode_start=np.array([True]))
     np.testing.assert_allclose(fresh[0], state[0], rtol=1e-6, atol=1e-6)
+    # a bool (a single env's done flag) is every row's, as in sb3-contrib for one observation
+    _, fresh_from_bool = model.predict(obs, state=moved, episode_start=True)
+    np.testing.assert_array_equal(fresh_from_bool[0], fresh[0])
+    _, kept = model.predict(obs, state=state, episode_start=False)
+    np.testing.assert_array_equal(kept[0], moved[0])
+    with pytest.raises(ValueError, match=r"episode_start must be a bool or have shape \(1,\), got \(2,\)"):
+        model.predict(obs, state=state, episode_start=[True, False])
+    with pytest.raises(ValueError, match="state holds NaN or infinite values"):
+        model.predict(obs, state=tuple(np.full_like(s, np.nan) for s in state))
     # batched: one memory per row
     actions, batched = model.predict(np.stack([obs, obs, obs]))
     assert actions.shape == (3,) and batched[0].shape == (1, 3, 8)
@@ -213,3 +222,25 @@ def test_a_shared_cnn_runs_once_per_minibatch_for_both_memories():
         params, raw = actor_critic_sequences(model.actor, model.critic, obs, actor_init, critic_init, valid)
         torch.testing.assert_close(params, model.actor.forward_sequences(obs, actor_init, valid), rtol=0, atol=0)
         torch.testing.assert_close(raw, model.critic.raw_sequences(obs, critic_init, valid), rtol=0, atol=0)
+
+
+class RecurrentActorCriticPolicy:
+    """Stands for sb3_contrib.ppo_recurrent.MlpLstmPolicy, whose class has this name (matched by name)."""
+
+
+def test_sb3_contrib_names_map_to_covey_and_its_options_are_refused_with_covey_s():
+    assert PPO(RecurrentActorCriticPolicy, "CartPole-v1", n_steps=16, batch_size=16).actor.memory is not None
+    # the values that are covey's behaviour are accepted
+    PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(n_lstm_layers=1, shared_lstm=False, enable_critic_lstm=True))
+    refusals = {
+        "lstm_hidden_size": (64, r"covey's is memory=dict\(hidden_size=64\)"),
+        "n_lstm_layers": (2, "covey's memory has one layer"),
+        "shared_lstm": (True, "the actor and the critic always have memories of their own"),
+        "enable_critic_lstm": (False, "the critic always has a memory of its own"),
+        "lstm_kwargs": ({}, r"covey's is memory=dict\(kind="),
+    }
+    for key, (value, message) in refusals.items():
+        with pytest.raises(ValueError, match=rf"{key}=.* is sb3-contrib's RecurrentPPO setting; {message}"):
+            PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs={key: value})
+    with pytest.raises(ValueError, match=r"Unknown policy 'LstmPolicy'.*'MlpLstmPolicy'"):
+        PPO("LstmPolicy", "CartPole-v1")

@@ -17,6 +17,7 @@ from covey.agents.recurrent import GroupRecurrentRollout
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
 from covey.networks.actor_critic import (
     PPO_ADAM_EPS,
+    SAC_ONLY_KWARGS,
     Actor,
     PolicyConfig,
     build_poca_networks,
@@ -127,7 +128,7 @@ class POCA(BaseAgent):
         kwargs = dict(policy_kwargs or {})
         self.attention_width = int(kwargs.pop("attention_width", DEFAULT_ATTENTION_WIDTH))
         self.attention_heads = int(kwargs.pop("attention_heads", 4))
-        self.policy_config = PolicyConfig.from_kwargs(kwargs, activation_fn=torch.nn.ReLU)
+        self.policy_config = PolicyConfig.from_kwargs(kwargs, refused=SAC_ONLY_KWARGS, activation_fn=torch.nn.ReLU)
         if self.policy_config.squash_output:
             raise ValueError(
                 "policy_kwargs squash_output=True applies to PPO with use_sde=True; POCA has no state-dependent "
@@ -340,9 +341,21 @@ class POCA(BaseAgent):
         check_state(state, memory, n_slots)
         slots = [self.agent_ids.index(a) for a in agents]
         if isinstance(episode_start, dict):
+            strangers = [a for a in episode_start if a not in self.agent_ids]
+            if strangers:
+                raise ValueError(
+                    f"predict() got episode_start for agents {strangers} that are not in this model's group "
+                    f"{self.agent_ids}."
+                )
             starts = np.array([bool(episode_start.get(a, False)) for a in agents])
         else:
-            starts = np.array(np.broadcast_to(False if episode_start is None else episode_start, (len(agents),)))
+            starts = np.asarray(False if episode_start is None else episode_start, dtype=bool)
+            if starts.shape not in ((), (len(agents),)):
+                raise ValueError(
+                    f"episode_start must be a bool, {{agent: bool}}, or one bool per observation given "
+                    f"(shape ({len(agents)},), for {agents}), got shape {starts.shape}."
+                )
+            starts = np.array(np.broadcast_to(starts, (len(agents),)))
         own = tuple(np.asarray(s)[:, slots] for s in state)
         actions, own = self.policy.predict(batch, own, starts, deterministic)
         state = tuple(np.array(s, dtype=np.float32) for s in state)

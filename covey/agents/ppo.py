@@ -25,6 +25,7 @@ from covey.agents.recurrent import RecurrentRollout
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import (
     PPO_ADAM_EPS,
+    SAC_ONLY_KWARGS,
     Actor,
     Critic,
     PolicyConfig,
@@ -637,7 +638,7 @@ class PPO(BaseAgent):
             use_sde=use_sde,
             sde_sample_freq=sde_sample_freq,
         )
-        self.policy_config = PolicyConfig.from_kwargs(policy_kwargs)
+        self.policy_config = PolicyConfig.from_kwargs(policy_kwargs, refused=SAC_ONLY_KWARGS)
         self.policy_config.use_sde = bool(use_sde)
         if self.policy_config.squash_output and not use_sde:
             raise ValueError(

@@ -43,6 +43,10 @@ POLICY_CLASS_NAMES = {
     "MultiInputPolicy": "MultiInputPolicy",
     "MultiInputActorCriticPolicy": "MultiInputPolicy",
     "SACPolicy": "MlpPolicy",  # stable_baselines3.sac.MlpPolicy
+    # sb3_contrib.ppo_recurrent's MlpLstmPolicy, CnnLstmPolicy and MultiInputLstmPolicy
+    "RecurrentActorCriticPolicy": "MlpLstmPolicy",
+    "RecurrentActorCriticCnnPolicy": "CnnLstmPolicy",
+    "RecurrentMultiInputActorCriticPolicy": "MultiInputLstmPolicy",
 }
 
 
@@ -53,7 +57,8 @@ def policy_name(policy: str | type) -> str:
     if isinstance(policy, str) and (policy in POLICY_KINDS or policy in LSTM_POLICIES):
         return policy
     raise ValueError(
-        f"Unknown policy {policy!r}; use one of {list(POLICY_KINDS)} (or SB3's classes of those names). "
+        f"Unknown policy {policy!r}; use one of {list(POLICY_KINDS)}, or with recurrent memory "
+        f"{list(LSTM_POLICIES)} (or SB3's and sb3-contrib's classes of those names). "
         "Custom policy classes are not supported: customize the networks with policy_kwargs "
         "(net_arch, activation_fn, features_extractor_class, ...)."
     )
@@ -61,6 +66,18 @@ def policy_name(policy: str | type) -> str:
 
 # SB3 options covey does not implement; they are refused by name rather than silently ignored.
 _UNSUPPORTED = ("use_sde", "sde_net_arch")
+
+# sb3-contrib's RecurrentPPO policy_kwargs: (the value that is covey's behaviour, or None: none is; what to do).
+_RECURRENT_PPO_KWARGS = {
+    "lstm_hidden_size": (None, "covey's is memory=dict(hidden_size={value}), with a *LstmPolicy name"),
+    "n_lstm_layers": (1, "covey's memory has one layer"),
+    "shared_lstm": (False, "the actor and the critic always have memories of their own"),
+    "enable_critic_lstm": (True, "the critic always has a memory of its own"),
+    "lstm_kwargs": (None, "covey's is memory=dict(kind='lstm' or 'gru', hidden_size=..., sequence_length=...)"),
+}
+
+SAC_ONLY_KWARGS = {"n_critics": "SAC's number of Q networks", "clip_mean": "SAC's bound on use_sde's Gaussian mean"}
+"""policy_kwargs of SAC's that PPO and POCA refuse (SB3's PPO raises a TypeError for them)."""
 
 
 PPO_ADAM_EPS = 1e-5
@@ -129,12 +146,27 @@ class PolicyConfig:
         return {"eps": adam_eps} if adam_eps is not None and self.optimizer_class is torch.optim.Adam else {}
 
     @classmethod
-    def from_kwargs(cls, policy_kwargs: dict | None, **defaults: Any) -> PolicyConfig:
+    def from_kwargs(
+        cls, policy_kwargs: dict | None, refused: dict[str, str] | None = None, **defaults: Any
+    ) -> PolicyConfig:
+        """The config of ``policy_kwargs`` over ``defaults``; keys of ``refused`` (key: what it is) are another
+        agent's and raise."""
         kwargs = dict(policy_kwargs or {})
         for key in _UNSUPPORTED:
             if kwargs.pop(key, False):
                 where = "; pass use_sde=True to PPO instead" if key == "use_sde" else " by covey; remove it"
                 raise NotImplementedError(f"policy_kwargs[{key!r}] is not supported{where}.")
+        for key, what in (refused or {}).items():
+            if key in kwargs:
+                raise ValueError(f"policy_kwargs {key} is {what}, not a setting of this agent: remove it.")
+        for key, (same, how) in _RECURRENT_PPO_KWARGS.items():
+            if key in kwargs:
+                value = kwargs.pop(key)
+                if same is None or value != same:
+                    raise ValueError(
+                        f"policy_kwargs {key}={value!r} is sb3-contrib's RecurrentPPO setting; "
+                        f"{how.format(value=value)}."
+                    )
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
@@ -302,8 +334,10 @@ class Actor(nn.Module):
             check_state(state, self.memory, batch)
             state_t = tuple(torch.as_tensor(np.asarray(s), dtype=torch.float32, device=self.device) for s in state)
         starts = np.zeros(batch, dtype=bool) if episode_start is None else np.asarray(episode_start, dtype=bool)
+        if starts.shape == ():  # one bool for every row (a single env's done flag, say)
+            starts = np.full(batch, bool(starts))
         if starts.shape != (batch,):
-            raise ValueError(f"episode_start must have shape ({batch},), got {starts.shape}.")
+            raise ValueError(f"episode_start must be a bool or have shape ({batch},), got {starts.shape}.")
         with torch.inference_mode():
             params, state_t = self.forward_step(obs, state_t, torch.as_tensor(starts, device=self.device))
             actions = self.head.sample(params, deterministic).cpu().numpy()
@@ -323,7 +357,13 @@ def check_state(state, memory: Memory, batch: int) -> None:
         if tuple(np.shape(s)) != expected:
             raise ValueError(
                 f"state arrays must have shape {expected} (1 layer, {batch} observations, {memory.hidden_size} "
-                f"units), got {tuple(np.shape(s))}. Pass the state predict() returned for the same number of envs."
+                f"units), got {tuple(np.shape(s))}. Pass the state predict() returned for the same observations "
+                "(envs, or a team's agent slots)."
+            )
+        values = s.detach().cpu().numpy() if torch.is_tensor(s) else np.asarray(s)
+        if not np.isfinite(values).all():
+            raise ValueError(
+                "state holds NaN or infinite values: pass the state predict() returned (None starts fresh memories)."
             )
 
 
