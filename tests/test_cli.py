@@ -113,16 +113,27 @@ def test_train_from_config_writes_the_run_folder(ppo_run):
     assert config["agent"] == "ppo" and config["env"] == "CartPole-v1"
     assert config["timesteps"] == 2048 and config["hyperparameters"]["n_steps"] == 32  # --set over the file
     steps = progress_steps(ppo_run)
-    assert steps == list(range(256, 2049, 256))  # one row per rollout
+    assert steps == sorted([*range(256, 2049, 256), 1024, 2048])  # a row per rollout, and one per evaluation
     assert (ppo_run / "evaluations.csv").read_text().splitlines()[0] == "timesteps,mean_return,std_return"
     evaluations = read_rows(ppo_run / "evaluations.csv")
     assert [int(r["timesteps"]) for r in evaluations] == [1024, 2048]
     assert all(np.isfinite(float(r["mean_return"])) for r in evaluations)
+    # every evaluation, the last one too, is in progress.csv at its own step, as SB3's EvalCallback writes it
+    logged = [
+        (int(float(r["time/total_timesteps"])), float(r["eval/mean_reward"]))
+        for r in read_rows(ppo_run / "progress.csv")
+        if r.get("eval/mean_reward")
+    ]
+    assert logged == [(int(r["timesteps"]), float(r["mean_return"])) for r in evaluations]
     checkpoints = ppo_run / "checkpoints"
     assert {p.name for p in checkpoints.glob("step_*.zip")} == {"step_1024.zip", "step_2048.zip"}
     assert (checkpoints / "best_model.zip").is_file()
     state = json.loads((checkpoints / "step_1024.json").read_text())
     assert state["num_timesteps"] == 1024 and set(state["rng"]) >= {"python", "numpy", "torch"}
+    # the checkpoint at an evaluation's step holds that evaluation in the best so far (a resume keeps the best)
+    assert state["best_mean_return"] == float(evaluations[0]["mean_return"])
+    final = json.loads((checkpoints / "step_2048.json").read_text())
+    assert final["best_mean_return"] == max(float(r["mean_return"]) for r in evaluations)
     model = load(ppo_run / "model.zip")
     assert type(model).__name__ == "PPO" and model.num_timesteps == 2048
     assert list((ppo_run).glob("events.out.tfevents.*"))
@@ -282,7 +293,8 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_budget(tmp_path):
     assert model.num_timesteps == budget
     after = progress_steps(run)
     assert after[: len(before)] == before  # the logs were appended to, not rewritten
-    assert after == list(range(256, budget + 1, 256))  # and the step count went on where it stopped
+    # and the step count went on where it stopped (a row per rollout, and one per evaluation)
+    assert after == sorted([*range(256, budget + 1, 256), 4096, 8192, budget])
     assert int(read_rows(run / "evaluations.csv")[-1]["timesteps"]) == budget
 
 

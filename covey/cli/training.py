@@ -312,8 +312,8 @@ class ProgressCallback(BaseCallback):
 
 class EvaluationCallback(BaseCallback):
     """Evaluate every ``eval_freq`` env steps and at the end; rows go to evaluations.csv, values to the logger
-    (``eval/mean_reward``, ``eval/std_reward``, written with the next log row), the best model to
-    ``checkpoints/best_model.zip``.
+    (``eval/mean_reward``, ``eval/std_reward``, written in a log row of the evaluation's step, as SB3's
+    ``EvalCallback`` writes them), the best model to ``checkpoints/best_model.zip``.
 
     It acts at the start of a rollout, after the last update: the model evaluated at step N is the one
     trained on exactly N env steps.
@@ -342,12 +342,14 @@ class EvaluationCallback(BaseCallback):
         mean, std = self.run.evaluate(self.model)
         self.logger.record("eval/mean_reward", mean)
         self.logger.record("eval/std_reward", std)
+        self.logger.record("time/total_timesteps", int(self.model.num_timesteps), exclude="tensorboard")
+        self.logger.dump(step=int(self.model.num_timesteps))
 
     def _on_training_end(self) -> None:
         done = self.model.num_timesteps >= self.total
         last = self.run.last_eval[0] if self.run.last_eval else None
         if done and last != self.model.num_timesteps:
-            self.run.evaluate(self.model)
+            self._evaluate()
 
 
 class CheckpointCallback(BaseCallback):
@@ -541,10 +543,12 @@ def _train(
     remaining = cfg.timesteps - int(model.num_timesteps)
     hard_stop = False
     if remaining > 0:
-        # The bar closes first at the end, so its steps/s leave out the final evaluation.
-        callbacks: list[BaseCallback] = [ProgressCallback(run, cfg.timesteps), CheckpointCallback(run)]
+        # The bar closes first at the end, so its steps/s leave out the final evaluation. Where an evaluation and
+        # a checkpoint fall on one step, the evaluation runs first: the checkpoint then holds the best so far.
+        callbacks: list[BaseCallback] = [ProgressCallback(run, cfg.timesteps)]
         if evaluator is not None:
             callbacks.append(EvaluationCallback(run, cfg.timesteps))
+        callbacks.append(CheckpointCallback(run))
         with run.interrupt:
             try:
                 model.learn(remaining, callback=callbacks, reset_num_timesteps=not resumed)
