@@ -35,7 +35,6 @@ import logging
 import math
 import os
 import pathlib
-import tempfile
 import warnings
 from typing import Any
 
@@ -44,6 +43,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from covey.files import temporary_file
 from covey.requirements import release
 from covey.version import __version__
 
@@ -430,7 +430,7 @@ def export_onnx(
     input_names, output_names = _names(actor, space)
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = temporary_file(target)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(onnx_bytes)

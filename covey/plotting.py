@@ -20,11 +20,12 @@ import logging
 import math
 import os
 import pathlib
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from covey.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -251,16 +252,7 @@ def _output_path(out: str | os.PathLike) -> tuple[pathlib.Path, str]:
 def _save(fig, out: str | os.PathLike) -> pathlib.Path:
     """Write the image atomically: a viewer never sees a half-written file, a failure keeps the old one."""
     out, fmt = _output_path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=fmt, dpi=100)
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomically(out, lambda f: fig.savefig(f, format=fmt, dpi=100))
     return out
 
 

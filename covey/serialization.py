@@ -16,14 +16,14 @@ import json
 import os
 import pathlib
 import pickle
-import tempfile
 import zipfile
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
+
+from covey.files import write_atomically
 
 FORMAT_VERSION = 1
 SETTINGS_ENTRY = "covey.json"
@@ -49,24 +49,6 @@ def save_model_file(path: str | os.PathLike | io.BufferedIOBase, settings: dict,
         _write_zip(path, settings, payload.getvalue())
         return
     write_atomically(model_path(path), lambda f: _write_zip(f, settings, payload.getvalue()))
-
-
-def write_atomically(target: pathlib.Path, write: Callable[[Any], None]) -> None:
-    """``write(file)`` into a temporary file next to ``target`` (folders made as needed), synced to disk, then
-    renamed over ``target``: a crash or a full disk never leaves a half-written file under that name, and the
-    previous file (if any) stays untouched."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _write_zip(f, settings: dict, tensor_bytes: bytes) -> None:

@@ -254,3 +254,24 @@ def test_files_with_earlier_parameter_group_names_still_load(agent, tmp_path):
         else:  # an optimizer: its state per parameter
             for index, state in expected["state"].items():
                 torch.testing.assert_close(group["state"][index]["exp_avg"], state["exp_avg"], rtol=0, atol=0)
+
+
+def test_files_written_through_a_temporary_file_get_the_usual_permissions(tmp_path):
+    """The temporary file a save renames into place is made readable by its owner alone; the file it becomes
+    has the mode a plain open() would give it under the umask, for model files, replay buffers, text, images."""
+    from covey import SAC
+    from covey.cli.evaluation import _write_gif
+    from covey.cli.training import write_atomic
+
+    old = os.umask(0o027)
+    try:
+        PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(tmp_path / "model.zip")
+        SAC("MlpPolicy", "Pendulum-v1", buffer_size=100).save_replay_buffer(tmp_path / "replay.npz")
+        write_atomic(tmp_path / "state.json", "{}")
+        _write_gif([np.zeros((4, 4, 3), np.uint8)] * 2, tmp_path / "episode.gif", fps=10)
+        with open(tmp_path / "plain.txt", "w") as f:
+            f.write("")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes == dict.fromkeys(["model.zip", "replay.npz", "state.json", "episode.gif", "plain.txt"], 0o640)

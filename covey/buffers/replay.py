@@ -11,8 +11,8 @@ import torch
 from gymnasium import spaces
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 
+from covey.files import write_atomically
 from covey.networks.obs import ObsTensor, batch_to_tensor
-from covey.serialization import write_atomically
 
 
 def buffer_path(path: str | os.PathLike) -> pathlib.Path:

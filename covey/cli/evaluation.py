@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -12,6 +11,7 @@ import numpy as np
 from covey.cli.config import RunConfig
 from covey.cli.envs import RandomPolicy, build_env, env_fn
 from covey.evaluation import group_episodes
+from covey.files import write_atomically
 
 
 class Evaluator:
@@ -122,14 +122,10 @@ def _write_gif(frames: list[np.ndarray], out: str | os.PathLike, fps: int) -> pa
     if not frames:
         raise ValueError("No frames were recorded.")
     out = pathlib.Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     images = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".gif", dir=out.parent)
-    os.close(fd)
-    try:
-        images[0].save(tmp, save_all=True, append_images=images[1:], duration=max(int(1000 / max(fps, 1)), 20), loop=0)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    duration = max(int(1000 / max(fps, 1)), 20)
+    write_atomically(
+        out,
+        lambda f: images[0].save(f, format="GIF", save_all=True, append_images=images[1:], duration=duration, loop=0),
+    )
     return out

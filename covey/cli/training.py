@@ -30,7 +30,6 @@ import random
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -52,6 +51,7 @@ from covey.cli.config import (
 )
 from covey.cli.envs import build_env
 from covey.cli.evaluation import Evaluator
+from covey.files import write_atomically
 
 STATE_FORMAT = 1
 EVALUATIONS_HEADER = "timesteps,mean_return,std_return\n"
@@ -113,15 +113,7 @@ def new_run_dir(cfg: RunConfig, root: str | os.PathLike = "runs") -> pathlib.Pat
 
 def write_atomic(path: pathlib.Path, text: str) -> None:
     """Write a text file through a temporary file and a rename: never half-written."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, lambda f: f.write(text.encode()))
 
 
 def truncate_csv(path: pathlib.Path, key: str, last_step: int) -> None:

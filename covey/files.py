@@ -1,0 +1,37 @@
+"""Files written whole or not at all: a temporary file beside the target, then a rename."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+
+def temporary_file(target: pathlib.Path) -> tuple[int, str]:
+    """``(fd, path)`` of a new temporary file next to ``target``, to be renamed over it, with the permissions a
+    file made by ``open`` gets (``tempfile.mkstemp`` makes it readable by its owner alone)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    return fd, tmp
+
+
+def write_atomically(target: pathlib.Path, write: Callable[[Any], None]) -> None:
+    """``write(file)`` into a temporary file next to ``target`` (folders made as needed), synced to disk, then
+    renamed over ``target``: a crash or a full disk never leaves a half-written file under that name, and the
+    previous file (if any) stays untouched."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = temporary_file(target)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
