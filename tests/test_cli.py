@@ -298,6 +298,26 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_budget(tmp_path):
     assert int(read_rows(run / "evaluations.csv")[-1]["timesteps"]) == budget
 
 
+def test_a_run_that_stopped_before_its_first_checkpoint_is_named_so_with_the_way_out(tmp_path):
+    """Killed before its first checkpoint, a run folder can be neither resumed nor trained into: both say to
+    remove it (or to train into another folder), instead of pointing at each other."""
+    run = tmp_path / "early"
+    run.mkdir()
+    (run / "config.yaml").write_text((CONFIGS / "ppo_cartpole.yaml").read_text())
+    again = covey("train", CONFIGS / "ppo_cartpole.yaml", "--run-dir", "early", cwd=tmp_path, check=False)
+    assert again.returncode == 2 and "stopped before its first checkpoint" in again.stderr
+    assert "Remove the folder to start it over" in again.stderr and "--resume" not in again.stderr
+    resumed = covey("resume", "early", cwd=tmp_path, check=False)
+    assert resumed.returncode == 2 and "Start it over: remove the folder" in resumed.stderr
+
+
+def test_a_config_after_set_is_named_as_taken_by_it(tmp_path):
+    result = covey("train", "--set", "timesteps=2000", CONFIGS / "ppo_cartpole.yaml", cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    assert "--set took" in result.stderr and "put the config or agent name before --set" in result.stderr
+    assert "--set timesteps=2000" in result.stderr and not any(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_sac_resume_restores_the_replay_buffer(tmp_path):
     from covey.agents import load

@@ -44,6 +44,13 @@ def _cmd_train(args: Any) -> int:
             raise CLIError(f"--resume continues a run with its own config; drop {', '.join(given)}.")
         return _resume(args.resume, args)
     if args.target is None:
+        swallowed = [item for item in args.set or [] if "=" not in item]
+        if swallowed:
+            sets = " ".join(item for item in args.set if "=" in item) or "timesteps=2000"
+            raise CLIError(
+                f"--set took {swallowed[0]!r} as a KEY=VALUE item (it reads every word after it): put the config "
+                f"or agent name before --set, e.g. covey train {swallowed[0]} --set {sets}."
+            )
         raise CLIError(
             "train needs a config file (covey train configs/ppo_cartpole.yaml) or an agent name "
             "(covey train ppo --env CartPole-v1), or --resume RUN_DIR."

@@ -444,6 +444,11 @@ def start(cfg: RunConfig, run_dir: str | os.PathLike | None = None, desc: str = 
     path = pathlib.Path(run_dir) if run_dir is not None else new_run_dir(cfg)
     folder = RunFolder(path)
     if folder.is_run() or folder.model.exists():
+        if not folder.checkpoint_steps() and not folder.model.exists():
+            raise CLIError(
+                f"{path} already holds a run that stopped before its first checkpoint, so it cannot be resumed. "
+                f"Remove the folder to start it over, or choose another --run-dir."
+            )
         raise CLIError(
             f"{path} already holds a run. Continue it with `covey train --resume {path}`, or choose another --run-dir."
         )
@@ -483,8 +488,8 @@ def resume(run_dir: str | os.PathLike, sets: list[str] | None = None, quiet: boo
     steps = folder.checkpoint_steps()
     if not steps:
         raise CLIError(
-            f"{folder.path} has no checkpoint to resume from (checkpoints/step_<N>.zip with its .json). "
-            "Start a new run with `covey train`."
+            f"{folder.path} has no checkpoint to resume from (checkpoints/step_<N>.zip with its .json): the run "
+            "stopped before its first. Start it over: remove the folder, or give `covey train` another --run-dir."
         )
     model_path, state_path = folder.checkpoint(steps[-1])
     state = json.loads(state_path.read_text())
