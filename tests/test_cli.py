@@ -210,8 +210,24 @@ def test_a_poca_config_steps_its_copies_in_the_processes_it_names():
         RunConfig.from_dict({"agent": "ppo", "env": "CartPole-v1", "n_envs": 4, "n_processes": 2})
     with pytest.raises(CLIError, match=r"n_processes=4 is more than the 3 env copies"):
         RunConfig.from_dict({**raw, "n_processes": 4})
-    with pytest.raises(CLIError, match=r"n_processes=0 is invalid: it must be >= 1"):
+    # the key's description, read from RunConfig's docstring of it (two lines there), follows the error
+    described = (
+        r"n_processes=0 is invalid: it must be >= 1 \(poca: processes that step the copies.*training process\)\)\.$"
+    )
+    with pytest.raises(CLIError, match=described):
         RunConfig.from_dict({**raw, "n_processes": 0})
+
+
+def test_config_errors_describe_the_key_in_plain_text():
+    with pytest.raises(
+        CLIError, match=r"env: expected a str, got 5 \(Gymnasium id \(CartPole-v1\) for ppo/sac"
+    ) as info:
+        RunConfig.from_dict({"agent": "ppo", "env": 5})
+    assert "``" not in str(info.value)
+    with pytest.raises(
+        CLIError, match=r"\(Policy name: MlpPolicy, CnnPolicy, MultiInputPolicy, MlpLstmPolicy, \.\.\.\)\.$"
+    ):
+        RunConfig.from_dict({"agent": "ppo", "env": "CartPole-v1", "policy": 5})
 
 
 def test_config_values_numbers_and_dotted_overrides():

@@ -176,7 +176,7 @@ class RunConfig:
             raise CLIError(_unknown_message("config key", unknown[0], cls.keys()))
         for key in ("agent", "env"):
             if raw.get(key) in (None, ""):
-                raise CLIError(f"The config needs '{key}' ({_field_doc(key)}).")
+                raise CLIError(f"The config needs '{key}'{_field_doc(key)}.")
         agent = raw["agent"]
         if not isinstance(agent, str) or agent.lower() not in AGENTS:
             raise CLIError(f"agent: {agent!r} is not one of {', '.join(AGENTS)}.")
@@ -198,7 +198,7 @@ class RunConfig:
         ):
             value = to_int(raw.get(key, defaults[key]), key)
             if value < low:
-                raise CLIError(f"{key}={value} is invalid: it must be >= {low} ({_field_doc(key)}).")
+                raise CLIError(f"{key}={value} is invalid: it must be >= {low}{_field_doc(key)}.")
             values[key] = value
         seed = raw.get("seed", 0)
         values["seed"] = None if seed is None else to_int(seed, "seed")
@@ -230,8 +230,11 @@ class RunConfig:
 
 
 def _field_doc(name: str) -> str:
+    """`` (what the key is)`` for an error message, from RunConfig's docstring of it; empty where it has none."""
     doc = _FIELD_DOCS.get(name, "")
-    return doc.rstrip(".")
+    if doc.endswith(".") and not doc.endswith("..."):
+        doc = doc[:-1]
+    return f" ({doc})" if doc else ""
 
 
 def _expect(raw: dict, key: str, kind: type, default: Any = None) -> Any:
@@ -239,7 +242,7 @@ def _expect(raw: dict, key: str, kind: type, default: Any = None) -> Any:
     if value is None:
         return default
     if not isinstance(value, kind):
-        raise CLIError(f"{key}: expected a {kind.__name__}, got {value!r} ({_field_doc(key)}).")
+        raise CLIError(f"{key}: expected a {kind.__name__}, got {value!r}{_field_doc(key)}.")
     return value
 
 
@@ -301,8 +304,8 @@ _FIELD_DOCS: dict[str, str] = {}
 def _read_field_docs() -> None:
     """The attribute docstrings of RunConfig (the line under each field), for error messages and --help."""
     source = inspect.getsource(RunConfig)
-    for match in re.finditer(r"^    (\w+): [^\n]+\n    \"\"\"(.+?)\"\"\"", source, flags=re.M):
-        _FIELD_DOCS[match.group(1)] = match.group(2)
+    for match in re.finditer(r"^    (\w+): [^\n]+\n    \"\"\"(.+?)\"\"\"", source, flags=re.M | re.S):
+        _FIELD_DOCS[match.group(1)] = " ".join(match.group(2).replace("``", "").split())  # one line, no markup
 
 
 try:
