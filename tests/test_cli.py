@@ -367,8 +367,13 @@ def test_eval_prints_mean_and_std(ppo_run):
 
 def test_enjoy_records_a_gym_episode(ppo_run):
     out = ppo_run.parent / "cartpole.gif"
-    covey("enjoy", ppo_run, "--gif", out, "--max-frames", "60", cwd=ppo_run.parent)
+    result = covey("enjoy", ppo_run, "--gif", out, "--max-frames", "60", "--episodes", "2", cwd=ppo_run.parent)
     assert 1 < gif_frames(out) <= 60
+    # the cap cut the recording: said, with what it means for the returns printed
+    assert "reached --max-frames 60" in result.stderr and "of 2 episode(s) played" in result.stderr
+    for flag in ("--fps", "--max-frames", "--episodes"):
+        refused = covey("enjoy", ppo_run, "--gif", out, flag, "0", cwd=ppo_run.parent, check=False)
+        assert refused.returncode == 2 and f"{flag} must be >= 1, got 0" in refused.stderr
 
 
 def test_enjoy_records_a_pettingzoo_team(poca_run):

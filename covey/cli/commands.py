@@ -112,8 +112,9 @@ def cmd_enjoy(args: Any) -> int:
 
     path, cfg = resolve_model(args.target, args.env, parse_env_kwargs(args.env_kwargs), args.best)
     model = load_model(path, cfg)
-    if args.episodes < 1:
-        raise CLIError("--episodes must be >= 1.")
+    for flag, value in (("--episodes", args.episodes), ("--fps", args.fps), ("--max-frames", args.max_frames)):
+        if value < 1:
+            raise CLIError(f"{flag} must be >= 1, got {value}.")
     out = args.gif
     if out is None:
         base = pathlib.Path(args.target) if pathlib.Path(args.target).is_dir() else path.parent
@@ -133,6 +134,13 @@ def cmd_enjoy(args: Any) -> int:
         raise CLIError(f"Cannot record {cfg.env}: {err}") from err
     shown = ", ".join(f"{r:.2f}" for r in returns)
     print(f"wrote {gif}: {len(returns)} episode(s), {n_frames} frames; returns: {shown}")
+    if n_frames >= args.max_frames:
+        print(
+            f"covey: the recording reached --max-frames {args.max_frames} ({len(returns)} of {args.episodes} "
+            "episode(s) played): the last may be cut short, and its return with it. Raise --max-frames for whole "
+            "episodes.",
+            file=sys.stderr,
+        )
     return 0
 
 
