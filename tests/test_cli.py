@@ -458,3 +458,15 @@ def test_a_recorded_team_episode_carries_the_policys_memory():
     assert probe.calls[0][1] == dict.fromkeys(["agent_0", "agent_1", "agent_2"], True)
     assert all(not any(starts.values()) for _, starts in probe.calls[1:])
     assert len(frames) == 9 and total == group_episodes(_MemoryProbe(), EarlyExitEnv(), 1, True, 3)[0][0]
+
+
+def test_a_run_with_no_log_row_yet_draws_no_curve_and_says_nothing(tmp_path, capsys):
+    """Ctrl-C before the first log row: the interrupted run has nothing to plot, which is not a failure."""
+    from covey.cli.training import RunFolder, draw_curve
+
+    (tmp_path / "progress.csv").write_text("time/total_timesteps,rollout/ep_rew_mean\n")
+    assert draw_curve(RunFolder(tmp_path)) is None
+    assert capsys.readouterr().err == "" and not (tmp_path / "curve.png").exists()
+    (tmp_path / "progress.csv").write_text("time/total_timesteps,rollout/ep_rew_mean\n256,20.5\n512,22.0\n")
+    assert draw_curve(RunFolder(tmp_path)) == tmp_path / "curve.png"
+    assert_png(tmp_path / "curve.png")

@@ -403,7 +403,10 @@ def make_logger(folder: RunFolder, append: bool) -> Any:
 
 
 def draw_curve(folder: RunFolder, quiet: bool = False) -> pathlib.Path | None:
-    """curve.png of the run (covey.plotting.plot_run); a failure is reported, never fatal."""
+    """curve.png of the run (covey.plotting.plot_run); a failure is reported, never fatal. A run stopped before
+    its first log row has nothing to draw yet: no picture, and nothing said."""
+    if not folder.progress.is_file() or len(folder.progress.read_text().splitlines()) < 2:
+        return None
     try:
         from covey.plotting import plot_run
 
