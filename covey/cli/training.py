@@ -402,7 +402,7 @@ def make_logger(folder: RunFolder, append: bool) -> Any:
     return logger
 
 
-def draw_curve(folder: RunFolder, quiet: bool = False) -> pathlib.Path | None:
+def draw_curve(folder: RunFolder) -> pathlib.Path | None:
     """curve.png of the run (covey.plotting.plot_run); a failure is reported, never fatal. A run stopped before
     its first log row has nothing to draw yet: no picture, and nothing said."""
     if not folder.progress.is_file() or len(folder.progress.read_text().splitlines()) < 2:
@@ -569,7 +569,7 @@ def _train(
             checkpoint = run.save_checkpoint(model)
         else:
             checkpoint = folder.checkpoint(run.last_checkpoint_step)[0]
-        draw_curve(folder, quiet=True)
+        draw_curve(folder)
         print(
             f"covey: interrupted; checkpoint saved at step {run.last_checkpoint_step:,} ({checkpoint}).\n"
             f"Resume with: covey train --resume {folder.path}",
@@ -580,7 +580,7 @@ def _train(
         run.save_checkpoint(model)
     if remaining > 0 or not folder.model.is_file():
         model.save(folder.model)
-    curve = draw_curve(folder, quiet=quiet)
+    curve = draw_curve(folder)
     if not quiet:
         lines = [f"covey: done, {step:,} steps. Run folder: {folder.path}", f"  model: {folder.model}"]
         if run.last_eval is not None:
