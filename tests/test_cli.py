@@ -125,6 +125,11 @@ def test_train_from_config_writes_the_run_folder(ppo_run):
         if r.get("eval/mean_reward")
     ]
     assert logged == [(int(r["timesteps"]), float(r["mean_return"])) for r in evaluations]
+    # in a row of its own: the updates' train/* stay on the rollouts' rows, one point per step in every curve
+    rows = read_rows(ppo_run / "progress.csv")
+    assert all(not r["train/value_loss"] and not r["rollout/ep_rew_mean"] for r in rows if r["eval/mean_reward"])
+    trained = [int(float(r["time/total_timesteps"])) for r in rows if r["train/value_loss"]]
+    assert trained == list(range(512, 2049, 256))  # every rollout's row after the first update
     checkpoints = ppo_run / "checkpoints"
     assert {p.name for p in checkpoints.glob("step_*.zip")} == {"step_1024.zip", "step_2048.zip"}
     assert (checkpoints / "best_model.zip").is_file()

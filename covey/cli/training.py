@@ -332,10 +332,19 @@ class EvaluationCallback(BaseCallback):
 
     def _evaluate(self) -> None:
         mean, std = self.run.evaluate(self.model)
-        self.logger.record("eval/mean_reward", mean)
-        self.logger.record("eval/std_reward", std)
-        self.logger.record("time/total_timesteps", int(self.model.num_timesteps), exclude="tensorboard")
-        self.logger.dump(step=int(self.model.num_timesteps))
+        step = int(self.model.num_timesteps)
+        # A row of the evaluation's own: what training has recorded since the last row (the update's train/*)
+        # is held back for the next regular row, so no curve gets two points at one step.
+        logger = self.logger
+        held = [dict(d) for d in (logger.name_to_value, logger.name_to_count, logger.name_to_excluded)]
+        for d in (logger.name_to_value, logger.name_to_count, logger.name_to_excluded):
+            d.clear()
+        logger.record("eval/mean_reward", mean)
+        logger.record("eval/std_reward", std)
+        logger.record("time/total_timesteps", step, exclude="tensorboard")
+        logger.dump(step=step)
+        for d, values in zip((logger.name_to_value, logger.name_to_count, logger.name_to_excluded), held):
+            d.update(values)
 
     def _on_training_end(self) -> None:
         done = self.model.num_timesteps >= self.total
