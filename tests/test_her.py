@@ -92,13 +92,20 @@ def test_what_it_cannot_sample_is_said_clearly():
         without_env.sample(8)
 
 
-def test_a_saved_buffer_samples_the_same_after_loading_and_running_episodes_can_be_ended(tmp_path):
+@pytest.mark.parametrize("steps", [13, 9], ids=["full", "partly-filled"])
+def test_a_saved_buffer_samples_the_same_after_loading_and_running_episodes_can_be_ended(tmp_path, steps):
     venv = bit_flipping()
     buf = HerReplayBuffer(24, venv.observation_space, venv.action_space, env=venv, n_envs=2)
-    fill([buf], venv, 13)
+    fill([buf], venv, steps)
+    assert buf.full == (steps > 12)
     buf.save(tmp_path / "her.npz")
+    with np.load(tmp_path / "her.npz", allow_pickle=False) as data:  # the rows written so far
+        assert len(data["her/ep_length"]) == len(data["actions"]) == min(steps, 12)
     loaded = HerReplayBuffer(24, venv.observation_space, venv.action_space, env=venv, n_envs=2)
+    fill([loaded], bit_flipping(), 13)  # what loading replaces, bookkeeping included
     loaded.load(tmp_path / "her.npz")
+    np.testing.assert_array_equal(loaded.ep_start, buf.ep_start)
+    np.testing.assert_array_equal(loaded.ep_length, buf.ep_length)
     np.random.seed(0)
     expected = buf.sample(32)
     np.random.seed(0)

@@ -454,6 +454,35 @@ def test_save_load_round_trip_of_a_full_ring(tmp_path):
     assert loaded.pos == 4
 
 
+@pytest.mark.parametrize("memory", [False, True], ids=["normal", "memory"])
+def test_a_file_holds_only_the_rows_written_and_loading_it_clears_the_rest(tmp_path, memory):
+    buf = make_buffer(1000, memory)
+    add_stream(buf, 8)
+    buf.save(tmp_path / "few.npz")
+    with np.load(tmp_path / "few.npz", allow_pickle=False) as data:
+        assert data["actions"].shape == (8, N_ENVS, 1) and data["obs/None"].shape == (8, N_ENVS, 1)
+        assert ("next_obs/None" in data.files) != memory
+        if not memory:
+            assert data["next_obs/None"].shape == (8, N_ENVS, 1)
+    # Into a buffer that held more steps: the rows after the file's are zeros again, as in a fresh buffer.
+    loaded = make_buffer(1000, memory)
+    add_stream(loaded, 30, start=100)
+    loaded.load(tmp_path / "few.npz")
+    _assert_same_buffer(buf, loaded)
+    assert sampled_table(loaded) == expected_table(0, 7 if memory else 8)
+    # A file of every row (as saved before only the written rows were) loads the same.
+    every_row = {name: getattr(buf, name) for name in ("actions", "rewards", "terminated", "dones")}
+    every_row["obs/None"] = buf._obs[None]
+    if not memory:
+        every_row["next_obs/None"] = buf._next_obs[None]
+    with np.load(tmp_path / "few.npz", allow_pickle=False) as data:
+        rest = {name: data[name] for name in data.files if name not in every_row}
+    np.savez(tmp_path / "every_row.npz", **every_row, **rest)
+    again = make_buffer(1000, memory)
+    again.load(tmp_path / "every_row.npz")
+    _assert_same_buffer(buf, again)
+
+
 def test_load_into_a_buffer_of_another_shape_raises(tmp_path):
     buf = make_buffer(10, memory=False)
     add_stream(buf, 3)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from covey.buffers.replay import ReplayBatch, ReplayBuffer
+from covey.buffers.replay import ReplayBatch, ReplayBuffer, fill_rows
 
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 STRATEGIES = ("future", "final", "episode")
@@ -146,8 +146,12 @@ class HerReplayBuffer(ReplayBuffer):
         return np.asarray(rewards, dtype=np.float32)
 
     # The episode bookkeeping travels with the buffer's file (infos do not: the file holds plain arrays only).
-    def _extra_arrays(self) -> dict[str, np.ndarray]:
-        return {"her/ep_start": self.ep_start, "her/ep_length": self.ep_length, "her/current": self._current_ep_start}
+    def _extra_arrays(self, stored: int) -> dict[str, np.ndarray]:
+        return {
+            "her/ep_start": self.ep_start[:stored],
+            "her/ep_length": self.ep_length[:stored],
+            "her/current": self._current_ep_start,
+        }
 
     def _load_extra(self, data) -> None:
         if "her/ep_length" not in data:
@@ -155,6 +159,6 @@ class HerReplayBuffer(ReplayBuffer):
                 "The replay buffer file holds no episode bookkeeping for hindsight replay (it was saved from a "
                 "buffer without HerReplayBuffer); load it into a model with the same replay_buffer_class."
             )
-        self.ep_start[:] = data["her/ep_start"]
-        self.ep_length[:] = data["her/ep_length"]
+        fill_rows(self.ep_start, data["her/ep_start"])
+        fill_rows(self.ep_length, data["her/ep_length"])
         self._current_ep_start[:] = data["her/current"]

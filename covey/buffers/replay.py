@@ -33,6 +33,12 @@ class ReplayBatch(NamedTuple):
     """With n-step returns: ``gamma ** k`` per sample, ``k`` the steps its return sums (None: one step)."""
 
 
+def fill_rows(target: np.ndarray, rows: np.ndarray) -> None:
+    """``target``'s leading rows from a file's ``rows``, zeros after them."""
+    target[: len(rows)] = rows
+    target[len(rows) :] = 0
+
+
 def _obs_keys(space: spaces.Space) -> dict[str | None, spaces.Space]:
     return dict(space.spaces) if isinstance(space, spaces.Dict) else {None: space}
 
@@ -269,20 +275,23 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ files (no pickle)
     def save(self, path: str | os.PathLike) -> None:
         """Write the buffer to ``path`` (or an open binary file), atomically: an ``.npz`` archive of plain arrays,
-        read back with ``allow_pickle=False``. As SB3 names its replay buffer files, a path without a suffix gets
-        ``.pkl`` (the file is still an ``.npz`` archive, not a pickle), and missing folders are created."""
+        read back with ``allow_pickle=False``. Only the rows written so far are stored (a buffer of a million
+        steps after a thousand takes a thousand rows on disk). As SB3 names its replay buffer files, a path
+        without a suffix gets ``.pkl`` (the file is still an ``.npz`` archive, not a pickle), and missing folders
+        are created."""
+        stored = self.size()  # rows at and after pos are still zeros until the ring is full
         arrays = {
             "meta": np.array([self.capacity, self.n_envs, self.pos, int(self.full), int(self.optimize_memory_usage)]),
-            "actions": self.actions,
-            "rewards": self.rewards,
-            "terminated": self.terminated,
-            "dones": self.dones,
+            "actions": self.actions[:stored],
+            "rewards": self.rewards[:stored],
+            "terminated": self.terminated[:stored],
+            "dones": self.dones[:stored],
         }
         for key, value in self._obs.items():
-            arrays[f"obs/{key}"] = value
+            arrays[f"obs/{key}"] = value[:stored]
         if self._next_obs is not None:
             for key, value in self._next_obs.items():
-                arrays[f"next_obs/{key}"] = value
+                arrays[f"next_obs/{key}"] = value[:stored]
         finals = sorted(self.final_observations)
         arrays["final_index"] = np.array(finals, dtype=np.int64).reshape(-1, 2)
         for key in self.spaces:
@@ -291,7 +300,7 @@ class ReplayBuffer:
                 if finals
                 else np.zeros((0, *self.spaces[key].shape), self.spaces[key].dtype)
             )
-        arrays.update(self._extra_arrays())
+        arrays.update(self._extra_arrays(stored))
         if not isinstance(path, (str, os.PathLike)):  # an open binary file
             np.savez(path, **arrays)
             return
@@ -322,14 +331,15 @@ class ReplayBuffer:
                     f"{bool(optimize)}); this buffer has {self.capacity} x {self.n_envs} "
                     f"({self.optimize_memory_usage}). Build the model with the same buffer_size and n_envs."
                 )
-            self.actions[:] = data["actions"]
-            self.rewards[:] = data["rewards"]
-            self.terminated[:] = data["terminated"]
-            self.dones[:] = data["dones"]
+            # Files hold the rows written so far (older ones every row): the rows after them are zeros.
+            fill_rows(self.actions, data["actions"])
+            fill_rows(self.rewards, data["rewards"])
+            fill_rows(self.terminated, data["terminated"])
+            fill_rows(self.dones, data["dones"])
             for key in self.spaces:
-                self._obs[key][:] = data[f"obs/{key}"]
+                fill_rows(self._obs[key], data[f"obs/{key}"])
                 if self._next_obs is not None:
-                    self._next_obs[key][:] = data[f"next_obs/{key}"]
+                    fill_rows(self._next_obs[key], data[f"next_obs/{key}"])
             finals = data["final_index"]
             stacked = {key: data[f"final_obs/{key}"] for key in self.spaces}
             self.final_observations = {
@@ -338,8 +348,9 @@ class ReplayBuffer:
             self._load_extra(data)
             self.pos, self.full = pos, bool(full)
 
-    def _extra_arrays(self) -> dict[str, np.ndarray]:
-        """Arrays a subclass keeps beside the transitions, saved with them."""
+    def _extra_arrays(self, stored: int) -> dict[str, np.ndarray]:
+        """Arrays a subclass keeps beside the transitions, saved with them (of per-row arrays, the first
+        ``stored`` rows, as :meth:`save` keeps of the transitions)."""
         return {}
 
     def _load_extra(self, data) -> None:
