@@ -65,14 +65,14 @@ def test_simple_spread_matches_reference_env_and_auto_resets():
         assert st.rewards.shape == (2, 3) and st.terminated.shape == st.truncated.shape == st.left.shape == (2, 3)
         assert st.final_observations.shape == (2, 3, 18) and st.env_done.shape == (2,)
         for e in range(n_envs):
-            r_obs, r_rew, r_term, r_trunc, _ = ref.step(e, actions[e], venv.slot)
+            r_obs, r_rew, r_term, r_trunc, r_info = ref.step(e, actions[e], venv.slot)
             expected_rew = np.array([r_rew[a] for a in venv.agent_ids], np.float32)
             np.testing.assert_allclose(st.rewards[e], expected_rew, rtol=1e-6)
             returns[e] += sum(r_rew.values())
             np.testing.assert_array_equal(st.terminated[e], [r_term[a] for a in venv.agent_ids])
             np.testing.assert_array_equal(st.truncated[e], [r_trunc[a] for a in venv.agent_ids])
             if t < 25:
-                assert not st.env_done[e] and not st.left[e].any() and st.infos[e] == {}
+                assert not st.env_done[e] and not st.left[e].any() and st.infos[e] == {"agents": r_info}
                 assert st.mask[e].all()
                 np.testing.assert_array_equal(st.observations[e], stack(r_obs, venv.agent_ids, (18,)))
                 assert not st.final_observations[e].any()
@@ -120,7 +120,7 @@ def test_multiwalker_walkers_leave_early_when_they_fall():
         actions = rng.uniform(-1, 1, (n_envs, 3, 4)).astype(np.float32)
         st = venv.step(actions)
         for e in range(n_envs):
-            r_obs, r_rew, r_term, r_trunc, _ = ref.step(e, actions[e], venv.slot)
+            r_obs, r_rew, r_term, r_trunc, r_info = ref.step(e, actions[e], venv.slot)
             returns[e] += sum(r_rew.values())
             acting = ~gone[e]
             # Only agents that acted report rewards and flags; absent slots report nothing.
@@ -148,7 +148,7 @@ def test_multiwalker_walkers_leave_early_when_they_fall():
                 assert st.mask[e].all()
             else:
                 early_leaves += int(st.left[e].sum())
-                assert st.infos[e] == {}
+                assert st.infos[e] == {"agents": r_info}
                 # A walker that left stays masked (and zero) until the copy is reset.
                 np.testing.assert_array_equal(st.mask[e], ~gone[e])
                 assert not st.observations[e][gone[e]].any()
@@ -270,11 +270,12 @@ class ScriptedEnv(ParallelEnv):
         if self.t == 2:
             self.agents.append("c")
             observations["c"] = self._obs("c")
-        return observations, rewards, terminations, truncations, {a: {} for a in observations}
+        return observations, rewards, terminations, truncations, {a: {"t": self.t} for a in observations}
 
 
 def test_scripted_agents_join_and_leave_at_known_steps():
-    """Mask, flags, rewards, final observations and episode info, exactly, for two copies of different lengths."""
+    """Mask, flags, rewards, final observations, the env's infos and episode info, exactly, for two copies of
+    different lengths."""
     ends = (5, 6)
     venv = GroupVecEnv([lambda end=end: ScriptedEnv(end) for end in ends])
     obs, mask = venv.reset(seed=3)
@@ -310,9 +311,12 @@ def test_scripted_agents_join_and_leave_at_known_steps():
                     np.testing.assert_array_equal(st.final_observations[e, s], [s + 1, t, 7])
                 else:
                     assert not st.final_observations[e, s].any()
+            # The env's infos, as its step returned them (every agent it observed: c from step 2 on).
+            observed = acting + (["c"] if t == 2 else [])
+            assert st.infos[e]["agents"] == {a: {"t": t} for a in observed}
             live[e] = [a for a in acting if not expected_left["abc".index(a)]] + (["c"] if t == 2 else [])
             if t < end:
-                assert not st.env_done[e] and st.infos[e] == {}
+                assert not st.env_done[e] and set(st.infos[e]) == {"agents"}
                 np.testing.assert_array_equal(st.mask[e], [a in live[e] for a in "abc"])
                 for s, a in enumerate("abc"):
                     expected_obs = [s + 1, t, 7] if a in live[e] else [0, 0, 0]
@@ -738,6 +742,7 @@ def test_subprocess_copies_step_exactly_like_in_process_ones(n_copies, n_process
             for name in a._fields[:-1]:
                 np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
             assert [i.get("episode", {}).get("l") for i in a.infos] == [i.get("episode", {}).get("l") for i in b.infos]
+            assert [i["agents"] for i in a.infos] == [i["agents"] for i in b.infos]
         assert remote.num_envs == n_copies and remote.agent_ids == local.agent_ids
     finally:
         remote.close()

@@ -1045,6 +1045,47 @@ def test_a_callback_reads_the_group_buffer_and_the_steps_by_sb3s_names():
     assert any(not torch.equal(a, b) for a, b in zip(critic, model.critic.parameters(), strict=True))
 
 
+class InfoTeam(EarlyExitEnv):
+    """EarlyExitEnv whose step infos carry custom metrics: the step of the episode and the agent's index."""
+
+    def reset(self, seed=None, options=None):
+        self.step_of_episode = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, actions):
+        self.step_of_episode += 1
+        *out, infos = super().step(actions)
+        return (*out, {a: {"t": self.step_of_episode, "index": self.possible_agents.index(a)} for a in infos})
+
+
+def test_a_callback_reads_the_envs_own_infos_per_copy_and_agent():
+    """A custom metric an env reports in its step infos reaches callbacks as SB3's do: self.locals["infos"][e],
+    the env's dict keyed by agent under "agents", beside the episode statistics."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Collect(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.seen = []
+
+        def _on_step(self) -> bool:
+            infos, dones = self.locals["infos"], self.locals["dones"]
+            self.seen.append(([dict(info["agents"]) for info in infos], ["episode" in i for i in infos], list(dones)))
+            return True
+
+    callback = Collect()
+    POCA("MlpPolicy", InfoTeam, n_envs=2, n_steps=16, batch_size=32, n_epochs=1, seed=0).learn(32, callback=callback)
+    assert len(callback.seen) == 16
+    t = [0, 0]  # each copy's step of its episode
+    for per_copy, episode_ends, dones in callback.seen:
+        assert episode_ends == dones
+        for e, agents in enumerate(per_copy):
+            t[e] += 1
+            assert agents and all(info == {"t": t[e], "index": int(a[-1])} for a, info in agents.items())
+            if dones[e]:
+                t[e] = 0
+    assert any(ends for _, ends, _ in callback.seen if any(ends))  # episodes ended within the rollout
+
+
 # ---------------------------------------------------------------------------- Dict observations
 def test_flat_dict_round_trip_is_exact_for_every_kind_of_key():
     from covey.networks.encoders import FlatDict

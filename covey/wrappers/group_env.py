@@ -48,7 +48,8 @@ class GroupStep(NamedTuple):
     env_done: np.ndarray
     """``(n_envs,)``: the copy's episode ended (all agents gone) and the copy was reset."""
     infos: list[dict[str, Any]]
-    """Per copy: ``{"episode": {"r": group return, "l": length, "r_agent": mean per-agent return}}`` at an end."""
+    """Per copy: ``{"agents": the infos dict its step returned, keyed by agent}``, and at an episode's end
+    ``"episode": {"r": group return, "l": length, "r_agent": mean per-agent return}``."""
 
 
 def is_parallel_env(env: Any) -> bool:
@@ -249,7 +250,8 @@ class GroupVecEnv:
             out = env.step(action_dict)
             if len(out) != 5:
                 raise _api_error("step()", f"returned {len(out)} values, not 5")
-            observations, rew, term, trunc, _ = out
+            observations, rew, term, trunc, agent_infos = out
+            infos[e]["agents"] = agent_infos  # the env's own, keyed by agent
             self._ep_length[e] += 1
             # Read once: on wrapped PettingZoo envs every read walks the wrapper chain. An agent the step
             # terminated or truncated is gone even where the env still lists it (PettingZoo's API removes it).
