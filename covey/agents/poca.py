@@ -14,6 +14,7 @@ from stable_baselines3.common.utils import explained_variance
 from covey.agents.base import BaseAgent, Schedule, as_schedule, warn_batch_size
 from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, value_loss
 from covey.agents.recurrent import GroupRecurrentRollout
+from covey.buffers.finite import check_finite
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
 from covey.networks.actor_critic import (
     PPO_ADAM_EPS,
@@ -442,6 +443,12 @@ class POCA(BaseAgent):
             # that joins (or comes back after leaving) starts with a fresh memory.
             self._last_slot_starts = ~present | dones[:, None]
             self._last_obs, self._last_mask, self._last_episode_starts = step.observations, step.mask, dones
+        check_finite(
+            "in this rollout",
+            # continuing_obs: the observations after each step, leavers' final ones included
+            observations=(rollout_buffer.observations_tensor, rollout_buffer.continuing_obs),
+            rewards=rollout_buffer.rewards,
+        )
         last_values = self._evaluate_rollout()
         rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
         callback.update_locals(locals())

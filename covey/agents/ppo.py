@@ -22,6 +22,7 @@ from covey.agents.base import (
     warn_batch_size,
 )
 from covey.agents.recurrent import RecurrentRollout
+from covey.buffers.finite import check_finite
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import (
     PPO_ADAM_EPS,
@@ -809,11 +810,11 @@ class PPO(BaseAgent):
             rollout_buffer.add(stored_obs, stored_actions, rewards, terminated, dones, self._last_episode_starts)
             self._last_obs = new_obs
             self._last_episode_starts = dones
-        if rollout_buffer.has_nan_observations():
-            raise ValueError(
-                "The env returned NaN observations during this rollout. Find the source with "
-                "stable_baselines3.common.vec_env.VecCheckNan(env, raise_exception=True)."
-            )
+        check_finite(
+            "in this rollout",
+            observations=(rollout_buffer.observations_tensor, new_obs, [obs for _, _, obs in truncations]),
+            rewards=rollout_buffer.rewards,
+        )
         last_values = self._evaluate_rollout(new_obs, truncations, acted)
         rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
         callback.update_locals(locals())

@@ -207,11 +207,6 @@ class RolloutBuffer:
     def flat_actions(self) -> torch.Tensor:
         return self.actions_tensor.reshape(self.n_steps * self.n_envs, *self.actions_tensor.shape[2:])
 
-    def has_nan_observations(self) -> bool:
-        obs = self.observations_tensor
-        obs = obs.values() if isinstance(obs, dict) else [obs]
-        return any(o.is_floating_point() and bool(torch.isnan(o).any()) for o in obs)
-
     def compute_returns(self, last_values: np.ndarray, gamma: float, gae_lambda: float) -> None:
         """GAE over the stored rollout; ``last_values`` is V(observation after the last step) per env."""
         self.gamma, self.gae_lambda = gamma, gae_lambda

@@ -1,0 +1,122 @@
+"""NaN and infinities from an env stop training with an error, before an update turns the weights into NaN."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+from covey import POCA, PPO, SAC
+
+BAD = {"nan-reward": ("reward", np.nan), "inf-observation": ("obs", np.inf), "nan-observation": ("obs", np.nan)}
+
+
+class BadEnv(gym.Env):
+    """Zeros, until step ``at`` of an episode, whose reward or observation is ``value`` (when ``what`` is set)."""
+
+    def __init__(self, what=None, value=0.0, continuous=False, at=4, dict_obs=False):
+        self.what, self.value, self.at, self.dict_obs = what, value, at, dict_obs
+        box = spaces.Box(-1, 1, (3,), np.float32)
+        self.observation_space = spaces.Dict({"x": box}) if dict_obs else box
+        self.action_space = spaces.Box(-1, 1, (1,), np.float32) if continuous else spaces.Discrete(2)
+
+    def _obs(self):
+        obs = np.zeros(3, np.float32)
+        if self.what == "obs" and self.t == self.at:
+            obs[0] = self.value
+        return {"x": obs} if self.dict_obs else obs
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = self.value if self.what == "reward" and self.t == self.at else 0.0
+        return self._obs(), float(reward), False, self.t >= 10, {}
+
+
+def _weights(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.policy.parameters()]
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+@pytest.mark.parametrize("agent", ["ppo", "sac"])
+def test_ppo_and_sac_refuse_nan_and_infinite_env_output_before_any_update(agent, bad):
+    what, value = BAD[bad]
+    if agent == "ppo":
+        model = PPO("MlpPolicy", BadEnv(what, value), n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    else:
+        model = SAC("MlpPolicy", BadEnv(what, value, continuous=True), learning_starts=0, batch_size=4, seed=0)
+    before = _weights(model)
+    with pytest.raises(ValueError, match=f"NaN or infinite {'rewards' if what == 'reward' else 'observations'}"):
+        model.learn(32)
+    if agent == "ppo":  # the rollout holding it was not trained on
+        assert all(torch.equal(a, b) for a, b in zip(before, _weights(model), strict=True))
+    else:  # SAC trained after each of the 3 steps before it, which alone are in its buffer
+        assert model.replay_buffer.size() == 3
+        assert all(bool(torch.isfinite(w).all()) for w in _weights(model))
+    # The same env without the bad value trains.
+    good = BadEnv(continuous=agent == "sac")
+    (PPO("MlpPolicy", good, n_steps=16, batch_size=16, seed=0) if agent == "ppo" else SAC("MlpPolicy", good)).learn(32)
+
+
+def test_ppo_refuses_a_time_limits_nan_final_observation_and_a_nan_dict_key():
+    # Step 10 ends the episode by its time limit: the final observation, kept for the bootstrap, is the bad one.
+    model = PPO("MlpPolicy", BadEnv("obs", np.nan, at=10), n_steps=16, batch_size=16, seed=0)
+    with pytest.raises(ValueError, match="NaN or infinite observations"):
+        model.learn(16)
+    model = PPO("MultiInputPolicy", BadEnv("obs", -np.inf, dict_obs=True), n_steps=16, batch_size=16, seed=0)
+    with pytest.raises(ValueError, match="NaN or infinite observations"):
+        model.learn(16)
+
+
+class BadTeam(ParallelEnv):
+    metadata = {"name": "bad_team_v0"}
+
+    def __init__(self, what=None, value=0.0):
+        self.possible_agents = ["a0", "a1"]
+        self.what, self.value = what, value
+
+    def observation_space(self, agent):
+        return spaces.Box(-1, 1, (3,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def _obs(self):
+        return np.array([self.value if self.what == "obs" and self.t == 4 else 0.0, 0, 0], np.float32)
+
+    def reset(self, seed=None, options=None):
+        self.t, self.agents = 0, list(self.possible_agents)
+        return {a: self._obs() for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        done = self.t >= 8
+        reward = self.value if self.what == "reward" and self.t == 4 else 0.0
+        agents = self.agents
+        self.agents = [] if done else agents
+        return (
+            {a: self._obs() for a in agents},
+            {a: reward for a in agents},
+            {a: done for a in agents},
+            {a: False for a in agents},
+            {a: {} for a in agents},
+        )
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+def test_poca_refuses_nan_and_infinite_env_output_before_any_update(bad):
+    what, value = BAD[bad]
+    model = POCA("MlpPolicy", lambda: BadTeam(what, value), n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    before = [p.detach().clone() for net in (model.actor, model.critic) for p in net.parameters()]
+    with pytest.raises(ValueError, match=f"NaN or infinite {'rewards' if what == 'reward' else 'observations'}"):
+        model.learn(16)
+    after = [p.detach() for net in (model.actor, model.critic) for p in net.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    POCA("MlpPolicy", BadTeam, n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(16)
