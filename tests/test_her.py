@@ -19,23 +19,18 @@ def bit_flipping(n_envs: int = 2, n_bits: int = 4):
 
 
 def fill(buffers: list, venv, steps: int, seed: int = 0) -> None:
-    """The same random-action stream into SB3's buffer (its add) and covey's (with the bootstrap mask apart)."""
+    """The same random-action stream into SB3's buffer and covey's, through SB3's add."""
     venv.seed(seed)
     obs, rng = venv.reset(), np.random.default_rng(seed)
     for _ in range(steps):
         actions = rng.uniform(-1, 1, (venv.num_envs, *venv.action_space.shape)).astype(np.float32)
         new_obs, rewards, dones, infos = venv.step(actions)
         next_obs = {k: v.copy() for k, v in new_obs.items()}
-        terminated = dones.copy()
-        for i in np.flatnonzero(dones):  # the true final observation, and a time limit keeps its bootstrap
+        for i in np.flatnonzero(dones):  # the true final observation
             for k in next_obs:
                 next_obs[k][i] = infos[i]["terminal_observation"][k]
-            terminated[i] = not infos[i].get("TimeLimit.truncated", False)
-        for buf in buffers:
-            if isinstance(buf, HerReplayBuffer):
-                buf.add(obs, next_obs, actions, rewards, terminated, dones, infos)
-            else:
-                buf.add(obs, next_obs, actions, rewards, dones, infos)
+        for buf in buffers:  # SB3's add, the same arguments
+            buf.add(obs, next_obs, actions, rewards, dones, infos)
         obs = new_obs
 
 

@@ -48,7 +48,7 @@ def add_stream(buf: ReplayBuffer, n_steps: int, dict_obs: bool = False, start: i
         nxt = [final_code(t, e) if dones[e] else code(t + 1, e) for e in range(N_ENVS)]
         actions = np.array([[0.5 * code(t, e)] for e in range(N_ENVS)], dtype=np.float32)
         rewards = np.array([-float(code(t, e)) for e in range(N_ENVS)], dtype=np.float32)
-        buf.add(make_obs(obs, dict_obs), make_obs(nxt, dict_obs), actions, rewards, terminated, dones)
+        buf.store(make_obs(obs, dict_obs), make_obs(nxt, dict_obs), actions, rewards, terminated, dones)
 
 
 def expected_table(first_t: int, last_t: int) -> set[tuple]:
@@ -161,8 +161,9 @@ def test_sample_returns_sb3s_samples(obs_space, action_space):
         terminated = np.array([t == 3, False])
         truncated = np.array([False, t == 5])
         dones = terminated | truncated
-        theirs.add(obs, next_obs, actions, rewards, dones, [{"TimeLimit.truncated": bool(x)} for x in truncated])
-        ours.add(obs, next_obs, actions, rewards, terminated, dones)
+        infos = [{"TimeLimit.truncated": bool(x)} for x in truncated]
+        for buf in (theirs, ours):  # SB3's add, the same arguments
+            buf.add(obs, next_obs, actions, rewards, dones, infos)
         obs = next_obs
     np.random.seed(4)
     expected = theirs.sample(64)
@@ -187,7 +188,7 @@ def test_n_step_returns_by_hand(dict_obs):
     ends = {2: True, 5: False}  # step -> terminated (True) or truncated
     for t in range(7):
         obs, nxt = make_obs([t], dict_obs), make_obs([100 + t], dict_obs)
-        buf.add(obs, nxt, np.zeros((1, 1)), np.array([2.0**t]), np.array([ends.get(t, False)]), np.array([t in ends]))
+        buf.store(obs, nxt, np.zeros((1, 1)), np.array([2.0**t]), np.array([ends.get(t, False)]), np.array([t in ends]))
     expected = {  # start: (return, discount, next obs, terminated)
         0: (1 + 0.5 * 2 + 0.25 * 4, 0.125, 102, 1.0),  # cut at the termination: no bootstrap
         1: (2 + 0.5 * 4, 0.25, 102, 1.0),
@@ -230,7 +231,9 @@ def test_n_step_samples_are_sb3s(rows, handle_timeouts, normalized):
     theirs = NStepReplayBuffer(
         16, BOX_OBS, ACTIONS, n_envs=n_envs, n_steps=3, gamma=0.9, handle_timeout_termination=handle_timeouts
     )
-    ours = ReplayBuffer(16, BOX_OBS, ACTIONS, n_envs=n_envs, n_steps=3, gamma=0.9)
+    ours = ReplayBuffer(
+        16, BOX_OBS, ACTIONS, n_envs=n_envs, n_steps=3, gamma=0.9, handle_timeout_termination=handle_timeouts
+    )
     for t in range(rows):
         obs = np.array([[t], [-t]], np.float32)
         terminated = rng.random(n_envs) < 0.15
@@ -238,8 +241,8 @@ def test_n_step_samples_are_sb3s(rows, handle_timeouts, normalized):
         dones, rewards = terminated | truncated, rng.normal(size=n_envs).astype(np.float32)
         actions = rng.uniform(-1, 1, (n_envs, 1)).astype(np.float32)
         infos = [{"TimeLimit.truncated": bool(x)} for x in truncated]
-        theirs.add(obs, obs + 100, actions, rewards, dones, infos)
-        ours.add(obs, obs + 100, actions, rewards, terminated if handle_timeouts else dones, dones)
+        for buf in (theirs, ours):
+            buf.add(obs, obs + 100, actions, rewards, dones, infos)
     np.random.seed(3)
     expected = theirs.sample(256, env=venv)
     np.random.seed(3)
@@ -292,9 +295,42 @@ def test_discrete_observations_have_sb3s_layout(dict_obs):
     assert (batch["k"] if dict_obs else batch).shape[:1] == (16,)
 
 
+def test_sacs_buffer_takes_sb3s_add_for_prefilled_demonstrations():
+    """An SB3 script that fills model.replay_buffer with add(obs, next_obs, action, reward, done, infos) before
+    learning: a done its info marks as a time limit keeps its bootstrap (unless handle_timeout_termination=False),
+    as SB3 samples it, and infos of the wrong length are refused."""
+    import stable_baselines3 as sb3
+
+    from covey import SAC
+
+    for kwargs in ({}, {"handle_timeout_termination": False}):
+        buffers = [
+            lib.SAC("MlpPolicy", "Pendulum-v1", replay_buffer_kwargs=kwargs, device="cpu").replay_buffer
+            for lib in (sb3, __import__("covey"))
+        ]
+        obs = np.zeros((1, 3), np.float32)
+        for t in range(6):
+            done, info = t in (2, 5), {"TimeLimit.truncated": t == 5}  # a termination, then a time limit
+            for buf in buffers:
+                buf.add(
+                    obs + t, obs + t + 1, np.full((1, 1), 0.1 * t, np.float32), np.array([t]), np.array([done]), [info]
+                )
+        np.random.seed(0)
+        theirs = buffers[0].sample(64)
+        np.random.seed(0)
+        ours = buffers[1].sample(64)
+        for name in ("observations", "actions", "next_observations", "dones", "rewards"):
+            torch.testing.assert_close(getattr(ours, name), getattr(theirs, name), msg=name)
+        assert float(ours.dones.sum()) > 0
+    with pytest.raises(ValueError, match="2 infos for 1 envs"):
+        SAC("MlpPolicy", "Pendulum-v1").replay_buffer.add(
+            obs, obs, np.zeros((1, 1)), np.zeros(1), np.zeros(1), [{}, {}]
+        )
+
+
 def test_discrete_actions_stored_as_integers():
     buf = ReplayBuffer(8, BOX_OBS, spaces.Discrete(3), n_envs=2)
-    buf.add(make_obs([1, 2], False), make_obs([3, 4], False), np.array([2, 1]), np.zeros(2), np.zeros(2), np.zeros(2))
+    buf.store(make_obs([1, 2], False), make_obs([3, 4], False), np.array([2, 1]), np.zeros(2), np.zeros(2), np.zeros(2))
     assert buf.actions.dtype == np.int64 and buf.actions[0].tolist() == [2, 1]
     np.random.seed(0)
     assert set(buf.sample_batch(50).actions.tolist()) == {1, 2}

@@ -627,6 +627,7 @@ class SAC(BaseAgent):
                 self.env,
                 self.n_envs,
                 device=self.device,
+                handle_timeout_termination=self._handle_timeouts,
                 **self._her,
             )
         else:
@@ -639,6 +640,7 @@ class SAC(BaseAgent):
                 self.device,
                 n_steps=cfg.n_steps,
                 gamma=cfg.gamma,
+                handle_timeout_termination=self._handle_timeouts,
             )
 
     def _networks(self) -> dict[str, torch.nn.Module]:
@@ -824,7 +826,7 @@ class SAC(BaseAgent):
             if self._handle_timeouts and infos[i].get("TimeLimit.truncated", False):
                 terminated[i] = False  # a time limit keeps the bootstrap
         check_finite("in this step", observations=(obs, next_obs), rewards=rewards)
-        self.replay_buffer.add(obs, next_obs, actions, rewards, terminated, dones, infos)
+        self.replay_buffer.store(obs, next_obs, actions, rewards, terminated, dones, infos)
         self._last_obs = new_obs
         if vec_normalize is not None:
             self._last_original_obs = stored_new_obs

@@ -45,6 +45,7 @@ class HerReplayBuffer(ReplayBuffer):
         n_sampled_goal: int = 4,
         goal_selection_strategy: Any = "future",
         copy_info_dict: bool = False,
+        handle_timeout_termination: bool = True,
     ) -> None:
         keys = sorted(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else None
         if keys is None or not set(GOAL_KEYS) <= set(keys):
@@ -54,7 +55,15 @@ class HerReplayBuffer(ReplayBuffer):
             )
         if not isinstance(n_sampled_goal, (int, np.integer)) or n_sampled_goal < 0:
             raise ValueError(f"n_sampled_goal={n_sampled_goal!r} is invalid: it must be an int >= 0.")
-        super().__init__(buffer_size, observation_space, action_space, n_envs, False, device)
+        super().__init__(
+            buffer_size,
+            observation_space,
+            action_space,
+            n_envs,
+            False,
+            device,
+            handle_timeout_termination=handle_timeout_termination,
+        )
         self.env = env
         self.n_sampled_goal = int(n_sampled_goal)
         self.goal_selection_strategy = goal_strategy(goal_selection_strategy)
@@ -67,7 +76,7 @@ class HerReplayBuffer(ReplayBuffer):
         self.ep_length = np.zeros(lead, dtype=np.int64)
         self._current_ep_start = np.zeros(n_envs, dtype=np.int64)
 
-    def add(self, obs, next_obs, actions, rewards, terminated, dones, infos: list[dict] | None = None) -> None:
+    def store(self, obs, next_obs, actions, rewards, terminated, dones, infos: list[dict] | None = None) -> None:
         row = self.pos
         for e in np.flatnonzero(self.ep_length[row] > 0):  # about to overwrite a step of an ended episode
             end = self.ep_start[row, e] + self.ep_length[row, e]
@@ -75,7 +84,7 @@ class HerReplayBuffer(ReplayBuffer):
         self.ep_start[row] = self._current_ep_start
         if self.infos is not None and infos is not None:
             self.infos[row] = infos
-        super().add(obs, next_obs, actions, rewards, terminated, dones)
+        super().store(obs, next_obs, actions, rewards, terminated, dones)
         for e in np.flatnonzero(dones):
             self._end_episode(int(e))
 

@@ -69,6 +69,7 @@ class ReplayBuffer:
         device: torch.device | str = "cpu",
         n_steps: int = 1,
         gamma: float = 0.99,
+        handle_timeout_termination: bool = True,
     ) -> None:
         if buffer_size < n_envs:
             raise ValueError(f"buffer_size={buffer_size} must be at least n_envs={n_envs}.")
@@ -77,6 +78,7 @@ class ReplayBuffer:
                 "n-step returns need each step's next observation stored: use n_steps=1 or optimize_memory_usage=False."
             )
         self.n_steps, self.gamma = int(n_steps), float(gamma)
+        self.handle_timeout_termination = bool(handle_timeout_termination)
         self.capacity = buffer_size // n_envs
         self.n_envs = n_envs
         self.observation_space, self.action_space = observation_space, action_space
@@ -124,7 +126,22 @@ class ReplayBuffer:
         """Steps stored per env, as SB3's ``size()`` counts them (transitions: ``size() * n_envs``)."""
         return self.capacity if self.full else self.pos
 
-    def add(
+    def add(self, obs, next_obs, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict]) -> None:
+        """SB3's ``add``, with its arguments: one step of every env, ``next_obs`` holding the true final
+        observation where ``done``. A ``done`` whose info says ``"TimeLimit.truncated"`` keeps its bootstrap
+        unless ``handle_timeout_termination=False``, as in SB3. ``action`` is what the buffer stores: for Box
+        actions the policy's ``[-1, 1]`` scale (``model.policy.scale_action(env_action)``), as SB3's SAC stores."""
+        done = np.asarray(done, dtype=bool).reshape(self.n_envs)
+        if len(infos) != self.n_envs:
+            raise ValueError(
+                f"add() got {len(infos)} infos for {self.n_envs} envs: pass the step's list of info dicts, one per env."
+            )
+        terminated = done.copy()
+        if self.handle_timeout_termination:
+            terminated &= ~np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
+        self.store(obs, next_obs, action, reward, terminated, done, infos)
+
+    def store(
         self,
         obs,
         next_obs,
@@ -134,8 +151,9 @@ class ReplayBuffer:
         dones: np.ndarray,
         infos: list[dict] | None = None,
     ) -> None:
-        """Store one step of every env; ``next_obs`` holds the true final observation where ``dones``. ``infos``
-        (the step's, as SB3's ``add`` takes them) are kept only by buffers that use them (hindsight replay)."""
+        """Store one step of every env with its bootstrap mask: ``terminated`` (no future), ``dones`` (the
+        episode ended, by ``terminated`` or a time limit), ``next_obs`` the true final observation where
+        ``dones``. ``infos`` are kept only by buffers that use them (hindsight replay)."""
         row = self.pos
         for key in self.spaces:
             self._obs[key][row] = obs if key is None else obs[key]
