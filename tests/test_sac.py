@@ -843,3 +843,16 @@ def test_discrete_actions_with_a_start_train_as_from_zero():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     for a, b in zip(models[0].actor.parameters(), models[1].actor.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("policy", ["MlpLstmPolicy", "CnnLstmPolicy", "MultiInputLstmPolicy"])
+def test_sac_refuses_recurrent_policies_and_memory_by_name(policy):
+    """SAC has no recurrent memory: a *LstmPolicy name or policy_kwargs memory is refused, not trained as a
+    feed-forward policy; SAC's unknown-policy error does not offer the recurrent names."""
+    with pytest.raises(ValueError, match=f"SAC has no recurrent memory, so {policy} is not one of its policies"):
+        SAC(policy, "Pendulum-v1")
+    with pytest.raises(ValueError, match="policy_kwargs memory is not a SAC setting"):
+        SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(memory=dict(hidden_size=8)))
+    with pytest.raises(ValueError, match="Unknown policy 'MlpPolcy'") as error:
+        SAC("MlpPolcy", "Pendulum-v1")
+    assert "Lstm" not in str(error.value)

@@ -381,6 +381,8 @@ class BaseAgent:
     """learn/predict/save/load shared by covey's agents; see :class:`covey.PPO` for a user's view."""
 
     agent_name: ClassVar[str] = "Base"
+    has_memory: ClassVar[bool] = True
+    """Whether the agent's policies may have recurrent memory (the *LstmPolicy names, ``policy_kwargs`` memory)."""
     supported_action_spaces: ClassVar[tuple[type, ...]] = (
         spaces.Box,
         spaces.Discrete,
@@ -439,7 +441,7 @@ class BaseAgent:
         device: torch.device | str,
         seed: int | None,
     ) -> None:
-        self.policy_name = policy_name(policy)
+        self.policy_name = policy_name(policy, None if self.has_memory else self.agent_name)
         self.policy_kwargs = dict(policy_kwargs or {})
         self.learning_rate = learning_rate
         self.lr_schedule = as_schedule(learning_rate)

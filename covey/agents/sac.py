@@ -435,6 +435,7 @@ class SAC(BaseAgent):
     """
 
     agent_name = "SAC"
+    has_memory = False
     supported_action_spaces = (spaces.Box, spaces.Discrete)
     config_class = SACConfig
     policy_aliases = PolicyAliases("covey.sac.policies")
@@ -520,6 +521,11 @@ class SAC(BaseAgent):
             kwargs, activation_fn=torch.nn.ReLU, ortho_init=False, share_features_extractor=False, log_std_init=-3.0
         )
         self.policy_config.use_sde = bool(use_sde)
+        if self.policy_config.memory is not None:
+            raise ValueError(
+                "policy_kwargs memory is not a SAC setting: SAC has no recurrent memory. Remove it, or use PPO or "
+                "POCA for a policy with memory; stacked frames (SB3's VecFrameStack) give SAC the recent past."
+            )
         if self.policy_config.squash_output:
             raise ValueError(
                 "policy_kwargs squash_output is not a SAC setting: SAC always squashes its Box actions into the "

@@ -50,15 +50,28 @@ POLICY_CLASS_NAMES = {
 }
 
 
-def policy_name(policy: str | type) -> str:
-    """An SB3 policy name, or an SB3 policy class standing for one, to covey's policy name."""
+def policy_name(policy: str | type, agent: str | None = None) -> str:
+    """An SB3 policy name, or an SB3 policy class standing for one, to covey's policy name. With ``agent`` (an
+    agent without recurrent memory, named in the error) the recurrent names are refused."""
+    name = policy
     if isinstance(policy, type) and policy.__name__ in POLICY_CLASS_NAMES:
-        return POLICY_CLASS_NAMES[policy.__name__]
-    if isinstance(policy, str) and (policy in POLICY_KINDS or policy in LSTM_POLICIES):
-        return policy
+        name = POLICY_CLASS_NAMES[policy.__name__]
+    if isinstance(name, str) and name in LSTM_POLICIES and agent is not None:
+        raise ValueError(
+            f"{agent} has no recurrent memory, so {name} is not one of its policies: use "
+            f"{LSTM_POLICIES[name]!r}, or PPO or POCA for a policy with memory. Stacked frames (SB3's "
+            "VecFrameStack) give a feed-forward policy the recent past."
+        )
+    if isinstance(name, str) and (name in POLICY_KINDS or name in LSTM_POLICIES):
+        return name
+    names = (
+        f"{list(POLICY_KINDS)} (or SB3's classes of those names)"
+        if agent is not None
+        else f"{list(POLICY_KINDS)}, or with recurrent memory {list(LSTM_POLICIES)} (or SB3's and sb3-contrib's "
+        "classes of those names)"
+    )
     raise ValueError(
-        f"Unknown policy {policy!r}; use one of {list(POLICY_KINDS)}, or with recurrent memory "
-        f"{list(LSTM_POLICIES)} (or SB3's and sb3-contrib's classes of those names). "
+        f"Unknown policy {policy!r}; use one of {names}. "
         "Custom policy classes are not supported: customize the networks with policy_kwargs "
         "(net_arch, activation_fn, features_extractor_class, ...)."
     )
