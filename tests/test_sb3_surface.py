@@ -1547,3 +1547,52 @@ def test_policy_aliases_name_the_policy_classes_as_in_sb3(agent):
         assert policy_class is getattr(policies, name)
     env_id = "CartPole-v1" if agent == "PPO" else "Pendulum-v1"
     assert cls(cls.policy_aliases["MlpPolicy"], env_id, seed=0).policy_name == "MlpPolicy"
+
+
+@pytest.mark.parametrize("agent", ["ppo", "sac"])
+def test_load_keeps_verbose_tensorboard_log_and_the_episode_statistics(tmp_path, agent):
+    """As SB3's load: verbose and tensorboard_log come back, and so do the episode counter and the episodes
+    behind rollout/ep_rew_mean, so learn(reset_num_timesteps=False) after load goes on with them."""
+    import stable_baselines3 as sb3
+
+    import covey
+
+    def build(lib):
+        kwargs = dict(verbose=1, tensorboard_log=str(tmp_path / lib.__name__), seed=0, device="cpu")
+        if agent == "ppo":
+            return lib.PPO("MlpPolicy", "CartPole-v1", n_steps=256, batch_size=64, n_epochs=1, **kwargs)
+        return lib.SAC("MlpPolicy", "Pendulum-v1", learning_starts=100, train_freq=50, **kwargs)
+
+    models = {}
+    for lib in (sb3, covey):
+        model = build(lib).learn(450 if agent == "sac" else 512, log_interval=None if agent == "sac" else 1)
+        model.save(tmp_path / f"{lib.__name__}.zip")
+        loaded = type(model).load(tmp_path / f"{lib.__name__}.zip")
+        models[lib.__name__] = (model, loaded)
+    for model, loaded in models.values():
+        assert loaded.verbose == 1 and loaded.tensorboard_log == model.tensorboard_log
+        assert loaded._episode_num == model._episode_num
+        assert [ep["r"] for ep in loaded.ep_info_buffer] == pytest.approx([ep["r"] for ep in model.ep_info_buffer])
+        assert [ep["l"] for ep in loaded.ep_info_buffer] == [ep["l"] for ep in model.ep_info_buffer]
+        assert loaded.ep_info_buffer.maxlen == model.ep_info_buffer.maxlen
+    covey_model, covey_loaded = models["covey"]
+    assert len(covey_loaded.ep_info_buffer) > 0 and (agent == "ppo" or covey_loaded._episode_num == 2)
+    # Training on after load counts on from the saved episodes.
+    covey_loaded.set_env(covey_model.get_env())
+    covey_loaded.learn(10, reset_num_timesteps=False)
+    assert covey_loaded._episode_num >= covey_model._episode_num and len(covey_loaded.ep_info_buffer) >= len(
+        covey_model.ep_info_buffer
+    )
+
+
+@pytest.mark.parametrize("value", [np.float32(64), np.int64(64), 64.0])
+def test_learn_takes_any_real_number_of_timesteps(value):
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1).learn(value)
+    assert model.num_timesteps == 64
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1, "64", True, None])
+def test_learn_refuses_timesteps_that_are_not_a_finite_number(value):
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1)
+    with pytest.raises(ValueError, match="total_timesteps must be a finite number >= 0"):
+        model.learn(value)

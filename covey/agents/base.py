@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import io
+import math
+import numbers
 import os
 import platform
 import random
@@ -606,8 +608,15 @@ class BaseAgent:
     ) -> tuple[int, BaseCallback]:
         if self.env is None:
             raise ValueError("This model has no env: pass one to the constructor, to load(env=...) or to set_env().")
-        if not isinstance(total_timesteps, (int, np.integer, float)) or total_timesteps < 0:
-            raise ValueError(f"total_timesteps must be a non-negative number, got {total_timesteps!r}.")
+        if (
+            isinstance(total_timesteps, bool)
+            or not isinstance(total_timesteps, numbers.Real)
+            or not math.isfinite(total_timesteps)
+            or total_timesteps < 0
+        ):
+            raise ValueError(
+                f"total_timesteps must be a finite number >= 0 (the env steps to train for), got {total_timesteps!r}."
+            )
         raise_heap_thresholds()
         self.start_time = time.time_ns()
         if self.ep_info_buffer.maxlen != self.stats_window_size or reset_num_timesteps:
@@ -839,6 +848,16 @@ class BaseAgent:
             "num_timesteps": self.num_timesteps,
             "n_updates": self._n_updates,
             "seed": self.seed,
+            "verbose": self.verbose,
+            "tensorboard_log": None if self.tensorboard_log is None else os.fspath(self.tensorboard_log),
+            # The episode statistics, as SB3 keeps them: learn(reset_num_timesteps=False) after load goes on
+            # with them (rollout/ep_rew_mean, time/episodes). An episode's numbers only (Monitor's r, l, t).
+            "episode_num": int(self._episode_num),
+            "ep_info_buffer": [
+                {k: float(v) for k, v in ep.items() if isinstance(v, (int, float, np.number))}
+                for ep in self.ep_info_buffer
+            ],
+            "ep_success_buffer": [bool(x) for x in self.ep_success_buffer],
             **self._extra_settings(),
         }
         serialization.save_model_file(path, settings, tensors)
@@ -921,7 +940,11 @@ class BaseAgent:
             policy_kwargs = _policy_kwargs_from_json(settings["policy_kwargs"])
         # Settings kept beside the hyperparameters: the seed as saved, the rest as SB3 leaves them unless
         # custom_objects or keyword arguments set them.
-        outside = {"seed": settings.get("seed"), "tensorboard_log": None, "verbose": 0}
+        outside = {
+            "seed": settings.get("seed"),
+            "tensorboard_log": settings.get("tensorboard_log"),
+            "verbose": settings.get("verbose", 0),
+        }
         settable = {*hyper, *outside, *settings.get("unread", [])}
         hyper.update({k: v for k, v in custom_objects.items() if k in settable})
         unknown = sorted(set(kwargs) - set(hyper) - set(outside))
@@ -952,6 +975,9 @@ class BaseAgent:
         model.set_parameters(tensors, exact_match=True, device=model.device)
         model.num_timesteps = int(settings.get("num_timesteps", 0))
         model._n_updates = int(settings.get("n_updates", 0))
+        model._episode_num = int(settings.get("episode_num", 0))
+        model.ep_info_buffer.extend(settings.get("ep_info_buffer", []))
+        model.ep_success_buffer.extend(settings.get("ep_success_buffer", []))
         return model
 
 
