@@ -1596,3 +1596,29 @@ def test_learn_refuses_timesteps_that_are_not_a_finite_number(value):
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1)
     with pytest.raises(ValueError, match="total_timesteps must be a finite number >= 0"):
         model.learn(value)
+
+
+@pytest.mark.parametrize("agent", ["ppo", "sac", "poca"])
+def test_a_replaced_optimizer_is_refused_at_learn_with_the_way_to_choose_one(agent):
+    """SB3's update steps model.policy.optimizer (SAC's: actor.optimizer and critic.optimizer), so a script may
+    swap them; covey steps the fused optimizer it built, and says so instead of never using the new one."""
+    from covey import POCA
+    from covey.envs import EarlyExitEnv
+
+    if agent == "ppo":
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32)
+        slots = {"policy.optimizer": model.policy}
+    elif agent == "sac":
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=10)
+        slots = {"actor.optimizer": model.actor, "critic.optimizer": model.critic, "policy.optimizer": model.policy}
+    else:
+        model = POCA("MlpPolicy", EarlyExitEnv, n_steps=8, batch_size=8)
+        slots = {"policy.optimizer": model.policy}
+    model.learn(32)  # the optimizers as built
+    for name, owner in slots.items():
+        own = owner.optimizer
+        owner.optimizer = torch.optim.SGD(owner.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match=rf"model\.{name} was replaced \(by SGD\).*optimizer_class"):
+            model.learn(32)
+        owner.optimizer = own
+    model.learn(32)

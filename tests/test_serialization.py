@@ -177,15 +177,18 @@ def test_custom_activation_needs_custom_objects(tmp_path):
         def forward(self, x):
             return x * torch.sigmoid(x)
 
-    model = PPO(
-        "MlpPolicy", gym.make("CartPole-v1"), n_steps=32, batch_size=32, policy_kwargs=dict(activation_fn=Swish)
-    )
+    kwargs = dict(activation_fn=Swish, net_arch=dict(pi=[8], vf=[16, 16]), ortho_init=False)
+    model = PPO("MlpPolicy", gym.make("CartPole-v1"), n_steps=32, batch_size=32, policy_kwargs=kwargs)
     model.save(tmp_path / "m.zip")
-    with pytest.raises(ModelFileError, match="custom_objects"):
+    with pytest.raises(ModelFileError, match="custom_objects.*the file's other policy_kwargs are kept"):
         PPO.load(tmp_path / "m.zip")
+    # The class alone, as the error says: the file's other policy_kwargs (the net_arch) stay.
     loaded = PPO.load(tmp_path / "m.zip", custom_objects={"policy_kwargs": dict(activation_fn=Swish)})
-    obs = np.ones(4, np.float32)
-    assert loaded.predict(obs, deterministic=True)[0] == model.predict(obs, deterministic=True)[0]
+    assert loaded.policy_kwargs == kwargs
+    obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+    # A key given goes over the file's.
+    assert PPO.load(tmp_path / "m.zip", custom_objects={"policy_kwargs": kwargs}).policy_kwargs == kwargs
 
 
 def test_schedule_that_decayed_to_zero_still_loads(tmp_path):

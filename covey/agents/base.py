@@ -598,6 +598,22 @@ class BaseAgent:
         callback.init_callback(self)
         return callback
 
+    def _optimizer_slots(self) -> list[tuple[str, Any, Any]]:
+        """``(SB3's name, the object there now, the optimizer covey steps)`` for each place SB3 keeps one."""
+        return []
+
+    def _check_optimizers(self) -> None:
+        for name, found, own in self._optimizer_slots():
+            if found is not own:
+                raise ValueError(
+                    f"model.{name} was replaced (by {type(found).__name__}), but covey steps the optimizer it built "
+                    "(one fused step over a flat buffer of the parameters), so the new one would never be used. "
+                    "Choose the optimizer with policy_kwargs=dict(optimizer_class=..., optimizer_kwargs=...) when "
+                    "building the model (load takes them in custom_objects); change the learning rate with "
+                    "learning_rate (a number or a schedule), or model.learning_rate = x then "
+                    "model._setup_lr_schedule()."
+                )
+
     def _setup_learn(
         self,
         total_timesteps: int,
@@ -631,6 +647,7 @@ class BaseAgent:
         self._num_timesteps_at_start = self.num_timesteps
         if reset_num_timesteps or self._last_obs is None:
             self._reset_env()
+        self._check_optimizers()
         self._relink_parameters()
         if not self._custom_logger:
             self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
@@ -935,9 +952,10 @@ class BaseAgent:
                 # initial value stands in (as SB3 restarts a loaded schedule from its start).
                 current = value["schedule_value"]
                 hyper[key] = current if current > 0 else value.get("schedule_initial", current)
-        policy_kwargs = custom_objects.pop("policy_kwargs", None)
-        if policy_kwargs is None:
-            policy_kwargs = _policy_kwargs_from_json(settings["policy_kwargs"])
+        # custom_objects' policy_kwargs go over the file's, key by key: an activation class the file could not
+        # keep as code comes back beside the net_arch it kept.
+        given = dict(custom_objects.pop("policy_kwargs", None) or {})
+        policy_kwargs = {**_policy_kwargs_from_json(settings["policy_kwargs"], skip=given), **given}
         # Settings kept beside the hyperparameters: the seed as saved, the rest as SB3 leaves them unless
         # custom_objects or keyword arguments set them.
         outside = {
@@ -1040,15 +1058,19 @@ def _policy_kwargs_to_json(policy_kwargs: dict) -> dict:
     return out
 
 
-def _policy_kwargs_from_json(data: dict) -> dict:
+def _policy_kwargs_from_json(data: dict, skip: dict) -> dict:
+    """The file's policy_kwargs, its classes by name imported from the allowed ones (keys in ``skip`` left out)."""
     out = {}
     for key, value in data.items():
+        if key in skip:
+            continue
         if isinstance(value, dict) and set(value) == {"class"}:
             name = value["class"]
             if name not in _ALLOWED_CLASSES:
                 raise serialization.ModelFileError(
                     f"The model was saved with policy_kwargs[{key!r}] = {name}, which covey does not import from "
-                    f"a file. Pass it at load: custom_objects={{'policy_kwargs': {{..., {key!r}: <the class>}}}}."
+                    f"a file. Pass it at load: custom_objects={{'policy_kwargs': {{{key!r}: <the class>}}}} "
+                    "(the file's other policy_kwargs are kept)."
                 )
             out[key] = _ALLOWED_CLASSES[name]
         else:

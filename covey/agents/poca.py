@@ -261,6 +261,9 @@ class POCA(BaseAgent):
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"optimizer": self.optimizer}
 
+    def _optimizer_slots(self) -> list[tuple[str, Any, Any]]:
+        return [("policy.optimizer", self.policy.optimizer, self.optimizer)]
+
     # ------------------------------------------------------------------ acting
     def predict(self, observation: Any, state=None, episode_start=None, deterministic: bool = False):
         """``{agent: observation}`` -> ``({agent: action}, state)`` for the agents given (a subset is fine).

@@ -738,6 +738,9 @@ class PPO(BaseAgent):
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"optimizer": self.optimizer}
 
+    def _optimizer_slots(self) -> list[tuple[str, Any, Any]]:
+        return [("policy.optimizer", self.policy.optimizer, self.optimizer)]
+
     def _parameter_groups(self) -> dict[str, Any]:
         groups = {"policy": self.policy, "policy.optimizer": self.optimizer}  # SB3's names
         if self.critic_ema is not None:

@@ -664,6 +664,13 @@ class SAC(BaseAgent):
     def _flat_parameters(self) -> list[FlatParameters]:
         return [*super()._flat_parameters(), self._target_flat]
 
+    def _optimizer_slots(self) -> list[tuple[str, Any, Any]]:
+        return [
+            ("actor.optimizer", self.actor.optimizer, self.actor_optimizer),
+            ("policy.optimizer", self.policy.optimizer, self.actor_optimizer),
+            ("critic.optimizer", self.critic.optimizer, self.critic_optimizer),
+        ]
+
     def _parameter_groups(self) -> dict[str, Any]:
         groups = {"policy": self.policy, "actor.optimizer": self.actor_optimizer}  # SB3's names
         groups["critic.optimizer"] = self.critic_optimizer
