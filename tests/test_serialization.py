@@ -12,7 +12,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from covey import PPO, serialization
+from covey import PPO, SAC, serialization
 from covey.serialization import ModelFileError, space_from_json, space_to_json
 
 
@@ -144,6 +144,23 @@ def test_save_to_a_file_object_and_exclude(saved, tmp_path):
     loaded = PPO.load(buf)
     obs = np.zeros((3, 4), np.float32)
     np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
+
+
+def test_exclude_keeps_the_weights_and_include_names_the_replay_buffers_own_file(saved, tmp_path):
+    """As SB3's save: the networks' weights are saved whatever exclude names (its pickled attributes, "env",
+    are nothing to covey), so the file loads; include of what covey does not save is refused with the way."""
+    model, _ = saved
+    model.save(tmp_path / "m.zip", exclude=["policy", "env", "replay_buffer"])
+    settings, tensors = serialization.load_model_file(tmp_path / "m.zip")
+    assert set(tensors) == {"policy", "policy.optimizer"}
+    obs = np.zeros((3, 4), np.float32)
+    loaded = PPO.load(tmp_path / "m.zip")
+    np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
+    model.save(tmp_path / "same.zip", include=["policy"])  # saved anyway
+    sac = SAC("MlpPolicy", "Pendulum-v1", learning_starts=10).learn(20)
+    with pytest.raises(ValueError, match=r"include=\['replay_buffer'\].*model.save_replay_buffer\(path\)"):
+        sac.save(tmp_path / "sac.zip", include=["replay_buffer"])
+    assert not (tmp_path / "sac.zip").exists()
 
 
 def test_wrong_agent_class_is_named(saved):

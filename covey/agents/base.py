@@ -847,10 +847,23 @@ class BaseAgent:
     ) -> None:
         """Write the model to one ``.zip`` file (suffix added when missing), atomically.
 
-        ``exclude`` names parameter groups (e.g. ``"policy.optimizer"``) to leave out; ``include`` is kept
-        for SB3 compatibility (every group is saved unless excluded).
+        ``exclude`` names optimizer states (e.g. ``"policy.optimizer"``) to leave out. The networks' weights are
+        always saved, as SB3 saves them whatever ``exclude`` names, and other names (SB3's pickled attributes,
+        such as ``"env"``) are ignored, as there is nothing of them in the file. ``include`` asks SB3 to pickle
+        an attribute it leaves out; covey pickles nothing, so it may only name what is saved anyway (a
+        replay buffer has its own file: :meth:`save_replay_buffer`).
         """
-        exclude = set(exclude or [])
+        groups = self._parameter_groups()
+        extra = sorted(set(include or []) - set(groups))
+        if extra:
+            raise ValueError(
+                f"save(include={extra}): covey's model file holds the settings and the parameter groups "
+                f"{sorted(groups)}, never pickled objects. Save a replay buffer beside the model with "
+                "model.save_replay_buffer(path) (model.load_replay_buffer(path) reads it back); pass an env to "
+                "load(path, env=...)."
+            )
+        networks = {name for name, group in groups.items() if isinstance(group, torch.nn.Module)}
+        exclude = set(exclude or []) - networks
         tensors = {k: v for k, v in self.get_parameters().items() if k not in exclude}
         settings = {
             "agent": self.agent_name,
