@@ -433,3 +433,27 @@ def test_keys_named_like_the_graphs_ops_are_still_the_inputs_names(tmp_path):
     assert result["verified"] and result["inputs"] == list(obs_space.spaces) == ["cat", "view"]
     onnx.checker.check_model(onnx.load(result["path"]))
     assert_same_actions(model, result["path"])
+
+
+@pytest.mark.parametrize("agent", ["ppo", "sac"])
+@pytest.mark.parametrize("narrow", [True, False], ids=["narrow-products", "plain-products"])
+def test_entity_encoder_policies_export(tmp_path, monkeypatch, agent, narrow):
+    """An entity encoder multiplies batch x entities rows: the exporter traces its layers as F.linear whatever
+    the CPU's choice of kernels (covey.networks.linear.NARROW, on for AMD CPUs, tested a size of the traced
+    batch, which torch.export cannot keep)."""
+    from covey.networks import linear
+
+    monkeypatch.setattr(linear, "NARROW", narrow)
+    obs_space = spaces.Box(-1, 1, (5, 3), np.float32)  # 5 entities of 3 features
+    if agent == "ppo":
+        env = SpaceEnv(obs_space, spaces.Discrete(3), episode_length=8)
+        model = PPO(
+            "MlpPolicy", env, n_steps=16, batch_size=16, n_epochs=1, seed=0, policy_kwargs={"entity_encoder": True}
+        )
+    else:
+        env = SpaceEnv(obs_space, spaces.Box(-1, 1, (2,), np.float32), episode_length=8)
+        model = SAC("MlpPolicy", env, learning_starts=8, batch_size=8, seed=0, policy_kwargs={"entity_encoder": True})
+    model.learn(16)
+    result = export_onnx(model, tmp_path / "entities.onnx")
+    assert result["verified"] and result["max_abs_diff"] <= 1e-5
+    assert_same_actions(model, result["path"], discrete=agent == "ppo")

@@ -197,7 +197,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     >>> torch.allclose(linear(x, w, b), F.linear(x, w, b), atol=1e-4)
     True
     """
-    if weight.dim() != 2 or x.dim() < 2 or weight.shape[1] == 0:
+    if weight.dim() != 2 or x.dim() < 2 or weight.shape[1] == 0 or type(x) is not torch.Tensor or _compiling():
+        # A traced, fake or otherwise special tensor, or under torch.compile or torch.export, where a size test
+        # on a symbolic batch below would be a guard the tracer cannot keep.
         return F.linear(x, weight, bias)
     n_out, n_in = weight.shape
     rows = x.numel() // n_in
@@ -208,12 +210,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     transposed = NARROW and differentiable and not onednn and narrow(rows, n_in, n_out)
     if not (
         (onednn or transposed)
-        and type(x) is torch.Tensor  # not a traced, fake or otherwise special tensor
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and not autocast_on()
-        and not _compiling()
     ):
         return F.linear(x, weight, bias)
     # 2-D in and out: oneDNN returns N-D outputs as views, and the output of a plain 2-D input must not be one
