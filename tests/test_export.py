@@ -457,3 +457,20 @@ def test_entity_encoder_policies_export(tmp_path, monkeypatch, agent, narrow):
     result = export_onnx(model, tmp_path / "entities.onnx")
     assert result["verified"] and result["max_abs_diff"] <= 1e-5
     assert_same_actions(model, result["path"], discrete=agent == "ppo")
+
+
+@pytest.mark.parametrize("policy_kwargs", [{"value_head": "twohot"}, {"critic_ema_decay": 0.9}, {}])
+def test_sac_with_sde_exports_after_gradient_steps_through_autograd(tmp_path, policy_kwargs):
+    """SAC's gSDE gradient step draws the exploration matrix through log_std; the matrix kept for acting holds
+    none of that step's graph, so the actor copies (export, deepcopy) after learn, on every gradient path."""
+    import copy
+
+    model = SAC(
+        "MlpPolicy", "Pendulum-v1", use_sde=True, learning_starts=16, batch_size=16, seed=0, policy_kwargs=policy_kwargs
+    )
+    model.learn(32)
+    assert model.actor.head.exploration.grad_fn is None
+    copy.deepcopy(model.actor)
+    result = export_onnx(model, tmp_path / "sde.onnx")
+    assert result["verified"]
+    assert_same_actions(model, result["path"], discrete=False)

@@ -917,6 +917,8 @@ class SAC(BaseAgent):
         loss = self._actor_objective(batch, sample, ent_coef)
         self._step(self.actor_optimizer, loss)
         stats["actor_loss"] = loss.detach()
+        if self.config.use_sde:  # the exploration matrix stays for acting, without the step's graph
+            self.actor.head.exploration = self.actor.head.exploration.detach()
         return stats, q_and_target
 
     def _run(self, network: Any, *inputs: Any) -> torch.Tensor:
