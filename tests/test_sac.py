@@ -856,3 +856,27 @@ def test_sac_refuses_recurrent_policies_and_memory_by_name(policy):
     with pytest.raises(ValueError, match="Unknown policy 'MlpPolcy'") as error:
         SAC("MlpPolcy", "Pendulum-v1")
     assert "Lstm" not in str(error.value)
+
+
+def test_training_waits_for_a_buffer_it_can_sample(tmp_path):
+    """learning_starts=0 with optimize_memory_usage (whose newest step has no next observation yet), and a
+    loaded model going on (the buffer starts empty, the step count does not): the first gradient step comes
+    with the first minibatch the buffer can give, where the first sample failed."""
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=0, optimize_memory_usage=True, batch_size=4, seed=0)
+    model.learn(5)
+    assert model.replay_buffer.pos == 5 and model._n_updates == 4  # after steps 2, 3, 4 and 5
+    model.save(tmp_path / "sac")
+    loaded = SAC.load(tmp_path / "sac", env="Pendulum-v1")
+    assert loaded.replay_buffer.size() == 0 and loaded.num_timesteps == 5
+    loaded.learn(3, reset_num_timesteps=False)
+    assert loaded._n_updates == 4 + 2
+    # Hindsight replay samples finished episodes only: nothing to train on before the first one ends.
+    from stable_baselines3.common.envs import BitFlippingEnv
+    from stable_baselines3.her import HerReplayBuffer
+
+    env = BitFlippingEnv(n_bits=4, continuous=True, max_steps=4)
+    her = SAC("MultiInputPolicy", env, replay_buffer_class=HerReplayBuffer, learning_starts=0, batch_size=4, seed=0)
+    her.learn(3)
+    assert her._n_updates == 0
+    her.learn(8, reset_num_timesteps=False)
+    assert her._n_updates > 0 and her.replay_buffer.can_sample()

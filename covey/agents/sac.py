@@ -749,7 +749,9 @@ class SAC(BaseAgent):
             steps, keep_going = self.collect_rollouts(callback, log_interval)
             if not keep_going:
                 break
-            if self.num_timesteps > 0 and self.num_timesteps > cfg.learning_starts:
+            # Training waits for a buffer it can sample: after load (the buffer starts empty, the step count
+            # does not), or with learning_starts=0 and optimize_memory_usage, which needs two stored steps.
+            if self.num_timesteps > cfg.learning_starts and self.replay_buffer.can_sample():
                 gradient_steps = cfg.gradient_steps if cfg.gradient_steps >= 0 else steps
                 if gradient_steps > 0:
                     self.train(gradient_steps, cfg.batch_size)

@@ -103,6 +103,10 @@ class HerReplayBuffer(ReplayBuffer):
             self.dones[(self.pos - 1) % self.capacity, e] = True
             self._end_episode(int(e))
 
+    def can_sample(self) -> bool:
+        """Whether a finished episode is stored (hindsight replay samples only those)."""
+        return bool((self.ep_length > 0).any())
+
     def sample_batch(self, batch_size: int, env: Any = None, as_stored: bool = False) -> ReplayBatch:
         valid = self.ep_length > 0
         if not valid.any():

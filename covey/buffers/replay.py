@@ -265,6 +265,11 @@ class ReplayBuffer:
             return {None: env.normalize_obs(obs[None])}
         return dict(env.normalize_obs(obs))
 
+    def can_sample(self) -> bool:
+        """Whether a minibatch can be drawn: a stored step (two with ``optimize_memory_usage``, whose newest
+        step has no next observation yet)."""
+        return self.full or self.pos >= (2 if self.optimize_memory_usage else 1)
+
     def _sample_rows(self, batch_size: int) -> np.ndarray:
         if self.size() == 0:
             raise ValueError("Cannot sample from an empty replay buffer.")
