@@ -880,3 +880,22 @@ def test_training_waits_for_a_buffer_it_can_sample(tmp_path):
     assert her._n_updates == 0
     her.learn(8, reset_num_timesteps=False)
     assert her._n_updates > 0 and her.replay_buffer.can_sample()
+
+
+@pytest.mark.parametrize(
+    "action_space, message",
+    [
+        (spaces.Box(-3, 3, (1,), np.int64), r"SAC's Box actions are continuous, the env's are int64"),
+        (
+            spaces.Box(np.array([-1.0, 0.5], np.float32), np.array([1.0, 0.5], np.float32)),
+            r"high <= low at \(flat\) index \[1\]",
+        ),
+        (spaces.Discrete(1), r"Discrete\(1\): a single action"),
+    ],
+    ids=["integer-box", "zero-width-box", "one-action"],
+)
+def test_sac_refuses_action_spaces_it_cannot_act_in_at_the_constructor(action_space, message):
+    """Integer Box actions (they were truncated toward zero), a Box dimension of zero width (NaN actions) and a
+    single Discrete action (an IndexError in the first gradient step) are named when the model is built."""
+    with pytest.raises(ValueError, match=message):
+        SAC("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (2,), np.float32), action_space))

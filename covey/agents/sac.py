@@ -556,6 +556,24 @@ class SAC(BaseAgent):
                 f"{env.action_space}. Give the action space finite low/high, e.g. with "
                 "gymnasium.wrappers.RescaleAction or ClipAction."
             )
+        space = env.action_space
+        if isinstance(space, spaces.Box) and not np.issubdtype(space.dtype, np.floating):
+            raise ValueError(
+                f"SAC's Box actions are continuous, the env's are {space.dtype} ({space}). Give the env a float Box "
+                "and round the actions in an ActionWrapper, or use Discrete / MultiDiscrete actions (SAC takes "
+                "Discrete; PPO both)."
+            )
+        if isinstance(space, spaces.Box) and np.any(np.asarray(space.high) <= np.asarray(space.low)):
+            fixed = np.flatnonzero(np.asarray(space.high) <= np.asarray(space.low)).tolist()
+            raise ValueError(
+                f"SAC scales its actions into the Box bounds, and {space} has high <= low at (flat) index "
+                f"{fixed}: an action that cannot vary. Leave that dimension out of the action space (an "
+                "ActionWrapper can fill it in)."
+            )
+        if isinstance(space, spaces.Discrete) and space.n < 2:
+            raise ValueError(
+                f"SAC got {space}: a single action, nothing to choose or learn. Give the env two actions or more."
+            )
         if self.action_noise is not None and not isinstance(env.action_space, spaces.Box):
             raise ValueError(
                 f"action_noise applies to Box actions, the env's are {env.action_space}: SAC explores Discrete "
