@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs import SpaceEnv
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
@@ -120,3 +121,64 @@ def test_poca_refuses_nan_and_infinite_env_output_before_any_update(bad):
     after = [p.detach() for net in (model.actor, model.critic) for p in net.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     POCA("MlpPolicy", BadTeam, n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(16)
+
+
+# ---------------------------------------------------------------------------- discrete observations out of range
+class OutOfRangeEnv(gym.Env):
+    """Observations of Discrete(3, start=1) (or a Dict holding one): 1, 2, 3, ..., then ``bad`` at step 4."""
+
+    def __init__(self, bad=7, continuous=False, dict_obs=False):
+        self.bad, self.dict_obs = bad, dict_obs
+        space = spaces.Discrete(3, start=1)
+        self.observation_space = spaces.Dict({"d": space, "x": spaces.Box(-1, 1, (2,))}) if dict_obs else space
+        self.action_space = spaces.Box(-1, 1, (1,), np.float32) if continuous else spaces.Discrete(2)
+
+    def _obs(self):
+        value = self.bad if self.t == 4 else 1 + self.t % 3
+        return {"d": value, "x": np.zeros(2, np.float32)} if self.dict_obs else value
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 0.0, False, self.t >= 10, {}
+
+
+@pytest.mark.parametrize("dict_obs", [False, True], ids=["discrete", "dict"])
+@pytest.mark.parametrize("agent", ["ppo", "sac"])
+def test_discrete_observations_outside_their_space_are_refused_from_the_env_and_in_predict(agent, dict_obs):
+    """A Discrete observation outside its space (7, or 0 below start=1) was one-hot encoded as the nearest value,
+    silently: training and predict now name it."""
+    policy = "MultiInputPolicy" if dict_obs else "MlpPolicy"
+    key = " of key 'd'" if dict_obs else ""
+    for bad in (7, 0):
+        env = OutOfRangeEnv(bad, continuous=agent == "sac", dict_obs=dict_obs)
+        if agent == "ppo":
+            model = PPO(policy, env, n_steps=16, batch_size=16, n_epochs=1, seed=0)
+        else:
+            model = SAC(policy, env, learning_starts=100, seed=0)
+        with pytest.raises(
+            ValueError, match=rf"The env returned an observation.*value {bad}{key} outside Discrete\(3, start=1\)"
+        ):
+            model.learn(16)
+    good = OutOfRangeEnv(2, continuous=agent == "sac", dict_obs=dict_obs)
+    model = (PPO(policy, good, n_steps=16, batch_size=16, seed=0) if agent == "ppo" else SAC(policy, good)).learn(16)
+    for obs in (3, 4, 2.5, -1):
+        given = {"d": np.array(obs), "x": np.zeros(2, np.float32)} if dict_obs else np.array(obs)
+        if obs == 3:
+            model.predict(given)
+            continue
+        with pytest.raises(ValueError, match=rf"Observation has a value {obs}{key} outside Discrete\(3, start=1\)"):
+            model.predict(given)
+
+
+def test_multidiscrete_observations_are_checked_entry_by_entry():
+    model = PPO("MlpPolicy", SpaceEnv(spaces.MultiDiscrete([2, 5]), spaces.Discrete(2)), n_steps=16, batch_size=16)
+    model.predict(np.array([1, 4]))
+    with pytest.raises(ValueError, match=r"value 2 outside MultiDiscrete\(\[2 5\]\)"):
+        model.predict(np.array([2, 4]))
+    with pytest.raises(ValueError, match=r"value 5 outside"):
+        model.predict(np.array([[0, 1], [1, 5]]))

@@ -22,7 +22,7 @@ from covey.agents.base import (
     warn_batch_size,
 )
 from covey.agents.recurrent import RecurrentRollout
-from covey.buffers.finite import check_finite
+from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import (
     PPO_ADAM_EPS,
@@ -817,6 +817,9 @@ class PPO(BaseAgent):
             "in this rollout",
             observations=(rollout_buffer.observations_tensor, new_obs, [obs for _, _, obs in truncations]),
             rewards=rollout_buffer.rewards,
+        )
+        check_discrete_observations(
+            "in this rollout", (rollout_buffer.observations_tensor, new_obs), self.observation_space
         )
         last_values = self._evaluate_rollout(new_obs, truncations, acted)
         rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)

@@ -28,7 +28,7 @@ from covey.agents.base import (
     require_numbers,
     set_train_mode,
 )
-from covey.buffers.finite import check_finite
+from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.her import HerReplayBuffer, goal_strategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks import linear
@@ -859,6 +859,7 @@ class SAC(BaseAgent):
             if self._handle_timeouts and infos[i].get("TimeLimit.truncated", False):
                 terminated[i] = False  # a time limit keeps the bootstrap
         check_finite("in this step", observations=(obs, next_obs), rewards=rewards)
+        check_discrete_observations("in this step", (obs, next_obs), self.observation_space)
         self.replay_buffer.store(obs, next_obs, actions, rewards, terminated, dones, infos)
         self._last_obs = new_obs
         if vec_normalize is not None:

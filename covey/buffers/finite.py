@@ -1,4 +1,5 @@
-"""The check that keeps NaN and infinite numbers from an env out of training."""
+"""The checks that keep NaN and infinite numbers, and discrete observations outside their space, from an env out
+of training."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
+
+from covey.networks.obs import discrete_range_problem
 
 
 def _finite(value: Any) -> bool:
@@ -29,4 +33,16 @@ def check_finite(when: str, **arrays: Any) -> None:
                 f"The env returned NaN or infinite {name} {when}; training on them would turn the weights into "
                 "NaN. Find the source with stable_baselines3.common.vec_env.VecCheckNan(env, "
                 "raise_exception=True), and fix the env or replace those values in a wrapper."
+            )
+
+
+def check_discrete_observations(when: str, observations: Any, space: spaces.Space) -> None:
+    """Raise where Discrete or MultiDiscrete observations the env returned (arrays or tensors, any batch; a
+    tuple of several) lie outside ``space``: their one-hot encoding would read them as the nearest value."""
+    for obs in observations if isinstance(observations, tuple) else (observations,):
+        problem = discrete_range_problem(obs, space)
+        if problem is not None:
+            raise ValueError(
+                f"The env returned an observation {when} with a {problem}; covey's one-hot encoding would read "
+                "it as the nearest value, silently. Fix the env or its observation_space."
             )

@@ -34,6 +34,33 @@ def _check_finite(obs: np.ndarray, name: str) -> None:
         )
 
 
+def discrete_range_problem(obs, space: spaces.Space, name: str = "") -> str | None:
+    """What is wrong with Discrete or MultiDiscrete observations (a NumPy array or a tensor, any batch) outside
+    their space, or None: their one-hot encoding would read such a value as the nearest one, silently."""
+    if isinstance(space, spaces.Dict):
+        for key, sub in space.spaces.items():
+            problem = discrete_range_problem(obs[key], sub, key)
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(space, spaces.Discrete):
+        low, high = np.asarray(space.start), np.asarray(space.start + space.n - 1)
+        allowed = f"whole numbers from {low} to {high}"
+    elif isinstance(space, spaces.MultiDiscrete):
+        low, high = np.asarray(space.start), np.asarray(space.start + space.nvec - 1)
+        allowed = "whole numbers from start to start + nvec - 1, entry by entry"
+    else:
+        return None
+    values = obs.detach().cpu().numpy() if isinstance(obs, torch.Tensor) else np.asarray(obs)
+    if values.size == 0:
+        return None
+    bad = (values < low) | (values > high) | (values != np.round(values))
+    if not bad.any():
+        return None
+    of_key = f" of key {name!r}" if name else ""
+    return f"value {values[bad].reshape(-1)[0].item()!r}{of_key} outside {space} ({allowed})"
+
+
 def obs_to_tensor(observation, space: spaces.Space, device: torch.device | str = "cpu") -> tuple[ObsTensor, bool]:
     """Convert a single or batched observation to a batched tensor (or dict of them).
 
@@ -87,6 +114,9 @@ def _one_to_tensor(observation, space: spaces.Space, device, name: str) -> tuple
     obs = _image_axes(obs, space)
     batched = _is_batched(obs, space, name)
     _check_finite(obs, name)
+    problem = discrete_range_problem(obs, space, name)
+    if problem is not None:
+        raise ValueError(f"Observation has a {problem}. Check that the env matches the one the model was trained on.")
     tensor = torch.as_tensor(obs, dtype=obs_dtype(space), device=device)
     return (tensor if batched else tensor.unsqueeze(0)), batched
 
