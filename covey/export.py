@@ -167,6 +167,15 @@ def _names(actor: nn.Module, space: spaces.Space) -> tuple[list[str], list[str]]
         suffixes = ["h", "c"][: actor.memory.n_state]
         inputs += [f"state_{s}" for s in suffixes] + ["episode_start"]
         outputs += [f"next_state_{s}" for s in suffixes]
+    if isinstance(space, spaces.Dict):
+        ports = inputs[len(space.spaces) :] + outputs
+        clashes = [key for key in space.spaces if key in ports]
+        if clashes:
+            raise ValueError(
+                f"The Dict observation keys {clashes} are also names of the graph's other inputs and outputs "
+                f"{ports}, and ONNX names each value once. The inputs take the keys' names: rename those keys (a "
+                "gymnasium ObservationWrapper) and train or load the model with them to export it."
+            )
     return inputs, outputs
 
 

@@ -474,3 +474,14 @@ def test_sac_with_sde_exports_after_gradient_steps_through_autograd(tmp_path, po
     result = export_onnx(model, tmp_path / "sde.onnx")
     assert result["verified"]
     assert_same_actions(model, result["path"], discrete=False)
+
+
+@pytest.mark.parametrize(
+    "policy, key", [("MultiInputPolicy", "action"), ("MultiInputLstmPolicy", "episode_start")], ids=["action", "memory"]
+)
+def test_a_dict_key_named_like_another_port_of_the_graph_is_named_in_the_error(tmp_path, policy, key):
+    obs_space = spaces.Dict({key: spaces.Box(-1, 1, (2,), np.float32), "pos": spaces.Discrete(3)})
+    model = PPO(policy, SpaceEnv(obs_space, spaces.Discrete(2), episode_length=8), n_steps=16, batch_size=16, seed=0)
+    with pytest.raises(ValueError, match=rf"Dict observation keys \['{key}'\] are also names of the graph's other"):
+        export_onnx(model, tmp_path / "clash.onnx")
+    assert not (tmp_path / "clash.onnx").exists()
