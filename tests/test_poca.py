@@ -1243,3 +1243,17 @@ def test_actions_of_several_dimensions_train_as_their_flat_rows(shaped, flat):
 def test_sac_only_policy_kwargs_are_refused():
     with pytest.raises(ValueError, match=r"policy_kwargs n_critics is SAC's number of Q networks"):
         POCA("MlpPolicy", EarlyExitEnv, policy_kwargs=dict(n_critics=2))
+
+
+@pytest.mark.parametrize(
+    "policy_kwargs, message",
+    [
+        ({"attention_heads": 0}, r"attention_heads=0 is invalid: it must be an int >= 1"),
+        ({"attention_width": -8}, r"attention_width=-8 is invalid"),
+        ({"attention_width": 16.7}, r"attention_width=16.7 is invalid"),
+        ({"attention_width": 30, "attention_heads": 4}, r"attention_width=30 must be a multiple of attention_heads=4"),
+    ],
+)
+def test_the_critics_attention_settings_are_checked_by_name(policy_kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        POCA("MlpPolicy", EarlyExitEnv, policy_kwargs=policy_kwargs)

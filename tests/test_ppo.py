@@ -404,3 +404,25 @@ def test_load_with_mismatched_env_names_both_spaces(tmp_path):
 def test_no_env_says_how_to_give_one():
     with pytest.raises(ValueError, match="needs an env"):
         PPO("MlpPolicy", None)
+
+
+@pytest.mark.parametrize(
+    "policy_kwargs, message",
+    [
+        ({"memory": True}, r"memory=True is invalid: pass a dict"),
+        ({"memory": {"hidden_size": 8.9}}, r"memory hidden_size=8.9 is invalid: it must be an int >= 1"),
+        ({"memory": {"sequence_length": 0}}, r"memory sequence_length=0 is invalid"),
+        ({"memory": {"kind": "rnn"}}, r"memory kind='rnn' is invalid: use 'lstm' or 'gru'"),
+        ({"value_head": "twohot", "num_buckets": 10.5}, r"num_buckets=10.5 is invalid: it must be an int >= 2"),
+        ({"value_head": "twohot", "bucket_range": "(-5, 5)"}, r"bucket_range='\(-5, 5\)' is invalid"),
+        ({"value_head": "twohot", "bucket_range": (5, -5)}, r"bucket_range=\(5, -5\) is invalid"),
+        ({"critic_ema_decay": 0.9, "critic_ema_coef": -1.0}, r"critic_ema_coef=-1.0 is invalid"),
+        ({"critic_ema_coef": 2.0}, r"critic_ema_coef weighs the regularizer that critic_ema_decay turns on"),
+        ({"entity_encoder": "yes"}, r"entity_encoder='yes' is invalid"),
+    ],
+)
+def test_coveys_own_policy_kwargs_are_checked_by_name(policy_kwargs, message):
+    """SB3 has none of these keys to check: a value of the wrong kind is named at the constructor, where it
+    failed inside torch or was truncated silently (hidden_size=8.9 became 8)."""
+    with pytest.raises(ValueError, match=message):
+        PPO("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs)

@@ -127,8 +127,18 @@ class POCA(BaseAgent):
             stats_window_size=stats_window_size,
         )
         kwargs = dict(policy_kwargs or {})
-        self.attention_width = int(kwargs.pop("attention_width", DEFAULT_ATTENTION_WIDTH))
-        self.attention_heads = int(kwargs.pop("attention_heads", 4))
+        self.attention_width = kwargs.pop("attention_width", DEFAULT_ATTENTION_WIDTH)
+        self.attention_heads = kwargs.pop("attention_heads", 4)
+        for key in ("attention_width", "attention_heads"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"policy_kwargs {key}={value!r} is invalid: it must be an int >= 1.")
+        self.attention_width, self.attention_heads = int(self.attention_width), int(self.attention_heads)
+        if self.attention_width % self.attention_heads:
+            raise ValueError(
+                f"policy_kwargs attention_width={self.attention_width} must be a multiple of attention_heads="
+                f"{self.attention_heads} (each head takes an equal share of the width)."
+            )
         self.policy_config = PolicyConfig.from_kwargs(kwargs, refused=SAC_ONLY_KWARGS, activation_fn=torch.nn.ReLU)
         if self.policy_config.squash_output:
             raise ValueError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,6 +152,46 @@ class PolicyConfig:
     """PPO with ``use_sde``: actions squashed by tanh into [-1, 1] and rescaled to the bounds (instead of
     clipped to them), as SB3's ``squash_output=True``."""
 
+    def _check_covey_keys(self, given: set[str]) -> None:
+        """covey's own keys (SB3 checks none of them): a value of the wrong kind is named here, where it failed
+        inside torch or was truncated silently."""
+        if self.memory is not None:
+            if not isinstance(self.memory, dict):
+                raise ValueError(
+                    f"policy_kwargs memory={self.memory!r} is invalid: pass a dict, e.g. memory=dict(hidden_size=128, "
+                    "sequence_length=16, kind='lstm'), or a *LstmPolicy name for the defaults."
+                )
+            for key in ("hidden_size", "sequence_length"):
+                if key in self.memory and not _positive_int(self.memory[key]):
+                    raise ValueError(
+                        f"policy_kwargs memory {key}={self.memory[key]!r} is invalid: it must be an int >= 1."
+                    )
+            if self.memory.get("kind", "lstm") not in ("lstm", "gru"):
+                raise ValueError(f"policy_kwargs memory kind={self.memory['kind']!r} is invalid: use 'lstm' or 'gru'.")
+        if not (_positive_int(self.num_buckets) and self.num_buckets >= 2):
+            raise ValueError(f"policy_kwargs num_buckets={self.num_buckets!r} is invalid: it must be an int >= 2.")
+        bounds = self.bucket_range
+        if not (
+            isinstance(bounds, (tuple, list))
+            and len(bounds) == 2
+            and all(isinstance(b, numbers.Real) and not isinstance(b, bool) and math.isfinite(b) for b in bounds)
+            and bounds[0] < bounds[1]
+        ):
+            raise ValueError(
+                f"policy_kwargs bucket_range={bounds!r} is invalid: pass two finite numbers (low, high) with low < "
+                "high, in symlog space, e.g. (-20, 20)."
+            )
+        coef = self.critic_ema_coef
+        if isinstance(coef, bool) or not isinstance(coef, numbers.Real) or not (math.isfinite(coef) and coef >= 0):
+            raise ValueError(f"policy_kwargs critic_ema_coef={coef!r} is invalid: it must be a finite number >= 0.")
+        if "critic_ema_coef" in given and self.critic_ema_decay is None:
+            raise ValueError(
+                "policy_kwargs critic_ema_coef weighs the regularizer that critic_ema_decay turns on: set "
+                "critic_ema_decay too (e.g. 0.98), or remove critic_ema_coef."
+            )
+        if not isinstance(self.entity_encoder, (bool, np.bool_)):
+            raise ValueError(f"policy_kwargs entity_encoder={self.entity_encoder!r} is invalid: use True or False.")
+
     def optimizer_arguments(self, adam_eps: float | None = None) -> dict:
         """The keyword arguments ``optimizer_class`` gets: ``optimizer_kwargs``; without them, Adam's ``eps`` is
         ``adam_eps`` when given (SB3's rule: only for Adam, and only when no ``optimizer_kwargs`` are given)."""
@@ -185,6 +226,7 @@ class PolicyConfig:
         if unknown:
             raise ValueError(f"Unknown policy_kwargs {unknown}; supported keys are {sorted(names)}.")
         config = cls(**{**defaults, **kwargs})
+        config._check_covey_keys(given=set(kwargs))
         for key, base, example in (
             ("activation_fn", nn.Module, "torch.nn.ReLU"),
             ("optimizer_class", torch.optim.Optimizer, "torch.optim.Adam"),
@@ -478,6 +520,10 @@ def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyC
 
 
 MEMORY_DEFAULTS = {"hidden_size": 128, "sequence_length": 16, "kind": "lstm"}
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
 
 
 def memory_settings(policy: str, config: PolicyConfig) -> dict | None:
