@@ -12,6 +12,8 @@ ACTION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.Multi
 def check_observation_space(space: spaces.Space) -> None:
     """Raise a ValueError naming ``space`` when covey cannot encode it."""
     if isinstance(space, spaces.Dict):
+        if not space.spaces:
+            raise ValueError("The observation space is an empty Dict: the policy would observe nothing. Give it keys.")
         for key, sub in space.spaces.items():
             if isinstance(sub, spaces.Dict):
                 raise ValueError(

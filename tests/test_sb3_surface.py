@@ -1622,3 +1622,63 @@ def test_a_replaced_optimizer_is_refused_at_learn_with_the_way_to_choose_one(age
             model.learn(32)
         owner.optimizer = own
     model.learn(32)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: PPO("MlpPolicy", "CartPole-v1", seed=1.5), r"seed=1.5 is invalid: pass a whole number"),
+        (lambda: PPO("MlpPolicy", "CartPole-v1", seed=-1), r"seed=-1 is invalid"),
+        (lambda: PPO("MlpPolicy", "CartPole-v1", policy_kwargs=[1]), r"policy_kwargs=\[1\] is invalid: pass a dict"),
+        (lambda: SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=[1]), r"policy_kwargs=\[1\] is invalid"),
+        (lambda: PPO("MlpPolicy", "CartPole-v1", verbose="1"), r"verbose='1' is invalid"),
+        (lambda: SAC("MlpPolicy", "Pendulum-v1", action_noise="normal"), r"action_noise='normal' is invalid"),
+        (
+            lambda: PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(features_extractor_class=int)),
+            r"features_extractor_class=<class 'int'> is invalid",
+        ),
+        (
+            lambda: PPO("MultiInputPolicy", SpaceEnv(spaces.Dict({}), spaces.Discrete(2))),
+            r"empty Dict: the policy would observe nothing",
+        ),
+    ],
+    ids=["seed-float", "seed-negative", "ppo-kwargs-list", "sac-kwargs-list", "verbose", "noise", "extractor", "dict"],
+)
+def test_constructor_arguments_of_the_wrong_kind_are_named(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_poca_n_envs_of_the_wrong_kind_is_named():
+    from covey import POCA
+    from covey.envs import EarlyExitEnv
+
+    for n_envs in (2.0, 0, True):
+        with pytest.raises(ValueError, match=rf"n_envs={n_envs!r} is invalid: it must be an int >= 1"):
+            POCA("MlpPolicy", EarlyExitEnv, n_envs=n_envs)
+
+
+def test_a_numpy_integer_seed_is_a_seed():
+    a = PPO("MlpPolicy", "CartPole-v1", seed=np.int64(3), n_steps=32, batch_size=32).learn(32)
+    b = PPO("MlpPolicy", "CartPole-v1", seed=3, n_steps=32, batch_size=32).learn(32)
+    assert a.seed == 3 and type(a.seed) is int
+    assert all(torch.equal(x, y) for x, y in zip(a.policy.parameters(), b.policy.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"callback": "my_callback"}, r"callback='my_callback' is invalid: pass an SB3 BaseCallback"),
+        ({"callback": [5]}, r"callback=\[5\] is invalid"),
+        ({"log_interval": 0}, r"log_interval=0 is invalid: it must be an int >= 1, or None"),
+    ],
+)
+@pytest.mark.parametrize("agent", ["ppo", "sac"])
+def test_learn_names_a_callback_or_log_interval_of_the_wrong_kind_before_any_step(agent, kwargs, message):
+    if agent == "ppo":
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32)
+    else:
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=10)
+    with pytest.raises(ValueError, match=message):
+        model.learn(32, **kwargs)
+    assert model.num_timesteps == 0

@@ -35,7 +35,7 @@ from torch.optim import optimizer as _optimizer_module
 
 from covey import sb3_files, serialization
 from covey.heap import raise_heap_thresholds
-from covey.networks.actor_critic import policy_name
+from covey.networks.actor_critic import policy_kwargs_dict, policy_name
 from covey.spaces import check_action_space, check_observation_space
 from covey.version import __version__
 from covey.wrappers.vec_env import VecImageLayout, as_vec_env, image_layout_moves
@@ -109,6 +109,16 @@ def as_schedule(value: float | Callable[[float], float]) -> Callable[[float], fl
         return value
     constant = float(value)
     return lambda _progress_remaining: constant
+
+
+def check_seed(seed: Any) -> int | None:
+    """``seed`` as an int (NumPy's integers too), or None; anything else named, as NumPy's and torch's seeding
+    would fail without naming it."""
+    if seed is None:
+        return None
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and 0 <= seed < 2**32:
+        return int(seed)
+    raise ValueError(f"seed={seed!r} is invalid: pass a whole number from 0 to 2**32 - 1, or None for a random one.")
 
 
 def set_random_seed(seed: int) -> None:
@@ -444,11 +454,13 @@ class BaseAgent:
         seed: int | None,
     ) -> None:
         self.policy_name = policy_name(policy, None if self.has_memory else self.agent_name)
-        self.policy_kwargs = dict(policy_kwargs or {})
+        self.policy_kwargs = policy_kwargs_dict(policy_kwargs)
         self.learning_rate = learning_rate
         self.lr_schedule = as_schedule(learning_rate)
         self.tensorboard_log = tensorboard_log
-        self.verbose = verbose
+        if not isinstance(verbose, (int, np.integer)) or verbose < 0:
+            raise ValueError(f"verbose={verbose!r} is invalid: use 0 (quiet), 1 (training logs) or 2 (debug).")
+        self.verbose = int(verbose)
         self.device = get_device(device)
         cpu_only = self._cpu_only()
         if cpu_only is not None and self.device.type != "cpu":
@@ -460,7 +472,7 @@ class BaseAgent:
             self.device = torch.device("cpu")
         if verbose >= 1:
             print(f"Using {self.device} device")  # as SB3 says it
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.stats_window_size = stats_window_size
         self.num_timesteps = 0
         self._total_timesteps = 0
@@ -565,6 +577,7 @@ class BaseAgent:
     # ------------------------------------------------------------------ seeding
     def set_random_seed(self, seed: int | None = None) -> None:
         """Seed Python, NumPy, torch, the action space and the env's next reset."""
+        seed = check_seed(seed)
         if seed is None:
             return
         set_random_seed(seed)
@@ -589,8 +602,15 @@ class BaseAgent:
         self._custom_logger = True
 
     def _init_callback(self, callback: Any, progress_bar: bool) -> BaseCallback:
-        if isinstance(callback, list):
-            callback = CallbackList(callback)
+        given = callback if isinstance(callback, (list, tuple)) else [callback]
+        wrong = [c for c in given if not (c is None or isinstance(c, BaseCallback) or callable(c))]
+        if wrong or (isinstance(callback, (list, tuple)) and None in callback):
+            raise ValueError(
+                f"callback={callback!r} is invalid: pass an SB3 BaseCallback, a list of them, or a function of "
+                "(locals, globals) that returns False to stop training."
+            )
+        if isinstance(callback, (list, tuple)):
+            callback = CallbackList(list(callback))
         if not isinstance(callback, BaseCallback):
             callback = ConvertCallback(callback)
         if progress_bar:
@@ -621,7 +641,12 @@ class BaseAgent:
         reset_num_timesteps: bool,
         tb_log_name: str,
         progress_bar: bool,
+        log_interval: int | None = None,
     ) -> tuple[int, BaseCallback]:
+        if log_interval is not None and (
+            not isinstance(log_interval, (int, np.integer)) or isinstance(log_interval, bool) or log_interval < 1
+        ):
+            raise ValueError(f"log_interval={log_interval!r} is invalid: it must be an int >= 1, or None for no logs.")
         if self.env is None:
             raise ValueError("This model has no env: pass one to the constructor, to load(env=...) or to set_env().")
         if (
@@ -665,7 +690,7 @@ class BaseAgent:
         """The on-policy loop (PPO, POCA): collect a rollout, log, update; until the budget is spent or a
         callback stops training. Returns self."""
         total_timesteps, callback = self._setup_learn(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar, log_interval
         )
         iteration = 0  # before on_training_start, which passes it to callbacks (as SB3 does)
         callback.on_training_start(locals(), globals())

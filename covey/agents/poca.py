@@ -24,6 +24,7 @@ from covey.networks.actor_critic import (
     build_poca_networks,
     check_state,
     memory_settings,
+    policy_kwargs_dict,
 )
 from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
@@ -126,7 +127,7 @@ class POCA(BaseAgent):
             groupmate_rewards=groupmate_rewards,
             stats_window_size=stats_window_size,
         )
-        kwargs = dict(policy_kwargs or {})
+        kwargs = policy_kwargs_dict(policy_kwargs)
         self.attention_width = kwargs.pop("attention_width", DEFAULT_ATTENTION_WIDTH)
         self.attention_heads = kwargs.pop("attention_heads", 4)
         for key in ("attention_width", "attention_heads"):
@@ -144,6 +145,11 @@ class POCA(BaseAgent):
             raise ValueError(
                 "policy_kwargs squash_output=True applies to PPO with use_sde=True; POCA has no state-dependent "
                 "exploration (its Box actions are clipped to the bounds): remove squash_output."
+            )
+        if n_envs is not None and (not isinstance(n_envs, (int, np.integer)) or isinstance(n_envs, bool) or n_envs < 1):
+            raise ValueError(
+                f"n_envs={n_envs!r} is invalid: it must be an int >= 1 (the env copies), or None for one copy of an "
+                "env function or the copies of a GroupVecEnv."
             )
         if isinstance(env, GroupVecEnv) and n_envs is not None and n_envs != env.n_envs:
             raise ValueError(

@@ -14,7 +14,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictReplayBuffer as SB3DictReplayBuffer
 from stable_baselines3.common.buffers import NStepReplayBuffer as SB3NStepReplayBuffer
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
-from stable_baselines3.common.noise import VectorizedActionNoise
+from stable_baselines3.common.noise import ActionNoise, VectorizedActionNoise
 from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
 from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as SB3HerReplayBuffer
 
@@ -32,7 +32,7 @@ from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.her import HerReplayBuffer, goal_strategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
 from covey.networks import linear
-from covey.networks.actor_critic import PolicyConfig, build_sac_networks
+from covey.networks.actor_critic import PolicyConfig, build_sac_networks, policy_kwargs_dict
 from covey.networks.distributions import SquashedGaussianHead, SquashedStateDependentHead
 from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
 from covey.networks.mlp import ManualMLP
@@ -515,7 +515,7 @@ class SAC(BaseAgent):
             use_sde_at_warmup=use_sde_at_warmup,
             n_steps=n_steps,
         )
-        kwargs = dict(policy_kwargs or {})
+        kwargs = policy_kwargs_dict(policy_kwargs)
         kwargs.pop("use_sde", None)  # SB3's off-policy agents set the policy's use_sde from their own argument
         self.policy_config = PolicyConfig.from_kwargs(
             kwargs, activation_fn=torch.nn.ReLU, ortho_init=False, share_features_extractor=False, log_std_init=-3.0
@@ -530,6 +530,11 @@ class SAC(BaseAgent):
             raise ValueError(
                 "policy_kwargs squash_output is not a SAC setting: SAC always squashes its Box actions into the "
                 "bounds (tanh, then rescaled). Remove squash_output."
+            )
+        if action_noise is not None and not isinstance(action_noise, ActionNoise):
+            raise ValueError(
+                f"action_noise={action_noise!r} is invalid: pass an SB3 ActionNoise, e.g. NormalActionNoise(mean="
+                "np.zeros(n_actions), sigma=0.1 * np.ones(n_actions)) from stable_baselines3.common.noise, or None."
             )
         self.action_noise = action_noise
         """SB3's exploration noise (a ``stable_baselines3.common.noise.ActionNoise``) added to Box actions in
@@ -759,7 +764,7 @@ class SAC(BaseAgent):
                 self.action_noise = noise = VectorizedActionNoise(noise, self.env.num_envs)
             noise.reset()
         total_timesteps, callback = self._setup_learn(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar, log_interval
         )
         callback.on_training_start(locals(), globals())
         cfg = self.config

@@ -51,6 +51,18 @@ POLICY_CLASS_NAMES = {
 }
 
 
+def policy_kwargs_dict(policy_kwargs: Any) -> dict:
+    """``policy_kwargs`` as a new dict (None: empty), or an error that names it."""
+    if policy_kwargs is None:
+        return {}
+    if not isinstance(policy_kwargs, dict):
+        raise ValueError(
+            f"policy_kwargs={policy_kwargs!r} is invalid: pass a dict of the policy's settings, e.g. "
+            "policy_kwargs=dict(net_arch=[64, 64])."
+        )
+    return dict(policy_kwargs)
+
+
 def policy_name(policy: str | type, agent: str | None = None) -> str:
     """An SB3 policy name, or an SB3 policy class standing for one, to covey's policy name. With ``agent`` (an
     agent without recurrent memory, named in the error) the recurrent names are refused."""
@@ -205,7 +217,7 @@ class PolicyConfig:
     ) -> PolicyConfig:
         """The config of ``policy_kwargs`` over ``defaults``; keys of ``refused`` (key: what it is) are another
         agent's and raise."""
-        kwargs = dict(policy_kwargs or {})
+        kwargs = policy_kwargs_dict(policy_kwargs)
         for key in _UNSUPPORTED:
             if kwargs.pop(key, False):
                 where = "; pass use_sde=True to PPO instead" if key == "use_sde" else " by covey; remove it"
@@ -237,6 +249,12 @@ class PolicyConfig:
                     f"policy_kwargs {key}={value!r} is invalid: pass the class itself, e.g. {key}={example} "
                     "(not a name or an instance)."
                 )
+        extractor = config.features_extractor_class
+        if extractor is not None and not (isinstance(extractor, type) and issubclass(extractor, nn.Module)):
+            raise ValueError(
+                f"policy_kwargs features_extractor_class={extractor!r} is invalid: pass a subclass of SB3's "
+                "BaseFeaturesExtractor (the class itself), or leave it out for covey's encoders."
+            )
         return config
 
 
