@@ -426,3 +426,20 @@ def test_coveys_own_policy_kwargs_are_checked_by_name(policy_kwargs, message):
     failed inside torch or was truncated silently (hidden_size=8.9 became 8)."""
     with pytest.raises(ValueError, match=message):
         PPO("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs)
+
+
+@pytest.mark.parametrize("name", ["clip_range", "clip_range_vf"])
+def test_clip_ranges_set_on_the_model_are_checked_and_read_back_as_schedules(name):
+    """SB3 keeps clip_range as a schedule on the model; a number assigned there broke the next update ("'float'
+    object is not callable"), and a bad one was taken. Now either form is checked, trained with and saved."""
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, clip_range_vf=0.5, seed=0)
+    with pytest.raises(ValueError, match=rf"{name}=-1.0 is invalid"):
+        setattr(model, name, -1.0)
+    setattr(model, name, 0.15)
+    assert getattr(model, name)(1.0) == 0.15 and getattr(model.config, name) == 0.15
+    model.learn(64)
+    if name == "clip_range":
+        assert model.logger.name_to_value["train/clip_range"] == pytest.approx(0.15)
+    setattr(model, name, lambda progress: 0.05 + 0.1 * progress)  # a schedule, as SB3's
+    model.learn(32, reset_num_timesteps=False)
+    assert getattr(model, name)(0.5) == pytest.approx(0.1)

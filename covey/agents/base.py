@@ -408,8 +408,10 @@ class BaseAgent:
     model, as in SB3 (``model.gamma``, ``model.n_epochs``), that reads and writes the config: what training
     uses and what ``save`` writes."""
     own_attributes: ClassVar[frozenset[str]] = frozenset()
-    """Config fields whose model attribute the agent keeps itself, in SB3's form (PPO's ``clip_range`` is the
-    schedule built from the setting)."""
+    """Config fields whose model attribute is in SB3's form. For one of :attr:`schedule_keys` it is the
+    schedule built from the setting (PPO's ``clip_range``): an assignment, a number or a schedule, is checked
+    as the constructor checks it and kept in the config. The agent keeps the others itself (SAC's
+    ``target_entropy``, the number in force)."""
     built_from: ClassVar[dict[str, str]] = {}
     """Config fields read only when the networks and buffers are built, and what they shape: once the model is
     set up they are fixed (an assignment is refused with the fix, instead of being ignored or breaking
@@ -421,7 +423,10 @@ class BaseAgent:
         if config_class is None:
             return
         for field in dataclasses.fields(config_class):
-            if field.name not in cls.own_attributes and field.name not in cls.__dict__:
+            if field.name in cls.own_attributes:
+                if field.name in cls.schedule_keys:
+                    setattr(cls, field.name, _schedule_setting(field.name))
+            elif field.name not in cls.__dict__:
                 setattr(cls, field.name, _setting(field.name))
 
     def _set_setting(self, name: str, value: Any) -> None:
@@ -1138,6 +1143,20 @@ def _setting(name: str) -> property:
         self._set_setting(name, value)
 
     return property(get, set, doc=f"The ``{name}`` hyperparameter (``model.config.{name}``).")
+
+
+def _schedule_setting(name: str) -> property:
+    """The model attribute of the config field ``name`` in SB3's form: the schedule of the setting (None stays
+    None). Setting it sets the config field, with the config's checks."""
+
+    def get(self: BaseAgent) -> Any:
+        value = getattr(self.config, name)
+        return None if value is None else as_schedule(value)
+
+    def set(self: BaseAgent, value: Any) -> None:
+        self._set_setting(name, value)
+
+    return property(get, set, doc=f"The ``{name}`` hyperparameter as a schedule (``model.config.{name}``).")
 
 
 def config_dict(config: Any) -> dict[str, Any]:

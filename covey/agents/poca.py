@@ -11,7 +11,7 @@ import torch
 from gymnasium import spaces
 from stable_baselines3.common.utils import explained_variance
 
-from covey.agents.base import BaseAgent, Schedule, as_schedule, warn_batch_size
+from covey.agents.base import BaseAgent, Schedule, warn_batch_size
 from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, value_loss
 from covey.agents.recurrent import GroupRecurrentRollout
 from covey.buffers.finite import check_finite
@@ -160,7 +160,6 @@ class POCA(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
-        self.clip_range = as_schedule(clip_range)
         self.agent_ids: list[str] = list(self.env.agent_ids) if self.env is not None else []
         self.agent_steps = 0
         if _init_setup_model:

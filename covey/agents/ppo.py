@@ -14,7 +14,6 @@ from covey.agents.base import (
     BaseAgent,
     PolicyAliases,
     Schedule,
-    as_schedule,
     merge_parameter_groups,
     require,
     require_numbers,
@@ -659,8 +658,6 @@ class PPO(BaseAgent):
                 UserWarning,
                 stacklevel=2,
             )
-        self.clip_range = as_schedule(clip_range)
-        self.clip_range_vf = as_schedule(clip_range_vf) if clip_range_vf is not None else None
         if _init_setup_model:
             self._setup_model()
 
