@@ -295,6 +295,31 @@ def test_discrete_observations_have_sb3s_layout(dict_obs):
     assert (batch["k"] if dict_obs else batch).shape[:1] == (16,)
 
 
+def test_a_file_of_another_env_or_not_a_buffer_is_named_at_load(tmp_path):
+    """A buffer file of other observations (a width of 1 was broadcast into every column, silently) or a model's
+    .zip file is refused with what it is; the buffer is left as it was."""
+    buf = make_buffer(10, memory=False)
+    add_stream(buf, 3)
+    buf.save(tmp_path / "buffer.npz")
+    wide = ReplayBuffer(10 * N_ENVS, spaces.Box(-1, 1, (3,)), ACTIONS, N_ENVS)
+    with pytest.raises(
+        ValueError, match=r"holds obs/None of shape \(2, 1\) per step \(envs first\); this buffer stores \(2, 3\)"
+    ):
+        wide.load(tmp_path / "buffer.npz")
+    assert wide.size() == 0 and not wide._obs[None].any()
+    with np.load(tmp_path / "buffer.npz") as data:
+        arrays = dict(data)
+    arrays["obs/None"] = arrays["obs/None"][..., :0]
+    np.savez(tmp_path / "narrow.npz", **arrays)
+    with pytest.raises(ValueError, match=r"holds obs/None of shape \(2, 0\)"):
+        make_buffer(10, memory=False).load(tmp_path / "narrow.npz")
+    from covey import SAC
+
+    SAC("MlpPolicy", "Pendulum-v1").save(tmp_path / "model.zip")
+    with pytest.raises(ValueError, match=r"model.zip is not a replay buffer file"):
+        make_buffer(10, memory=False).load(tmp_path / "model.zip")
+
+
 def test_sacs_buffer_takes_sb3s_add_for_prefilled_demonstrations():
     """An SB3 script that fills model.replay_buffer with add(obs, next_obs, action, reward, done, infos) before
     learning: a done its info marks as a time limit keeps its bootstrap (unless handle_timeout_termination=False),

@@ -346,6 +346,13 @@ class ReplayBuffer:
                 "buffer files (an .npz archive of plain arrays, from covey's save_replay_buffer): unpickling could "
                 "run code from the file. Fill the buffer by training with covey, and save it with covey."
             ) from None
+        if not isinstance(archive, np.lib.npyio.NpzFile) or "meta" not in archive.files:
+            if isinstance(archive, np.lib.npyio.NpzFile):
+                archive.close()
+            raise ValueError(
+                f"{path} is not a replay buffer file: covey's save_replay_buffer writes an .npz archive with the "
+                "buffer's arrays (a model's .zip file holds none)."
+            )
         with archive as data:
             capacity, n_envs, pos, full, optimize = (int(x) for x in data["meta"])
             if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):
@@ -354,6 +361,22 @@ class ReplayBuffer:
                     f"{bool(optimize)}); this buffer has {self.capacity} x {self.n_envs} "
                     f"({self.optimize_memory_usage}). Build the model with the same buffer_size and n_envs."
                 )
+            # Each array as this buffer stores it, but for its rows (the steps stored: a file of another env is
+            # named here, where NumPy would have broadcast a width of 1 or failed with its shapes).
+            expected = {"actions": self.actions, "rewards": self.rewards, "terminated": self.terminated}
+            expected.update({f"obs/{key}": value for key, value in self._obs.items()})
+            if self._next_obs is not None:
+                expected.update({f"next_obs/{key}": value for key, value in self._next_obs.items()})
+            for name, target in expected.items():
+                if name not in data.files:
+                    raise ValueError(f"{path} holds no {name!r}: it is not a replay buffer of this model's spaces.")
+                stored = data[name]
+                if stored.shape[1:] != target.shape[1:] or len(stored) > len(target):
+                    raise ValueError(
+                        f"{path} holds {name} of shape {stored.shape[1:]} per step (envs first); this buffer stores "
+                        f"{target.shape[1:]} ({self.observation_space} observations, {self.action_space} actions, "
+                        f"{self.n_envs} envs). Load it into a model of the env it was saved from."
+                    )
             # Files hold the rows written so far (older ones every row): the rows after them are zeros.
             fill_rows(self.actions, data["actions"])
             fill_rows(self.rewards, data["rewards"])
