@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from covey.wrappers.group_env import LiveAgents, make_one_env
+from covey.wrappers.group_env import LiveAgents, check_group_spaces, make_one_env
 
 
 def evaluate_group(
@@ -58,6 +58,8 @@ def group_episodes(
     """The episodes :func:`evaluate_group` plays on a ParallelEnv ``env``, episode ``i`` reset with seed
     ``seed + i``: per episode the group return, the per-agent return and the length. ``on_step(env)``, if
     given, is called after each reset and each step; returning False ends the episode there."""
+    if model is not None and hasattr(model, "_check_spaces"):  # a covey model: the env it was trained on
+        model._check_spaces(*check_group_spaces(env))
     group, per_agent, lengths = [], [], []
     for episode in range(n_episodes):
         obs, _ = env.reset(seed=seed + episode)

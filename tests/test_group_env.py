@@ -502,6 +502,21 @@ def test_evaluate_group_takes_an_env_instance_and_leaves_it_open():
     assert closed == [True]  # an env it made is its to close
 
 
+def test_evaluate_group_names_an_env_whose_spaces_are_not_the_models():
+    """As set_env: a model is not played on an env of other spaces (it sent actions 3 and 4 to a Discrete(2) env)."""
+    from covey import POCA
+
+    model = POCA("MlpPolicy", ScriptedEnv, n_steps=8, batch_size=8)
+
+    class TwoActions(ScriptedEnv):
+        def action_space(self, agent):
+            return spaces.Discrete(2)
+
+    with pytest.raises(ValueError, match=r"Action spaces do not match: the model has Discrete\(3\), the env has"):
+        evaluate_group(model, TwoActions, n_eval_episodes=1)
+    assert evaluate_group(model, ScriptedEnv, n_eval_episodes=1)["episode_length"] == 5.0
+
+
 class NoAgentsEnv(ScriptedEnv):
     def reset(self, seed=None, options=None):
         self.t = 0
