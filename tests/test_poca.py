@@ -1004,6 +1004,7 @@ def test_a_callback_reads_the_group_buffer_and_the_steps_by_sb3s_names():
         def _on_rollout_end(self) -> None:
             buffer = self.locals["rollout_buffer"]
             assert buffer is self.model.rollout_buffer
+            self.end_n_steps = self.locals["n_steps"]  # SB3's count at the end: the rollout's steps
             for name in (
                 "observations",
                 "actions",
@@ -1027,6 +1028,7 @@ def test_a_callback_reads_the_group_buffer_and_the_steps_by_sb3s_names():
     n_slots = model.rollout_buffer.n_slots
     obs_shape = model.observation_space.shape
     assert callback.steps == [(t, (2, n_slots, *obs_shape), (2, n_slots), 2) for t in range(8)]
+    assert callback.end_n_steps == 8
     lead = (8, 2, n_slots)
     assert callback.fields == {
         "observations": (np.ndarray, (*lead, *obs_shape), np.float32),

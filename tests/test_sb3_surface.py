@@ -1682,3 +1682,26 @@ def test_learn_names_a_callback_or_log_interval_of_the_wrong_kind_before_any_ste
     with pytest.raises(ValueError, match=message):
         model.learn(32, **kwargs)
     assert model.num_timesteps == 0
+
+
+def test_the_rollouts_step_count_in_callback_locals_is_sb3s_while_stepping_and_at_the_end():
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Record(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.seen = []
+
+        def _on_step(self) -> bool:
+            self.seen.append(("step", self.locals["n_steps"]))
+            return True
+
+        def _on_rollout_end(self) -> None:
+            self.seen.append(("end", self.locals["n_steps"]))
+
+    runs = []
+    for lib in (sb3, __import__("covey")):
+        callback = Record()
+        lib.PPO("MlpPolicy", "CartPole-v1", n_steps=4, batch_size=4, n_epochs=1, seed=0).learn(8, callback=callback)
+        runs.append(callback.seen)
+    assert runs[1] == runs[0] == [*(("step", t) for t in range(4)), ("end", 4)] * 2

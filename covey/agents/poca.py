@@ -469,6 +469,7 @@ class POCA(BaseAgent):
         )
         last_values = self._evaluate_rollout()
         rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
+        n_steps = self.config.n_steps  # SB3's count at the rollout's end (steps 0 .. n - 1 while stepping)
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True

@@ -820,6 +820,7 @@ class PPO(BaseAgent):
         )
         last_values = self._evaluate_rollout(new_obs, truncations, acted)
         rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
+        n_steps = n_rollout_steps  # SB3's count at the rollout's end (steps 0 .. n - 1 while stepping)
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
