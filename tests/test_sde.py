@@ -10,7 +10,7 @@ from envs import SpaceEnv
 from gymnasium import spaces
 from stable_baselines3.common.distributions import StateDependentNoiseDistribution
 
-from covey import PPO
+from covey import PPO, SAC
 from covey.envs import EarlyExitEnv
 from covey.networks.distributions import StateDependentGaussianHead
 
@@ -376,3 +376,24 @@ def test_sac_with_sde_saves_loads_and_copies_sb3_weights(tmp_path):
         model.predict(obs, deterministic=True)[0], sb3.predict(obs, deterministic=True)[0], rtol=0, atol=1e-6
     )
     torch.testing.assert_close(model.actor.head.log_std, sb3.actor.log_std)
+
+
+def test_sac_with_sde_logs_the_exploration_std_as_sb3(tmp_path):
+    """SB3's off-policy logs record train/std, the mean of actor.get_std(), with use_sde: with SB3's weights
+    copied in, covey logs the same number."""
+    import stable_baselines3
+    from stable_baselines3.common.logger import configure
+
+    model = SAC("MlpPolicy", "Pendulum-v1", use_sde=True, learning_starts=20, batch_size=8, seed=0)
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(40, log_interval=None)
+    sb3 = stable_baselines3.SAC("MlpPolicy", "Pendulum-v1", use_sde=True, seed=1)
+    with torch.no_grad():
+        sb3.actor.log_std.uniform_(-2.0, 1.0)  # away from the initial value, every entry its own
+    model.set_parameters({"policy": sb3.policy.state_dict()}, exact_match=False)
+    model.dump_logs()
+    model.logger.close()
+    import csv
+
+    (row,) = csv.DictReader(open(tmp_path / "progress.csv"))
+    assert float(row["train/std"]) == pytest.approx(sb3.actor.get_std().mean().item(), rel=1e-6)

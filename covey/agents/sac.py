@@ -918,6 +918,9 @@ class SAC(BaseAgent):
             for key, value in q_diagnostics(current_q, target).items():
                 self.logger.record(f"train/{key}", value.item())
             self._q_and_targets = []
+        if self.config.use_sde:  # as SB3: the exploration's standard deviation, averaged
+            with torch.no_grad():
+                self.logger.record("train/std", self.actor.head.std().mean().item())
         super()._dump_logs(iteration, counter)
 
     def _gradient_step(self, batch: ReplayBatch) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
