@@ -55,6 +55,7 @@ class FastVecEnv(DummyVecEnv):
         try:
             for i, env in enumerate(self.envs):
                 obs, reward, terminated, truncated, info = env.step(self.actions[i])
+                info = dict(info)  # this step's own: an env may return one dict it updates in place
                 done = terminated or truncated
                 info["TimeLimit.truncated"] = truncated and not terminated
                 if done:
