@@ -295,3 +295,25 @@ def test_files_written_through_a_temporary_file_get_the_usual_permissions(tmp_pa
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
     assert modes == dict.fromkeys(["model.zip", "replay.npz", "state.json", "episode.gif", "plain.txt"], 0o640)
+
+
+def test_custom_objects_spaces_stand_for_the_files_as_in_sb3(tmp_path):
+    """load(custom_objects={"observation_space": ...}) builds the model for that space (other bounds of the same
+    shape), so an env of that space attaches; the weights are the file's."""
+    from envs import SpaceEnv
+
+    narrow, wide = spaces.Box(-1, 1, (3,), np.float32), spaces.Box(-2, 2, (3,), np.float32)
+    model = PPO("MlpPolicy", SpaceEnv(narrow, spaces.Discrete(2)), n_steps=16, batch_size=16, seed=0)
+    model.save(tmp_path / "m.zip")
+    with pytest.raises(ValueError, match="Observation spaces do not match"):
+        PPO.load(tmp_path / "m.zip", env=SpaceEnv(wide, spaces.Discrete(2)))
+    loaded = PPO.load(
+        tmp_path / "m.zip", env=SpaceEnv(wide, spaces.Discrete(2)), custom_objects={"observation_space": wide}
+    )
+    assert loaded.observation_space == wide
+    obs = np.random.default_rng(0).uniform(-1, 1, (8, 3)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+    with pytest.raises(ValueError, match="do not fit this model"):
+        PPO.load(tmp_path / "m.zip", custom_objects={"observation_space": spaces.Box(-1, 1, (5,), np.float32)})
+    with pytest.raises(ValueError, match="custom_objects action_space='x' is invalid"):
+        PPO.load(tmp_path / "m.zip", custom_objects={"action_space": "x"})

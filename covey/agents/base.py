@@ -1013,8 +1013,17 @@ class BaseAgent:
             raise ValueError(f"Unknown keyword arguments {unknown} for {cls.__name__}.load.")
         hyper.update(kwargs)
         hyper = {**outside, **hyper}
-        observation_space = serialization.space_from_json(settings["observation_space"])
-        action_space = serialization.space_from_json(settings["action_space"])
+        # As SB3: custom_objects' spaces stand for the file's (other bounds, say, of the same shapes: the
+        # weights must fit them).
+        spaces_given = {}
+        for key in ("observation_space", "action_space"):
+            given_space = custom_objects.get(key)
+            if given_space is not None and not isinstance(given_space, spaces.Space):
+                raise ValueError(f"custom_objects {key}={given_space!r} is invalid: pass a gymnasium space.")
+            spaces_given[key] = given_space or serialization.space_from_json(settings[key])
+        observation_space, action_space = spaces_given["observation_space"], spaces_given["action_space"]
+        check_observation_space(observation_space)
+        check_action_space(action_space, cls.supported_action_spaces)
         model = cls(
             policy=settings["policy"],
             env=None,
