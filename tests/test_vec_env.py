@@ -1,5 +1,7 @@
 """The env adapters: every accepted kind of env becomes an SB3 VecEnv with SB3's done/final-observation rules."""
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -246,3 +248,57 @@ def test_each_steps_infos_are_its_own_and_the_envs_dict_is_left_as_it_was():
     np.testing.assert_allclose(kept[2]["terminal_observation"], [0.3, 0.3], rtol=1e-6)
     assert [info["TimeLimit.truncated"] for info in kept] == [False, False, True, False]
     assert venv.envs[0].unwrapped.info == {"t": 1}
+
+
+class BroadcastableObsEnv(gym.Env):
+    """Observations of shape ``shape`` for a (3,) Box: NumPy broadcasts (1,) and () into the (3,) buffer."""
+
+    observation_space = spaces.Box(-1, 1, (3,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, shape=(1,), at_step=False):
+        self.shape, self.at_step = shape, at_step
+
+    def _obs(self, bad):
+        return np.full(self.shape if bad else (3,), 0.5, np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(not self.at_step), {}
+
+    def step(self, action):
+        return self._obs(True), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("shape", [(1,), ()])
+@pytest.mark.parametrize("at_step", [False, True], ids=["reset", "step"])
+def test_an_observation_numpy_would_broadcast_into_the_space_is_named(shape, at_step):
+    model = PPO("MlpPolicy", BroadcastableObsEnv(shape, at_step), n_steps=16, batch_size=16)
+    with pytest.raises(ValueError, match=rf"observation of shape {re.escape(str(shape))}, where the observation_space"):
+        model.learn(16)
+
+
+def test_a_team_observation_numpy_would_broadcast_is_named():
+    from pettingzoo import ParallelEnv
+
+    from covey import POCA
+
+    class Team(ParallelEnv):
+        metadata = {"name": "team_v0"}
+        possible_agents = ["a", "b"]
+
+        def observation_space(self, agent):
+            return spaces.Box(-1, 1, (3,), np.float32)
+
+        def action_space(self, agent):
+            return spaces.Discrete(2)
+
+        def reset(self, seed=None, options=None):
+            self.agents = list(self.possible_agents)
+            return {a: np.zeros(3 if a == "a" else 1, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+        def step(self, actions):
+            raise AssertionError("not reached")
+
+    with pytest.raises(ValueError, match=r"agent 'b' an observation of shape \(1,\) that does not fit"):
+        POCA("MlpPolicy", Team, n_steps=8, batch_size=8).learn(8)

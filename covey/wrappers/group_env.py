@@ -207,7 +207,10 @@ class GroupVecEnv:
     def _put(self, e: int, agent: str, obs: Any) -> None:
         s = self.slot[agent]
         try:
-            self._obs[e, s] = self._stored(obs, agent)
+            stored = self._stored(obs, agent)
+            if np.shape(stored) != self._obs.shape[2:]:  # NumPy would broadcast a (1,) observation, silently
+                raise ValueError(f"shape {np.shape(stored)}, not {self._obs.shape[2:]}")
+            self._obs[e, s] = stored
         except ValueError as exc:
             shape = "" if self.flat_dict is not None else f" of shape {np.shape(obs)}"
             raise _api_error(

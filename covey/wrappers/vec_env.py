@@ -35,8 +35,9 @@ class FastVecEnv(DummyVecEnv):
     """SB3's ``DummyVecEnv`` without the per-step deep copies of infos and observations.
 
     Semantics are DummyVecEnv's: auto-reset, ``info["terminal_observation"]`` and
-    ``info["TimeLimit.truncated"]``. The info dicts are the ones the envs returned (fresh each step
-    for Gymnasium's envs and wrappers), and observations are copied once out of the buffer.
+    ``info["TimeLimit.truncated"]``. Each info dict is a shallow copy of the env's (DummyVecEnv's are deep
+    copies), observations are copied once out of the buffer, and one of another shape than the space's is
+    named (DummyVecEnv's NumPy assignment broadcasts a ``(1,)`` observation into every entry).
     """
 
     def reset(self):
@@ -49,6 +50,16 @@ class FastVecEnv(DummyVecEnv):
             if not isinstance(info, dict):  # an old-API reset() returned a 2-long observation, split in two
                 raise ValueError(env_api_problem(_inner(self.envs[i]), "reset") or _reset_info_problem(info))
         return obs
+
+    def _save_obs(self, env_idx: int, obs: Any) -> None:
+        for key in self.keys:
+            value = obs if key is None else obs[key]
+            if np.shape(value) != self.buf_obs[key].shape[1:]:
+                # NumPy would broadcast an observation of shape (1,) or () into every entry, silently.
+                problem = observation_problem(obs, self.observation_space)
+                if problem is not None:
+                    raise ValueError(f"The env returned an observation {problem}. {GYMNASIUM_API}")
+            self.buf_obs[key][env_idx] = value
 
     def step_wait(self):
         infos = []
@@ -135,9 +146,7 @@ def observation_problem(obs: Any, space: spaces.Space) -> str | None:
         return None
     if space.shape is None:
         return None
-    try:
-        np.broadcast_to(np.asarray(obs), space.shape)
-    except ValueError:
+    if np.shape(obs) != tuple(space.shape):  # NumPy would broadcast a (1,) or () observation into every entry
         return f"of shape {np.shape(obs)}, where the observation_space {space} has shape {tuple(space.shape)}"
     return None
 
