@@ -43,7 +43,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from covey.files import temporary_file
+from covey.files import final_path, temporary_file
 from covey.requirements import release
 from covey.version import __version__
 
@@ -438,8 +438,9 @@ def export_onnx(
     onnx_bytes = _add_metadata(_export_bytes(ExportedActor(actor, space), actor), agent)
     input_names, output_names = _names(actor, space)
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temporary_file(target)
+    written = final_path(target)  # a symbolic link stays, and its file is replaced
+    written.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = temporary_file(written)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(onnx_bytes)
@@ -455,7 +456,7 @@ def export_onnx(
         finally:
             for module, mode in modes:
                 module.training = mode
-        os.replace(tmp, target)
+        os.replace(tmp, written)
     except BaseException:
         # A failed export or verification crash leaves any previous file as it was.
         if os.path.exists(tmp):

@@ -4,25 +4,39 @@ from __future__ import annotations
 
 import os
 import pathlib
+import stat
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
 
+def final_path(target: str | os.PathLike) -> pathlib.Path:
+    """The file a write to ``target`` replaces: where a symbolic link points (the link stays a link), or
+    ``target`` itself."""
+    target = pathlib.Path(target)
+    return pathlib.Path(os.path.realpath(target)) if target.is_symlink() else target
+
+
 def temporary_file(target: pathlib.Path) -> tuple[int, str]:
-    """``(fd, path)`` of a new temporary file next to ``target``, to be renamed over it, with the permissions a
-    file made by ``open`` gets (``tempfile.mkstemp`` makes it readable by its owner alone)."""
+    """``(fd, path)`` of a new temporary file next to ``target``, to be renamed over it, with the permissions of
+    the file it replaces, or else those a file made by ``open`` gets (``tempfile.mkstemp`` makes it readable by
+    its owner alone)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:  # no file there yet
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    os.chmod(tmp, mode)
     return fd, tmp
 
 
 def write_atomically(target: pathlib.Path, write: Callable[[Any], None]) -> None:
     """``write(file)`` into a temporary file next to ``target`` (folders made as needed), synced to disk, then
     renamed over ``target``: a crash or a full disk never leaves a half-written file under that name, and the
-    previous file (if any) stays untouched."""
+    previous file (if any) stays untouched. A symbolic link at ``target`` stays, and its file is replaced."""
+    target = final_path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = temporary_file(target)
     try:

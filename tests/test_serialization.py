@@ -297,6 +297,29 @@ def test_files_written_through_a_temporary_file_get_the_usual_permissions(tmp_pa
     assert modes == dict.fromkeys(["model.zip", "replay.npz", "state.json", "episode.gif", "plain.txt"], 0o640)
 
 
+def test_saving_over_a_file_keeps_its_permissions_and_a_link_stays_a_link(tmp_path):
+    """A save replaces the file's contents: a file made private (0600) stays so, and a symbolic link keeps
+    pointing at the file it names, which gets the new model (the link was replaced by a file, its target left
+    with the old model)."""
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0)
+    private = tmp_path / "private.zip"
+    model.save(private)
+    private.chmod(0o600)
+    model.save(private)
+    assert private.stat().st_mode & 0o777 == 0o600
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "real.zip").write_bytes(b"old")
+    link = tmp_path / "latest.zip"
+    link.symlink_to(store / "real.zip")
+    model.save(link)
+    assert link.is_symlink() and os.readlink(link) == str(store / "real.zip")
+    loaded = PPO.load(store / "real.zip")
+    obs = np.zeros((2, 4), np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+    assert sorted(p.name for p in store.iterdir()) == ["real.zip"]  # no temporary file left
+
+
 def test_custom_objects_spaces_stand_for_the_files_as_in_sb3(tmp_path):
     """load(custom_objects={"observation_space": ...}) builds the model for that space (other bounds of the same
     shape), so an env of that space attaches; the weights are the file's."""
