@@ -1705,3 +1705,23 @@ def test_the_rollouts_step_count_in_callback_locals_is_sb3s_while_stepping_and_a
         lib.PPO("MlpPolicy", "CartPole-v1", n_steps=4, batch_size=4, n_epochs=1, seed=0).learn(8, callback=callback)
         runs.append(callback.seen)
     assert runs[1] == runs[0] == [*(("step", t) for t in range(4)), ("end", 4)] * 2
+
+
+def test_sac_behind_vecnormalize_stores_images_in_the_models_layout_from_an_env_of_the_other(tmp_path):
+    """A model trained on channel-last images loaded with a channel-first env behind a VecNormalize: the replay
+    buffer keeps the VecNormalize's original observations, moved into the model's layout as the observations
+    the model acts on are (they were stored in the env's and learn failed with a broadcast error)."""
+
+    def env(shape):
+        obs = spaces.Dict({"image": image_space(shape), "vec": spaces.Box(-1, 1, (2,), np.float32)})
+        venv = DummyVecEnv([lambda: SpaceEnv(obs, spaces.Box(-1, 1, (1,), np.float32), episode_length=6)])
+        return VecNormalize(venv, norm_obs_keys=["vec"])
+
+    SAC("MultiInputPolicy", env((36, 36, 1)), learning_starts=4, batch_size=4, buffer_size=64).save(tmp_path / "m")
+    model = SAC.load(tmp_path / "m", env=env((1, 36, 36)))
+    model.learn(10)  # episodes of 6 steps: the newest step is not an episode's end
+    buffer = model.replay_buffer
+    assert buffer.size() == 10 and buffer.observations["image"].shape[2:] == (36, 36, 1)
+    env_image = model.get_vec_normalize_env().get_original_obs()["image"][0]  # channel-first, the env's
+    np.testing.assert_array_equal(buffer.next_observations["image"][9, 0], np.moveaxis(env_image, 0, -1))
+    np.testing.assert_array_equal(buffer.observations["image"][9, 0], buffer.next_observations["image"][8, 0])

@@ -40,6 +40,7 @@ from covey.networks.obs import batch_to_tensor
 from covey.networks.policies import SACPolicy
 from covey.networks.sb3_names import translate_groups
 from covey.networks.twohot import ScalarHead
+from covey.wrappers.vec_env import VecImageLayout
 
 
 @dataclass
@@ -838,7 +839,13 @@ class SAC(BaseAgent):
     def _reset_env(self) -> None:
         super()._reset_env()
         vec_normalize = self.get_vec_normalize_env()
-        self._last_original_obs = vec_normalize.get_original_obs() if vec_normalize is not None else None
+        self._last_original_obs = self._original_obs(vec_normalize) if vec_normalize is not None else None
+
+    def _original_obs(self, vec_normalize: Any) -> Any:
+        """The VecNormalize's original observations in the model's layout: a VecImageLayout above it (an env
+        of the other image layout than the model's) moves the channel axis of what it steps, not of these."""
+        obs = vec_normalize.get_original_obs()
+        return self.env._fit(obs) if isinstance(self.env, VecImageLayout) else obs
 
     def _store_transition(self, actions, new_obs, rewards, dones, infos) -> None:
         # Behind a VecNormalize the buffer keeps the original observations and rewards, normalized when sampled
@@ -849,7 +856,7 @@ class SAC(BaseAgent):
             obs = self._last_original_obs
             if obs is None:  # an env attached without a reset: the best original there is
                 obs = vec_normalize.unnormalize_obs(self._last_obs)
-            stored_new_obs, rewards = vec_normalize.get_original_obs(), vec_normalize.get_original_reward()
+            stored_new_obs, rewards = self._original_obs(vec_normalize), vec_normalize.get_original_reward()
         next_obs = stored_new_obs
         terminated = dones.copy()
         for i in np.flatnonzero(dones):
