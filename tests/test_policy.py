@@ -497,7 +497,7 @@ def test_sb3_policy_save_and_load_recipe(tmp_path):
 
 
 @pytest.mark.cpu
-def test_policy_load_names_the_right_class_and_copies_do_not_save(tmp_path):
+def test_policy_load_names_the_right_class_and_copies_save_as_their_own(tmp_path):
     import copy
     import pickle
 
@@ -509,13 +509,18 @@ def test_policy_load_names_the_right_class_and_copies_do_not_save(tmp_path):
     with pytest.raises(serialization.ModelFileError, match=r"holds a PPO model.*covey\.ppo\.MlpPolicy\.load"):
         sac.MlpPolicy.load(tmp_path / "p")
     assert isinstance(ppo.CnnPolicy.load(tmp_path / "p"), ActorCriticPolicy)  # the file says which networks
-    # A copy or a pickle holds the networks, not the agent (env, buffers), so it has nothing to save from.
-    for other in (copy.deepcopy(model.policy), pickle.loads(pickle.dumps(model.policy))):
-        obs = obs_batch()
-        torch.testing.assert_close(other.actor.distribution_params(obs), model.actor.distribution_params(obs))
-        with pytest.raises(RuntimeError, match="save the model it came from"):
-            other.save(tmp_path / "copy")
-    assert not (tmp_path / "copy.zip").exists()
+    # A copy or a pickle is the policy of a copy of the model (without its env), as SB3's "keep the best policy"
+    # recipe takes it: it saves, and the file loads a policy that predicts as the original did when copied.
+    obs = obs_batch()
+    expected = model.actor.distribution_params(obs).detach().clone()
+    for i, other in enumerate((copy.deepcopy(model.policy), pickle.loads(pickle.dumps(model.policy)))):
+        torch.testing.assert_close(other.actor.distribution_params(obs), expected)
+        assert other is not model.policy and other._model is not model and other._model.env is None
+        other.save(tmp_path / f"copy{i}")
+        torch.testing.assert_close(ppo.MlpPolicy.load(tmp_path / f"copy{i}").actor.distribution_params(obs), expected)
+    with torch.no_grad():  # the copies have weights of their own
+        next(model.actor.parameters()).add_(1.0)
+    torch.testing.assert_close(other.actor.distribution_params(obs), expected)
 
 
 def test_sb3_policy_classes_pick_the_networks():

@@ -1725,3 +1725,57 @@ def test_sac_behind_vecnormalize_stores_images_in_the_models_layout_from_an_env_
     env_image = model.get_vec_normalize_env().get_original_obs()["image"][0]  # channel-first, the env's
     np.testing.assert_array_equal(buffer.next_observations["image"][9, 0], np.moveaxis(env_image, 0, -1))
     np.testing.assert_array_equal(buffer.observations["image"][9, 0], buffer.next_observations["image"][8, 0])
+
+
+@pytest.mark.parametrize("agent", ["ppo", "sac", "poca"])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_model_trains_saves_and_loads_as_its_own(tmp_path, agent, how):
+    """copy.deepcopy(model) and pickle (as SB3's models allow): the copy predicts as the original, trains on its
+    own parameters (its optimizer and NumPy acting follow them; the original stays), saves a file that loads,
+    keeps its schedules, replay buffer and counters, and copying leaves the global random state alone."""
+    import copy
+    import pickle
+
+    from covey import POCA
+    from covey.envs import EarlyExitEnv
+
+    if agent == "ppo":
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0, learning_rate=lambda p: 1e-3 * p)
+        obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    elif agent == "sac":
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=16, batch_size=16, seed=0)
+        obs = np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)
+    else:
+        model = POCA("MlpPolicy", EarlyExitEnv, n_steps=8, batch_size=8, seed=0)
+        obs = {f"agent_{i}": model.observation_space.sample() for i in range(3)}
+    model.learn(64)
+    before = [p.detach().clone() for p in model.policy.parameters()]
+    random_state = np.random.get_state()[1].copy()
+    if how == "deepcopy":
+        clone = copy.deepcopy(model)
+    else:
+        if agent == "ppo":
+            model.learning_rate = 1e-3  # a lambda does not pickle (nor in SB3)
+            model._setup_lr_schedule()
+        clone = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(np.random.get_state()[1], random_state)
+    assert clone is not model and clone.num_timesteps == model.num_timesteps == 64
+    assert clone._n_updates == model._n_updates and clone._episode_num == model._episode_num
+    if agent == "ppo" and how == "deepcopy":
+        assert clone.learning_rate is model.learning_rate  # the schedule as given
+    if agent == "sac":
+        assert clone.replay_buffer is not model.replay_buffer and clone.replay_buffer.size() == 64
+        np.testing.assert_array_equal(clone.replay_buffer.observations, model.replay_buffer.observations)
+
+    def actions(m):
+        out = m.predict(obs, deterministic=True)[0]
+        return np.stack([out[k] for k in sorted(out)]) if isinstance(out, dict) else np.asarray(out)
+
+    np.testing.assert_array_equal(actions(clone), actions(model))
+    clone.learn(64, reset_num_timesteps=False)
+    assert clone.num_timesteps == 128 and model.num_timesteps == 64
+    assert all(torch.equal(a, b) for a, b in zip(before, model.policy.parameters(), strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(before, clone.policy.parameters(), strict=True))
+    clone.save(tmp_path / "clone")
+    loaded = type(model).load(tmp_path / "clone")
+    np.testing.assert_array_equal(actions(loaded), actions(clone))

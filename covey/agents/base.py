@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import io
@@ -103,12 +104,24 @@ def get_device(device: torch.device | str = "auto") -> torch.device:
     return device
 
 
+class ConstantSchedule:
+    """A schedule that stays at ``value`` (a class, not a closure, so that a model holding one pickles)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = float(value)
+
+    def __call__(self, _progress_remaining: float) -> float:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"ConstantSchedule({self.value})"
+
+
 def as_schedule(value: float | Callable[[float], float]) -> Callable[[float], float]:
     """A constant or a function of the remaining progress (1 at the start, 0 at the end) as a function."""
     if callable(value):
         return value
-    constant = float(value)
-    return lambda _progress_remaining: constant
+    return ConstantSchedule(value)
 
 
 def check_seed(seed: Any) -> int | None:
@@ -622,6 +635,58 @@ class BaseAgent:
             callback = CallbackList([callback, ProgressBarCallback()])
         callback.init_callback(self)
         return callback
+
+    # ------------------------------------------------------------------ copies (copy.deepcopy, pickle)
+    # What a copy takes over beside the model file: the env's place in training and the buffers of experience.
+    _RUNTIME = (
+        "_last_obs",
+        "_last_episode_starts",
+        "_last_original_obs",
+        "_last_mask",
+        "_last_slot_starts",
+        "agent_steps",
+        "action_noise",
+        "replay_buffer",
+        "lr_schedule",
+        "_current_progress_remaining",
+        "_total_timesteps",
+        "_num_timesteps_at_start",
+    )
+
+    def _snapshot(self, with_env: bool = True) -> dict[str, Any]:
+        """What :func:`_rebuild_agent` makes an equal model of: the model file (networks, optimizer states,
+        hyperparameters, counters), schedules as given, the env and the runtime state."""
+        file = io.BytesIO()
+        self.save(file)
+        config = getattr(self, "config", None)
+        return {
+            "file": file.getvalue(),
+            "device": str(self.device),
+            "env": self.env if with_env else None,
+            "schedules": {k: getattr(config, k) for k in self.schedule_keys if callable(getattr(config, k, None))},
+            "runtime": {k: self.__dict__[k] for k in self._RUNTIME if with_env and k in self.__dict__},
+            # a recurrent policy's memories of the episodes its env is in
+            "memories": (recurrent.actor_state, recurrent.critic_state)
+            if with_env and (recurrent := getattr(self, "recurrent", None)) is not None
+            else None,
+        }
+
+    def __reduce__(self):
+        # A model's parameters live in flat buffers that its optimizers, NumPy acting and hand-written updates
+        # view; a copy of its attributes would break those views. It is rebuilt from its file instead.
+        if self.observation_space is None or getattr(self, "policy", None) is None:
+            return super().__reduce__()
+        return _rebuild_agent, (type(self), self._snapshot())
+
+    def __deepcopy__(self, memo: dict) -> BaseAgent:
+        if self.observation_space is None or getattr(self, "policy", None) is None:
+            clone = type(self).__new__(type(self))
+            memo[id(self)] = clone
+            clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+            return clone
+        clone = _rebuild_agent(type(self), copy.deepcopy(self._snapshot(), memo))
+        memo[id(self)] = clone
+        return clone
 
     def _optimizer_slots(self) -> list[tuple[str, Any, Any]]:
         """``(SB3's name, the object there now, the optimizer covey steps)`` for each place SB3 keeps one."""
@@ -1152,6 +1217,31 @@ def _setting(name: str) -> property:
         self._set_setting(name, value)
 
     return property(get, set, doc=f"The ``{name}`` hyperparameter (``model.config.{name}``).")
+
+
+def _rebuild_agent(cls: type, snapshot: dict[str, Any]) -> BaseAgent:
+    """The model :meth:`BaseAgent._snapshot` describes: loaded from its file, with its env attached as it was
+    (not reset), its schedules and runtime state. The global random state is left as it was (a load reseeds)."""
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        model = cls.load(io.BytesIO(snapshot["file"]), env=snapshot["env"], device=snapshot["device"])
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+    for key, schedule in snapshot["schedules"].items():
+        setattr(model.config, key, schedule)
+    model.__dict__.update(snapshot["runtime"])
+    if snapshot["memories"] is not None:
+        model.recurrent.actor_state, model.recurrent.critic_state = snapshot["memories"]
+    if getattr(model, "replay_buffer", None) is not None and hasattr(model.replay_buffer, "env"):
+        model.replay_buffer.env = model.env  # hindsight replay asks the env for relabeled rewards
+    return model
+
+
+def _policy_of_snapshot(cls: type, snapshot: dict[str, Any]) -> Any:
+    """The policy of the model :func:`_rebuild_agent` rebuilds (a copied or unpickled policy)."""
+    return _rebuild_agent(cls, snapshot).policy
 
 
 def _schedule_setting(name: str) -> property:

@@ -16,6 +16,7 @@ shapes, computed by covey's own heads.
 
 from __future__ import annotations
 
+import copy
 import os
 
 import numpy as np
@@ -129,10 +130,31 @@ class _PolicyBase(nn.Module):
     _adam_eps: float | None = None  # the eps the agent gives Adam when no optimizer_kwargs are given
 
     def __getstate__(self) -> dict:
-        # Copies and pickles of the policy hold its networks, not the whole agent (env, buffers) it came from.
+        # Copies and pickles of a policy without a model hold its networks alone.
         state = dict(self.__dict__)
         state.pop("_model", None)
         return state
+
+    def __reduce_ex__(self, protocol: int):
+        # The policy of a model is copied with a copy of that model, without its env and buffers (as SB3's
+        # policy copies hold no env): the copy predicts, trains and saves as the policy it was copied from.
+        if self._model is None:
+            return super().__reduce_ex__(protocol)
+        from covey.agents.base import _policy_of_snapshot
+
+        return _policy_of_snapshot, (type(self._model), self._model._snapshot(with_env=False))
+
+    def __deepcopy__(self, memo: dict) -> _PolicyBase:
+        if self._model is None:
+            clone = type(self).__new__(type(self))
+            memo[id(self)] = clone
+            clone.__dict__.update(copy.deepcopy(self.__getstate__(), memo))
+            return clone
+        from covey.agents.base import _policy_of_snapshot
+
+        clone = _policy_of_snapshot(type(self._model), copy.deepcopy(self._model._snapshot(with_env=False), memo))
+        memo[id(self)] = clone
+        return clone
 
     def save(self, path: str | os.PathLike) -> None:
         """SB3's ``policy.save``: the networks of the model this policy belongs to, written as a covey model
