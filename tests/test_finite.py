@@ -124,11 +124,11 @@ def test_poca_refuses_nan_and_infinite_env_output_before_any_update(bad):
 
 
 # ---------------------------------------------------------------------------- discrete observations out of range
-class OutOfRangeEnv(gym.Env):
+class OutOfRangeEnv(BadEnv):
     """Observations of Discrete(3, start=1) (or a Dict holding one): 1, 2, 3, ..., then ``bad`` at step 4."""
 
     def __init__(self, bad=7, continuous=False, dict_obs=False):
-        self.bad, self.dict_obs = bad, dict_obs
+        self.bad, self.dict_obs, self.what = bad, dict_obs, None
         space = spaces.Discrete(3, start=1)
         self.observation_space = spaces.Dict({"d": space, "x": spaces.Box(-1, 1, (2,))}) if dict_obs else space
         self.action_space = spaces.Box(-1, 1, (1,), np.float32) if continuous else spaces.Discrete(2)
@@ -136,15 +136,6 @@ class OutOfRangeEnv(gym.Env):
     def _obs(self):
         value = self.bad if self.t == 4 else 1 + self.t % 3
         return {"d": value, "x": np.zeros(2, np.float32)} if self.dict_obs else value
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, action):
-        self.t += 1
-        return self._obs(), 0.0, False, self.t >= 10, {}
 
 
 @pytest.mark.parametrize("dict_obs", [False, True], ids=["discrete", "dict"])
