@@ -1752,6 +1752,7 @@ def test_a_copied_model_trains_saves_and_loads_as_its_own(tmp_path, agent, how):
     before = [p.detach().clone() for p in model.policy.parameters()]
     random_state = np.random.get_state()[1].copy()
     if how == "deepcopy":
+        assert copy.copy(model).policy is model.policy  # a shallow copy shares, as any object's does
         clone = copy.deepcopy(model)
     else:
         if agent == "ppo":

@@ -678,6 +678,12 @@ class BaseAgent:
             return super().__reduce__()
         return _rebuild_agent, (type(self), self._snapshot())
 
+    def __copy__(self) -> BaseAgent:
+        # A shallow copy shares everything, flat buffers included, as any object's does.
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
     def __deepcopy__(self, memo: dict) -> BaseAgent:
         if self.observation_space is None or getattr(self, "policy", None) is None:
             clone = type(self).__new__(type(self))
