@@ -36,7 +36,7 @@ from torch.optim import optimizer as _optimizer_module
 
 from covey import sb3_files, serialization
 from covey.heap import raise_heap_thresholds
-from covey.networks.actor_critic import policy_kwargs_dict, policy_name
+from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
 from covey.spaces import check_action_space, check_observation_space
 from covey.version import __version__
 from covey.wrappers.vec_env import VecImageLayout, as_vec_env, image_layout_moves
@@ -719,9 +719,7 @@ class BaseAgent:
         progress_bar: bool,
         log_interval: int | None = None,
     ) -> tuple[int, BaseCallback]:
-        if log_interval is not None and (
-            not isinstance(log_interval, (int, np.integer)) or isinstance(log_interval, bool) or log_interval < 1
-        ):
+        if log_interval is not None and not positive_int(log_interval):
             raise ValueError(f"log_interval={log_interval!r} is invalid: it must be an int >= 1, or None for no logs.")
         if self.env is None:
             raise ValueError("This model has no env: pass one to the constructor, to load(env=...) or to set_env().")

@@ -25,6 +25,7 @@ from covey.networks.actor_critic import (
     check_state,
     memory_settings,
     policy_kwargs_dict,
+    positive_int,
 )
 from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
@@ -132,7 +133,7 @@ class POCA(BaseAgent):
         self.attention_heads = kwargs.pop("attention_heads", 4)
         for key in ("attention_width", "attention_heads"):
             value = getattr(self, key)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            if not positive_int(value):
                 raise ValueError(f"policy_kwargs {key}={value!r} is invalid: it must be an int >= 1.")
         self.attention_width, self.attention_heads = int(self.attention_width), int(self.attention_heads)
         if self.attention_width % self.attention_heads:
@@ -146,7 +147,7 @@ class POCA(BaseAgent):
                 "policy_kwargs squash_output=True applies to PPO with use_sde=True; POCA has no state-dependent "
                 "exploration (its Box actions are clipped to the bounds): remove squash_output."
             )
-        if n_envs is not None and (not isinstance(n_envs, (int, np.integer)) or isinstance(n_envs, bool) or n_envs < 1):
+        if n_envs is not None and not positive_int(n_envs):
             raise ValueError(
                 f"n_envs={n_envs!r} is invalid: it must be an int >= 1 (the env copies), or None for one copy of an "
                 "env function or the copies of a GroupVecEnv."

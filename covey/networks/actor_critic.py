@@ -174,13 +174,13 @@ class PolicyConfig:
                     "sequence_length=16, kind='lstm'), or a *LstmPolicy name for the defaults."
                 )
             for key in ("hidden_size", "sequence_length"):
-                if key in self.memory and not _positive_int(self.memory[key]):
+                if key in self.memory and not positive_int(self.memory[key]):
                     raise ValueError(
                         f"policy_kwargs memory {key}={self.memory[key]!r} is invalid: it must be an int >= 1."
                     )
             if self.memory.get("kind", "lstm") not in ("lstm", "gru"):
                 raise ValueError(f"policy_kwargs memory kind={self.memory['kind']!r} is invalid: use 'lstm' or 'gru'.")
-        if not (_positive_int(self.num_buckets) and self.num_buckets >= 2):
+        if not (positive_int(self.num_buckets) and self.num_buckets >= 2):
             raise ValueError(f"policy_kwargs num_buckets={self.num_buckets!r} is invalid: it must be an int >= 2.")
         bounds = self.bucket_range
         if not (
@@ -540,7 +540,8 @@ def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyC
 MEMORY_DEFAULTS = {"hidden_size": 128, "sequence_length": 16, "kind": "lstm"}
 
 
-def _positive_int(value: Any) -> bool:
+def positive_int(value: Any) -> bool:
+    """Whether ``value`` is an int >= 1 (NumPy's integers too; not a bool)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
 
 
