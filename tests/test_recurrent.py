@@ -6,6 +6,7 @@ import torch
 from envs import SpaceEnv
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecEnvWrapper
 
 from covey import PPO
 from covey.buffers.sequences import cut_sequences
@@ -244,3 +245,35 @@ def test_sb3_contrib_names_map_to_covey_and_its_options_are_refused_with_covey_s
             PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs={key: value})
     with pytest.raises(ValueError, match=r"Unknown policy 'LstmPolicy'.*'MlpLstmPolicy'"):
         PPO("LstmPolicy", "CartPole-v1")
+
+
+class IntegerDones(VecEnvWrapper):
+    """A VecEnv that reports its dones as 0/1 integers, as some hand-written VecEnvs do."""
+
+    def reset(self):
+        return self.venv.reset()
+
+    def step_wait(self):
+        obs, rewards, dones, infos = self.venv.step_wait()
+        return obs, rewards, dones.astype(np.int64), infos
+
+
+def test_integer_dones_reset_the_memory_as_boolean_ones():
+    """Read as booleans, 0/1 dones reset the memories at episode starts (``~1`` on an int is -2: the memory
+    was doubled and its sign flipped instead), so the run is the same, weight for weight."""
+    weights = []
+    for wrap in (lambda env: env, IntegerDones):
+        env = wrap(make_vec_env(lambda: RememberCueEnv(delay=2), n_envs=2, seed=0))
+        model = PPO(
+            "MlpLstmPolicy",
+            env,
+            n_steps=16,
+            batch_size=16,
+            seed=0,
+            policy_kwargs=dict(memory=dict(hidden_size=8, sequence_length=4)),
+        ).learn(64)
+        assert model.recurrent.episode_starts.any()
+        starts = torch.as_tensor(model.recurrent.episode_starts)
+        assert model.recurrent.actor_states[starts].abs().max() == 0  # recorded after the reset
+        weights.append(torch.cat([p.detach().flatten() for p in model.policy.parameters()]))
+    torch.testing.assert_close(weights[0], weights[1], rtol=0, atol=0)

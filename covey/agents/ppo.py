@@ -809,7 +809,7 @@ class PPO(BaseAgent):
                     truncations.append((n_steps, int(i), final_obs))
             rollout_buffer.add(stored_obs, stored_actions, rewards, terminated, dones, self._last_episode_starts)
             self._last_obs = new_obs
-            self._last_episode_starts = dones
+            self._last_episode_starts = np.asarray(dones, dtype=bool)  # a VecEnv may give 0/1 ints
         check_finite(
             "in this rollout",
             observations=(rollout_buffer.observations_tensor, new_obs, [obs for _, _, obs in truncations]),

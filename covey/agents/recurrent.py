@@ -20,7 +20,7 @@ from covey.networks.obs import batch_to_tensor
 
 
 def _reset(state: State, episode_starts: np.ndarray) -> State:
-    keep = torch.as_tensor(~episode_starts, dtype=torch.float32).view(1, -1, 1)  # (1, N, 1)
+    keep = torch.as_tensor(~np.asarray(episode_starts, dtype=bool), dtype=torch.float32).view(1, -1, 1)  # (1, N, 1)
     return tuple(s * keep for s in state)
 
 
