@@ -827,6 +827,30 @@ def test_logger_keys(tmp_path):
     assert int(last["time/total_timesteps"]) == 96
 
 
+def test_update_statistics_are_reduced_as_sb3s_ppo_logs_them(monkeypatch):
+    """Each statistic is its mean over the update's minibatches, but ``approx_kl`` is over the last epoch's and
+    ``loss`` is the last minibatch's, as SB3's PPO logs them (a team's logs read as the baseline's)."""
+    seen = []
+    objective = poca_module.poca_objective
+
+    def recording(*args, **kwargs):
+        loss, stats = objective(*args, **kwargs)
+        seen.append({key: float(value) for key, value in stats.items()})
+        return loss, stats
+
+    monkeypatch.setattr(poca_module, "poca_objective", recording)
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=8, n_epochs=3, seed=0)
+    model.learn(32)  # one update: 3 epochs of 4 minibatches
+    assert len(seen) == 12
+    logged = model.logger.name_to_value
+    kl = [stats["approx_kl"] for stats in seen]
+    assert logged["train/approx_kl"] == pytest.approx(np.mean(kl[8:]), rel=1e-6)
+    assert logged["train/approx_kl"] != pytest.approx(np.mean(kl), rel=1e-3)
+    assert logged["train/loss"] == pytest.approx(seen[-1]["loss"], rel=1e-6)
+    for key in ("policy_gradient_loss", "value_loss", "baseline_loss", "clip_fraction"):
+        assert logged[f"train/{key}"] == pytest.approx(np.mean([stats[key] for stats in seen]), rel=1e-6), key
+
+
 # ============================================================================================ 5. bad input
 
 

@@ -12,7 +12,7 @@ from gymnasium import spaces
 from stable_baselines3.common.utils import explained_variance
 
 from covey.agents.base import BaseAgent, Schedule, warn_batch_size
-from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, value_loss
+from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, sb3_train_log, value_loss
 from covey.agents.recurrent import GroupRecurrentRollout
 from covey.buffers.finite import check_finite
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
@@ -535,7 +535,9 @@ class POCA(BaseAgent):
         history: list[dict[str, torch.Tensor]] = []
         ema = self.critic_ema.model if self.critic_ema is not None else None
         ema_coef = self.policy_config.critic_ema_coef
+        last_epoch = 0  # the index in history of the last epoch's first minibatch
         for _ in range(cfg.n_epochs):
+            last_epoch = len(history)
             if self.recurrent is not None:
                 batches = (
                     self.recurrent.outputs(self.actor, self.critic, ema, self.rollout_buffer, rows)
@@ -556,8 +558,8 @@ class POCA(BaseAgent):
                 self._optimizer_step(loss, cfg.max_grad_norm)
                 history.append(stats)
             self._n_updates += 1
-        for key in history[0] if history else []:
-            self.logger.record(f"train/{key}", torch.stack([h[key] for h in history]).mean().item())
+        for key, value in sb3_train_log(history, last_epoch).items():  # reduced as SB3's PPO logs them
+            self.logger.record(f"train/{key}", value)
         buf = self.rollout_buffer
         present = buf.present_tensor
         values = buf.values_tensor[:, :, None].expand_as(buf.returns_tensor)[present]

@@ -346,8 +346,8 @@ class ManualPPOUpdate:
         clip_range: float,
         log: Any = None,
     ) -> tuple[dict[str, float], int]:
-        """Run the epochs on the collected rollout: returns the mean of every minibatch statistic (as
-        :func:`ppo_loss` names them) and the number of epochs started (an early stop ends one early)."""
+        """Run the epochs on the collected rollout: returns the minibatch statistics (as :func:`ppo_loss` names
+        them) reduced as SB3 logs them, and the number of epochs started (an early stop ends one early)."""
         head = self.actor.head
         self.bind()
         flat = optimizer.flat_parameters
@@ -380,8 +380,10 @@ class ManualPPOUpdate:
                 self._scaled_advantages(rollout[4], batch_size, config.normalize_advantage),
                 rollout[5],
             )
+        last_epoch = 0  # the index of the last epoch's first minibatch
         for _ in range(config.n_epochs):
             epochs += 1
+            last_epoch = len(used)
             if shuffle:
                 # One permutation per epoch; the minibatches are contiguous parts of the permuted rollout, split
                 # once per epoch (views).
@@ -423,7 +425,7 @@ class ManualPPOUpdate:
             if stop:
                 break
         stash = {"log_ratio": log_ratios, "s1": s1s, "s2": s2s, "error": errors, "entropy": entropies}
-        return self._means(stash, used, clip_range, ent_coef, vf_coef), epochs
+        return self._means(stash, used, last_epoch, clip_range, ent_coef, vf_coef), epochs
 
     @staticmethod
     def _scaled_advantages(adv: torch.Tensor, batch_size: int, normalize: bool) -> torch.Tensor:
@@ -443,36 +445,49 @@ class ManualPPOUpdate:
         return out[0] if len(out) == 1 else torch.cat(out)
 
     @staticmethod
-    def _means(stash: dict[str, list[torch.Tensor]], sizes: list[int], clip_range, ent_coef, vf_coef):
-        """Every statistic of :func:`ppo_loss`, averaged over the minibatches as the autograd path logs them."""
+    def _means(stash: dict[str, list[torch.Tensor]], sizes: list[int], last_epoch: int, clip_range, ent_coef, vf_coef):
+        """The logged statistics of :func:`ppo_loss` as SB3 reduces them (:func:`sb3_train_log`): means over the
+        minibatches, ``approx_kl`` over those of the last epoch (from index ``last_epoch``), ``loss`` the last
+        minibatch's."""
         if not sizes:
             return {}
         cat = {key: torch.cat(values).view(-1) for key, values in stash.items()}
-        m = len(sizes)
-        if min(sizes) == max(sizes):
-            mean = torch.mean
-        else:
-            # weight 1 / (m * size of its minibatch): the mean over minibatches of the mean within each
-            sizes_t = torch.tensor(sizes, dtype=cat["s1"].dtype, device=cat["s1"].device)
-            weight = torch.repeat_interleave(1.0 / (m * sizes_t), sizes_t.long())
-
-            def mean(x: torch.Tensor) -> torch.Tensor:
-                return (x * weight).sum()
-
+        sizes_t = torch.tensor(sizes, dtype=cat["s1"].dtype, device=cat["s1"].device)
+        segment = torch.repeat_interleave(torch.arange(len(sizes), device=sizes_t.device), sizes_t.long())
         ratio = cat["log_ratio"].exp()
-        means = torch.stack(
+        per_sample = torch.stack(
             [
-                torch.maximum(cat["s1"], cat["s2"]).sum() / m,  # s1, s2 carry -1 / size already
-                mean(cat["error"].square()),
-                -mean(cat["entropy"]),
-                mean((ratio - 1) - cat["log_ratio"]),
-                mean(((ratio - 1).abs() > clip_range).float()),
+                torch.maximum(cat["s1"], cat["s2"]),  # s1, s2 carry -1 / size already
+                cat["error"].square(),
+                -cat["entropy"],
+                (ratio - 1) - cat["log_ratio"],
+                ((ratio - 1).abs() > clip_range).to(ratio.dtype),
             ]
-        ).tolist()
+        )
+        per_sample[1:] /= sizes_t[segment]
+        per_batch = per_sample.new_zeros(5, len(sizes)).index_add_(1, segment, per_sample)  # (5, minibatches)
         names = ("policy_gradient_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction")
-        out = dict(zip(names, means))
-        out["loss"] = out["policy_gradient_loss"] + ent_coef * out["entropy_loss"] + vf_coef * out["value_loss"]
-        return out
+        history = [dict(zip(names, column)) for column in per_batch.T.tolist()]
+        for stats in history:
+            stats["loss"] = (
+                stats["policy_gradient_loss"] + ent_coef * stats["entropy_loss"] + vf_coef * stats["value_loss"]
+            )
+        return sb3_train_log(history, last_epoch)
+
+
+def sb3_train_log(history: list[dict[str, Any]], last_epoch: int) -> dict[str, float]:
+    """Minibatch statistics reduced as SB3's PPO logs them: each one's mean over the update's minibatches, but
+    ``approx_kl`` over the minibatches of the last epoch (``history[last_epoch:]``; with an early stop, up to
+    the one that stopped it) and ``loss`` the last minibatch's."""
+    if not history:
+        return {}
+    values = {key: [float(stats[key]) for stats in history] for key in history[0]}
+    out = {key: float(np.mean(column)) for key, column in values.items()}
+    if "approx_kl" in out:
+        out["approx_kl"] = float(np.mean(values["approx_kl"][last_epoch:]))
+    if "loss" in out:
+        out["loss"] = values["loss"][-1]
+    return out
 
 
 class NumpyActing:
@@ -916,7 +931,9 @@ class PPO(BaseAgent):
         history: list[dict[str, torch.Tensor]] = []
         continue_training = True
         ema = self.critic_ema.model if self.critic_ema is not None else None
+        last_epoch = 0  # the index in history of the last epoch's first minibatch
         for _ in range(cfg.n_epochs):
+            last_epoch = len(history)
             for batch in self._minibatches():
                 if self.recurrent is not None:
                     log_prob, entropy, raw, ema_raw, flat = self.recurrent.outputs(
@@ -959,7 +976,7 @@ class PPO(BaseAgent):
             self._n_updates += 1
             if not continue_training:
                 break
-        self._record_train_stats(history, lr, clip_range, clip_range_vf)
+        self._record_train_means(sb3_train_log(history, last_epoch), lr, clip_range, clip_range_vf)
 
     def _minibatches(self):
         """Minibatches of samples, or of whole sequences for a recurrent policy."""
@@ -972,12 +989,8 @@ class PPO(BaseAgent):
         if self.recurrent is not None:
             self.recurrent.reset_memories(self.actor, self.critic)
 
-    def _record_train_stats(self, history, lr: float, clip_range: float, clip_range_vf: float | None) -> None:
-        means = {k: torch.stack([h[k] for h in history]).mean().item() for k in history[0]} if history else {}
-        self._record_train_means(means, lr, clip_range, clip_range_vf)
-
     def _record_train_means(self, means: dict[str, float], lr: float, clip_range: float, clip_range_vf) -> None:
-        """Log the minibatch statistics (averaged over the update) and the rollout's value diagnostics."""
+        """Log the minibatch statistics (reduced by :func:`sb3_train_log`) and the rollout's value diagnostics."""
         buffer = self.rollout_buffer
         for key, value in means.items():
             self.logger.record(f"train/{key}", value)
