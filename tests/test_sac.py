@@ -183,10 +183,15 @@ def test_temperature_loss_sign():
     torch.testing.assert_close(log_alpha.grad, torch.tensor([3.5]))
 
 
-def test_squashed_gaussian_rsample_matches_torch_distributions():
+@pytest.mark.parametrize("spread", [1.0, 8.0], ids=["inside", "saturating"])
+def test_squashed_gaussian_rsample_is_sb3s(spread):
+    """The sample and its log-probability as SB3's SquashedDiagGaussianDistribution gives them, tanh's
+    correction ``log(1 - a^2 + 1e-6)`` included; inside the saturation that is torch's exact density."""
+    from stable_baselines3.common.distributions import SquashedDiagGaussianDistribution
+
     head = SquashedGaussianHead(in_dim=4, action_dim=3)
     gen = torch.Generator().manual_seed(0)
-    mean = torch.empty(64, 3).uniform_(-1.0, 1.0, generator=gen)
+    mean = torch.empty(64, 3).uniform_(-spread, spread, generator=gen)
     log_std = torch.empty(64, 3).uniform_(-2.0, 0.0, generator=gen)
     params = torch.cat([mean, log_std], dim=-1).requires_grad_(True)
     torch.manual_seed(1)
@@ -194,12 +199,17 @@ def test_squashed_gaussian_rsample_matches_torch_distributions():
     torch.manual_seed(1)
     u = mean + log_std.exp() * torch.randn_like(mean)  # the same pre-squash sample
     tanh = TanhTransform(cache_size=1)
-    reference = TransformedDistribution(Normal(mean, log_std.exp()), [tanh])
     y = tanh(u)
     torch.testing.assert_close(actions.detach(), y)
     assert log_prob.shape == (64,)
-    torch.testing.assert_close(log_prob.detach(), reference.log_prob(y).sum(-1), atol=1e-4, rtol=0)
-    assert bool((actions.abs() < 1).all())
+    sb3 = SquashedDiagGaussianDistribution(3).proba_distribution(mean, log_std)
+    torch.testing.assert_close(log_prob.detach(), sb3.log_prob(y, gaussian_actions=u), atol=1e-5, rtol=1e-6)
+    exact = TransformedDistribution(Normal(mean, log_std.exp()), [tanh]).log_prob(y).sum(-1)
+    if spread == 1.0:
+        torch.testing.assert_close(log_prob.detach(), exact, atol=1e-3, rtol=0)
+    else:  # where 1 - a^2 nears 1e-6, SB3's correction bounds the density
+        assert (exact - log_prob.detach()).max() > 0.1
+    assert bool((actions.abs() <= 1).all())
     # Reparameterized: gradients reach the distribution parameters.
     (log_prob.sum() + actions.sum()).backward()
     assert params.grad is not None and bool((params.grad != 0).any())
@@ -899,3 +909,39 @@ def test_sac_refuses_action_spaces_it_cannot_act_in_at_the_constructor(action_sp
     single Discrete action (an IndexError in the first gradient step) are named when the model is built."""
     with pytest.raises(ValueError, match=message):
         SAC("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (2,), np.float32), action_space))
+
+
+def test_the_temperature_steps_with_sb3s_adam_whatever_optimizer_the_networks_take():
+    """SB3 steps ``log_ent_coef`` with ``Adam(lr=learning_rate)`` and its defaults; ``policy_kwargs``' optimizer
+    is the networks'. (covey took policy_kwargs' class and arguments for the temperature too.)"""
+    import stable_baselines3
+
+    kwargs = dict(
+        learning_rate=0.01,
+        policy_kwargs=dict(optimizer_class=torch.optim.SGD, optimizer_kwargs=dict(momentum=0.9, weight_decay=0.1)),
+    )
+    ours = SAC("MlpPolicy", "Pendulum-v1", seed=0, **kwargs)
+    theirs = stable_baselines3.SAC("MlpPolicy", "Pendulum-v1", seed=0, **kwargs)
+    assert isinstance(ours.actor.optimizer, torch.optim.SGD)
+    assert type(ours.ent_coef_optimizer) is type(theirs.ent_coef_optimizer) is torch.optim.Adam
+    for key in ("lr", "betas", "eps", "weight_decay", "amsgrad"):
+        assert ours.ent_coef_optimizer.param_groups[0][key] == theirs.ent_coef_optimizer.param_groups[0][key], key
+    # one Adam step from a fresh state moves the log-temperature by the learning rate
+    ours.learning_starts = 0
+    before = ours.log_ent_coef.item()
+    ours.learn(ours.batch_size + 1)
+    assert ours._n_updates >= 1
+    assert abs(ours.log_ent_coef.item() - before) == pytest.approx(0.01 * ours._n_updates, rel=0.05)
+
+
+def test_a_temperature_state_of_another_optimizer_starts_adam_afresh_with_a_warning():
+    """Earlier covey files hold the temperature's optimizer state in policy_kwargs' class (here SGD's)."""
+    kwargs = dict(learning_starts=0, batch_size=16, policy_kwargs=dict(optimizer_class=torch.optim.SGD))
+    model = SAC("MlpPolicy", "Pendulum-v1", seed=0, **kwargs)
+    params = model.get_parameters()
+    params["ent_coef_optimizer"] = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=3e-4).state_dict()
+    with pytest.warns(UserWarning, match="not an Adam state.*fresh Adam state"):
+        model.set_parameters(params)
+    assert model.ent_coef_optimizer.param_groups[0]["betas"] == (0.9, 0.999)
+    model.learn(32)
+    assert model._n_updates > 0 and np.isfinite(model.log_ent_coef.item())

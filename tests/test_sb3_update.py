@@ -1,6 +1,7 @@
-"""One update of covey's PPO is one update of SB3's: from the same weights and the same rollout (SB3's, copied
-into covey's buffer), with the same minibatch orders, both change every parameter alike and log the same
-statistics, on the hand-written path and through autograd."""
+"""One update of covey is one update of SB3's, on the hand-written path and through autograd: PPO from the same
+weights and the same rollout (SB3's, copied into covey's buffer) with the same minibatch orders, SAC from the
+same weights (targets and temperature included) on the same sampled batch with the same noise; every
+parameter changes alike and the logged statistics are the same."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 import stable_baselines3
 import torch
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
 import covey
+from covey.buffers.replay import ReplayBatch
 from covey.networks.sb3_names import from_sb3
 
 N_STEPS, N_ENVS = 64, 2
@@ -59,12 +62,26 @@ def copy_rollout(source, target) -> None:
 
 
 def weights(model, sb3: bool) -> dict[str, torch.Tensor]:
+    """The model's parameters by covey's names (SB3's renamed), with SAC's learned log-temperature."""
     state = {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
-    return from_sb3("PPO", state) if sb3 else state
+    state = from_sb3(type(model).__name__, state) if sb3 else state
+    if getattr(model, "log_ent_coef", None) is not None:
+        state["log_ent_coef"] = model.log_ent_coef.detach().clone().reshape(-1)
+    return state
+
+
+def assert_same_changes(before, after_theirs, after_ours, tolerance: float) -> None:
+    """Each parameter tensor moved alike: the largest difference of the two changes is under ``tolerance`` times
+    the largest change."""
+    for name in before:
+        their_change, our_change = after_theirs[name] - before[name], after_ours[name] - before[name]
+        scale = their_change.abs().max().item()
+        assert scale > 0, name
+        assert (our_change - their_change).abs().max().item() < tolerance * scale, name
 
 
 def one_update_each(monkeypatch, manual: bool, env_id: str, **kwargs):
-    """(SB3's change, covey's change) of every parameter and both logs after one ``train()`` each."""
+    """The parameters before, after one ``train()`` of each (SB3's, covey's), both logs and update counts."""
     monkeypatch.setattr(covey.PPO, "manual_gradients", manual)
     kwargs = dict(n_steps=N_STEPS, **kwargs)
     theirs = stable_baselines3.PPO("MlpPolicy", make_vec_env(env_id, N_ENVS, seed=0), seed=0, **kwargs)
@@ -82,10 +99,9 @@ def one_update_each(monkeypatch, manual: bool, env_id: str, **kwargs):
     SameOrders(monkeypatch)
     theirs.train()
     ours.train()
-    after_theirs, after_ours = weights(theirs, sb3=True), weights(ours, sb3=False)
-    changes = {k: (after_theirs[k] - before[k], after_ours[k] - before[k]) for k in before}
+    after = weights(theirs, sb3=True), weights(ours, sb3=False)
     logs = [{k: model.logger.name_to_value.get(f"train/{k}") for k in LOGGED} for model in (theirs, ours)]
-    return changes, logs, (theirs._n_updates, ours._n_updates)
+    return before, after, logs, (theirs._n_updates, ours._n_updates)
 
 
 CASES = {
@@ -114,18 +130,86 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_ppo_update_is_sb3s(monkeypatch, case, manual):
     env_id, kwargs = CASES[case]
-    changes, (theirs, ours), n_updates = one_update_each(monkeypatch, manual, env_id, **kwargs)
+    before, after, (theirs, ours), n_updates = one_update_each(monkeypatch, manual, env_id, **kwargs)
     assert n_updates[0] == n_updates[1]
     if case == "early stop on target_kl":
         assert n_updates[0] < kwargs["n_epochs"]
-    for name, (their_change, our_change) in changes.items():
-        scale = their_change.abs().max().item()
-        assert scale > 0, name
-        # Adam's first steps are about lr * sign(gradient), so a rounding difference in a gradient near zero
-        # shows as a step of a few 1e-4 of the largest
-        assert (our_change - their_change).abs().max().item() < 2e-3 * scale, name
+    # Adam's first steps are about lr * sign(gradient), so a rounding difference in a gradient near zero shows as
+    # a step of a few 1e-4 of the largest
+    assert_same_changes(before, *after, tolerance=2e-3)
     for key in LOGGED:
         if key == "std" and env_id == "CartPole-v1":
             assert theirs[key] is None and ours[key] is None
             continue
         assert ours[key] == pytest.approx(theirs[key], rel=1e-3, abs=1e-6), key
+
+
+def sac_steps_each(monkeypatch, manual: bool, gradient_steps: int, **kwargs):
+    """Parameters (targets and log-temperature included) before and after ``train(gradient_steps)`` of SB3's SAC
+    and covey's, from the same weights, on one fixed batch, with the same noise; and both logs."""
+    monkeypatch.setattr(covey.SAC, "manual_gradients", manual)
+    theirs = stable_baselines3.SAC("MlpPolicy", "Pendulum-v1", seed=0, learning_starts=0, **kwargs)
+    ours = covey.SAC("MlpPolicy", "Pendulum-v1", seed=1, learning_starts=0, **kwargs)
+    assert (ours._manual is not None) == manual
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # targets apart from the critics, and a temperature other than its start
+        for p in theirs.critic_target.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+        if theirs.log_ent_coef is not None:
+            theirs.log_ent_coef.sub_(0.3)
+    with pytest.warns(UserWarning, match="not copied"):
+        ours.set_parameters(theirs.get_parameters())
+    if theirs.log_ent_coef is not None:
+        with torch.no_grad():
+            ours.log_ent_coef.copy_(theirs.log_ent_coef.reshape(ours.log_ent_coef.shape))
+    before = weights(theirs, sb3=True)
+    assert all(torch.equal(value, before[name]) for name, value in weights(ours, sb3=False).items())
+    n = 64
+    obs, next_obs = (torch.rand(n, 3, generator=generator) * 2 - 1 for _ in range(2))
+    actions = torch.rand(n, 1, generator=generator) * 2 - 1
+    rewards = torch.randn(n, generator=generator)
+    terminated = torch.rand(n, generator=generator) < 0.2
+    samples = ReplayBufferSamples(obs, actions, next_obs, terminated.float()[:, None], rewards[:, None], None)
+    batch = ReplayBatch(obs, actions, next_obs, rewards, terminated.float())  # as the buffer stores it
+    monkeypatch.setattr(theirs.replay_buffer, "sample", lambda *args, **kw: samples)
+    monkeypatch.setattr(ours.replay_buffer, "sample_batch", lambda *args, **kw: batch)
+    theirs._setup_learn(1000, None)
+    ours._setup_learn(1000, None, True, "test", False)
+    for model in (theirs, ours):
+        torch.manual_seed(7)  # the actor's noise: both draw it in the same order
+        model.train(gradient_steps=gradient_steps, batch_size=n)
+    keys = ("actor_loss", "critic_loss", "ent_coef", "ent_coef_loss")
+    logs = [{k: model.logger.name_to_value.get(f"train/{k}") for k in keys} for model in (theirs, ours)]
+    return before, (weights(theirs, sb3=True), weights(ours, sb3=False)), logs
+
+
+SAC_CASES = {  # settings, and the tolerance on the changes
+    "plain gradients, learned temperature, 3 steps": (
+        dict(
+            gradient_steps=3,
+            tau=0.3,
+            gamma=0.9,
+            learning_rate=0.01,
+            policy_kwargs=dict(optimizer_class=torch.optim.SGD),
+        ),
+        2e-4,  # SGD's steps are the gradients: float rounding only
+    ),
+    # Adam's first steps divide each gradient by its own size, so a rounding difference in a gradient near zero
+    # shows as a step of up to a few 1e-3 of the largest
+    "Adam, fixed temperature": (dict(gradient_steps=2, ent_coef=0.2, learning_rate=3e-3), 1e-2),
+}
+
+
+@pytest.mark.parametrize("manual", [True, False], ids=["hand-written", "autograd"])
+@pytest.mark.parametrize("case", list(SAC_CASES))
+def test_sac_gradient_steps_are_sb3s(monkeypatch, case, manual):
+    """Actor, critics, targets and the temperature (stepped by Adam in both, whatever optimizer the networks
+    take) move alike, tanh's correction being SB3's ``log(1 - a^2 + 1e-6)``."""
+    kwargs, tolerance = SAC_CASES[case]
+    before, after, (theirs, ours) = sac_steps_each(monkeypatch, manual, **kwargs)
+    assert ("log_ent_coef" in before) == ("learned" in case)
+    assert_same_changes(before, *after, tolerance=tolerance)
+    for key, value in theirs.items():
+        assert (ours[key] is None) == (value is None), key
+        if value is not None:
+            assert ours[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key

@@ -865,16 +865,20 @@ class BaseAgent:
         if getattr(self, "critic_ema", None) is not None:
             self.critic_ema.update()
 
-    def _make_optimizer(self, params: list[torch.Tensor], adam_eps: float | None = None) -> torch.optim.Optimizer:
-        """``policy_kwargs``' optimizer over ``params``, laid out in one flat buffer (:class:`FlatParameters`,
-        reachable as ``optimizer.flat_parameters``): the optimizer steps one tensor, and Adam is fused."""
+    def _make_optimizer(
+        self, params: list[torch.Tensor], adam_eps: float | None = None, plain_adam: bool = False
+    ) -> torch.optim.Optimizer:
+        """``policy_kwargs``' optimizer over ``params`` (``plain_adam``: Adam with its defaults, whatever
+        ``policy_kwargs`` say), laid out in one flat buffer (:class:`FlatParameters`, reachable as
+        ``optimizer.flat_parameters``): the optimizer steps one tensor, and Adam is fused."""
         pc = self.policy_config
-        kwargs = pc.optimizer_arguments(adam_eps)
-        if pc.optimizer_class in (torch.optim.Adam, torch.optim.AdamW):
+        optimizer_class = torch.optim.Adam if plain_adam else pc.optimizer_class
+        kwargs = {} if plain_adam else pc.optimizer_arguments(adam_eps)
+        if optimizer_class in (torch.optim.Adam, torch.optim.AdamW):
             if "foreach" not in kwargs and "fused" not in kwargs and params:
                 kwargs["fused"] = True
         flat = FlatParameters(params)
-        return flat.attach(pc.optimizer_class([flat.data], lr=self.lr_schedule(1.0), **kwargs))
+        return flat.attach(optimizer_class([flat.data], lr=self.lr_schedule(1.0), **kwargs))
 
     # ------------------------------------------------------------------ parameters and files
     def _networks(self) -> dict[str, torch.nn.Module]:

@@ -635,7 +635,8 @@ class SAC(BaseAgent):
         if isinstance(cfg.ent_coef, str):
             init = float(cfg.ent_coef.split("_")[1]) if "_" in cfg.ent_coef else 1.0
             self.log_ent_coef = torch.tensor([math.log(init)], device=self.device, requires_grad=True)
-            self.ent_coef_optimizer = self._make_optimizer([self.log_ent_coef])
+            # as SB3's: Adam at the learning rate, whatever optimizer policy_kwargs choose for the networks
+            self.ent_coef_optimizer = self._make_optimizer([self.log_ent_coef], plain_adam=True)
             self._fixed_ent_coef = None
         else:
             self.log_ent_coef = None
@@ -708,6 +709,15 @@ class SAC(BaseAgent):
     def _translate_parameter_names(self, params: dict) -> dict:
         renames = {"actor_optimizer": "actor.optimizer", "critic_optimizer": "critic.optimizer"}
         params = merge_parameter_groups(params, "policy", ("actor", "critic", "critic_target"), renames)
+        temperature = params.get("ent_coef_optimizer")
+        if isinstance(temperature, dict) and not all("betas" in g for g in temperature.get("param_groups", [{}])):
+            # Earlier covey files hold the temperature's state in policy_kwargs' optimizer class; it is Adam's now
+            warnings.warn(
+                "The learned temperature's optimizer state (ent_coef_optimizer) in these parameters is not an Adam "
+                "state; SAC steps the temperature with Adam, as SB3 does, so it starts from a fresh Adam state.",
+                stacklevel=3,
+            )
+            params = {name: state for name, state in params.items() if name != "ent_coef_optimizer"}
         return translate_groups("SAC", params, ("actor.optimizer", "critic.optimizer", "ent_coef_optimizer"))
 
     def _hyperparameters(self) -> dict[str, Any]:

@@ -431,11 +431,13 @@ class SquashedGaussianHead(nn.Module):
     """Box actions for SAC: a Gaussian with state-dependent std, squashed by tanh into [-1, 1].
 
     ``forward`` returns ``(mean, log_std)`` concatenated ``(B, 2d)``; ``rsample`` draws a
-    reparameterized action in [-1, 1] with its log-probability, including the tanh change of variables
-    ``log p(a) = log N(u) - sum log(1 - tanh(u)^2)``.
+    reparameterized action in [-1, 1] with its log-probability, including the tanh change of variables as SB3
+    writes it, ``log p(a) = log N(u) - sum log(1 - tanh(u)^2 + 1e-6)`` (the 1e-6 bounds the correction where
+    tanh saturates).
     """
 
     LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+    epsilon = 1e-6
 
     def __init__(self, in_dim: int, action_dim: int) -> None:
         super().__init__()
@@ -471,19 +473,19 @@ class SquashedGaussianHead(nn.Module):
         std = log_std.exp()
         u = mean + std * noise
         gauss = (-0.5 * noise.pow(2) - log_std - 0.5 * _LOG_2PI).sum(-1)
-        # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|.
-        correction = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
         action = torch.tanh(u)
-        return action, gauss - correction, (params, noise, std, action)
+        squash = 1.0 - action * action + self.epsilon
+        return action, gauss - squash.log().sum(-1), (params, noise, std, action, squash)
 
     def manual_grad(self, terms: tuple, grad_action: torch.Tensor, grad_log_prob: torch.Tensor) -> torch.Tensor:
         """d(loss)/d(params) ``(B, 2d)`` from d(loss)/d(action) ``(B, d)`` and d(loss)/d(log-probability)
         ``(B,)`` of a :meth:`manual_rsample`."""
-        params, noise, std, action = terms
+        params, noise, std, action, squash = terms
         grad_log_prob = grad_log_prob.unsqueeze(-1)
-        # u = mean + std * noise; d action / du = 1 - action^2; d log-probability / du = 2 tanh(u) (the
-        # correction's derivative) and d log-probability / d log_std = -1 at fixed noise.
-        grad_u = (1.0 - action * action).mul_(grad_action).addcmul_(action, grad_log_prob, value=2.0)
+        # u = mean + std * noise; d action / du = 1 - action^2; d log-probability / du = 2 a (1 - a^2) / (1 - a^2
+        # + eps) (the correction's derivative) and d log-probability / d log_std = -1 at fixed noise.
+        slope = 1.0 - action * action
+        grad_u = slope * grad_action + grad_log_prob * (2.0 * action * slope / squash)
         grad_log_std = (grad_u * std).mul_(noise).sub_(grad_log_prob)
         log_std = params[..., self.action_dim :]  # the clamp passes gradients inside [min, max] only
         grad_log_std.mul_((log_std >= self.LOG_STD_MIN) & (log_std <= self.LOG_STD_MAX))
