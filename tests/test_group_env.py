@@ -884,3 +884,42 @@ def test_a_callback_changes_the_training_envs_through_set_attr():
     rewards = model.rollout_buffer.rewards
     assert model.get_env().get_attr("press_cost") == [5.0, 5.0]
     assert (rewards == -5.0).any() and not (rewards == -0.5).any()
+
+
+class InPlaceInfosEnv(ParallelEnv):
+    """Two agents whose infos are one dict, with an array, that the env updates in place every step."""
+
+    metadata = {"name": "in_place_infos_v0"}
+
+    def __init__(self):
+        self.possible_agents = ["a", "b"]
+        self.agents = []
+        self.infos = {agent: {"t": 0, "position": np.zeros(2)} for agent in self.possible_agents}
+
+    def observation_space(self, agent):
+        return spaces.Box(-1, 1, (2,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.agents, self.t = list(self.possible_agents), 0
+        return {agent: np.zeros(2, np.float32) for agent in self.agents}, self.infos
+
+    def step(self, actions):
+        self.t += 1
+        for info in self.infos.values():
+            info["t"] = self.t
+            info["position"][:] = self.t
+        obs = {agent: np.zeros(2, np.float32) for agent in self.agents}
+        zeros = {agent: False for agent in self.agents}
+        return obs, {agent: 0.0 for agent in self.agents}, zeros, zeros, self.infos
+
+
+def test_each_steps_agent_infos_are_its_own():
+    """A callback that keeps ``infos[e]["agents"]`` keeps each step's, as with SB3's DummyVecEnv's copies."""
+    venv = GroupVecEnv([InPlaceInfosEnv])
+    venv.reset(seed=0)
+    kept = [venv.step(np.zeros((1, 2), np.int64)).infos[0]["agents"] for _ in range(3)]
+    assert [info["a"]["t"] for info in kept] == [1, 2, 3]
+    assert [info["b"]["position"][0] for info in kept] == [1, 2, 3]

@@ -218,36 +218,43 @@ def test_an_envs_own_error_passes_through_unchanged():
 
 
 class OneInfoDictEnv(gym.Env):
-    """Returns the same info dict every step, updated in place (as some simulators' wrappers do)."""
+    """Returns the same info dict every step, updated in place with an array it also updates in place, and its
+    state array as the observation (as some simulators' wrappers do)."""
 
     observation_space = spaces.Box(-1, 1, (2,), np.float32)
     action_space = spaces.Discrete(2)
 
     def __init__(self):
-        self.info = {"t": 0}
+        self.info = {"t": 0, "position": np.zeros(2)}
+        self.state = np.zeros(2, np.float32)
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
         self.t = 0
-        return np.zeros(2, np.float32), {}
+        self.state[:] = 0.0
+        return self.state, {}
 
     def step(self, action):
         self.t += 1
         self.info["t"] = self.t
-        return np.full(2, self.t / 10, np.float32), 1.0, False, self.t >= 3, self.info
+        self.info["position"][:] = self.t
+        self.state[:] = self.t / 10
+        return self.state, 1.0, False, self.t >= 3, self.info
 
 
 def test_each_steps_infos_are_its_own_and_the_envs_dict_is_left_as_it_was():
-    """DummyVecEnv hands out copies of the infos: a callback that keeps them keeps each step's. covey's vector env
-    copies each info dict too, and writes its keys (terminal_observation, TimeLimit.truncated) into the copy."""
+    """DummyVecEnv hands out deep copies of the infos: a callback that keeps them keeps each step's, arrays and
+    terminal observations included. covey's vector env copies them too, and writes its keys
+    (terminal_observation, TimeLimit.truncated) into the copy (DummyVecEnv writes them into the env's dict)."""
     venv = FastVecEnv([OneInfoDictEnv])
     venv.reset()
     kept = [venv.step(np.array([0]))[3][0] for _ in range(4)]
     assert [info["t"] for info in kept] == [1, 2, 3, 1]
+    assert [info["position"][0] for info in kept] == [1, 2, 3, 1]
     assert ["terminal_observation" in info for info in kept] == [False, False, True, False]
     np.testing.assert_allclose(kept[2]["terminal_observation"], [0.3, 0.3], rtol=1e-6)
     assert [info["TimeLimit.truncated"] for info in kept] == [False, False, True, False]
-    assert venv.envs[0].unwrapped.info == {"t": 1}
+    assert set(venv.envs[0].unwrapped.info) == {"t", "position"}
 
 
 class BroadcastableObsEnv(gym.Env):

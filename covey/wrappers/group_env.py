@@ -7,6 +7,7 @@ reset as soon as all its agents are gone.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -16,7 +17,7 @@ from gymnasium import spaces
 
 from covey.networks.encoders import FlatDict
 from covey.spaces import check_action_space, check_observation_space
-from covey.wrappers.vec_env import returned
+from covey.wrappers.vec_env import own_info, returned
 
 PETTINGZOO_API = (
     "covey's POCA steps PettingZoo parallel envs (the API of PettingZoo 1.22 and newer): reset(seed=None, "
@@ -254,7 +255,11 @@ class GroupVecEnv:
             if len(out) != 5:
                 raise _api_error("step()", f"returned {len(out)} values, not 5")
             observations, rew, term, trunc, agent_infos = out
-            infos[e]["agents"] = agent_infos  # the env's own, keyed by agent
+            # the env's, keyed by agent, copied as SB3's DummyVecEnv copies infos: an env may update them in place
+            infos[e]["agents"] = {
+                agent: own_info(info) if isinstance(info, dict) else copy.deepcopy(info)
+                for agent, info in agent_infos.items()
+            }
             self._ep_length[e] += 1
             # Read once: on wrapped PettingZoo envs every read walks the wrapper chain. An agent the step
             # terminated or truncated is gone even where the env still lists it (PettingZoo's API removes it).

@@ -6,6 +6,7 @@ adds two adapters: a lean in-process VecEnv and a view of a Gymnasium vector env
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,13 +32,23 @@ GYMNASIUM_API = (
 )
 
 
+_IMMUTABLE = (int, float, bool, complex, str, bytes, type(None), np.generic)
+
+
+def own_info(info: dict) -> dict:
+    """A deep copy of a step's ``info``, as SB3's ``DummyVecEnv`` gives, that copies only its mutable values: an env
+    may update an array of its info, or the dict itself, in place at its next step."""
+    return {key: value if isinstance(value, _IMMUTABLE) else copy.deepcopy(value) for key, value in info.items()}
+
+
 class FastVecEnv(DummyVecEnv):
-    """SB3's ``DummyVecEnv`` without the per-step deep copies of infos and observations.
+    """SB3's ``DummyVecEnv`` with fewer copies per step.
 
     Semantics are DummyVecEnv's: auto-reset, ``info["terminal_observation"]`` and
-    ``info["TimeLimit.truncated"]``. Each info dict is a shallow copy of the env's (DummyVecEnv's are deep
-    copies), observations are copied once out of the buffer, and one of another shape than the space's is
-    named (DummyVecEnv's NumPy assignment broadcasts a ``(1,)`` observation into every entry).
+    ``info["TimeLimit.truncated"]``, and each step's infos are deep copies (:func:`own_info` copies only their
+    mutable values, where DummyVecEnv deep-copies the whole list). Observations are copied once out of the
+    buffer, and one of another shape than the space's is named (DummyVecEnv's NumPy assignment broadcasts a
+    ``(1,)`` observation into every entry).
     """
 
     def reset(self):
@@ -66,11 +77,11 @@ class FastVecEnv(DummyVecEnv):
         try:
             for i, env in enumerate(self.envs):
                 obs, reward, terminated, truncated, info = env.step(self.actions[i])
-                info = dict(info)  # this step's own: an env may return one dict it updates in place
+                info = own_info(info)  # this step's own: an env may update its info's arrays or dict in place
                 done = terminated or truncated
                 info["TimeLimit.truncated"] = truncated and not terminated
                 if done:
-                    info["terminal_observation"] = obs
+                    info["terminal_observation"] = np.copy(obs) if isinstance(obs, np.ndarray) else copy.deepcopy(obs)
                     obs, self.reset_infos[i] = env.reset()
                 self._save_obs(i, obs)
                 self.buf_rews[i] = reward
