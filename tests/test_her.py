@@ -9,6 +9,7 @@ from stable_baselines3 import HerReplayBuffer as SB3HerReplayBuffer
 from stable_baselines3.common.envs import BitFlippingEnv
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import DummyVecEnv
+from stable_baselines3.her.goal_selection_strategy import GoalSelectionStrategy
 
 from covey import SAC
 from covey.buffers.her import HerReplayBuffer
@@ -131,18 +132,45 @@ def test_sac_takes_sb3s_her_arguments_and_keeps_them_in_its_file(tmp_path):
     model = her_sac(replay_buffer_kwargs=kwargs).learn(60)
     buf = model.replay_buffer
     assert isinstance(buf, HerReplayBuffer) and buf.env is model.get_env()
-    assert (buf.n_sampled_goal, buf.goal_selection_strategy, buf.copy_info_dict) == (2, "final", True)
+    assert (buf.n_sampled_goal, buf.goal_selection_strategy, buf.copy_info_dict) == (
+        2,
+        GoalSelectionStrategy.FINAL,
+        True,
+    )
     assert model._n_updates > 0 and buf.ep_length.any()
     model.save(tmp_path / "her")
     loaded = SAC.load(tmp_path / "her")
     assert isinstance(loaded.replay_buffer, HerReplayBuffer) and loaded.replay_buffer.env is None
-    assert loaded.replay_buffer.goal_selection_strategy == "final" and loaded.replay_buffer.n_sampled_goal == 2
+    assert loaded.replay_buffer.goal_selection_strategy is GoalSelectionStrategy.FINAL
+    assert loaded.replay_buffer.n_sampled_goal == 2
     loaded.set_env(BitFlippingEnv(n_bits=4, continuous=True, max_steps=4))
     assert loaded.replay_buffer.env is loaded.get_env()
     model.save_replay_buffer(tmp_path / "buffer")
-    loaded.load_replay_buffer(tmp_path / "buffer")
+    running = (buf._current_ep_start != buf.pos).any()
+    assert running  # 60 steps of 4-step episodes (or shorter) leave one running at the save
+    with pytest.warns(UserWarning, match="ends in running episodes.*truncate_last_traj=False"):  # as SB3 warns
+        loaded.load_replay_buffer(tmp_path / "buffer")
     assert (loaded.replay_buffer._current_ep_start == loaded.replay_buffer.pos).all()  # running episodes ended
     loaded.learn(20)
+
+
+def test_covey_s_own_buffer_classes_stand_for_sb3s():
+    """``replay_buffer_class=covey.buffers.her.HerReplayBuffer`` is hindsight replay, as SB3's class is, and
+    covey's plain ReplayBuffer is SB3's (both were refused as custom buffers, whose advice turned HER off)."""
+    from covey.buffers.replay import ReplayBuffer
+
+    model = SAC(
+        "MultiInputPolicy",
+        BitFlippingEnv(n_bits=4, continuous=True, max_steps=4),
+        replay_buffer_class=HerReplayBuffer,
+        replay_buffer_kwargs=dict(goal_selection_strategy=GoalSelectionStrategy.EPISODE),
+        learning_starts=10,
+        batch_size=16,
+    ).learn(30)
+    assert isinstance(model.replay_buffer, HerReplayBuffer) and model._n_updates > 0
+    assert model.replay_buffer.goal_selection_strategy is GoalSelectionStrategy.EPISODE
+    plain = SAC("MlpPolicy", "Pendulum-v1", replay_buffer_class=ReplayBuffer, learning_starts=10, batch_size=16)
+    assert type(plain.replay_buffer) is ReplayBuffer
 
 
 def test_sac_her_settings_that_cannot_work_are_refused():

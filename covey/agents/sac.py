@@ -363,8 +363,12 @@ def check_replay_buffer_args(
     ``handle_timeout_termination``, the n-step length to use (``n_steps``, or an ``NStepReplayBuffer``'s own: SB3
     then ignores ``n_steps``) and, for ``HerReplayBuffer`` (the class, or its name as a model file keeps it),
     :class:`~covey.buffers.her.HerReplayBuffer`'s settings."""
-    if replay_buffer_class == "HerReplayBuffer":
-        replay_buffer_class = SB3HerReplayBuffer
+    # covey's own buffer classes stand for SB3's, as the name does in a model file
+    replay_buffer_class = {"HerReplayBuffer": SB3HerReplayBuffer, HerReplayBuffer: SB3HerReplayBuffer}.get(
+        replay_buffer_class, replay_buffer_class
+    )
+    if replay_buffer_class is ReplayBuffer:
+        replay_buffer_class = SB3ReplayBuffer
     own = (SB3ReplayBuffer, SB3DictReplayBuffer, SB3NStepReplayBuffer, SB3HerReplayBuffer)
     if replay_buffer_class is not None and replay_buffer_class not in own:
         name = getattr(replay_buffer_class, "__name__", repr(replay_buffer_class))
@@ -744,10 +748,18 @@ class SAC(BaseAgent):
 
     def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
         """Fill the replay buffer from :meth:`save_replay_buffer`'s file (``path`` as given there, or the file).
-        With hindsight replay, ``truncate_last_traj`` ends the episodes the file left running, as SB3 does."""
+        With hindsight replay, ``truncate_last_traj`` ends the episodes the file left running, as SB3 does (and
+        warns where there are some)."""
         self.replay_buffer.load(path)
         if truncate_last_traj and isinstance(self.replay_buffer, HerReplayBuffer):
-            self.replay_buffer.truncate_last_trajectory()
+            if self.replay_buffer.truncate_last_trajectory():
+                warnings.warn(
+                    "The replay buffer file ends in running episodes, which loading ends (truncate_last_traj=True). "
+                    "If training goes on in those same episodes (the env was not reset since the save), load with "
+                    "truncate_last_traj=False.",
+                    UserWarning,
+                    stacklevel=2,
+                )
 
     # ------------------------------------------------------------------ training loop
     def learn(

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 from gymnasium import spaces
+from stable_baselines3.her.goal_selection_strategy import GoalSelectionStrategy
 
 from covey.buffers.replay import ReplayBatch, ReplayBuffer, fill_rows
 
@@ -20,6 +21,11 @@ def goal_strategy(value: Any) -> str:
     if not isinstance(name, str) or name.lower() not in STRATEGIES:
         raise ValueError(f"goal_selection_strategy={value!r} is invalid: use one of {list(STRATEGIES)}.")
     return name.lower()
+
+
+def goal_strategy_enum(value: Any) -> GoalSelectionStrategy:
+    """``goal_selection_strategy`` as SB3's ``GoalSelectionStrategy`` (what SB3's buffer holds)."""
+    return GoalSelectionStrategy[goal_strategy(value).upper()]
 
 
 class HerReplayBuffer(ReplayBuffer):
@@ -66,7 +72,7 @@ class HerReplayBuffer(ReplayBuffer):
         )
         self.env = env
         self.n_sampled_goal = int(n_sampled_goal)
-        self.goal_selection_strategy = goal_strategy(goal_selection_strategy)
+        self.goal_selection_strategy = goal_strategy_enum(goal_selection_strategy)  # SB3's enum, as its buffer's
         self.her_ratio = 1.0 - 1.0 / (self.n_sampled_goal + 1)
         self.copy_info_dict = bool(copy_info_dict)
         lead = (self.capacity, n_envs)
@@ -96,12 +102,15 @@ class HerReplayBuffer(ReplayBuffer):
         self.ep_length[np.arange(start, end) % self.capacity, e] = end - start
         self._current_ep_start[e] = self.pos
 
-    def truncate_last_trajectory(self) -> None:
+    def truncate_last_trajectory(self) -> bool:
         """End the episodes still running at the newest step (as after loading a buffer saved mid-episode), so
-        their steps can be sampled; their last step keeps its bootstrap, as a time limit does."""
-        for e in np.flatnonzero(self._current_ep_start != self.pos):
+        their steps can be sampled; their last step keeps its bootstrap, as a time limit does. Returns whether
+        there were any."""
+        running = np.flatnonzero(self._current_ep_start != self.pos)
+        for e in running:
             self.dones[(self.pos - 1) % self.capacity, e] = True
             self._end_episode(int(e))
+        return len(running) > 0
 
     def can_sample(self) -> bool:
         """Whether a finished episode is stored (hindsight replay samples only those)."""
@@ -137,9 +146,9 @@ class HerReplayBuffer(ReplayBuffer):
     def _sample_goals(self, rows: np.ndarray, envs: np.ndarray) -> np.ndarray:
         """The achieved goal after a step of each sample's episode, chosen by the strategy."""
         start, length = self.ep_start[rows, envs], self.ep_length[rows, envs]
-        if self.goal_selection_strategy == "final":
+        if self.goal_selection_strategy is GoalSelectionStrategy.FINAL:
             offset = length - 1
-        elif self.goal_selection_strategy == "future":  # this step or a later one
+        elif self.goal_selection_strategy is GoalSelectionStrategy.FUTURE:  # this step or a later one
             offset = np.random.randint((rows - start) % self.capacity, length)
         else:  # "episode"
             offset = np.random.randint(0, length)
