@@ -120,6 +120,57 @@ def test_a_saved_buffer_samples_the_same_after_loading_and_running_episodes_can_
         loaded.load(plain)
 
 
+class InfoBitFlipping(BitFlippingEnv):
+    """Bit flipping whose step infos hold arrays, NumPy scalars, tuples and nested dicts (``extra`` added)."""
+
+    def __init__(self, extra=None):
+        super().__init__(n_bits=4, continuous=True, max_steps=5)
+        self.extra, self.t = extra, 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        self.t += 1
+        info.update(scale=np.float32(self.t), position=np.arange(3) * self.t, tag=("a", self.t), nested={"x": [1.5]})
+        if self.extra is not None:
+            info["extra"] = self.extra
+        return obs, reward, terminated, truncated, info
+
+
+def test_copied_infos_are_saved_with_the_buffer_as_plain_data(tmp_path):
+    """With ``copy_info_dict`` the infos that ``compute_reward`` reads come back after loading, types and values
+    (SB3 pickles them); infos that plain data cannot hold are left out of the file, with a warning at both ends."""
+    venv = DummyVecEnv([InfoBitFlipping] * 2)
+    buf = HerReplayBuffer(24, venv.observation_space, venv.action_space, env=venv, n_envs=2, copy_info_dict=True)
+    fill([buf], venv, 9)
+    buf.save(tmp_path / "her.npz")
+    loaded = HerReplayBuffer(24, venv.observation_space, venv.action_space, env=venv, n_envs=2, copy_info_dict=True)
+    fill([loaded], DummyVecEnv([InfoBitFlipping] * 2), 12)  # what loading replaces
+    loaded.load(tmp_path / "her.npz")
+    for row in range(loaded.capacity):
+        for e in range(2):
+            mine, theirs = loaded.infos[row, e], buf.infos[row, e]
+            assert mine.keys() == theirs.keys()
+            for key, value in theirs.items():
+                assert type(mine[key]) is (dict if isinstance(value, dict) else type(value)), key  # OrderedDict too
+                if isinstance(value, np.ndarray):
+                    assert mine[key].dtype == value.dtype
+                np.testing.assert_equal(mine[key], value)
+    assert loaded.infos[8, 0]["scale"] > 0 and loaded.infos[9, 0] == {}  # rows after the file's are empty
+    np.random.seed(0)
+    expected = buf.sample(16)
+    np.random.seed(0)
+    assert_same_samples(loaded.sample(16), expected)
+
+    odd = DummyVecEnv([lambda: InfoBitFlipping(extra=object())] * 2)
+    buf = HerReplayBuffer(24, odd.observation_space, odd.action_space, env=odd, n_envs=2, copy_info_dict=True)
+    fill([buf], odd, 6)
+    with pytest.warns(UserWarning, match="hold a object, which its file keeps only as plain data"):
+        buf.save(tmp_path / "odd.npz")
+    with pytest.warns(UserWarning, match="holds no infos"):
+        loaded.load(tmp_path / "odd.npz")
+    assert all(info == {} for info in loaded.infos.ravel())
+
+
 # ---------------------------------------------------------------------------------------------------- SAC + HER
 def her_sac(env=None, **kwargs) -> SAC:
     env = env if env is not None else BitFlippingEnv(n_bits=4, continuous=True, max_steps=4)

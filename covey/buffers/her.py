@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import warnings
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,8 @@ from stable_baselines3.her.goal_selection_strategy import GoalSelectionStrategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer, fill_rows
 
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
+_TAG = "__covey__"
+"""Marks what JSON has no type for in the infos a buffer file holds: arrays, NumPy scalars, tuples, dicts."""
 STRATEGIES = ("future", "final", "episode")
 
 
@@ -167,13 +171,28 @@ class HerReplayBuffer(ReplayBuffer):
         rewards = self.env.env_method("compute_reward", achieved, goals, infos, indices=[0])[0]
         return np.asarray(rewards, dtype=np.float32)
 
-    # The episode bookkeeping travels with the buffer's file (infos do not: the file holds plain arrays only).
+    # The episode bookkeeping travels with the buffer's file, and so do the infos of copy_info_dict, as JSON
+    # (numbers, strings, NumPy arrays and scalars, lists, tuples and dicts of them): the file holds no pickle.
     def _extra_arrays(self, stored: int) -> dict[str, np.ndarray]:
-        return {
+        arrays = {
             "her/ep_start": self.ep_start[:stored],
             "her/ep_length": self.ep_length[:stored],
             "her/current": self._current_ep_start,
         }
+        if self.infos is not None:
+            try:
+                text = json.dumps([[_encode(info) for info in row] for row in self.infos[:stored]])
+            except TypeError as err:
+                warnings.warn(
+                    f"The replay buffer's infos (copy_info_dict=True) hold {err}, which its file keeps only as "
+                    "plain data (numbers, strings, NumPy arrays, lists, tuples and dicts of them): they are left "
+                    "out, and after loading compute_reward gets empty infos for these steps.",
+                    UserWarning,
+                    stacklevel=4,
+                )
+            else:
+                arrays["her/infos"] = np.frombuffer(text.encode(), dtype=np.uint8)
+        return arrays
 
     def _load_extra(self, data) -> None:
         if "her/ep_length" not in data:
@@ -184,3 +203,48 @@ class HerReplayBuffer(ReplayBuffer):
         fill_rows(self.ep_start, data["her/ep_start"])
         fill_rows(self.ep_length, data["her/ep_length"])
         self._current_ep_start[:] = data["her/current"]
+        if self.infos is not None:
+            rows = json.loads(data["her/infos"].tobytes()) if "her/infos" in data else []
+            if "her/infos" not in data:
+                warnings.warn(
+                    "The replay buffer file holds no infos (it was saved without copy_info_dict, or its infos "
+                    "were not plain data): compute_reward gets empty infos for its steps.",
+                    UserWarning,
+                    stacklevel=4,
+                )
+            for row in range(self.capacity):
+                decoded = rows[row] if row < len(rows) else None
+                for e in range(self.n_envs):
+                    self.infos[row, e] = _decode(decoded[e]) if decoded is not None else {}
+
+
+def _encode(value: Any) -> Any:
+    """``value`` as JSON data, with what JSON has no type for tagged; a TypeError names what cannot be."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufU":
+        kind = "array" if isinstance(value, np.ndarray) else "scalar"
+        return {_TAG: kind, "dtype": value.dtype.str, "shape": list(np.shape(value)), "data": value.tolist()}
+    if isinstance(value, list):
+        return [_encode(item) for item in value]
+    if isinstance(value, tuple):
+        return {_TAG: "tuple", "items": [_encode(item) for item in value]}
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {_TAG: "dict", "items": {key: _encode(item) for key, item in value.items()}}
+    what = f"a dict with keys {list(value)!r}" if isinstance(value, dict) else f"a {type(value).__name__}"
+    raise TypeError(what)
+
+
+def _decode(value: Any) -> Any:
+    """What :func:`_encode` wrote, as it was."""
+    if isinstance(value, list):
+        return [_decode(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    kind = value[_TAG]
+    if kind == "dict":
+        return {key: _decode(item) for key, item in value["items"].items()}
+    if kind == "tuple":
+        return tuple(_decode(item) for item in value["items"])
+    array = np.array(value["data"], dtype=np.dtype(value["dtype"])).reshape(value["shape"])
+    return array if kind == "array" else array[()]
