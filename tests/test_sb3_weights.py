@@ -146,6 +146,41 @@ def test_sac_cnn_policy_weights_copy(share):
                 torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "name, action_space, kwargs",
+    [
+        ("PPO", spaces.Discrete(3), {}),
+        ("PPO", spaces.Box(-1, 1, (2,), np.float32), dict(use_sde=True, policy_kwargs=dict(net_arch=[]))),
+        ("SAC", spaces.Box(-1, 1, (2,), np.float32), {}),
+    ],
+    ids=["PPO", "PPO gSDE without hidden layers", "SAC"],
+)
+def test_mlp_policy_weights_on_channel_last_images_copy(name, action_space, kwargs):
+    """SB3 moves channel-last images' channels first before its MlpPolicy flattens them, covey flattens them as
+    they come: the first layers take SB3's columns reordered, so the copy acts and values as SB3's does."""
+    env = SpaceEnv(image_space((6, 5, 3)), action_space)
+    sb3_model = getattr(stable_baselines3, name)("MlpPolicy", env, seed=0, **kwargs)
+    model = getattr(covey, name)("MlpPolicy", env, seed=1, **kwargs)
+    assert model.observation_space.shape == (6, 5, 3)  # covey keeps the layout
+    model.set_parameters({"policy": sb3_model.policy.state_dict()}, exact_match=False)
+    frames = np.random.default_rng(0).integers(0, 256, (16, 6, 5, 3), dtype=np.uint8)
+    np.testing.assert_allclose(
+        model.predict(frames, deterministic=True)[0], sb3_model.predict(frames, deterministic=True)[0], atol=1e-5
+    )
+    with torch.no_grad():
+        sb3_obs, ours = sb3_model.policy.obs_to_tensor(frames)[0], model.policy.obs_to_tensor(frames)[0]
+        if name == "PPO":
+            torch.testing.assert_close(model.policy.predict_values(ours), sb3_model.policy.predict_values(sb3_obs))
+            actions = torch.as_tensor(np.stack([action_space.sample() for _ in range(16)]))
+            torch.testing.assert_close(
+                model.policy.evaluate_actions(ours, actions)[1], sb3_model.policy.evaluate_actions(sb3_obs, actions)[1]
+            )
+        else:
+            actions = torch.as_tensor(np.random.default_rng(1).uniform(-1, 1, (16, 2)).astype(np.float32))
+            for q, sb3_q in zip(model.critic(ours, actions), sb3_model.critic(sb3_obs, actions), strict=True):
+                torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
+
+
 def test_what_cannot_be_copied_is_refused_clearly():
     sb3_model = stable_baselines3.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[32]))
     model = covey.PPO("MlpPolicy", "CartPole-v1")

@@ -37,7 +37,8 @@ from torch.optim import optimizer as _optimizer_module
 from covey import sb3_files, serialization
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
-from covey.spaces import check_action_space, check_observation_space
+from covey.networks.encoders import FlattenEncoder
+from covey.spaces import channels_last, check_action_space, check_observation_space, is_image_space
 from covey.version import __version__
 from covey.wrappers.vec_env import VecImageLayout, as_vec_env, image_layout_moves
 
@@ -905,6 +906,15 @@ class BaseAgent:
         """Parameter groups named as earlier covey files (or SB3, for PPO and SAC) name them, renamed to
         :meth:`_parameter_groups`'."""
         return params
+
+    def _flat_image(self) -> tuple[int, ...] | None:
+        """The shape of channel-last image observations that the actor reads flattened (an ``MlpPolicy``), which
+        SB3's networks read moved to channels first (None: other observations)."""
+        space = self.observation_space
+        if is_image_space(space) and channels_last(space.shape):
+            if isinstance(getattr(getattr(self, "actor", None), "encoder", None), FlattenEncoder):
+                return tuple(space.shape)
+        return None
 
     def get_parameters(self) -> dict[str, dict]:
         """State dicts of every parameter group, by name (SB3's ``get_parameters``)."""

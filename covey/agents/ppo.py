@@ -761,7 +761,7 @@ class PPO(BaseAgent):
 
     def _translate_parameter_names(self, params: dict) -> dict:
         params = merge_parameter_groups(params, "policy", ("actor", "critic"), {"optimizer": "policy.optimizer"})
-        return translate_groups("PPO", params, ("policy.optimizer",))
+        return translate_groups("PPO", params, ("policy.optimizer",), self._flat_image())
 
     # ------------------------------------------------------------------ training loop
     def learn(

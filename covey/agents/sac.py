@@ -722,7 +722,8 @@ class SAC(BaseAgent):
                 stacklevel=3,
             )
             params = {name: state for name, state in params.items() if name != "ent_coef_optimizer"}
-        return translate_groups("SAC", params, ("actor.optimizer", "critic.optimizer", "ent_coef_optimizer"))
+        optimizers = ("actor.optimizer", "critic.optimizer", "ent_coef_optimizer")
+        return translate_groups("SAC", params, optimizers, self._flat_image())
 
     def _hyperparameters(self) -> dict[str, Any]:
         params = super()._hyperparameters()

@@ -34,10 +34,14 @@ _NATURE_CNN = re.compile(r"^(?:(actor|critic|critic_target)\.)?(pi_|vf_)?feature
 _PPO_ENCODERS = {"pi_": "actor.encoder", "vf_": "critic.encoder"}
 
 
-def translate_groups(agent: str, params: dict, optimizers: tuple[str, ...]) -> dict:
+def translate_groups(
+    agent: str, params: dict, optimizers: tuple[str, ...], flat_image: tuple[int, ...] | None = None
+) -> dict:
     """Parameter groups as SB3's ``get_parameters()`` returns them, for covey's ``set_parameters``: the
     ``"policy"`` state dict renamed (:func:`from_sb3`), SB3's ``optimizers`` left out with a warning (their
-    states follow SB3's parameter order). Groups with covey's names pass through unchanged."""
+    states follow SB3's parameter order). Groups with covey's names pass through unchanged. ``flat_image``: the
+    shape of the channel-last image observations the model's networks read flattened (an ``MlpPolicy``), whose
+    first layers take SB3's columns reordered (:func:`image_inputs_to_covey`)."""
     policy = params.get("policy")
     if not isinstance(policy, dict) or not is_sb3(agent, policy):
         return params
@@ -50,7 +54,35 @@ def translate_groups(agent: str, params: dict, optimizers: tuple[str, ...]) -> d
             stacklevel=4,
         )
     rest = {name: group for name, group in params.items() if name not in optimizers and name != "policy"}
-    return {**rest, "policy": from_sb3(agent, policy)}
+    policy = from_sb3(agent, policy)
+    return {**rest, "policy": image_inputs_to_covey(policy, flat_image) if flat_image is not None else policy}
+
+
+_FIRST_LAYERS = re.compile(
+    r"^(actor|critic(?:_target)?(?:\.qs\.\d+)?)\.(?:trunk\.0|head\.proj|value_head\.proj)\.weight$"
+)
+
+
+def image_inputs_to_covey(state_dict: dict, shape: tuple[int, ...]) -> dict:
+    """SB3 moves the channels of a channel-last image first (its ``VecTransposeImage``) before an ``MlpPolicy``
+    flattens it; covey flattens the image as it comes. Each network's first layer (its first trunk layer, or its
+    head where it has none; with gSDE and no trunk, the exploration's log-std rows too) takes SB3's columns of
+    the image reordered from (C, H, W) to (H, W, C); the columns after them (SAC's critics' actions) stay."""
+    h, w, c = shape
+    n = h * w * c
+    order = torch.arange(n).reshape(c, h, w).permute(1, 2, 0).reshape(-1)  # covey's column i is SB3's order[i]
+    out = dict(state_dict)
+    networks = {match.group(1) for match in map(_FIRST_LAYERS.match, state_dict) if match}
+    for network in networks:
+        first = f"{network}.trunk.0.weight"
+        if first not in state_dict:
+            first = next(k for k in (f"{network}.head.proj.weight", f"{network}.value_head.proj.weight") if k in out)
+            log_std = out.get(f"{network}.head.log_std")
+            if log_std is not None and log_std.dim() == 2 and log_std.shape[0] == n:  # gSDE on the features
+                out[f"{network}.head.log_std"] = log_std[order]
+        weight = out[first]
+        out[first] = torch.cat([weight[:, :n][:, order], weight[:, n:]], dim=1)
+    return out
 
 
 def is_sb3(agent: str, state_dict: dict) -> bool:
