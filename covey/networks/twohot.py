@@ -48,7 +48,8 @@ class TwoHotHead(nn.Module):
     ``forward`` gives logits ``(..., n_outputs, num_buckets)`` (``(..., num_buckets)`` when
     ``n_outputs == 1``); :meth:`value` reads out
     ``symexp(sum_k p_k b_k)`` and :meth:`loss` is the cross-entropy against ``twohot(symlog(target))``.
-    The output layer starts at zero, so every initial prediction is 0 (the uniform distribution's mean).
+    The output layer starts at zero, so every initial prediction is the uniform distribution's mean: 0 for a
+    ``bucket_range`` symmetric about 0, as the default.
     """
 
     def __init__(
