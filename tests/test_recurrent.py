@@ -41,17 +41,15 @@ def test_every_step_appears_once():
     assert np.all(valid[:, -1])  # only the front is ever padded
 
 
+def lstm_ppo(env, n_steps: int) -> PPO:
+    """A small LSTM policy that trains on whole rollouts of ``n_steps`` steps."""
+    memory = dict(hidden_size=8, sequence_length=4)
+    return PPO("MlpLstmPolicy", env, n_steps=n_steps, batch_size=n_steps, seed=0, policy_kwargs=dict(memory=memory))
+
+
 @pytest.fixture
 def collected():
-    env = make_vec_env(lambda: RememberCueEnv(delay=2), n_envs=3, seed=0)
-    model = PPO(
-        "MlpLstmPolicy",
-        env,
-        n_steps=20,
-        batch_size=20,
-        seed=0,
-        policy_kwargs=dict(memory=dict(hidden_size=8, sequence_length=4)),
-    )
+    model = lstm_ppo(make_vec_env(lambda: RememberCueEnv(delay=2), n_envs=3, seed=0), n_steps=20)
     model.learn(60)  # a few rollouts so memories are carried across rollout boundaries
     _, callback = model._setup_learn(60, None, False, "test", False)
     assert model.collect_rollouts(callback)
@@ -263,15 +261,7 @@ def test_integer_dones_reset_the_memory_as_boolean_ones():
     was doubled and its sign flipped instead), so the run is the same, weight for weight."""
     weights = []
     for wrap in (lambda env: env, IntegerDones):
-        env = wrap(make_vec_env(lambda: RememberCueEnv(delay=2), n_envs=2, seed=0))
-        model = PPO(
-            "MlpLstmPolicy",
-            env,
-            n_steps=16,
-            batch_size=16,
-            seed=0,
-            policy_kwargs=dict(memory=dict(hidden_size=8, sequence_length=4)),
-        ).learn(64)
+        model = lstm_ppo(wrap(make_vec_env(lambda: RememberCueEnv(delay=2), n_envs=2, seed=0)), n_steps=16).learn(64)
         assert model.recurrent.episode_starts.any()
         starts = torch.as_tensor(model.recurrent.episode_starts)
         assert model.recurrent.actor_states[starts].abs().max() == 0  # recorded after the reset
