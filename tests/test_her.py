@@ -205,6 +205,18 @@ def test_sac_takes_sb3s_her_arguments_and_keeps_them_in_its_file(tmp_path):
     loaded.learn(20)
 
 
+def test_a_new_learn_ends_the_running_episode_where_its_reset_cuts_it():
+    """learn() resets the env: the episode running at the newest stored step ends there, so relabeled goals never
+    come from the next episode (SB3 2.9.2 joins the two into one episode)."""
+    model = her_sac(BitFlippingEnv(n_bits=4, continuous=True, max_steps=5), learning_starts=100)
+    model.learn(3)
+    model.learn(6)
+    buf = model.replay_buffer
+    start, length = buf.ep_start[:9, 0], buf.ep_length[:9, 0]
+    assert (length[:3] > 0).all() and (start[:3] + length[:3] <= 3).all()  # ended within the first learn's steps
+    assert (start[3:] >= 3).all()  # the second learn's episodes start after them
+
+
 def test_covey_s_own_buffer_classes_stand_for_sb3s():
     """``replay_buffer_class=covey.buffers.her.HerReplayBuffer`` is hindsight replay, as SB3's class is, and
     covey's plain ReplayBuffer is SB3's (both were refused as custom buffers, whose advice turned HER off)."""

@@ -945,3 +945,49 @@ def test_a_temperature_state_of_another_optimizer_starts_adam_afresh_with_a_warn
     assert model.ent_coef_optimizer.param_groups[0]["betas"] == (0.9, 0.999)
     model.learn(32)
     assert model._n_updates > 0 and np.isfinite(model.log_ent_coef.item())
+
+
+class EpisodeClock(gym.Env):
+    """Observations ``[episode, t]``, episodes that never end by themselves: a reset is what cuts one."""
+
+    observation_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
+    action_space = spaces.Box(-1, 1, (1,), np.float32)
+
+    def __init__(self):
+        self.episode = -1
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode, self.t = self.episode + 1, 0
+        return np.array([self.episode, 0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.episode, self.t], np.float32), float(self.t), False, False, {}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(optimize_memory_usage=True), dict(n_steps=3), dict()],
+    ids=["memory-saving", "n-step", "plain"],
+)
+def test_a_new_learn_ends_the_buffers_running_episodes_where_its_reset_cuts_them(kwargs):
+    """learn() resets the env (reset_num_timesteps=True): the newest stored step ends its episode, keeping its
+    bootstrap from its true next observation; no transition and no n-step return runs on into the next episode
+    (with memory saving, the next row's observation is the new episode's)."""
+    model = SAC("MlpPolicy", EpisodeClock(), buffer_size=100, learning_starts=1000, gamma=0.5, seed=0, **kwargs)
+    model.learn(5)
+    model.learn(5)
+    buffer = model.replay_buffer
+    assert buffer.pos == 10 and buffer.dones[:, 0].tolist()[:10] == [False] * 4 + [True] + [False] * 5
+    assert not buffer.terminated[:10].any()  # a cut episode keeps its bootstrap, as a time limit does
+    np.random.seed(0)
+    batch = buffer.sample(256)
+    obs, next_obs = batch.observations.numpy(), batch.next_observations.numpy()
+    if "n_steps" in kwargs:
+        steps = np.log(batch.discounts.numpy()[:, 0]) / np.log(0.5)  # discounts are gamma ** steps summed
+    else:
+        steps = np.ones(len(obs))
+    assert (next_obs[:, 0] == obs[:, 0]).all()  # the same episode
+    np.testing.assert_allclose(next_obs[:, 1], obs[:, 1] + steps, atol=1e-4)  # and its next step(s)
+    assert (obs[:, 0] == 0).any() and ((obs[:, 0] == 0) & (obs[:, 1] == 4)).any()  # the cut step is sampled

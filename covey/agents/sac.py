@@ -860,6 +860,10 @@ class SAC(BaseAgent):
         return (2.0 * (env_actions - low) / (high - low) - 1.0).reshape(env_actions.shape[0], -1)
 
     def _reset_env(self) -> None:
+        buffer = getattr(self, "replay_buffer", None)
+        if buffer is not None:  # the reset cuts the episodes of the newest stored steps: they end there
+            original = self.get_vec_normalize_env() is not None
+            buffer.end_episodes(getattr(self, "_last_original_obs" if original else "_last_obs", None))
         super()._reset_env()
         vec_normalize = self.get_vec_normalize_env()
         self._last_original_obs = self._original_obs(vec_normalize) if vec_normalize is not None else None

@@ -116,6 +116,10 @@ class HerReplayBuffer(ReplayBuffer):
             self._end_episode(int(e))
         return len(running) > 0
 
+    def end_episodes(self, next_obs: Any = None) -> None:
+        """A reset cuts the episodes running at the newest step: they end there (:meth:`truncate_last_trajectory`)."""
+        self.truncate_last_trajectory()
+
     def can_sample(self) -> bool:
         """Whether a finished episode is stored (hindsight replay samples only those)."""
         return bool((self.ep_length > 0).any())

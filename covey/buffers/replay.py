@@ -173,6 +173,27 @@ class ReplayBuffer:
         self.pos = (self.pos + 1) % self.capacity
         self.full = self.full or self.pos == 0
 
+    def end_episodes(self, next_obs: Any = None) -> None:
+        """End the episodes running at the newest stored step, where a reset of the env (a new ``learn()``, a new
+        env) cuts them: the step becomes an episode end that keeps its bootstrap, as a time limit does, so no
+        sample runs on into the next episode (its next observation, an n-step return's rewards). With
+        ``optimize_memory_usage`` that step's next observation would be the next row's, the reset's: ``next_obs``
+        (the observations after the step, as :meth:`store` takes them) keeps it; without it, the step is made
+        terminal, as SB3 makes it."""
+        if self.size() == 0:
+            return
+        row = (self.pos - 1) % self.capacity
+        running = np.flatnonzero(~self.dones[row])
+        if self.optimize_memory_usage:
+            for env in running:
+                if next_obs is None:
+                    self.terminated[row, env] = 1.0
+                else:
+                    self.final_observations[(row, int(env))] = {
+                        k: np.array((next_obs if k is None else next_obs[k])[env]) for k in self.spaces
+                    }
+        self.dones[row, running] = True
+
     def sample(self, batch_size: int, env: Any = None) -> ReplayBufferSamples | DictReplayBufferSamples:
         """SB3's ``sample``: a uniform minibatch (with replacement) as SB3's ``ReplayBufferSamples`` (its
         ``DictReplayBufferSamples`` for Dict observations): ``actions`` ``(B, action_dim)``, ``rewards`` and
