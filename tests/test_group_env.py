@@ -923,3 +923,102 @@ def test_each_steps_agent_infos_are_its_own():
     kept = [venv.step(np.zeros((1, 2), np.int64)).infos[0]["agents"] for _ in range(3)]
     assert [info["a"]["t"] for info in kept] == [1, 2, 3]
     assert [info["b"]["position"][0] for info in kept] == [1, 2, 3]
+
+
+def test_an_agent_reported_terminated_and_truncated_has_terminated():
+    """As in Gymnasium (and covey's vector env for single agents): a terminal step at the time limit is a
+    terminal. ScriptedEnv(end=3) terminates a at step 3, the step that truncates everyone."""
+    venv = GroupVecEnv([lambda: ScriptedEnv(end=3)])
+    venv.reset(seed=0)
+    for _ in range(3):
+        st = venv.step(np.zeros((1, 3), np.int64))
+    np.testing.assert_array_equal(st.terminated[0], [True, False, False])
+    np.testing.assert_array_equal(st.truncated[0], [False, True, True])
+
+
+class OneStepTeam(ParallelEnv):
+    """Two agents paid 1 each in one-step episodes, ended ``flags`` ("terminated", "truncated" or both); a
+    ``stranger`` in the agents' list after reset, or a reward paid to "team" as well."""
+
+    metadata = {"name": "one_step_team_v0"}
+
+    def __init__(self, flags=("terminated",), stranger=False, team_reward=0.0):
+        self.possible_agents = ["a", "b"]
+        self.agents = []
+        self.flags, self.stranger, self.team_reward = flags, stranger, team_reward
+
+    def observation_space(self, agent):
+        return spaces.Box(-1, 1, (2,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.agents = ["a", "b", "zombie_7"] if self.stranger else ["a", "b"]
+        return {agent: np.zeros(2, np.float32) for agent in self.agents}, {agent: {} for agent in self.agents}
+
+    def step(self, actions):
+        agents, self.agents = self.agents, []
+        rewards = {agent: 1.0 for agent in agents}
+        if self.team_reward:
+            rewards["team"] = self.team_reward
+        ended = {agent: True for agent in agents}
+        never = {agent: False for agent in agents}
+        term = ended if "terminated" in self.flags else never
+        trunc = ended if "truncated" in self.flags else never
+        return {a: np.zeros(2, np.float32) for a in agents}, rewards, term, trunc, {a: {} for a in agents}
+
+
+@pytest.mark.parametrize("flags", [("terminated",), ("terminated", "truncated"), ("truncated",)])
+def test_poca_bootstraps_only_what_was_truncated_and_not_terminated(flags):
+    from covey import POCA
+
+    model = POCA("MlpPolicy", lambda: OneStepTeam(flags), n_steps=4, batch_size=4, n_epochs=1, seed=0).learn(4)
+    returns = model.rollout_buffer.returns[:, 0, :]
+    if "terminated" in flags:  # no future: the return is the reward alone
+        np.testing.assert_allclose(returns, 1.0, rtol=0, atol=1e-6)
+    else:  # a time limit: bootstrapped from the value of what would come next
+        assert np.abs(returns - 1.0).min() > 1e-4
+
+
+def test_env_copies_that_are_one_object_and_agents_off_possible_agents_are_named():
+    env = OneStepTeam()
+    with pytest.raises(ValueError, match="returned the same env object"):
+        GroupVecEnv([lambda: env, lambda: env])
+    with pytest.raises(ValueError, match="lists agent 'zombie_7', which is not one of possible_agents"):
+        GroupVecEnv([lambda: OneStepTeam(stranger=True)]).reset(seed=0)
+
+
+def test_a_reward_paid_under_a_key_that_is_no_agent_counts_in_the_group_return_as_in_evaluate_group():
+    venv = GroupVecEnv([lambda: OneStepTeam(team_reward=10.0)])
+    venv.reset(seed=0)
+    st = venv.step(np.zeros((1, 2), np.int64))
+    assert st.infos[0]["episode"]["r"] == 12.0
+    np.testing.assert_array_equal(st.rewards[0], [1.0, 1.0])  # what the agents train on is theirs alone
+
+    class Zeros:
+        def predict(self, observation, state=None, episode_start=None, deterministic=True):
+            return {agent: 0 for agent in observation}, state
+
+    assert evaluate_group(Zeros(), lambda: OneStepTeam(team_reward=10.0), n_eval_episodes=2)["group_return"] == 12.0
+
+
+class ReversedTeam(OneStepTeam):
+    """OneStepTeam with its possible_agents in the other order (as an env listing a set's agents may have them in
+    another process)."""
+
+    def __init__(self):
+        super().__init__()
+        self.possible_agents = ["b", "a"]
+
+
+@pytest.mark.parametrize("n_processes", [None, 2])
+def test_copies_of_other_agents_in_a_worker_are_refused_as_in_one_process(n_processes):
+    """Each worker's copies fill the slots in their own possible_agents' order: another order would put their
+    observations in other slots, so it is refused, as GroupVecEnv refuses it."""
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    with pytest.raises(ValueError, match="same possible_agents"):
+        GroupVecEnv([OneStepTeam, ReversedTeam])
+    with pytest.raises(ValueError, match="same possible_agents, in the same order"):
+        SubprocGroupVecEnv([OneStepTeam, ReversedTeam], n_processes=n_processes)

@@ -42,6 +42,7 @@ class GroupStep(NamedTuple):
     """Rewards of the agents that acted (0 elsewhere)."""
     terminated: np.ndarray
     truncated: np.ndarray
+    """Truncated and not terminated (an agent the env reports both ways has terminated, as in Gymnasium)."""
     left: np.ndarray
     """Agents that acted and are gone after the step: their trajectory ends here."""
     final_observations: np.ndarray
@@ -142,6 +143,12 @@ class GroupVecEnv:
         if not env_fns:
             raise ValueError("GroupVecEnv needs at least one env function.")
         self.envs = [as_parallel(fn()) for fn in env_fns]
+        if len({id(env) for env in self.envs}) < len(self.envs):
+            raise ValueError(
+                "Some env functions returned the same env object, which would then be stepped as several copies "
+                "at once: each function must make a new env (e.g. lambda: simple_spread_v3.parallel_env(), not "
+                "lambda: env)."
+            )
         first = self.envs[0]
         self.observation_space, self.action_space = check_group_spaces(first)
         self.agent_ids: list[str] = list(first.possible_agents)
@@ -159,6 +166,7 @@ class GroupVecEnv:
         self._obs = np.zeros((*lead, *self.obs_shape), dtype=self.obs_dtype)
         self._mask = np.zeros(lead, dtype=bool)
         self._ep_return = np.zeros(lead)
+        self._ep_other_return = np.zeros(self.n_envs)  # rewards the env paid under keys that are not agents
         self._ep_seen = np.zeros(lead, dtype=bool)
         self._ep_length = np.zeros(self.n_envs, dtype=np.int64)
         self._t0 = time.time()
@@ -202,11 +210,18 @@ class GroupVecEnv:
         self._live[e].reset()
         self._put_all(e, self.envs[e].agents, observations, "reset()")
         self._ep_return[e] = 0.0
+        self._ep_other_return[e] = 0.0
         self._ep_seen[e] = self._mask[e]
         self._ep_length[e] = 0
 
     def _put(self, e: int, agent: str, obs: Any) -> None:
-        s = self.slot[agent]
+        s = self.slot.get(agent)
+        if s is None:
+            raise _api_error(
+                "reset() or step()",
+                f"lists agent {agent!r}, which is not one of possible_agents {self.agent_ids}. Every agent that "
+                "may act must be in possible_agents",
+            )
         try:
             stored = self._stored(obs, agent)
             if np.shape(stored) != self._obs.shape[2:]:  # NumPy would broadcast a (1,) observation, silently
@@ -269,7 +284,7 @@ class GroupVecEnv:
                 s = self.slot[agent]
                 rewards[e, s] = rew.get(agent, 0.0)
                 terminated[e, s] = bool(term.get(agent, False))
-                truncated[e, s] = bool(trunc.get(agent, False))
+                truncated[e, s] = bool(trunc.get(agent, False)) and not terminated[e, s]
                 if agent not in still:
                     # The agent is gone: keep its last observation for the (posthumous) bootstrap.
                     left[e, s] = True
@@ -278,8 +293,11 @@ class GroupVecEnv:
             self._ep_return[e] += rewards[e]
             if not rew.keys() <= action_dict.keys():  # rewards of agents that did not act (one that just joined)
                 for agent, r in rew.items():
-                    if agent not in action_dict and agent in self.slot:
-                        self._ep_return[e, self.slot[agent]] += r
+                    if agent not in action_dict:
+                        if agent in self.slot:
+                            self._ep_return[e, self.slot[agent]] += r
+                        else:  # a key that is no agent's: the group return still counts what the env paid
+                            self._ep_other_return[e] += r
             self._obs[e] = 0
             self._mask[e] = False
             self._put_all(e, after, observations, "step()")  # live agents, including ones that just appeared
@@ -287,7 +305,7 @@ class GroupVecEnv:
             if not after:
                 env_done[e] = True
                 seen = max(int(self._ep_seen[e].sum()), 1)
-                group_return = float(self._ep_return[e].sum())
+                group_return = float(self._ep_return[e].sum() + self._ep_other_return[e])
                 infos[e]["episode"] = {
                     "r": group_return,
                     "l": int(self._ep_length[e]),
@@ -408,7 +426,7 @@ def _worker(remote, parent_remote, env_fns_wrapper) -> None:
         except Exception as exc:  # the main process says why, at once
             fail(exc)
             return
-        remote.send((True, None))
+        remote.send((True, venv.agent_ids))  # the main process checks that every block has the same agents
         while True:
             command, data = remote.recv()
             if command == "close":
@@ -495,7 +513,13 @@ class SubprocGroupVecEnv(GroupVecEnv):
         self.handlers = ([] if self.local is None else [None]) + self.remotes
         self.closed = False
         try:
-            self._gather(self.remotes)  # every worker has built its copies (or says why it could not)
+            # every worker has built its copies (or says why it could not), of the same agents as this process's
+            if any(agents != self.agent_ids for agents in self._gather(self.remotes)):
+                raise ValueError(
+                    "All env copies must have the same possible_agents, in the same order (the copies of another "
+                    "process list theirs otherwise: an env that builds possible_agents from a set orders them by "
+                    "each process's string hashes; sort them)."
+                )
         except Exception:
             self.close()
             raise
