@@ -237,6 +237,10 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         "num_timesteps": int(data.get("num_timesteps") or 0),
         "n_updates": int(data.get("_n_updates") or 0),
         "seed": data.get("seed"),
+        # plain JSON in SB3's file, kept as SB3's load keeps them (learn(reset_num_timesteps=False) goes on)
+        "verbose": _plain(data.get("verbose"), int, 0),
+        "tensorboard_log": _plain(data.get("tensorboard_log"), str, None),
+        "episode_num": _plain(data.get("_episode_num"), int, 0),
         "system_info": {"Stable-Baselines3": version},
         "unread": unread,
     }
@@ -395,3 +399,8 @@ def _train_freq(serialized: str) -> list | None:
     if len(units) != 1 or strings != names | units or len(ints) != 1:
         return None
     return [int(ints[0]), units.pop()]
+
+
+def _plain(value: Any, kind: type, default: Any) -> Any:
+    """``value`` where SB3 wrote it as plain JSON of ``kind`` (not a bool for an int), else ``default``."""
+    return value if isinstance(value, kind) and not isinstance(value, bool) else default

@@ -443,3 +443,20 @@ def test_clip_ranges_set_on_the_model_are_checked_and_read_back_as_schedules(nam
     setattr(model, name, lambda progress: 0.05 + 0.1 * progress)  # a schedule, as SB3's
     model.learn(32, reset_num_timesteps=False)
     assert getattr(model, name)(0.5) == pytest.approx(0.1)
+
+
+def test_whole_floats_in_whole_number_settings_are_taken_and_others_are_named():
+    """``buffer_size=1e6`` as YAML files and scientific notation write it (SB3 fails inside NumPy on it)."""
+    from covey import SAC
+
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64.0, batch_size=32.0, n_epochs=2.0, stats_window_size=10.0)
+    assert (model.n_steps, model.batch_size, model.n_epochs, model.stats_window_size) == (64, 32, 2, 10)
+    assert all(type(v) is int for v in (model.n_steps, model.batch_size, model.n_epochs, model.stats_window_size))
+    model.learn(64)
+    assert model.rollout_buffer.n_steps == 64
+    sac = SAC("MlpPolicy", "Pendulum-v1", buffer_size=1e4, learning_starts=1e2)
+    assert sac.buffer_size == 10_000 and sac.replay_buffer.capacity == 10_000 and sac.learning_starts == 100
+    with pytest.raises(ValueError, match=r"buffer_size=10000.5 is invalid: it must be a whole number"):
+        SAC("MlpPolicy", "Pendulum-v1", buffer_size=1e4 + 0.5)
+    with pytest.raises(ValueError, match=r"stats_window_size=2.5 is invalid: it must be a whole number"):
+        PPO("MlpPolicy", "CartPole-v1", stats_window_size=2.5)

@@ -991,3 +991,26 @@ def test_a_new_learn_ends_the_buffers_running_episodes_where_its_reset_cuts_them
     assert (next_obs[:, 0] == obs[:, 0]).all()  # the same episode
     np.testing.assert_allclose(next_obs[:, 1], obs[:, 1] + steps, atol=1e-4)  # and its next step(s)
     assert (obs[:, 0] == 0).any() and ((obs[:, 0] == 0) & (obs[:, 1] == 4)).any()  # the cut step is sampled
+
+
+def test_an_assigned_target_entropy_is_kept_by_save_load_and_copies(tmp_path):
+    """As SB3 keeps ``model.target_entropy`` (the number in force) in its file."""
+    import copy
+
+    model = SAC("MlpPolicy", "Pendulum-v1", seed=0)
+    assert model.target_entropy == -1.0  # "auto": -dim(A)
+    model.target_entropy = -3
+    model.save(tmp_path / "model")
+    assert SAC.load(tmp_path / "model").target_entropy == -3.0
+    assert copy.deepcopy(model).target_entropy == -3.0
+
+
+def test_load_takes_the_constructors_arguments_such_as_action_noise(tmp_path):
+    """SB3's load takes any keyword (RL Zoo passes action_noise when it continues a trained agent)."""
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    SAC("MlpPolicy", "Pendulum-v1", seed=0).save(tmp_path / "model")
+    noise = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
+    assert SAC.load(tmp_path / "model", env="Pendulum-v1", action_noise=noise).action_noise is noise
+    with pytest.raises(ValueError, match=r"Unknown keyword arguments \['actoin_noise'\]"):
+        SAC.load(tmp_path / "model", actoin_noise=noise)

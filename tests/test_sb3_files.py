@@ -125,6 +125,16 @@ def test_ppo_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
     assert ours.num_timesteps == 192
 
 
+def test_an_sb3_files_verbosity_log_folder_and_episode_count_are_kept(tmp_path, no_unpickling):
+    """As SB3's load keeps them: learn(reset_num_timesteps=False) goes on counting episodes, into the same logs."""
+    kwargs = dict(learning_starts=1000, verbose=2, tensorboard_log=str(tmp_path / "tb"))
+    theirs = sb3.SAC("MlpPolicy", "Pendulum-v1", **kwargs).learn(450)  # SB3 counts off-policy episodes
+    assert theirs._episode_num == 2
+    theirs.save(tmp_path / "sb3_sac")
+    ours = SAC.load(tmp_path / "sb3_sac")
+    assert (ours.verbose, ours.tensorboard_log, ours._episode_num) == (2, str(tmp_path / "tb"), 2)
+
+
 @pytest.mark.parametrize("kind", ["cnn", "dict", "box-actions"])
 def test_ppo_loads_sb3s_cnn_dict_and_box_action_files(tmp_path, kind, no_unpickling):
     if kind == "cnn":

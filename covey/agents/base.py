@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import inspect
 import io
 import math
 import numbers
@@ -80,7 +81,8 @@ def require(ok: bool, agent: str, name: str, value: Any, rule: str) -> None:
 
 def require_numbers(config: Any, agent: str) -> None:
     """A ValueError naming the first field of the dataclass ``config`` annotated ``int``, ``float`` or
-    ``Schedule`` that holds no number (nor, for a schedule, a function), e.g. a string read from a file."""
+    ``Schedule`` that holds no number (nor, for a schedule, a function), e.g. a string read from a file. A whole
+    float in an ``int`` field (``buffer_size=1e6``, as YAML files write it) becomes the int; another is named."""
     for f in dataclasses.fields(config):
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
         if kind not in ("int", "float", "Schedule"):
@@ -90,6 +92,10 @@ def require_numbers(config: Any, agent: str) -> None:
         if not (number or (kind == "Schedule" and callable(value))):
             what = "a number or a schedule (a function of the progress remaining)" if kind == "Schedule" else "a number"
             raise ValueError(f"{agent}: {f.name}={value!r} is invalid: it must be {what}, not {type(value).__name__}.")
+        if kind == "int" and isinstance(value, (float, np.floating)):
+            if not (math.isfinite(value) and float(value).is_integer()):
+                raise ValueError(f"{agent}: {f.name}={value!r} is invalid: it must be a whole number.")
+            setattr(config, f.name, int(value))
 
 
 def get_device(device: torch.device | str = "auto") -> torch.device:
@@ -492,7 +498,14 @@ class BaseAgent:
         if verbose >= 1:
             print(f"Using {self.device} device")  # as SB3 says it
         self.seed = check_seed(seed)
-        self.stats_window_size = stats_window_size
+        whole = isinstance(stats_window_size, (int, float, np.integer, np.floating)) and not isinstance(
+            stats_window_size, (bool, np.bool_)
+        )
+        if not (whole and math.isfinite(stats_window_size) and float(stats_window_size).is_integer()):
+            whole = False
+        if not whole or stats_window_size < 1:
+            raise ValueError(f"stats_window_size={stats_window_size!r} is invalid: it must be a whole number >= 1.")
+        self.stats_window_size = stats_window_size = int(stats_window_size)
         self.num_timesteps = 0
         self._total_timesteps = 0
         self._num_timesteps_at_start = 0
@@ -1091,7 +1104,9 @@ class BaseAgent:
         }
         settable = {*hyper, *outside, *settings.get("unread", [])}
         hyper.update({k: v for k, v in custom_objects.items() if k in settable})
-        unknown = sorted(set(kwargs) - set(hyper) - set(outside))
+        # SB3 sets any keyword as an attribute; covey takes the constructor's (e.g. SAC's action_noise)
+        constructor = set(inspect.signature(cls.__init__).parameters) - {"self", "policy", "env", "_init_setup_model"}
+        unknown = sorted(set(kwargs) - set(hyper) - set(outside) - (constructor - {"device", "policy_kwargs"}))
         if unknown:
             raise ValueError(f"Unknown keyword arguments {unknown} for {cls.__name__}.load.")
         hyper.update(kwargs)

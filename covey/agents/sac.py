@@ -728,6 +728,9 @@ class SAC(BaseAgent):
     def _hyperparameters(self) -> dict[str, Any]:
         params = super()._hyperparameters()
         params["train_freq"] = [self.config.train_freq.frequency, self.config.train_freq.unit.value]
+        target_entropy = getattr(self, "target_entropy", None)
+        if isinstance(target_entropy, (int, float, np.number)) and not isinstance(target_entropy, bool):
+            params["target_entropy"] = float(target_entropy)  # the number in force, as SB3 keeps it
         buffer_kwargs = {} if self._handle_timeouts else {"handle_timeout_termination": False}
         if self._her is not None:  # kept by name: a model file holds no classes
             params["replay_buffer_class"] = "HerReplayBuffer"
