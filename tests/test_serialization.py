@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecEnvWrapper
 
 from covey import PPO, SAC, serialization
 from covey.serialization import ModelFileError, space_from_json, space_to_json
@@ -32,7 +34,9 @@ def test_file_holds_json_settings_and_tensors(saved):
         tensors = torch.load(io.BytesIO(zf.read("tensors.pt")), weights_only=True)
     assert settings["format_version"] == serialization.FORMAT_VERSION
     assert settings["agent"] == "PPO" and settings["hyperparameters"]["n_steps"] == 32
-    assert set(tensors) == {"policy", "policy.optimizer"}  # SB3's get_parameters() names
+    # SB3's get_parameters() names, and where training left the env (SB3 keeps _last_obs)
+    assert set(tensors) == {"policy", "policy.optimizer", "env_place"}
+    assert tensors["env_place"]["obs"].shape == (1, 4)
 
 
 class _Exploit:
@@ -136,7 +140,7 @@ def test_corrupt_tensor_entry_and_newer_format(saved, tmp_path):
 def test_save_to_a_file_object_and_exclude(saved, tmp_path):
     model, _ = saved
     buf = io.BytesIO()
-    model.save(buf, exclude=["policy.optimizer"])
+    model.save(buf, exclude=["policy.optimizer", "_last_obs"])
     buf.seek(0)
     settings, tensors = serialization.load_model_file(buf)
     assert set(tensors) == {"policy"}
@@ -152,7 +156,7 @@ def test_exclude_keeps_the_weights_and_include_names_the_replay_buffers_own_file
     model, _ = saved
     model.save(tmp_path / "m.zip", exclude=["policy", "env", "replay_buffer"])
     settings, tensors = serialization.load_model_file(tmp_path / "m.zip")
-    assert set(tensors) == {"policy", "policy.optimizer"}
+    assert set(tensors) == {"policy", "policy.optimizer", "env_place"}
     obs = np.zeros((3, 4), np.float32)
     loaded = PPO.load(tmp_path / "m.zip")
     np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
@@ -340,3 +344,41 @@ def test_custom_objects_spaces_stand_for_the_files_as_in_sb3(tmp_path):
         PPO.load(tmp_path / "m.zip", custom_objects={"observation_space": spaces.Box(-1, 1, (5,), np.float32)})
     with pytest.raises(ValueError, match="custom_objects action_space='x' is invalid"):
         PPO.load(tmp_path / "m.zip", custom_objects={"action_space": "x"})
+
+
+class CountingResets(VecEnvWrapper):
+    def __init__(self, venv):
+        super().__init__(venv)
+        self.resets = 0
+
+    def reset(self):
+        self.resets += 1
+        return self.venv.reset()
+
+    def step_wait(self):
+        return self.venv.step_wait()
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_load_with_force_reset_false_goes_on_from_the_saved_observations(tmp_path, name):
+    """As SB3 keeps ``_last_obs`` in its file: ``load(path, env, force_reset=False)`` then
+    ``learn(reset_num_timesteps=False)`` goes on in the env's episodes, without a reset."""
+    env_id = "CartPole-v1" if name == "PPO" else "Pendulum-v1"
+    venv = CountingResets(make_vec_env(env_id, n_envs=2, seed=0))
+    kwargs = dict(n_steps=16, batch_size=16) if name == "PPO" else dict(learning_starts=10, batch_size=8)
+    cls = {"PPO": PPO, "SAC": SAC}[name]
+    model = cls("MlpPolicy", venv, seed=0, **kwargs).learn(32)
+    model.save(tmp_path / "model")
+    resets = venv.resets
+    loaded = cls.load(tmp_path / "model", env=venv, force_reset=False)
+    np.testing.assert_array_equal(loaded._last_obs, model._last_obs)
+    loaded.learn(32, reset_num_timesteps=False)
+    assert venv.resets == resets and loaded.num_timesteps == 64
+    assert cls.load(tmp_path / "model", env=venv)._last_obs is None  # force_reset=True, the default
+    loaded.set_parameters(tmp_path / "model")  # the observations are no parameter group
+
+
+def test_load_with_force_reset_false_says_where_it_cannot_go_on(tmp_path):
+    PPO("MlpLstmPolicy", "CartPole-v1", n_steps=16, batch_size=16).learn(16).save(tmp_path / "lstm")
+    with pytest.warns(UserWarning, match="holds no last observations to go on from"):
+        PPO.load(tmp_path / "lstm", env=make_vec_env("CartPole-v1"), force_reset=False)

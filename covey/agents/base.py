@@ -946,6 +946,7 @@ class BaseAgent:
             params = load_path_or_dict
         else:
             _, params = self._read_model_file(load_path_or_dict, self.device)
+            params.pop(ENV_PLACE, None)  # not a parameter group: what load(..., force_reset=False) goes on from
         params = self._translate_parameter_names(params)
         targets = self._parameter_groups()
         unknown = sorted(set(params) - set(targets))
@@ -991,6 +992,9 @@ class BaseAgent:
         networks = {name for name, group in groups.items() if isinstance(group, torch.nn.Module)}
         exclude = set(exclude or []) - networks
         tensors = {k: v for k, v in self.get_parameters().items() if k not in exclude}
+        place = None if "_last_obs" in exclude else self._env_place()
+        if place is not None:
+            tensors[ENV_PLACE] = place
         settings = {
             "agent": self.agent_name,
             "covey_version": __version__,
@@ -1021,6 +1025,44 @@ class BaseAgent:
     def _extra_settings(self) -> dict[str, Any]:
         """Agent-specific settings to keep in the model file (JSON)."""
         return {}
+
+    def _env_place(self) -> dict[str, Any] | None:
+        """Where training left its env, as tensors: the last observations (SAC's originals too, behind a
+        VecNormalize) and episode starts, which SB3 keeps in its file and ``load(..., force_reset=False)`` goes on
+        from. None where there is none, or where going on needs more than them (recurrent memories, POCA's group
+        env): those models start with a reset."""
+        if self._last_obs is None or getattr(self, "recurrent", None) is not None or self.agent_name == "POCA":
+            return None
+        place = {"obs": _obs_tensors(self._last_obs)}
+        if self._last_episode_starts is not None:
+            place["episode_starts"] = torch.as_tensor(np.asarray(self._last_episode_starts, dtype=bool))
+        original = getattr(self, "_last_original_obs", None)
+        if original is not None:
+            place["original_obs"] = _obs_tensors(original)
+        return place
+
+    def _go_on_from(self, place: dict[str, Any] | None) -> None:
+        """Take up :meth:`_env_place`'s ``place`` with the env attached at load (``force_reset=False``)."""
+        if place is None or self.env is None or self.env.num_envs != self.n_envs:
+            warnings.warn(
+                "load(..., force_reset=False): "
+                + (
+                    "the file holds no last observations to go on from (a recurrent or POCA model, or one saved "
+                    "before any step)"
+                    if place is None
+                    else f"the env has {getattr(self.env, 'num_envs', 0)} copies, the file's observations are of "
+                    f"{self.n_envs}"
+                )
+                + ", so training starts with a reset of the env.",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
+        self._last_obs = _obs_arrays(place["obs"])
+        if "episode_starts" in place:
+            self._last_episode_starts = place["episode_starts"].numpy()
+        if "original_obs" in place:
+            self._last_original_obs = _obs_arrays(place["original_obs"])
 
     def _restore_settings(self, settings: dict[str, Any]) -> None:
         """Read back what :meth:`_extra_settings` saved, before the networks are built."""
@@ -1063,6 +1105,7 @@ class BaseAgent:
         # Tensors are read onto the CPU and copied into the model, built on the device that it resolves
         # (some models run on the CPU only, whatever "auto" would pick).
         settings, tensors = cls._read_model_file(path, "cpu")
+        place = tensors.pop(ENV_PLACE, None)
         if print_system_info:
             current = system_info()
             print("== CURRENT SYSTEM INFO ==")
@@ -1137,8 +1180,7 @@ class BaseAgent:
             venv = model._fit_image_layout(model._wrap_env(env))
             model._check_spaces(venv.observation_space, venv.action_space)
             model._attach_env(venv)
-            if force_reset:
-                model._last_obs = None
+            model._last_obs = None
         model._setup_model()
         model.set_parameters(tensors, exact_match=True, device=model.device)
         model.num_timesteps = int(settings.get("num_timesteps", 0))
@@ -1146,7 +1188,27 @@ class BaseAgent:
         model._episode_num = int(settings.get("episode_num", 0))
         model.ep_info_buffer.extend(settings.get("ep_info_buffer", []))
         model.ep_success_buffer.extend(settings.get("ep_success_buffer", []))
+        if env is not None and not force_reset:
+            model._go_on_from(place)
         return model
+
+
+ENV_PLACE = "env_place"
+"""The model file's entry (beside the parameter groups) of :meth:`BaseAgent._env_place`."""
+
+
+def _obs_tensors(obs: Any) -> Any:
+    """Observations (an array, or a dict of them) as tensors, for a model file."""
+    if isinstance(obs, dict):
+        return {key: torch.as_tensor(np.asarray(value)) for key, value in obs.items()}
+    return torch.as_tensor(np.asarray(obs))
+
+
+def _obs_arrays(obs: Any) -> Any:
+    """:func:`_obs_tensors`' observations back as NumPy arrays."""
+    if isinstance(obs, dict):
+        return {key: value.numpy() for key, value in obs.items()}
+    return obs.numpy()
 
 
 def system_info() -> dict[str, str]:
