@@ -261,6 +261,14 @@ def test_n_steps_with_optimize_memory_usage_is_refused():
         ReplayBuffer(16, BOX_OBS, ACTIONS, optimize_memory_usage=True, n_steps=3)
 
 
+def test_a_memory_saving_buffer_of_one_row_per_env_is_refused():
+    """Its only row's next observation would be the next row's: nothing could ever be sampled (SB3 fails inside
+    NumPy at the first sample)."""
+    with pytest.raises(ValueError, match=r"buffer_size=2 with optimize_memory_usage=True must be at least 2 \* n_envs"):
+        ReplayBuffer(2, BOX_OBS, ACTIONS, n_envs=2, optimize_memory_usage=True)
+    assert ReplayBuffer(4, BOX_OBS, ACTIONS, n_envs=2, optimize_memory_usage=True).capacity == 2
+
+
 @pytest.mark.cpu
 @pytest.mark.parametrize("dict_obs", [False, True], ids=["discrete", "dict-with-discrete"])
 def test_discrete_observations_have_sb3s_layout(dict_obs):

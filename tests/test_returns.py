@@ -210,3 +210,13 @@ def test_rollout_buffer_stores_numpy_arrays_as_it_stores_tensors(obs_space, acti
     assert torch.equal(numpy_filled.actions_tensor, tensor_filled.actions_tensor)
     assert torch.equal(numpy_filled.flat_observations(), tensor_filled.flat_observations())
     assert numpy_filled.observations_tensor.abs().sum() > 0  # something was stored
+
+
+def test_episode_starts_follow_the_dones_of_the_step_before_even_from_one_array_refilled_in_place():
+    """SB3's add without episode_starts: a step starts an episode where the step before ended one."""
+    buf = RolloutBuffer(n_steps=3, n_envs=3, observation_space=spaces.Box(-1, 1, (1,)), action_space=spaces.Discrete(2))
+    dones = np.zeros(3, dtype=bool)  # one array, as a collector may refill it every step
+    for row in ([True, False, False], [False, True, False], [False, False, False]):
+        dones[:] = row
+        buf.add(torch.zeros(3, 1), torch.zeros(3, dtype=torch.long), np.zeros(3, np.float32), dones, dones)
+    np.testing.assert_array_equal(buf.episode_starts, [[1, 1, 1], [1, 0, 0], [0, 1, 0]])

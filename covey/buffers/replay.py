@@ -73,6 +73,12 @@ class ReplayBuffer:
     ) -> None:
         if buffer_size < n_envs:
             raise ValueError(f"buffer_size={buffer_size} must be at least n_envs={n_envs}.")
+        if optimize_memory_usage and buffer_size < 2 * n_envs:
+            raise ValueError(
+                f"buffer_size={buffer_size} with optimize_memory_usage=True must be at least 2 * n_envs = "
+                f"{2 * n_envs}: a step's next observation is the next row's, so one row per env leaves nothing to "
+                "sample. Use a larger buffer_size."
+            )
         if n_steps > 1 and optimize_memory_usage:
             raise NotImplementedError(
                 "n-step returns need each step's next observation stored: use n_steps=1 or optimize_memory_usage=False."

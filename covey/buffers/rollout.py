@@ -197,7 +197,7 @@ class RolloutBuffer:
         self.terminated[t] = terminated
         self.dones[t] = dones
         self.episode_starts[t] = self._next_starts if episode_starts is None else episode_starts
-        self._next_starts = dones
+        self._next_starts = np.array(dones, dtype=bool)  # a copy: a caller may refill its array in place
         self.pos += 1
 
     def flat_observations(self) -> ObsTensor:
