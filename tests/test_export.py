@@ -170,6 +170,15 @@ def test_sac(tmp_path, env):
     assert_actor_only(model, result["path"])
 
 
+def test_sac_with_wide_action_bounds_verifies_within_float32s_relative_rounding(tmp_path):
+    """Rescaled to [-1000, 1000], onnxruntime's tanh (a few 1e-7 from torch's) gives actions about 1e-4 apart,
+    1e-7 of their size: verified, where an absolute 1e-5 refused a graph that is right."""
+    env = SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Box(-1000.0, 1000.0, (2,), np.float32))
+    model = SAC("MlpPolicy", env, learning_starts=8, batch_size=8, seed=0)
+    result = export_onnx(model, tmp_path / "wide.onnx", n_samples=256)
+    assert result["verified"] and result["max_abs_diff"] < 1e-5 * 1000
+
+
 @pytest.mark.cpu
 def test_ppo_with_squashed_sde_rescales_to_the_bounds(tmp_path):
     """PPO with use_sde and squash_output=True: the graph squashes the mean and rescales it to the bounds (not

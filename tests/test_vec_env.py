@@ -309,3 +309,20 @@ def test_a_team_observation_numpy_would_broadcast_is_named():
 
     with pytest.raises(ValueError, match=r"agent 'b' an observation of shape \(1,\) that does not fit"):
         POCA("MlpPolicy", Team, n_steps=8, batch_size=8).learn(8)
+
+
+def test_normalized_observations_of_a_uint8_vector_space_reach_the_networks_as_floats():
+    """SB3's VecNormalize gives floats and keeps the env's space: a uint8 Box that is no image (an Atari RAM) is
+    taken as floats, in predict and in the rollout, where it was cast back to uint8 (-0.6 read as 0)."""
+    from envs import SpaceEnv
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    space = spaces.Box(0, 255, (4,), np.uint8)
+    venv = VecNormalize(DummyVecEnv([lambda: SpaceEnv(space, spaces.Discrete(2))]), norm_reward=False)
+    model = PPO("MlpPolicy", venv, n_steps=16, batch_size=16, seed=0)
+    obs = np.array([[-0.6, 0.7, 1.3, 2.4]], np.float32)
+    tensor, _ = model.actor.obs_to_tensor(obs)
+    torch.testing.assert_close(model.actor.encoder(tensor), torch.as_tensor(obs))
+    model.learn(16)
+    stored = model.rollout_buffer.observations
+    assert stored.dtype == np.float32 and not np.allclose(stored, np.round(stored))  # normalized, not whole

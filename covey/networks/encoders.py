@@ -268,9 +268,11 @@ def make_encoder(
 
 
 def obs_dtype(space: spaces.Space) -> torch.dtype:
-    """The torch dtype covey stores observations of ``space`` in."""
+    """The torch dtype covey stores observations of ``space`` in: uint8 for images, whose pixels stay whole; a
+    uint8 Box of another shape (an Atari RAM) as float32, as its values may come normalized (SB3's VecNormalize
+    gives floats and keeps the space)."""
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
         return torch.long
-    if isinstance(space, spaces.Box) and space.dtype == np.uint8:
+    if is_image_space(space):
         return torch.uint8
     return torch.float32

@@ -168,7 +168,8 @@ class _PolicyBase(nn.Module):
                 "save the model it came from (model.save(path) or model.policy.save(path))."
             )
         groups = model._parameter_groups()
-        model.save(path, exclude=[name for name, group in groups.items() if isinstance(group, torch.optim.Optimizer)])
+        optimizers = [name for name, group in groups.items() if isinstance(group, torch.optim.Optimizer)]
+        model.save(path, exclude=[*optimizers, "_last_obs"])  # a policy's file: no place in training either
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: torch.device | str = "auto") -> _PolicyBase:
