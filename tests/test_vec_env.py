@@ -29,13 +29,24 @@ class CountEnv(gym.Env):
     def step(self, action):
         self.t += 1
         end = self.t >= self.length
-        return np.array([self.t], np.float32), 1.0, end and not self.truncate, end and self.truncate, {}
+        info = {"t": self.t, "is_success": end}
+        return np.array([self.t], np.float32), 1.0, end and not self.truncate, end and self.truncate, info
+
+    def bump(self, by=1):
+        self.bumps = getattr(self, "bumps", 0) + by
+        return self.bumps
 
 
-@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP])
-def test_gymnasium_vector_env_follows_sb3_done_rules(mode):
-    """A done env reports its final observation in infos and has already been reset, in either autoreset mode."""
-    venv = GymnasiumVecEnv(gym.vector.SyncVectorEnv([lambda: CountEnv(3), lambda: CountEnv(2)], autoreset_mode=mode))
+MODES = [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP, gym.vector.AutoresetMode.DISABLED]
+
+
+@pytest.mark.parametrize("copy_obs", [True, False], ids=["copied", "shared-buffer"])
+@pytest.mark.parametrize("mode", MODES)
+def test_gymnasium_vector_env_follows_sb3_done_rules(mode, copy_obs):
+    """A done env reports its final observation and its final step's infos, and has already been reset, in every
+    autoreset mode (also where the vector env writes every step into one array)."""
+    fns = [lambda: CountEnv(3), lambda: CountEnv(2)]
+    venv = GymnasiumVecEnv(gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=copy_obs))
     obs = venv.reset()
     np.testing.assert_array_equal(obs[:, 0], [0, 0])
     obs, rew, dones, infos = venv.step(np.zeros(2, dtype=np.int64))
@@ -46,6 +57,7 @@ def test_gymnasium_vector_env_follows_sb3_done_rules(mode):
     assert infos[1]["terminal_observation"][0] == 2
     assert infos[1]["episode"]["r"] == 2.0 and infos[1]["episode"]["l"] == 2
     assert infos[1]["TimeLimit.truncated"] is False
+    assert (infos[0]["t"], infos[0]["is_success"], infos[1]["t"], infos[1]["is_success"]) == (2, False, 2, True)
     obs, rew, dones, infos = venv.step(np.zeros(2, dtype=np.int64))
     np.testing.assert_array_equal(dones, [True, False])
     np.testing.assert_array_equal(obs[:, 0], [0, 1])
@@ -74,7 +86,7 @@ def test_as_vec_env_accepts_every_kind_of_env():
     assert as_vec_env(gym.make("CartPole-v1")).num_envs == 1
     dummy = DummyVecEnv([lambda: gym.make("CartPole-v1")])
     assert as_vec_env(dummy) is dummy
-    assert isinstance(as_vec_env(gym.make_vec("CartPole-v1", num_envs=3)), GymnasiumVecEnv)
+    assert isinstance(as_vec_env(gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")), GymnasiumVecEnv)
     with pytest.raises(TypeError, match="Gymnasium env id"):
         as_vec_env(42)
 
@@ -115,10 +127,30 @@ def test_an_env_id_is_made_with_rgb_array_rendering_as_sb3_makes_it():
 
 def test_ppo_trains_on_gymnasium_vector_env():
     """PPO accepts a Gymnasium vector env and records SB3-style episode statistics from it."""
-    model = PPO("MlpPolicy", gym.make_vec("CartPole-v1", num_envs=4), n_steps=32, batch_size=64, seed=0)
+    venv = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
+    model = PPO("MlpPolicy", venv, n_steps=32, batch_size=64, seed=0)
     model.learn(256)
     assert model.num_timesteps == 256
     assert len(model.ep_info_buffer) > 0
+
+
+def test_a_vector_env_that_resets_every_copy_at_once_is_refused():
+    """CartPole's own vector env (gym.make_vec's default for it) resets every copy when asked to reset one: each
+    episode's end would have cut every other copy's episode."""
+    with pytest.raises(ValueError, match="CartPoleVectorEnv resets its copies with.*vectorization_mode='sync'"):
+        PPO("MlpPolicy", gym.make_vec("CartPole-v1", num_envs=2))
+
+
+def test_env_method_and_set_attr_reach_only_the_copies_named():
+    """As SB3's VecEnvs: indices choose the copies, and a list value is one value for each."""
+    venv = GymnasiumVecEnv(gym.vector.SyncVectorEnv([lambda: CountEnv(3)] * 3))
+    assert venv.env_method("bump", indices=[0]) == [1]
+    assert venv.env_method("bump", 5, indices=[1, 2]) == [5, 5]
+    assert venv.env_method("bump") == [2, 6, 6]
+    venv.set_attr("length", 7, indices=[1])
+    assert venv.get_attr("length") == [3, 7, 3]
+    venv.set_attr("layout", [1, 2, 3])
+    assert venv.get_attr("layout") == [[1, 2, 3]] * 3
 
 
 def test_truncation_bootstraps_from_final_observation():

@@ -166,7 +166,10 @@ class GymnasiumVecEnv(VecEnv):
     """An SB3 VecEnv view of a ``gymnasium.vector.VectorEnv`` (any autoreset mode).
 
     Done sub-envs are reset in the same step, their final observation goes to
-    ``info["terminal_observation"]`` and finished episodes get SB3's ``info["episode"]`` statistics.
+    ``info["terminal_observation"]`` and finished episodes get SB3's ``info["episode"]`` statistics (the
+    env's own where it gives them). Each copy's infos are its own entries of the vector env's batched infos (of
+    its final step, for a copy that ended). With next-step or no autoreset, a finished copy is reset alone with
+    ``reset(options={"reset_mask": ...})``, which Gymnasium's ``SyncVectorEnv`` and ``AsyncVectorEnv`` honour.
     """
 
     def __init__(self, venv: gym.vector.VectorEnv) -> None:
@@ -174,6 +177,15 @@ class GymnasiumVecEnv(VecEnv):
         super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
         mode = venv.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         self.same_step = mode == gym.vector.AutoresetMode.SAME_STEP
+        base = venv.unwrapped
+        if not self.same_step and not isinstance(base, (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)):
+            raise ValueError(
+                f"{type(base).__name__} resets its copies with {mode}, and covey resets a finished copy in the "
+                "step it ends, as SB3's VecEnvs do, with reset(options={'reset_mask': ...}): only Gymnasium's "
+                "SyncVectorEnv and AsyncVectorEnv reset the masked copies alone (a vector env of its own, such as "
+                "CartPole's, resets every copy). Make it with gym.make_vec(env_id, n, vectorization_mode='sync'), "
+                "or use an SB3 VecEnv (make_vec_env(env_id, n))."
+            )
         self.render_mode = getattr(venv, "render_mode", None)
         self._ep_return = np.zeros(self.num_envs)
         self._ep_length = np.zeros(self.num_envs, dtype=np.int64)
@@ -199,23 +211,23 @@ class GymnasiumVecEnv(VecEnv):
         dones = np.logical_or(terminated, truncated)
         self._ep_return += rewards
         self._ep_length += 1
-        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        final_info = info.get("final_info") if self.same_step else None
+        infos = [_copy_info(final_info if done and final_info is not None else info, i) for i, done in enumerate(dones)]
         if dones.any():
             if self.same_step:
                 final_obs = info["final_obs"]
             else:
-                # Next-step (or disabled) autoreset: the returned observation is the final one; reset now.
-                final_obs = obs
+                # Next-step (or disabled) autoreset: the returned observation is the final one (copied: the vector
+                # env may write the reset into the same array); reset the finished copies now.
+                final_obs = copy.deepcopy(obs)
                 reset_obs, _ = self.venv.reset(options={"reset_mask": dones.copy()})
                 obs = _where_envs(dones, reset_obs, obs)
             for i in np.flatnonzero(dones):
                 infos[i]["terminal_observation"] = _env_slice(final_obs, i)
                 infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
-                infos[i]["episode"] = {
-                    "r": float(self._ep_return[i]),
-                    "l": int(self._ep_length[i]),
-                    "t": round(time.time() - self._t0, 6),
-                }
+                elapsed = round(time.time() - self._t0, 6)
+                episode = {"r": float(self._ep_return[i]), "l": int(self._ep_length[i]), "t": elapsed}
+                infos[i].setdefault("episode", episode)  # the env's own statistics, where it gives them
             self._ep_return[dones] = 0.0
             self._ep_length[dones] = 0
         return obs, rewards.astype(np.float32), dones, infos
@@ -230,11 +242,29 @@ class GymnasiumVecEnv(VecEnv):
         return [values[i] for i in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
-        self.venv.set_attr(attr_name, value)
+        chosen = set(self._get_indices(indices))
+        values = [value] * self.num_envs  # a list: Gymnasium takes one value per copy (a list value stays whole)
+        if len(chosen) < self.num_envs:  # the other copies keep theirs
+            current = self.venv.get_attr(attr_name)
+            values = [value if i in chosen else current[i] for i in range(self.num_envs)]
+        self.venv.set_attr(attr_name, values)
 
     def env_method(self, method_name: str, *method_args, indices=None, **method_kwargs) -> list[Any]:
-        results = self.venv.call(method_name, *method_args, **method_kwargs)
-        return [results[i] for i in self._get_indices(indices)]
+        chosen = list(self._get_indices(indices))
+        if sorted(chosen) == list(range(self.num_envs)):
+            results = self.venv.call(method_name, *method_args, **method_kwargs)
+            return [results[i] for i in chosen]
+        envs = getattr(self.venv.unwrapped, "envs", None)
+        if envs is None:
+            raise ValueError(
+                f"env_method({method_name!r}, indices={indices}): {type(self.venv.unwrapped).__name__} calls a "
+                "method on every copy at once; pass indices=None, or use a SyncVectorEnv."
+            )
+        results = []
+        for i in chosen:
+            attr = envs[i].get_wrapper_attr(method_name)
+            results.append(attr(*method_args, **method_kwargs) if callable(attr) else attr)
+        return results
 
     def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
         return [False for _ in self._get_indices(indices)]
@@ -290,6 +320,20 @@ def image_layout_moves(space: spaces.Space, target: spaces.Space) -> dict[str | 
         if moved == target:
             return {None: move}
     return {}
+
+
+def _copy_info(info: dict[str, Any], i: int) -> dict[str, Any]:
+    """Copy ``i``'s entries of a Gymnasium vector env's batched ``info`` (a key's ``_key`` mask says which
+    copies have it; nested dicts are batched the same way), as a dict of its own."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key.startswith("_") or key in ("final_obs", "final_info"):
+            continue
+        mask = info.get(f"_{key}")
+        if mask is not None and not mask[i]:
+            continue
+        out[key] = _copy_info(value, i) if isinstance(value, dict) else copy.deepcopy(value[i])
+    return out
 
 
 def _env_slice(obs, i: int):
