@@ -536,3 +536,40 @@ def test_sb3_policy_classes_pick_the_networks():
     assert PPO(ppo.MlpPolicy, "CartPole-v1", **FAST).policy_name == "MlpPolicy"
     assert PPO(ppo.MultiInputPolicy, "CartPole-v1", **FAST).policy_name == "MultiInputPolicy"
     assert SB3PPOCnn.__name__ == "ActorCriticCnnPolicy" and ppo.CnnPolicy.__name__ == "CnnPolicy"
+
+
+FLOAT_IMAGES = spaces.Dict({"frame": spaces.Box(0, 1, (3, 40, 40), np.float32), "pos": spaces.Box(-1, 1, (2,))})
+
+
+def _weights(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize(
+    "policy, policy_kwargs",
+    [
+        ("MultiInputPolicy", dict(normalize_images=False)),
+        ("MultiInputPolicy", dict(features_extractor_kwargs=dict(normalized_image=True))),
+        ("MlpPolicy", dict(normalize_images=False, features_extractor_class="NatureCNN")),
+        ("MultiInputPolicy", dict(normalize_images=False, features_extractor_class="CombinedExtractor")),
+    ],
+    ids=["normalize_images=False", "normalized_image", "SB3 NatureCNN", "SB3 CombinedExtractor"],
+)
+def test_float_images_are_images_where_sb3_takes_them_as_already_normalized(policy, policy_kwargs):
+    """SB3 encodes any 3-D Box as an image with normalize_images=False (giving its NatureCNN and CombinedExtractor
+    normalized_image=True) or with normalized_image=True: the same encoder, where covey flattened the key (or
+    its NatureCNN refused the space)."""
+    import stable_baselines3
+    from stable_baselines3.common import torch_layers
+
+    space = FLOAT_IMAGES if policy == "MultiInputPolicy" else FLOAT_IMAGES["frame"]
+    kwargs = dict(policy_kwargs)
+    if isinstance(kwargs.get("features_extractor_class"), str):
+        kwargs["features_extractor_class"] = getattr(torch_layers, kwargs["features_extractor_class"])
+    env = SpaceEnv(space, spaces.Discrete(2))
+    ours = PPO(policy, env, n_steps=16, batch_size=16, policy_kwargs=kwargs)
+    theirs = stable_baselines3.PPO(policy, env, n_steps=16, batch_size=16, policy_kwargs=dict(kwargs))
+    sb3_extractor = theirs.policy.features_extractor
+    assert ours.actor.encoder.out_dim == sb3_extractor.features_dim
+    assert _weights(ours.actor.encoder) == _weights(sb3_extractor) > 10_000  # convolutions, not a flattening
+    ours.learn(16)

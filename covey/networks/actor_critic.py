@@ -514,11 +514,11 @@ def policy_kind(policy: str, observation_space: spaces.Space) -> str:
 def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyConfig) -> Callable[[], nn.Module]:
     """A function building a fresh observation encoder as ``config`` asks (each call: new weights)."""
     fx = dict(config.features_extractor_kwargs)
-    unknown = set(fx) - {"features_dim", "cnn_output_dim"}
+    unknown = set(fx) - {"features_dim", "cnn_output_dim", "normalized_image"}
     if config.features_extractor_class is None and unknown:
         raise ValueError(
             f"Unknown features_extractor_kwargs {sorted(unknown)}; covey's encoders take "
-            "'features_dim' (CnnPolicy) and 'cnn_output_dim' (MultiInputPolicy)."
+            "'features_dim' (CnnPolicy), 'cnn_output_dim' and 'normalized_image' (MultiInputPolicy)."
         )
 
     def encoder() -> nn.Module:
@@ -532,6 +532,7 @@ def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyC
             config.normalize_images,
             features_dim=fx.get("features_dim", 512),
             cnn_output_dim=fx.get("cnn_output_dim", 256),
+            normalized_image=bool(fx.get("normalized_image", False)),
         )
 
     return encoder

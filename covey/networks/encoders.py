@@ -165,6 +165,9 @@ class ExternalEncoder(nn.Module):
         else:
             self.inputs = _SB3Input(space, normalize_images)
             inner = self.inputs.space
+        kwargs = dict(kwargs)
+        if not normalize_images and _takes_normalized_images(extractor_class):
+            kwargs.setdefault("normalized_image", True)  # as SB3 passes it to its NatureCNN and CombinedExtractor
         self.extractor = extractor_class(inner, **kwargs)
         self.out_dim = int(self.extractor.features_dim)
 
@@ -172,6 +175,15 @@ class ExternalEncoder(nn.Module):
         if isinstance(self.inputs, nn.ModuleDict):
             return self.extractor({k: m(obs[k]) for k, m in self.inputs.items()})
         return self.extractor(self.inputs(obs))
+
+
+def _takes_normalized_images(extractor_class: type) -> bool:
+    """Whether SB3 gives ``extractor_class`` ``normalized_image=True`` with ``normalize_images=False``: its own
+    NatureCNN and CombinedExtractor (and subclasses)."""
+    from stable_baselines3.common.torch_layers import CombinedExtractor
+    from stable_baselines3.common.torch_layers import NatureCNN as SB3NatureCNN
+
+    return issubclass(extractor_class, (SB3NatureCNN, CombinedExtractor))
 
 
 class FlatDict:
@@ -243,25 +255,32 @@ def make_encoder(
     normalize_images: bool = True,
     features_dim: int = 512,
     cnn_output_dim: int = 256,
+    normalized_image: bool = False,
 ) -> nn.Module:
     """Build the encoder for ``space``.
 
     ``kind`` follows SB3's policy names: ``"mlp"`` flattens (one-hot for discrete spaces),
     ``"cnn"`` puts a NatureCNN on an image space, ``"multi"`` encodes each key of a Dict space
-    (NatureCNN with ``cnn_output_dim`` features for image keys, flattening for the rest).
+    (NatureCNN with ``cnn_output_dim`` features for image keys, flattening for the rest). Image keys are uint8
+    Boxes of 3 dimensions in [0, 255], and, with ``normalized_image`` or ``normalize_images=False`` (SB3's
+    rule), any Box of 3 dimensions.
     """
     check_observation_space(space)
     if isinstance(space, spaces.Dict):
         sub_kind: EncoderKind = "mlp" if kind == "mlp" else "multi"
         return DictEncoder(
             {
-                key: make_encoder(sub, sub_kind, normalize_images, cnn_output_dim, cnn_output_dim)
+                key: make_encoder(sub, sub_kind, normalize_images, cnn_output_dim, cnn_output_dim, normalized_image)
                 for key, sub in space.spaces.items()
             }
         )
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
         return OneHotEncoder(space)
-    if kind == "cnn" or (kind == "multi" and is_image_space(space)):
+    # As SB3 with normalize_images=False (its normalized_image=True): any 3-D Box key is an image, already scaled
+    image_key = is_image_space(space) or (
+        (normalized_image or not normalize_images) and isinstance(space, spaces.Box) and len(space.shape) == 3
+    )
+    if kind == "cnn" or (kind == "multi" and image_key):
         return NatureCNN(space, features_dim, normalize_images)
     scale = 1.0 / 255.0 if normalize_images and is_image_space(space) else None
     return FlattenEncoder(space, scale)
