@@ -205,7 +205,8 @@ class ReplayBuffer:
         ``DictReplayBufferSamples`` for Dict observations): ``actions`` ``(B, action_dim)``, ``rewards`` and
         ``dones`` ``(B, 1)``, where ``dones`` is the bootstrap mask (1.0 at a termination, 0.0 at a time limit,
         as SB3's ``dones * (1 - timeouts)``). Rows and envs are drawn as SB3 draws them, so under the same NumPy
-        seed both buffers pick the same transitions. ``env`` as in :meth:`sample_batch`."""
+        seed both buffers pick the same transitions (but with ``optimize_memory_usage``, where SB3 keeps its
+        newest step otherwise). ``env`` as in :meth:`sample_batch`."""
         batch = self.sample_batch(batch_size, env, as_stored=True)
         samples = DictReplayBufferSamples if isinstance(batch.observations, dict) else ReplayBufferSamples
         discounts = None if batch.discounts is None else batch.discounts.reshape(batch_size, 1)
