@@ -418,6 +418,40 @@ def test_user_callback_actions_local_is_numpy_like_sb3():
         assert actions.shape == (3,)
 
 
+class RolloutEndValues(BaseCallback):
+    """Keeps ``self.locals["values"]`` at each rollout's end, with the critic's values of the last observations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        with torch.no_grad():
+            expected = self.model.policy.predict_values(torch.as_tensor(self.locals["new_obs"]))
+        self.seen.append((self.locals["values"], expected))
+
+
+@pytest.mark.parametrize("numpy_acting", [True, False])
+def test_callback_locals_hold_actions_of_the_spaces_shape_and_the_last_values_as_sb3s(monkeypatch, numpy_acting):
+    """SB3 holds ``actions`` as ``(n_envs, *action_space.shape)`` and, at the rollout's end, ``values`` as
+    V(last observations) ``(n_envs, 1)``."""
+    from envs import SpaceEnv
+
+    monkeypatch.setattr(PPO, "numpy_acting", numpy_acting)
+    env = DummyVecEnv([lambda: SpaceEnv(spaces.Box(-1, 1, (3,)), spaces.Box(-1, 1, (2, 2)))] * 3)
+    steps, ends = LocalsCallback(), RolloutEndValues()
+    model = PPO("MlpPolicy", env, n_steps=8, batch_size=24, n_epochs=1, seed=0)
+    model.learn(48, callback=[steps, ends])
+    assert {actions.shape for actions in steps.actions} == {(3, 2, 2)}
+    assert len(ends.seen) == 2
+    for values, expected in ends.seen:
+        assert isinstance(values, torch.Tensor) and values.shape == (3, 1)
+        torch.testing.assert_close(values, expected, rtol=1e-5, atol=1e-6)
+
+
 class LocalNames(BaseCallback):
     """Records the names of ``self.locals`` at every step and the values of a few of them."""
 
@@ -441,6 +475,7 @@ class LocalNames(BaseCallback):
 # after the rollout, not per step; done/idx are SB3's leftovers from its truncation loop; continue_training
 # is SB3's return flag.
 NOT_IN_COVEY = {"PPO": {"values", "log_probs", "done", "idx"}, "SAC": {"continue_training"}}
+# (values is there at the rollout's end, as SB3's V(last observations); not at each step)
 
 
 @pytest.mark.parametrize("name", ["PPO", "SAC"])

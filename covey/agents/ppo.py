@@ -808,6 +808,7 @@ class PPO(BaseAgent):
                 stored_obs = obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
                 stored_actions = self._act(obs_tensor, n_steps, acted)
                 actions = stored_actions.cpu().numpy()  # numpy in callbacks' locals, as in SB3
+            actions = actions.reshape((-1, *self.action_space.shape))  # callbacks see SB3's shape (a view)
             clipped_actions = actor.to_env_actions(actions)
             new_obs, rewards, dones, infos = env.step(clipped_actions)
             self.num_timesteps += env.num_envs
@@ -836,6 +837,7 @@ class PPO(BaseAgent):
         last_values = self._evaluate_rollout(new_obs, truncations, acted)
         rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
         n_steps = n_rollout_steps  # SB3's count at the rollout's end (steps 0 .. n - 1 while stepping)
+        values = torch.as_tensor(last_values).reshape(-1, 1)  # as SB3's locals: V(last observations)
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
