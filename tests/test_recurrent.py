@@ -5,6 +5,7 @@ import pytest
 import torch
 from envs import SpaceEnv
 from gymnasium import spaces
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecEnvWrapper
 
@@ -267,3 +268,26 @@ def test_integer_dones_reset_the_memory_as_boolean_ones():
         assert model.recurrent.actor_states[starts].abs().max() == 0  # recorded after the reset
         weights.append(torch.cat([p.detach().flatten() for p in model.policy.parameters()]))
     torch.testing.assert_close(weights[0], weights[1], rtol=0, atol=0)
+
+
+class StopAtThirdStep(BaseCallback):
+    def _on_step(self) -> bool:
+        return self.n_calls < 3
+
+
+def test_memories_after_a_callback_stops_a_rollout_are_those_of_the_steps_taken():
+    """Stopped at its third step (not stored), a rollout leaves both memories as after the two steps taken, so
+    going on from that step's observation (SB3's _last_obs) takes it in once (sb3-contrib's memories are the last
+    completed step's too)."""
+    model = lstm_ppo(RememberCueEnv(delay=20), n_steps=8)
+    model.learn(100, callback=StopAtThirdStep())
+    assert model.rollout_buffer.pos == 2
+    obs = model.rollout_buffer.observations_tensor[:, 0]
+    for net, state in ((model.actor, model.recurrent.actor_state), (model.critic, model.recurrent.critic_state)):
+        expected = net.memory.initial_state(1)
+        with torch.no_grad():
+            for t in range(2):
+                _, expected = net.memory.encode_step(net.encoder, obs[t : t + 1], expected, torch.tensor([t == 0]))
+        for got, want in zip(state, expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    model.learn(16, reset_num_timesteps=False)  # goes on from there

@@ -814,6 +814,8 @@ class PPO(BaseAgent):
             self.num_timesteps += env.num_envs
             callback.update_locals(locals())
             if not callback.on_step():
+                if self.recurrent is not None:  # memories as after the steps stored (the stopped one is redone)
+                    self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
                 return False
             self._update_info_buffer(infos, dones)
             terminated = dones.copy()

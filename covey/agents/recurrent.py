@@ -19,6 +19,12 @@ from covey.networks.memory import State
 from covey.networks.obs import batch_to_tensor
 
 
+def _step_observations(buffer: RolloutBuffer, t: int):
+    """The observations of every env at step ``t`` of ``buffer`` (a dict of them for Dict observations)."""
+    observations = buffer.observations_tensor
+    return {k: v[t] for k, v in observations.items()} if isinstance(observations, dict) else observations[t]
+
+
 def _reset(state: State, episode_starts: np.ndarray) -> State:
     keep = torch.as_tensor(~np.asarray(episode_starts, dtype=bool), dtype=torch.float32).view(1, -1, 1)  # (1, N, 1)
     return tuple(s * keep for s in state)
@@ -49,11 +55,27 @@ class RecurrentRollout:
     @torch.no_grad()
     def act(self, actor: Actor, obs, episode_starts: np.ndarray, step: int) -> torch.Tensor:
         """Sample actions for one step of every env, carrying and recording the actor's memory."""
+        self._before_step = self.actor_state
         state = _reset(self.actor_state, episode_starts)
         self.actor_states[step] = torch.stack([s[0] for s in state], dim=1)  # (N, n_state, hidden)
         self.episode_starts[step] = episode_starts
         params, self.actor_state = actor.forward_step(obs, state, torch.zeros(self.n_envs, dtype=torch.bool))
         return actor.head.sample(params)
+
+    @torch.no_grad()
+    def stop_at(self, critic: Critic, buffer: RolloutBuffer, step: int) -> None:
+        """A callback stopped the rollout at ``step``, before it was stored, and training goes on from its
+        observation (as SB3's ``_last_obs`` does): the actor's memory goes back to where that step found it, and
+        the critic's runs through the steps stored, as the actor's did (sb3-contrib keeps both memories of the
+        last completed step)."""
+        self.actor_state = self._before_step
+        state = self.critic_state
+        no_reset = torch.zeros(self.n_envs, dtype=torch.bool)
+        for t in range(step):
+            state = _reset(state, self.episode_starts[t])
+            obs_t = _step_observations(buffer, t)
+            _, state = critic.raw_step(obs_t, state, no_reset)
+        self.critic_state = state
 
     @torch.no_grad()
     def evaluate(
@@ -80,11 +102,7 @@ class RecurrentRollout:
         for t in range(self.n_steps):
             state = _reset(state, self.episode_starts[t])
             self.critic_states[t] = torch.stack([s[0] for s in state], dim=1)
-            obs_t = (
-                {k: v[t] for k, v in buffer.observations_tensor.items()}
-                if isinstance(buffer.observations_tensor, dict)
-                else buffer.observations_tensor[t]
-            )
+            obs_t = _step_observations(buffer, t)
             raw, state = critic.raw_step(obs_t, state, no_reset)
             values.append(head.value(raw))
             if head.distributional:
