@@ -475,3 +475,59 @@ def test_a_run_with_no_log_row_yet_draws_no_curve_and_says_nothing(tmp_path, cap
     (tmp_path / "progress.csv").write_text("time/total_timesteps,rollout/ep_rew_mean\n256,20.5\n512,22.0\n")
     assert draw_curve(RunFolder(tmp_path)) == tmp_path / "curve.png"
     assert_png(tmp_path / "curve.png")
+
+
+# ---------------------------------------------------------------------------- edges of the run folder
+def test_a_run_dir_that_is_a_file_and_a_budget_below_the_runs_steps_are_refused(ppo_run):
+    afile = ppo_run.parent / "notes.txt"
+    afile.write_text("mine")
+    result = covey("train", CONFIGS / "ppo_cartpole.yaml", "--run-dir", afile, cwd=ppo_run.parent, check=False)
+    assert result.returncode == 2 and "is a file, not a folder" in result.stderr
+    assert "Traceback" not in result.stderr and afile.read_text() == "mine"
+    config = (ppo_run / "config.yaml").read_text()
+    smaller = covey("resume", ppo_run, "--timesteps", "1000", cwd=ppo_run.parent, check=False)
+    assert smaller.returncode == 2 and "already at step 2,048, past timesteps=1,000" in smaller.stderr
+    assert (ppo_run / "config.yaml").read_text() == config  # the run keeps its budget
+
+
+def test_the_latest_model_of_a_run_extended_and_stopped_is_its_latest_checkpoint(tmp_path):
+    """A finished run (model.zip) extended by a resume that was stopped: eval, enjoy and export take the
+    checkpoint that is further on, not the older final model."""
+    from covey import PPO
+    from covey.cli.training import RunFolder
+
+    folder = RunFolder(tmp_path / "run")
+    folder.checkpoints.mkdir(parents=True)
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16)
+    model.num_timesteps = 512
+    model.save(folder.model)
+    assert folder.latest_model() == folder.model
+    model.num_timesteps = 1024
+    for path in folder.checkpoint(1024):
+        model.save(path) if path.suffix == ".zip" else path.write_text("{}")
+    assert folder.latest_model() == folder.checkpoint(1024)[0]
+    model.num_timesteps = 2048
+    model.save(folder.model)  # the resume finished: its final model is the latest again
+    assert folder.latest_model() == folder.model
+
+
+def test_an_enjoyed_episodes_return_is_the_envs_own_as_eval_counts_it():
+    """With a reward wrapper above the Monitor, the recorded episode's return is the Monitor's (the env's own
+    rewards), as eval's is, not the wrapped rewards' sum."""
+    import gymnasium as gym
+    from stable_baselines3.common.monitor import Monitor
+
+    from covey import PPO
+    from covey.cli.evaluation import _play_single
+
+    env = gym.wrappers.TransformReward(Monitor(gym.make("CartPole-v1", render_mode="rgb_array")), lambda r: 0.5 * r)
+    frames = []
+    total = _play_single(PPO("MlpPolicy", "CartPole-v1", seed=0), env, 0, True, frames, max_frames=1000)
+    assert total == len(frames) - 1  # CartPole pays 1 a step; the wrapped rewards sum to half of it
+
+
+def test_a_yaml_or_json_error_is_one_line():
+    with pytest.raises(CLIError) as info:
+        parse_yaml('{"N": 3', "--env-kwargs")
+    assert "\n" not in str(info.value) and "--env-kwargs is not valid YAML" in str(info.value)
+    assert "line 1, column" in str(info.value)

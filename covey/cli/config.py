@@ -41,7 +41,18 @@ def parse_yaml(text: str, what: str) -> Any:
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as err:
-        raise CLIError(f"{what} is not valid YAML: {err}") from err
+        raise CLIError(f"{what} is not valid YAML: {_one_line(err)}") from err
+
+
+def _one_line(err: yaml.YAMLError) -> str:
+    """A YAML error as one line: its problem and where (PyYAML draws the spot over several lines)."""
+    problem = getattr(err, "problem", None)
+    mark = getattr(err, "problem_mark", None)
+    if problem is None:
+        return " ".join(str(err).split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(err, "context", None)
+    return f"{problem}{where}" + (f" ({context})" if context else "")
 
 
 def load_yaml_file(path: str | pathlib.Path) -> dict[str, Any]:

@@ -91,17 +91,20 @@ def _frame(env: Any) -> np.ndarray:
 
 
 def _play_single(model, env, seed: int, deterministic: bool, frames: list, max_frames: int) -> float:
+    """One episode's return as :class:`Evaluator` counts it: the env's own rewards, which its Monitor reports at
+    the episode's end, before any reward wrapper (the wrapped rewards' sum, for an episode cut short)."""
     obs, _ = env.reset(seed=seed)
     frames.append(_frame(env))
     total, done, state, start = 0.0, False, None, np.ones(1, dtype=bool)
     while not done and len(frames) < max_frames:
         action, state = model.predict(obs, state=state, episode_start=start, deterministic=deterministic)
         start = np.zeros(1, dtype=bool)
-        obs, reward, terminated, truncated, _ = env.step(action)
+        obs, reward, terminated, truncated, info = env.step(action)
         total += float(reward)
         done = terminated or truncated
         frames.append(_frame(env))
-    return total
+    episode = info.get("episode") if done else None
+    return float(episode["r"]) if isinstance(episode, dict) and "r" in episode else total
 
 
 def _play_group(model, env, seed: int, deterministic: bool, frames: list, max_frames: int) -> float:

@@ -91,13 +91,25 @@ class RunFolder:
         return self.checkpoints / f"step_{step}.zip", self.checkpoints / f"step_{step}.json"
 
     def latest_model(self) -> pathlib.Path:
-        """The final model, or the latest checkpoint of an unfinished run."""
-        if self.model.is_file():
-            return self.model
+        """The final model, or the latest checkpoint where it is further on (a finished run extended by a resume
+        that was stopped) or where there is no final model yet (an unfinished run)."""
         steps = self.checkpoint_steps()
+        if self.model.is_file():
+            if not steps or steps[-1] <= _model_steps(self.model):
+                return self.model
         if steps:
             return self.checkpoint(steps[-1])[0]
         raise CLIError(f"{self.path} holds no model.zip and no checkpoint yet.")
+
+
+def _model_steps(path: pathlib.Path) -> int:
+    """The env steps a model file was trained for (its settings' ``num_timesteps``)."""
+    from covey import serialization
+
+    try:
+        return int(serialization.read_settings(path).get("num_timesteps", 0))
+    except Exception:  # a file that cannot be read is no further on than any checkpoint
+        return -1
 
 
 def new_run_dir(cfg: RunConfig, root: str | os.PathLike = "runs") -> pathlib.Path:
@@ -454,6 +466,8 @@ def start(cfg: RunConfig, run_dir: str | os.PathLike | None = None, desc: str = 
     """Check the config, build the agent, create the run folder and train. Returns the exit code."""
     env, model = prepare(cfg)
     path = pathlib.Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+    if path.exists() and not path.is_dir():
+        raise CLIError(f"--run-dir {path} is a file, not a folder: choose a folder for the run (it is created).")
     folder = RunFolder(path)
     if folder.is_run() or folder.model.exists():
         if not folder.checkpoint_steps() and not folder.model.exists():
@@ -507,6 +521,11 @@ def resume(run_dir: str | os.PathLike, sets: list[str] | None = None, quiet: boo
     state = json.loads(state_path.read_text())
     torch.set_num_threads(cfg.torch_threads)
     start_step = int(state["num_timesteps"])
+    if cfg.timesteps < start_step:  # before anything is written: the run keeps its budget
+        raise CLIError(
+            f"{folder.path} is already at step {start_step:,}, past timesteps={cfg.timesteps:,}: give a larger "
+            "budget to extend it (--timesteps), or leave it out to finish the run's own."
+        )
     env = build_env(cfg, seed=cfg.seed)
     from covey.agents import agent_class
 
