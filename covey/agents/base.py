@@ -93,9 +93,16 @@ def require_numbers(config: Any, agent: str) -> None:
             what = "a number or a schedule (a function of the progress remaining)" if kind == "Schedule" else "a number"
             raise ValueError(f"{agent}: {f.name}={value!r} is invalid: it must be {what}, not {type(value).__name__}.")
         if kind == "int" and isinstance(value, (float, np.floating)):
-            if not (math.isfinite(value) and float(value).is_integer()):
+            if not whole_number(value):
                 raise ValueError(f"{agent}: {f.name}={value!r} is invalid: it must be a whole number.")
             setattr(config, f.name, int(value))
+
+
+def whole_number(value: Any) -> bool:
+    """Whether ``value`` is a whole number: an int, or a float without a fraction (not a bool)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return False
+    return bool(math.isfinite(value) and float(value).is_integer())
 
 
 def get_device(device: torch.device | str = "auto") -> torch.device:
@@ -498,12 +505,7 @@ class BaseAgent:
         if verbose >= 1:
             print(f"Using {self.device} device")  # as SB3 says it
         self.seed = check_seed(seed)
-        whole = isinstance(stats_window_size, (int, float, np.integer, np.floating)) and not isinstance(
-            stats_window_size, (bool, np.bool_)
-        )
-        if not (whole and math.isfinite(stats_window_size) and float(stats_window_size).is_integer()):
-            whole = False
-        if not whole or stats_window_size < 1:
+        if not whole_number(stats_window_size) or stats_window_size < 1:
             raise ValueError(f"stats_window_size={stats_window_size!r} is invalid: it must be a whole number >= 1.")
         self.stats_window_size = stats_window_size = int(stats_window_size)
         self.num_timesteps = 0
