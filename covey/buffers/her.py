@@ -208,8 +208,10 @@ class HerReplayBuffer(ReplayBuffer):
         fill_rows(self.ep_length, data["her/ep_length"])
         self._current_ep_start[:] = data["her/current"]
         if self.infos is not None:
-            rows = json.loads(data["her/infos"].tobytes()) if "her/infos" in data else []
-            if "her/infos" not in data:
+            if "her/infos" in data:
+                rows = json.loads(data["her/infos"].tobytes())
+            else:
+                rows = []
                 warnings.warn(
                     "The replay buffer file holds no infos (it was saved without copy_info_dict, or its infos "
                     "were not plain data): compute_reward gets empty infos for its steps.",
