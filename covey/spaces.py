@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from gymnasium import spaces
+from torch import nn
 
 OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Dict)
 ACTION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -15,6 +16,14 @@ def check_observation_space(space: spaces.Space) -> None:
         if not space.spaces:
             raise ValueError("The observation space is an empty Dict: the policy would observe nothing. Give it keys.")
         for key, sub in space.spaces.items():
+            problem = _key_problem(key)
+            if problem is not None:
+                raise ValueError(
+                    f"The Dict observation space's key {key!r} cannot name a network module ({problem}): each key "
+                    "gets its own encoder under its name, as in SB3. Rename the key with an observation wrapper "
+                    "(keys are non-empty strings without '.', other than torch.nn.ModuleDict's attribute names "
+                    "such as 'type', 'to' or 'train')."
+                )
             if isinstance(sub, spaces.Dict):
                 raise ValueError(
                     f"Nested Dict observation spaces are not supported (key {key!r}). "
@@ -32,18 +41,36 @@ def check_observation_space(space: spaces.Space) -> None:
         )
 
 
+def _key_problem(key: object) -> str | None:
+    """Why a Dict observation key cannot name an encoder in a ``torch.nn.ModuleDict``, or None."""
+    if not isinstance(key, str):
+        return f"of type {type(key).__name__}, not a string"
+    try:
+        nn.ModuleDict({key: nn.Identity()})
+    except (KeyError, TypeError) as exc:
+        return str(exc.args[0]) if exc.args else type(exc).__name__
+    return None
+
+
 def check_action_space(space: spaces.Space, supported: tuple[type, ...] = ACTION_SPACES) -> None:
-    """Raise a ValueError naming ``space`` when it is not one of ``supported``."""
+    """Raise a ValueError naming ``space`` when it is not one of ``supported``. A Box may have infinite bounds:
+    Gaussian actions are clipped to the bounds dimension by dimension, and an infinite bound leaves its side free
+    (agents that squash their actions check :func:`check_finite_bounds` too)."""
     if not isinstance(space, supported):
         names = ", ".join(cls.__name__ for cls in supported)
         raise ValueError(f"Unsupported action space {space}. This agent supports: {names}.")
+
+
+def check_finite_bounds(space: spaces.Space, needs: str) -> None:
+    """Raise a ValueError when ``space`` is a Box action space with an infinite bound, which ``needs`` (what
+    scales actions to the bounds, in words) cannot take."""
     if isinstance(space, spaces.Box) and not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
-        # Gaussian policies are clipped to the bounds: infinite bounds mean the env gets any float.
-        if not np.all(np.isfinite(space.low)) and not np.all(np.isfinite(space.high)):
-            return
+        shape = tuple(space.shape)
         raise ValueError(
-            f"Box action space {space} has some infinite and some finite bounds; "
-            "give every dimension finite bounds (or make all of them infinite)."
+            f"{needs} needs finite Box action bounds (its actions are squashed into [-1, 1] and scaled to them), "
+            f"got {space}. Declare the bounds the env's actions should keep to, e.g. "
+            f"gymnasium.wrappers.TransformAction(env, lambda a: a, gymnasium.spaces.Box(-1.0, 1.0, {shape})) "
+            "(ClipAction and RescaleAction do not: ClipAction's own space is unbounded)."
         )
 
 

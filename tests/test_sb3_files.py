@@ -125,6 +125,22 @@ def test_ppo_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
     assert ours.num_timesteps == 192
 
 
+@pytest.mark.parametrize(
+    "space", [spaces.Discrete(3, start=5), spaces.MultiDiscrete([3, 2], start=[1, -1])], ids=["discrete", "multi"]
+)
+def test_an_sb3_file_with_an_action_start_acts_inside_the_space(tmp_path, no_unpickling, space):
+    """SB3 ignores an action space's start (its actions are the network's indices, outside the space); covey's
+    load of the same file picks the same indices and offsets them by start, as the README says."""
+    theirs = sb3.PPO("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (4,), np.float32), space), seed=0)
+    theirs.save(tmp_path / "sb3_ppo")
+    ours = PPO.load(tmp_path / "sb3_ppo")
+    obs = obs_batch(theirs.observation_space, 64)
+    indices = theirs.predict(obs, deterministic=True)[0]
+    actions = ours.predict(obs, deterministic=True)[0]
+    np.testing.assert_array_equal(actions, indices + space.start)
+    assert len(np.unique(actions)) > 1 and all(space.contains(a) for a in actions)
+
+
 def test_an_sb3_files_verbosity_log_folder_and_episode_count_are_kept(tmp_path, no_unpickling):
     """As SB3's load keeps them: learn(reset_num_timesteps=False) goes on counting episodes, into the same logs."""
     kwargs = dict(learning_starts=1000, verbose=2, tensorboard_log=str(tmp_path / "tb"))

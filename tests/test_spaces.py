@@ -6,6 +6,8 @@ Box(4,) observations. Each case trains 256 steps (2 envs x 16 steps x 8 rollouts
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from envs import SpaceEnv, image_space
 from gymnasium import spaces
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from covey import PPO
+from covey import PPO, SAC
 
 N_ENVS = 2
 BATCH = 5  # size of the batched predict() check
@@ -53,6 +55,9 @@ ACTION_CASES = [
     ("multibinary", spaces.MultiBinary(3)),
     ("box-symmetric", spaces.Box(-1, 1, (2,), np.float32)),
     ("box-asymmetric", spaces.Box(low=np.array([0, -2], np.float32), high=np.array([1, 2], np.float32))),
+    # Infinite bounds, on one side of one dimension or on every side: the clip leaves those sides free.
+    ("box-half-bounded", spaces.Box(low=np.array([0, 0], np.float32), high=np.array([1, np.inf], np.float32))),
+    ("box-unbounded", spaces.Box(-np.inf, np.inf, (2,), np.float32)),
     # Actions with more than one dimension: the flat head output must be reshaped to the space's shape.
     ("multidiscrete-2d", spaces.MultiDiscrete([[2, 3], [2, 2]])),
     ("multibinary-2d", spaces.MultiBinary([2, 2])),
@@ -212,3 +217,84 @@ def test_grayscale_images_without_a_channel_axis_get_a_fix_that_works() -> None:
         POCA("CnnPolicy", pistons)
     team = POCA("CnnPolicy", lambda: supersuit.reshape_v0(pistons(), (40, 40, 1)), n_steps=8, batch_size=8, seed=0)
     assert team.learn(8).num_timesteps == 8
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        spaces.Box(-np.inf, np.inf, (2,), np.float32),
+        spaces.Box(low=np.array([0, 0], np.float32), high=np.array([1, np.inf], np.float32)),
+    ],
+    ids=["unbounded", "half-bounded"],
+)
+def test_squashed_actions_need_finite_bounds(space: spaces.Space) -> None:
+    """PPO's squash_output scales tanh outputs to the bounds: infinite ones (NaN actions before) are refused, with
+    advice that declares finite bounds; the advice, applied as written, trains."""
+    import gymnasium as gym
+
+    kwargs = dict(use_sde=True, policy_kwargs=dict(squash_output=True), n_steps=16, batch_size=16, seed=0)
+    with pytest.raises(ValueError, match=r"squash_output=True needs finite Box action bounds.*TransformAction"):
+        PPO("MlpPolicy", make_vec_env(VEC_OBS, space), **kwargs)
+
+    fixed = DummyVecEnv(
+        [lambda: gym.wrappers.TransformAction(SpaceEnv(VEC_OBS, space), lambda a: a, spaces.Box(-1.0, 1.0, (2,)))]
+    )
+    model = PPO("MlpPolicy", fixed, **kwargs).learn(32)
+    action, _ = model.predict(VEC_OBS.sample())
+    assert np.all(np.isfinite(action)) and np.all(np.abs(action) <= 1.0)
+
+
+@pytest.mark.parametrize(
+    ("agent", "policy", "obs_space", "action_space"),
+    [
+        (PPO, "MlpPolicy", VEC_OBS, DISCRETE_ACTIONS),
+        (PPO, "MlpPolicy", VEC_OBS, spaces.Box(-1, 1, (2, 2), np.float32)),  # acting in NumPy
+        (PPO, "MlpPolicy", spaces.MultiDiscrete([3, 4]), spaces.MultiBinary(3)),
+        (PPO, "MultiInputPolicy", OBS_CASES[-1][2], DISCRETE_ACTIONS),
+        (PPO, "MlpLstmPolicy", VEC_OBS, DISCRETE_ACTIONS),
+        (SAC, "MlpPolicy", VEC_OBS, spaces.Box(-1, 1, (2,), np.float32)),
+        (SAC, "MlpPolicy", spaces.Discrete(5), DISCRETE_ACTIONS),
+    ],
+    ids=["discrete", "box2x2", "multidiscrete-obs", "dict", "lstm", "sac", "sac-discrete"],
+)
+def test_predict_on_an_empty_batch_returns_no_actions(agent, policy, obs_space, action_space) -> None:
+    """As SB3's predict on a batch of 0 observations: an empty batch of actions, of the dtype of a full one (the
+    flattening of each observation raised a reshape error before)."""
+    model = agent(policy, SpaceEnv(obs_space, action_space), seed=0)
+    space = model.observation_space
+    if isinstance(space, spaces.Dict):
+        empty = {key: np.zeros((0, *sub.shape), sub.dtype) for key, sub in space.spaces.items()}
+    else:
+        empty = np.zeros((0, *space.shape), space.dtype)
+    full, _ = model.predict(stack([space.sample() for _ in range(3)]))
+    actions, state = model.predict(empty)
+    assert actions.shape == (0, *action_space.shape) and actions.dtype == full.dtype
+    if policy == "MlpLstmPolicy":
+        assert all(s.shape[1] == 0 for s in state)
+
+
+def test_a_3d_box_that_is_no_image_takes_its_own_axis_order_only() -> None:
+    """Only images (uint8, 0-255) given in the other channel order are transposed, as SB3's predict transposes
+    them; a float Box (2, 5, 6) given (6, 2, 5) was reordered silently, and is refused as SB3 refuses it."""
+    space = spaces.Box(-1, 1, (2, 5, 6), np.float32)
+    model = PPO("MlpPolicy", SpaceEnv(space, DISCRETE_ACTIONS), seed=0)
+    obs = space.sample()
+    model.predict(obs)
+    for shape in [(6, 2, 5), (5, 6, 2), (3, 6, 2, 5)]:
+        with pytest.raises(ValueError, match="shape"):
+            model.predict(np.zeros(shape, np.float32))
+    images = PPO("CnnPolicy", SpaceEnv(image_space((36, 40, 3)), DISCRETE_ACTIONS), seed=0)
+    image = images.observation_space.sample()
+    np.testing.assert_array_equal(
+        images.predict(image, deterministic=True)[0],
+        images.predict(np.ascontiguousarray(image.transpose(2, 0, 1)), deterministic=True)[0],
+    )
+
+
+@pytest.mark.parametrize("key", ["type", "to", "pos.x", "", 0], ids=["type", "to", "dot", "empty", "int"])
+def test_a_dict_key_that_cannot_name_an_encoder_is_named_at_the_boundary(key) -> None:
+    """Gymnasium takes any key; each key names its encoder in a torch ModuleDict, which refuses these: the error
+    names the key and the fix, where torch's KeyError or TypeError named neither (SB3 fails as torch did)."""
+    space = spaces.Dict({key: spaces.Box(-1, 1, (2,), np.float32), "goal": spaces.Box(-1, 1, (2,), np.float32)})
+    with pytest.raises(ValueError, match=rf"key {re.escape(repr(key))} cannot name a network module.*Rename the key"):
+        PPO("MultiInputPolicy", SpaceEnv(space, DISCRETE_ACTIONS))

@@ -196,6 +196,8 @@ class OffApiEnv(CountEnv):
             return np.zeros(3, np.float32), info
         if self.fault == "dict_missing_key":
             return {"t": obs}, info
+        if self.fault == "reset_dict":  # a dict for a Box space
+            return {"t": obs}, info
         return obs, info
 
     def step(self, action):
@@ -204,6 +206,8 @@ class OffApiEnv(CountEnv):
             return obs, reward, terminated or truncated, info
         if self.fault == "step_shape":
             return np.zeros((2, 2), np.float32), reward, terminated, truncated, info
+        if self.fault == "step_info_none":
+            return obs, reward, terminated, truncated, None
         if self.fault == "own_error":  # a failure of the env's own, which the check must leave as it is
             raise ValueError("the simulator diverged")
         return obs, reward, terminated, truncated, info
@@ -224,6 +228,8 @@ class NoSeedEnv(CountEnv):
         ("dict_missing_key", r"reset\(\) returned an observation without the keys \['v'\]"),
         ("step_four", r"OffApiEnv\.step\(\) returned 4 values, not \(observation, reward, terminated, truncated"),
         ("step_shape", r"step\(\) returned an observation of shape \(2, 2\), where the observation_space"),
+        ("reset_dict", r"reset\(\) returned an observation of type dict, where the observation_space is Box"),
+        ("step_info_none", r"OffApiEnv\.step\(\) returned the info None, where a dict belongs"),
     ],
 )
 def test_an_env_off_the_gymnasium_api_gets_an_error_that_names_the_fault_and_the_fix(fault, message):

@@ -41,6 +41,7 @@ from covey.networks.obs import ObsTensor, batch_to_tensor
 from covey.networks.policies import ActorCriticPolicy
 from covey.networks.sb3_names import translate_groups
 from covey.networks.twohot import ScalarHead
+from covey.spaces import check_finite_bounds
 
 # Observations per forward pass when values and log-probs are computed for a whole rollout.
 _EVAL_CHUNK = 4096
@@ -534,7 +535,7 @@ class NumpyActing:
 
     def _latent(self, obs: np.ndarray) -> np.ndarray:
         """The trunk's output ``(B, hidden)`` for a batch of observations."""
-        h = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
+        h = obs.reshape(obs.shape[0], self.weights_t[0].shape[0]).astype(np.float32, copy=False)  # B may be 0
         for weight_t, bias, kind in zip(self.weights_t, self.biases, self.kinds):
             h = h @ weight_t
             h += bias
@@ -675,6 +676,11 @@ class PPO(BaseAgent):
             )
         if _init_setup_model:
             self._setup_model()
+
+    def _attach_env(self, env) -> None:
+        if self.policy_config.squash_output:
+            check_finite_bounds(env.action_space, "PPO with squash_output=True")
+        super()._attach_env(env)
 
     def _cpu_only(self) -> str | None:
         if memory_settings(self.policy_name, self.policy_config) is not None:

@@ -40,6 +40,7 @@ from covey.networks.obs import batch_to_tensor
 from covey.networks.policies import SACPolicy
 from covey.networks.sb3_names import translate_groups
 from covey.networks.twohot import ScalarHead
+from covey.spaces import check_finite_bounds
 from covey.wrappers.vec_env import VecImageLayout
 
 
@@ -558,14 +559,7 @@ class SAC(BaseAgent):
                 f"SAC does not support the action space {env.action_space}: it supports Box (continuous) and "
                 "Discrete actions. Use PPO for MultiDiscrete and MultiBinary actions."
             )
-        if isinstance(env.action_space, spaces.Box) and not (
-            np.all(np.isfinite(env.action_space.low)) and np.all(np.isfinite(env.action_space.high))
-        ):
-            raise ValueError(
-                f"SAC needs finite Box action bounds (its tanh-squashed actions are scaled to them), got "
-                f"{env.action_space}. Give the action space finite low/high, e.g. with "
-                "gymnasium.wrappers.RescaleAction or ClipAction."
-            )
+        check_finite_bounds(env.action_space, "SAC")
         space = env.action_space
         if isinstance(space, spaces.Box) and not np.issubdtype(space.dtype, np.floating):
             raise ValueError(

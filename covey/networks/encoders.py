@@ -28,7 +28,7 @@ class FlattenEncoder(nn.Module):
         self.scale = scale
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.reshape(obs.shape[0], -1).float()  # (B, out_dim)
+        x = obs.reshape(obs.shape[0], self.out_dim).float()  # (B, out_dim); an empty batch too
         return x * self.scale if self.scale is not None else x
 
 
@@ -51,7 +51,7 @@ class OneHotEncoder(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         # Values outside the space (the zeros of an absent agent's slot when the space starts above 0) are clamped
         # into it rather than indexing out of range; a present agent's value is always inside.
-        value = obs.long().reshape(obs.shape[0], -1) - self.starts
+        value = obs.long().reshape(obs.shape[0], len(self.starts)) - self.starts
         idx = torch.minimum(value.clamp_(min=0), self.highest) + self.offsets  # (B, n_components)
         out = torch.zeros(obs.shape[0], self.out_dim, device=obs.device)
         return out.scatter_(1, idx, 1.0)  # (B, out_dim)

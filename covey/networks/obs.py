@@ -7,6 +7,7 @@ import torch
 from gymnasium import spaces
 
 from covey.networks.encoders import obs_dtype
+from covey.spaces import is_image_space
 
 ObsTensor = torch.Tensor | dict[str, torch.Tensor]
 
@@ -86,8 +87,10 @@ def obs_to_tensor(observation, space: spaces.Space, device: torch.device | str =
 
 
 def _image_axes(obs: np.ndarray, space: spaces.Space) -> np.ndarray:
-    """An image given in the other channel order than the space's (HWC vs CHW) is transposed to match."""
-    if not (isinstance(space, spaces.Box) and len(space.shape) == 3) or obs.shape[-3:] == space.shape:
+    """An image given in the other channel order than the space's (HWC vs CHW) is transposed to match, as SB3's
+    ``predict`` transposes one. Only for image spaces (uint8, 0-255): another 3-D Box's axes mean what the env
+    says, and an array of its axes in another order is refused as SB3 refuses it, not reordered."""
+    if not is_image_space(space) or obs.shape[-3:] == space.shape:
         return obs
     a, b, c = space.shape
     if obs.shape[-3:] == (c, a, b):  # CHW given, HWC expected

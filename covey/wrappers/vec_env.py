@@ -77,6 +77,8 @@ class FastVecEnv(DummyVecEnv):
         try:
             for i, env in enumerate(self.envs):
                 obs, reward, terminated, truncated, info = env.step(self.actions[i])
+                if not isinstance(info, dict):
+                    raise TypeError(f"info of type {type(info).__name__}")  # named by _explain
                 info = own_info(info)  # this step's own: an env may update its info's arrays or dict in place
                 done = terminated or truncated
                 info["TimeLimit.truncated"] = truncated and not terminated
@@ -131,6 +133,8 @@ def env_api_problem(env: gym.Env, call: str, action: Any = None) -> str | None:
         return f"{name} returned {returned(out)}, not {expected}. {GYMNASIUM_API}"
     if call == "reset" and not isinstance(out[1], dict):
         return _reset_info_problem(out[1])
+    if call == "step" and not isinstance(out[4], dict):
+        return f"{name} returned the info {out[4]!r}, where a dict belongs ({{}} for none). {GYMNASIUM_API}"
     problem = observation_problem(out[0], env.observation_space)
     if problem is not None:
         return f"{name} returned an observation {problem}. {GYMNASIUM_API}"
@@ -157,6 +161,8 @@ def observation_problem(obs: Any, space: spaces.Space) -> str | None:
         return None
     if space.shape is None:
         return None
+    if obs is None or isinstance(obs, (dict, str)):  # np.shape would call it "of shape ()"
+        return f"of type {type(obs).__name__}, where the observation_space is {space}"
     if np.shape(obs) != tuple(space.shape):  # NumPy would broadcast a (1,) or () observation into every entry
         return f"of shape {np.shape(obs)}, where the observation_space {space} has shape {tuple(space.shape)}"
     return None
