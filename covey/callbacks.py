@@ -28,6 +28,10 @@ class GroupEvalCallback(EventCallback):
     ``StopTrainingOnRewardThreshold``) and ``callback_after_eval`` (e.g. ``StopTrainingOnNoModelImprovement``)
     are called as there, and ``best_mean_reward`` / ``last_mean_reward`` are kept.
 
+    ``render=True`` renders the eval env after its reset and every step (make it with a ``render_mode``), as SB3's
+    does; ``warn`` is taken for SB3's signature and has nothing to warn about here (SB3's warns of an eval env
+    without a ``Monitor``, which PettingZoo envs do not take).
+
     The reward of an episode is the group return, the sum of every agent's rewards; ``eval/mean_agent_reward``
     logs the per-agent return beside it (the group return over the agents that took part). Evaluation ``k``
     (from 0) resets its episodes with seeds ``seed + k * n_eval_episodes + i``: every evaluation sees new
@@ -47,7 +51,9 @@ class GroupEvalCallback(EventCallback):
         log_path: str | None = None,
         best_model_save_path: str | None = None,
         deterministic: bool = True,
+        render: bool = False,
         verbose: int = 1,
+        warn: bool = True,
         seed: int = 0,
     ) -> None:
         super().__init__(callback_after_eval, verbose=verbose)
@@ -68,7 +74,7 @@ class GroupEvalCallback(EventCallback):
         self.eval_env: Any = None
         self._owns_env = False
         self.n_eval_episodes, self.eval_freq = n_eval_episodes, eval_freq
-        self.deterministic, self.seed = deterministic, seed
+        self.deterministic, self.render, self.warn, self.seed = deterministic, render, warn, seed
         self.best_model_save_path = best_model_save_path
         self.log_path = os.path.join(log_path, "evaluations") if log_path is not None else None
         self.best_mean_reward = -np.inf
@@ -99,7 +105,7 @@ class GroupEvalCallback(EventCallback):
             return True
         seed = self.seed + self.n_evaluations * self.n_eval_episodes
         rewards, agent_rewards, lengths = group_episodes(
-            self.model, self.eval_env, self.n_eval_episodes, self.deterministic, seed
+            self.model, self.eval_env, self.n_eval_episodes, self.deterministic, seed, _render if self.render else None
         )
         self.n_evaluations += 1
         if self.log_path is not None:
@@ -141,3 +147,9 @@ class GroupEvalCallback(EventCallback):
         if self._owns_env:  # made here: closed, and made again if training goes on with another learn()
             self.eval_env.close()
             self.eval_env, self._owns_env = None, False
+
+
+def _render(env: Any) -> bool:
+    """:func:`group_episodes`' ``on_step`` for ``render=True``: render, and go on with the episode."""
+    env.render()
+    return True

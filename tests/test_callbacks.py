@@ -93,3 +93,31 @@ def test_what_it_cannot_evaluate_is_refused_clearly():
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0)
     with pytest.raises(TypeError, match="evaluates POCA teams; this is PPO"):
         model.learn(32, callback=GroupEvalCallback(EarlyExitEnv))
+
+
+class RenderCountingEnv(EarlyExitEnv):
+    renders = 0
+
+    def render(self):
+        RenderCountingEnv.renders += 1
+
+
+def test_it_takes_sb3s_arguments_in_sb3s_order_and_renders_when_asked(tmp_path):
+    """Every argument of SB3's EvalCallback, in its positional order (render and warn were missing); render=True
+    renders after each reset and step of the evaluation episodes, as SB3's does."""
+    import inspect
+
+    from stable_baselines3.common.callbacks import EvalCallback
+
+    theirs = list(inspect.signature(EvalCallback.__init__).parameters)
+    ours = list(inspect.signature(GroupEvalCallback.__init__).parameters)
+    assert ours[: len(theirs)] == theirs
+    RenderCountingEnv.renders = 0
+    callback = GroupEvalCallback(RenderCountingEnv, None, None, 2, 8, str(tmp_path), None, True, True, 0, False)
+    POCA("MlpPolicy", EarlyExitEnv, **SMALL).learn(16, callback=callback)
+    assert (callback.render, callback.verbose, callback.warn) == (True, 0, False)
+    lengths = np.load(tmp_path / "evaluations.npz")["ep_lengths"]
+    assert lengths.shape == (2, 2) and RenderCountingEnv.renders == lengths.size + lengths.sum() > 0
+    callback = GroupEvalCallback(RenderCountingEnv, eval_freq=8, n_eval_episodes=2, verbose=0)
+    POCA("MlpPolicy", EarlyExitEnv, **SMALL).learn(16, callback=callback)
+    assert RenderCountingEnv.renders == lengths.size + lengths.sum()  # not without render=True

@@ -197,6 +197,22 @@ def test_env_specs_that_do_not_fit_the_agent_are_refused(raw, problem):
         env_fn(cfg)()
 
 
+@pytest.mark.parametrize("n_processes", [1, 2])
+def test_a_poca_env_whose_spaces_covey_refuses_is_a_config_error(tmp_path, n_processes):
+    """Agents of different spaces fail the group env's check as the command's other refusals fail: one line, exit
+    code 2, nothing written (a traceback and exit code 1 before)."""
+    config = f"agent: poca\nenv: mpe2:simple_speaker_listener_v4\nn_envs: 2\nn_processes: {n_processes}\n"
+    (tmp_path / "mixed.yaml").write_text(config)
+    for args in (["train", "mixed.yaml", "--run-dir", "run"], ["check", "mixed.yaml"]):
+        result = covey(*args, cwd=tmp_path, check=False)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        assert "env mpe2:simple_speaker_listener_v4: Agents of one group must share one observation space" in (
+            result.stderr + result.stdout
+        )
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_poca_config_steps_its_copies_in_the_processes_it_names():
     from covey.cli.envs import build_env
     from covey.wrappers.group_env import GroupVecEnv, SubprocGroupVecEnv

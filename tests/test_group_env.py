@@ -865,6 +865,33 @@ def test_sb3s_env_calls_reach_every_copy_or_those_asked(workers):
         venv.close()
 
 
+@pytest.mark.parametrize("workers", [False, 2], ids=["in-process", "blocks-here-and-a-worker"])
+def test_sb3s_env_calls_reach_the_env_under_pettingzoos_wrappers(workers):
+    """mpe2's parallel_env() is a conversion wrapper around an order-enforcing wrapper around the env: get_attr and
+    env_method look through them as SB3's look through Gymnasium's wrappers (an AttributeError before), and
+    set_attr sets the env's own attribute, which it reads (it landed on the outer wrapper, which nothing reads)."""
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    def make():
+        return simple_spread_v3.parallel_env(N=3, max_cycles=25)
+
+    venv = GroupVecEnv([make] * 3) if workers is False else SubprocGroupVecEnv([make] * 3, n_processes=workers)
+    try:
+        assert venv.get_attr("max_cycles") == [25, 25, 25]
+        venv.set_attr("max_cycles", 3, indices=[0, 2])
+        assert venv.get_attr("max_cycles") == [3, 25, 3]
+        venv.reset(seed=0)
+        observed = venv.env_method("observe", "agent_1", indices=[2])  # a method of the env itself
+        assert len(observed) == 1 and observed[0].shape == (18,)
+        actions = np.zeros((3, 3), np.int64)
+        ended = [venv.step(actions).env_done.copy() for _ in range(3)]
+        np.testing.assert_array_equal(np.array(ended), [[False] * 3, [False] * 3, [True, False, True]])
+        with pytest.raises(AttributeError, match="and the envs it wraps have no attribute 'no_such_thing'"):
+            venv.get_attr("no_such_thing")
+    finally:
+        venv.close()
+
+
 def test_a_callback_changes_the_training_envs_through_set_attr():
     """A curriculum callback as SB3 users write one: ``self.training_env.set_attr`` before training reaches
     the copies POCA steps (pressing the switch then costs 5 instead of 0.5)."""

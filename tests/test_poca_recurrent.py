@@ -190,6 +190,19 @@ def test_predict_keeps_one_memory_per_agent_slot(tmp_path):
     assert acts.shape == (2, 3) and s2[0].shape == (1, 6, 8)
     with pytest.raises(ValueError, match=r"shape \(1, 3, 8\)"):
         model.predict(obs, state=s2)
+    # episode_start for the (n_envs, n_slots, ...) form: one bool, per copy, per slot or per row, the same resets
+    pair = np.stack([stacked, stacked])
+    _, moved2 = model.predict(pair, state=s2)
+    per_slot = np.array([[True, False, True], [False, False, True]])
+    expected = model.predict(pair, state=moved2, episode_start=per_slot)[1][0]
+    np.testing.assert_array_equal(model.predict(pair, state=moved2, episode_start=per_slot.reshape(-1))[1][0], expected)
+    assert not np.allclose(expected, model.predict(pair, state=moved2)[1][0])
+    for everyone in (True, np.True_, [True, True], np.ones((2, 3), bool), np.ones(6, bool)):
+        np.testing.assert_array_equal(model.predict(pair, state=moved2, episode_start=everyone)[1][0], s2[0])
+    with pytest.raises(ValueError, match=r"episode_start of shape \(3,\) for observations of 2 env copies of 3"):
+        model.predict(pair, state=moved2, episode_start=[True, False, True])
+    feed_forward = POCA("MlpPolicy", GroupCueEnv, n_steps=8, seed=0)  # takes and ignores it, as SB3's do
+    assert feed_forward.predict(pair, episode_start=True)[0].shape == (2, 3)
     # save/load keeps the memories' settings and acts the same from the same state
     model.save(tmp_path / "poca.zip")
     loaded = POCA.load(tmp_path / "poca.zip")

@@ -51,3 +51,19 @@ def test_the_readme_has_complete_examples() -> None:
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_example_defines_what_it_uses(block: str) -> None:
     assert undefined_names(block) == set(), block
+
+
+def test_the_module_switches_the_readme_names_are_the_modules_own() -> None:
+    """``covey.networks.mlp.PAIR_TRUNKS = False`` as written must set the module's switch: the package re-exported
+    the function ``mlp`` under the module's name, so the assignment set an attribute of the function, silently."""
+    import importlib
+
+    switches = re.findall(r"`(covey(?:\.[a-z_]+)+)\.([A-Z][A-Z_]+)(?: = \w+)?`", README.read_text())
+    assert len(switches) >= 5
+    for path, name in switches:
+        module = importlib.import_module(path)
+        reached = importlib.import_module("covey")
+        for part in path.split(".")[1:]:
+            reached = getattr(reached, part)  # as the README's dotted assignment resolves it
+        assert reached is module, f"covey...{path} is {reached!r}, not the module"
+        assert hasattr(module, name), f"{path} has no switch {name}"

@@ -281,6 +281,24 @@ class POCA(BaseAgent):
         return [("policy.optimizer", self.policy.optimizer, self.optimizer)]
 
     # ------------------------------------------------------------------ acting
+    @staticmethod
+    def _group_starts(episode_start: Any, groups: tuple[int, int]) -> np.ndarray:
+        """``predict``'s ``episode_start`` for the array form ``(n_envs, n_slots, ...)``, one bool per row of the
+        flattened ``n_envs * n_slots``: from one bool, one per copy ``(n_envs,)``, one per slot ``(n_envs,
+        n_slots)`` or one per row ``(n_envs * n_slots,)``."""
+        n_envs, n_slots = groups
+        starts = np.asarray(episode_start)
+        if starts.dtype == object or starts.shape not in ((), (n_envs,), (n_envs, 1), (n_envs, n_slots)):
+            if starts.shape != (n_envs * n_slots,):
+                raise ValueError(
+                    f"predict() got episode_start of shape {starts.shape} for observations of {n_envs} env copies "
+                    f"of {n_slots} slots: pass one bool, one per copy ({n_envs},), one per slot ({n_envs}, "
+                    f"{n_slots}) or one per row ({n_envs * n_slots},)."
+                )
+            return starts.astype(bool)
+        per_copy = starts.reshape(-1, 1) if starts.ndim == 1 else starts
+        return np.array(np.broadcast_to(per_copy.astype(bool), groups)).reshape(-1)
+
     def predict(self, observation: Any, state=None, episode_start=None, deterministic: bool = False):
         """``{agent: observation}`` -> ``({agent: action}, state)`` for the agents given (a subset is fine).
 
@@ -315,10 +333,7 @@ class POCA(BaseAgent):
                         f"{self.observation_space}{stored}. Pass (n_envs, n_slots, {dims}) with slots in "
                         "model.agent_ids order, or an {agent: observation} dict."
                     )
-                starts = episode_start
-                if starts is not None:  # per copy (n_envs,) or per slot (n_envs, n_slots)
-                    starts = np.asarray(starts, dtype=bool)
-                    starts = np.array(np.broadcast_to(starts.reshape(len(starts), -1), obs.shape[:2])).reshape(-1)
+                starts = None if episode_start is None else self._group_starts(episode_start, obs.shape[:2])
                 actions, state = self.policy.predict(obs.reshape(-1, *single), state, starts, deterministic)
                 return actions.reshape(*obs.shape[:2], *actions.shape[1:]), state
             return self.policy.predict(obs, state, episode_start, deterministic)

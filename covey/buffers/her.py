@@ -184,18 +184,18 @@ class HerReplayBuffer(ReplayBuffer):
             "her/current": self._current_ep_start,
         }
         if self.infos is not None:
-            try:
-                text = json.dumps([[_encode(info) for info in row] for row in self.infos[:stored]])
-            except TypeError as err:
+            dropped: dict[str, str] = {}  # key -> what its value was, for the warning
+            rows = [[_plain_info(info, dropped) for info in row] for row in self.infos[:stored]]
+            if dropped:
+                held = ", ".join(f"{key} ({what})" for key, what in dropped.items())
                 warnings.warn(
-                    f"The replay buffer's infos (copy_info_dict=True) hold {err}, which its file keeps only as "
-                    "plain data (numbers, strings, NumPy arrays, lists, tuples and dicts of them): they are left "
-                    "out, and after loading compute_reward gets empty infos for these steps.",
+                    f"The replay buffer's infos (copy_info_dict=True) hold values its file keeps only as plain data "
+                    f"(numbers, strings, NumPy arrays, lists, tuples and dicts of them): {held}. Those entries are "
+                    "left out, and after loading compute_reward gets each step's info without them.",
                     UserWarning,
                     stacklevel=4,
                 )
-            else:
-                arrays["her/infos"] = np.frombuffer(text.encode(), dtype=np.uint8)
+            arrays["her/infos"] = np.frombuffer(json.dumps(rows).encode(), dtype=np.uint8)
         return arrays
 
     def _load_extra(self, data) -> None:
@@ -224,6 +224,20 @@ class HerReplayBuffer(ReplayBuffer):
                     self.infos[row, e] = _decode(decoded[e]) if decoded is not None else {}
 
 
+def _plain_info(info: dict, dropped: dict[str, str]) -> Any:
+    """One step's info as JSON data (:func:`_encode`), without the entries that are not plain data, which are
+    recorded in ``dropped`` (the key's repr -> what its value was)."""
+    kept = {}
+    for key, value in info.items():
+        try:
+            if not isinstance(key, str):
+                raise TypeError(f"a key of type {type(key).__name__}")
+            kept[key] = _encode(value)
+        except TypeError as err:
+            dropped.setdefault(repr(key), str(err))
+    return {_TAG: "dict", "items": kept}
+
+
 def _encode(value: Any) -> Any:
     """``value`` as JSON data, with what JSON has no type for tagged; a TypeError names what cannot be."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -237,7 +251,7 @@ def _encode(value: Any) -> Any:
         return {_TAG: "tuple", "items": [_encode(item) for item in value]}
     if isinstance(value, dict) and all(isinstance(key, str) for key in value):
         return {_TAG: "dict", "items": {key: _encode(item) for key, item in value.items()}}
-    what = f"a dict with keys {list(value)!r}" if isinstance(value, dict) else f"a {type(value).__name__}"
+    what = f"a dict with keys {list(value)!r}" if isinstance(value, dict) else f"a value of type {type(value).__name__}"
     raise TypeError(what)
 
 

@@ -148,9 +148,12 @@ def build_env(cfg: RunConfig, n_envs: int | None = None, seed: int | None = None
         from covey.wrappers.group_env import SubprocGroupVecEnv, make_group_env
 
         n_processes = min(cfg.n_processes, n_envs)
-        if n_processes > 1:
-            return SubprocGroupVecEnv([make] * n_envs, n_processes=n_processes)
-        return make_group_env(make, n_envs)
+        try:  # the group's spaces are checked here, as an SB3 VecEnv's are in the agent's constructor
+            if n_processes > 1:
+                return SubprocGroupVecEnv([make] * n_envs, n_processes=n_processes)
+            return make_group_env(make, n_envs)
+        except (ValueError, NotImplementedError) as err:
+            raise CLIError(f"env {cfg.env}: {err}") from err
     from covey.wrappers.vec_env import FastVecEnv
 
     venv = FastVecEnv([make] * n_envs)

@@ -324,21 +324,52 @@ class GroupVecEnv:
         return [int(indices)] if np.isscalar(indices) else [int(i) for i in indices]
 
     def get_attr(self, attr_name: str, indices: None | int | Sequence[int] = None) -> list[Any]:
-        """SB3's ``get_attr``: the attribute of each env copy (all, or those of ``indices``)."""
-        return [getattr(self.envs[i], attr_name) for i in self._indices(indices)]
+        """SB3's ``get_attr``: the attribute of each env copy (all, or those of ``indices``), looked up through
+        the copy's wrappers as SB3 looks through Gymnasium's (:func:`wrapper_attr`)."""
+        return [wrapper_attr(self.envs[i], attr_name) for i in self._indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: None | int | Sequence[int] = None) -> None:
-        """SB3's ``set_attr``: set the attribute on each env copy (all, or those of ``indices``)."""
+        """SB3's ``set_attr``: set the attribute on each env copy (all, or those of ``indices``), on the outermost
+        of the copy's wrapped envs that has it (the copy itself where none does), as Gymnasium's
+        ``set_wrapper_attr``: a curriculum's ``set_attr("max_cycles", n)`` reaches the env under PettingZoo's
+        ``parallel_env()`` wrapper, which reads it."""
         for i in self._indices(indices):
-            setattr(self.envs[i], attr_name, value)
+            setattr(_holder(self.envs[i], attr_name), attr_name, value)
 
     def env_method(self, method_name: str, *method_args, indices: None | int | Sequence[int] = None, **method_kwargs):
-        """SB3's ``env_method``: call the method of each env copy (all, or those of ``indices``); their results."""
-        return [getattr(self.envs[i], method_name)(*method_args, **method_kwargs) for i in self._indices(indices)]
+        """SB3's ``env_method``: call the method of each env copy (all, or those of ``indices``), looked up as
+        :meth:`get_attr` looks; their results."""
+        return [wrapper_attr(self.envs[i], method_name)(*method_args, **method_kwargs) for i in self._indices(indices)]
 
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def _wrapped(env: Any) -> list[Any]:
+    """``env`` and the envs under it, outermost first: PettingZoo's and SuperSuit's wrappers hold theirs in
+    ``env``, the ``parallel_env()`` conversion of an AEC env in ``aec_env``."""
+    chain = [env]
+    while True:
+        inner = next((vars(chain[-1])[name] for name in ("env", "aec_env") if name in vars(chain[-1])), None)
+        if inner is None or any(inner is e for e in chain):
+            return chain
+        chain.append(inner)
+
+
+def _holder(env: Any, name: str) -> Any:
+    """The outermost of ``env``'s wrapped envs that holds attribute ``name`` itself, in its own ``__dict__`` or
+    its class (not through a wrapper's forwarding ``__getattr__``); ``env`` where none does."""
+    return next((e for e in _wrapped(env) if name in vars(e) or hasattr(type(e), name)), env)
+
+
+def wrapper_attr(env: Any, name: str) -> Any:
+    """Attribute ``name`` of ``env`` or of the outermost env under it that has it, as Gymnasium's
+    ``get_wrapper_attr`` (which SB3's ``get_attr`` and ``env_method`` call) looks through its wrappers."""
+    holder = next((e for e in _wrapped(env) if hasattr(e, name)), None)
+    if holder is None:
+        raise AttributeError(f"{type(env).__name__} and the envs it wraps have no attribute {name!r}.")
+    return getattr(holder, name)
 
 
 class LiveAgents:
