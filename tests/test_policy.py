@@ -346,6 +346,37 @@ def test_sac_policy_is_sb3s_sacpolicy():
     np.testing.assert_allclose(policy.scale_action(predicted), deterministic.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("share", [False, True])
+def test_sac_actor_and_critics_answer_sb3s_attribute_names(share):
+    """SB3's SAC Actor and ContinuousCritic have features_extractor (the user's extractor object), features_dim and
+    n_critics; scripts read them (they were AttributeErrors)."""
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+
+    class Extractor(BaseFeaturesExtractor):
+        def __init__(self, observation_space, features_dim=16):
+            super().__init__(observation_space, features_dim)
+            self.net = torch.nn.Sequential(torch.nn.Linear(3, features_dim), torch.nn.ReLU())
+
+        def forward(self, x):
+            return self.net(x)
+
+    kwargs = dict(
+        features_extractor_class=Extractor,
+        features_extractor_kwargs=dict(features_dim=12),
+        n_critics=3,
+        share_features_extractor=share,
+    )
+    models = [agent("MlpPolicy", "Pendulum-v1", policy_kwargs=kwargs, seed=0) for agent in (SAC, sb3.SAC)]
+    answers = []
+    for model in models:
+        actor, critic = model.actor, model.critic
+        assert type(actor.features_extractor) is Extractor and type(critic.features_extractor) is Extractor
+        answers.append((actor.features_dim, critic.n_critics, actor.features_extractor is critic.features_extractor))
+    assert answers[0] == answers[1] == (12, 3, share)
+    assert models[0].critic_target.n_critics == 3
+
+
 @pytest.mark.cpu
 def test_sac_actor_action_log_prob_is_the_squashed_gaussians():
     """SB3 SAC's ``model.actor.action_log_prob(obs)``: a reparameterized action in [-1, 1] and its

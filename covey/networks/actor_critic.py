@@ -25,7 +25,7 @@ from covey.networks.distributions import (
     StateDependentGaussianHead,
     make_action_head,
 )
-from covey.networks.encoders import ExternalEncoder, FlatDict, FlatDictEncoder, make_encoder
+from covey.networks.encoders import ExternalEncoder, FlatDict, FlatDictEncoder, make_encoder, sb3_extractor
 from covey.networks.memory import Memory, State, sequence_features
 from covey.networks.mlp import mlp, parse_net_arch
 from covey.networks.obs import ObsTensor, obs_to_tensor
@@ -297,6 +297,16 @@ class Actor(nn.Module):
             self.head = SquashedGaussianHead(self.trunk.out_dim, action_dim)
         else:
             self.head = make_action_head(action_space, self.trunk.out_dim, log_std_init, sde)
+
+    # SB3's names for the actor's parts (its SAC ``Actor``'s), where covey has the same part.
+    @property
+    def features_extractor(self) -> nn.Module:
+        """The encoder: the user's SB3 extractor object where ``features_extractor_class`` was given."""
+        return sb3_extractor(self.encoder)
+
+    @property
+    def features_dim(self) -> int:
+        return int(self.encoder.out_dim)
 
     @property
     def device(self) -> torch.device:
@@ -707,6 +717,20 @@ class QEnsemble(nn.Module):
     @property
     def value_head(self) -> nn.Module:
         return self.qs[0].head
+
+    # SB3's names (its ``ContinuousCritic``'s), where covey has the same part.
+    @property
+    def n_critics(self) -> int:
+        return len(self.qs)
+
+    @property
+    def features_extractor(self) -> nn.Module:
+        """The encoder: the user's SB3 extractor object where ``features_extractor_class`` was given."""
+        return sb3_extractor(self.encoder)
+
+    @property
+    def features_dim(self) -> int:
+        return int(self.encoder.out_dim)
 
     def features(self, obs: ObsTensor) -> torch.Tensor:
         """The encoder's output for the Q networks (cut from the graph when the encoder is the actor's)."""

@@ -295,3 +295,9 @@ def obs_dtype(space: spaces.Space) -> torch.dtype:
     if is_image_space(space):
         return torch.uint8
     return torch.float32
+
+
+def sb3_extractor(encoder: nn.Module) -> nn.Module:
+    """What SB3's ``features_extractor`` attributes hold: a user's extractor object (inside covey's
+    :class:`ExternalEncoder`, which prepares its inputs), else covey's encoder."""
+    return encoder.extractor if isinstance(encoder, ExternalEncoder) else encoder

@@ -34,7 +34,7 @@ from covey.networks.distributions import (
     SquashedStateDependentHead,
     StateDependentGaussianHead,
 )
-from covey.networks.encoders import ExternalEncoder
+from covey.networks.encoders import sb3_extractor
 from covey.networks.obs import ObsTensor
 
 
@@ -313,12 +313,6 @@ class _PolicyBase(nn.Module):
             )
 
 
-def _sb3_extractor(encoder: nn.Module) -> nn.Module:
-    """What SB3's ``features_extractor`` attributes hold: a user's extractor object (inside covey's
-    :class:`~covey.networks.encoders.ExternalEncoder`, which prepares its inputs), else covey's encoder."""
-    return encoder.extractor if isinstance(encoder, ExternalEncoder) else encoder
-
-
 class MlpExtractor(nn.Module):
     """SB3's ``policy.mlp_extractor``: the actor's MLP trunk as ``policy_net`` and the critic's as ``value_net``,
     features to the latent features the action and value layers take (``latent_dim_pi``, ``latent_dim_vf``).
@@ -401,15 +395,15 @@ class ActorCriticPolicy(_PolicyBase):
     @property
     def features_extractor(self) -> nn.Module:
         """The actor's encoder: the user's SB3 extractor object where ``features_extractor_class`` was given."""
-        return _sb3_extractor(self.actor.encoder)
+        return sb3_extractor(self.actor.encoder)
 
     @property
     def pi_features_extractor(self) -> nn.Module:
-        return _sb3_extractor(self.actor.encoder)
+        return sb3_extractor(self.actor.encoder)
 
     @property
     def vf_features_extractor(self) -> nn.Module:
-        return _sb3_extractor(self.critic.encoder)
+        return sb3_extractor(self.critic.encoder)
 
     @property
     def share_features_extractor(self) -> bool:
@@ -441,7 +435,7 @@ class ActorCriticPolicy(_PolicyBase):
         if features_extractor is not None:
             # the policy's own extractors get their inputs as the networks give them (SB3 preprocesses them too)
             encoder = next(
-                (e for e in (self.actor.encoder, self.critic.encoder) if _sb3_extractor(e) is features_extractor),
+                (e for e in (self.actor.encoder, self.critic.encoder) if sb3_extractor(e) is features_extractor),
                 features_extractor,
             )
             return encoder(obs)
