@@ -188,6 +188,16 @@ _ALGORITHMS = {  # the module of SB3's policy class -> the algorithm
     "stable_baselines3.dqn.": "DQN",
     "sb3_contrib.": "sb3-contrib",
 }
+_CONTRIB = {  # where sb3-contrib defines a policy class -> the algorithm that uses it
+    "common.recurrent": "RecurrentPPO",
+    "ppo_recurrent": "RecurrentPPO",
+    "common.maskable": "MaskablePPO",
+    "ppo_mask": "MaskablePPO",
+    "qrdqn": "QRDQN",
+    "tqc": "TQC",
+    "ars": "ARS",
+    "crossq": "CrossQ",
+}
 _SETTING_NAMES = {"stats_window_size": "_stats_window_size"}
 """covey's hyperparameter -> SB3's attribute, where they differ."""
 
@@ -211,11 +221,11 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         raise serialization.ModelFileError(f"{name} is a corrupt Stable-Baselines3 model file ({err}).") from err
     found = _algorithm(data)
     if found != agent:
-        where = f"covey.{found}.load" if found in ("PPO", "SAC") else "stable_baselines3"
-        raise serialization.ModelFileError(
-            f"{name} holds a Stable-Baselines3 {found} model; load it with {where}."
-            + ("" if found in ("PPO", "SAC") else " covey loads SB3's PPO and SAC files.")
-        )
+        if found in ("PPO", "SAC"):
+            raise serialization.ModelFileError(
+                f"{name} holds a Stable-Baselines3 {found} model; load it with covey.{found}.load."
+            )
+        raise _not_covey(name, found)
     observation_space = _space_entry(data.get("observation_space"), "observation space", name)
     action_space = _space_entry(data.get("action_space"), "action space", name)
     hyperparameters, unread = _hyperparameters(data, agent, config_class)
@@ -260,11 +270,22 @@ def file_algorithm(path: Any) -> str:
             source.seek(0)
     found = _algorithm(data)
     if found not in ("PPO", "SAC"):
-        raise serialization.ModelFileError(
-            f"{name} holds a Stable-Baselines3 {found} model; load it with stable_baselines3. covey loads SB3's PPO "
-            "and SAC files."
-        )
+        raise _not_covey(name, found)
     return found
+
+
+def _not_covey(name: str, found: str) -> serialization.ModelFileError:
+    """The error for a file of an algorithm covey does not read, naming the loader that reads it."""
+    if found.startswith("sb3-contrib"):
+        algorithm = found.split(" ", 1)[1] if " " in found else None
+        what = f"an {found}" if algorithm else "an sb3-contrib"
+        where = f"sb3_contrib.{algorithm}.load" if algorithm else "sb3_contrib"
+    else:
+        what = f"a Stable-Baselines3 {found}"
+        where = f"stable_baselines3.{found}.load" if found in ("DQN", "A2C") else "stable_baselines3"
+    return serialization.ModelFileError(
+        f"{name} holds {what} model; load it with {where}. covey loads SB3's PPO and SAC files."
+    )
 
 
 def _load_tensors(zf: zipfile.ZipFile, entry: str, name: str) -> dict:
@@ -285,6 +306,10 @@ def _algorithm(data: dict) -> str:
     module = policy_class.get("__module__", "") if isinstance(policy_class, dict) else ""
     for prefix, algorithm in _ALGORITHMS.items():
         if module.startswith(prefix):
+            if algorithm == "sb3-contrib":
+                parts = module.split(".")[1:]
+                found = _CONTRIB.get(".".join(parts[:2])) or _CONTRIB.get(parts[0] if parts else "")
+                return f"sb3-contrib {found}" if found else algorithm
             return algorithm
     if "n_epochs" in data and "clip_range" in data:
         return "PPO"

@@ -119,7 +119,9 @@ def test_predict_follows_sb3_contrib(tmp_path):
     np.testing.assert_array_equal(fresh_from_bool[0], fresh[0])
     _, kept = model.predict(obs, state=state, episode_start=False)
     np.testing.assert_array_equal(kept[0], moved[0])
-    with pytest.raises(ValueError, match=r"episode_start must be a bool or have shape \(1,\), got \(2,\)"):
+    with pytest.raises(
+        ValueError, match=r"episode_start must be a bool or have shape \(1,\) \(or \(1, 1\)\), got \(2,\)"
+    ):
         model.predict(obs, state=state, episode_start=[True, False])
     with pytest.raises(ValueError, match="state holds NaN or infinite values"):
         model.predict(obs, state=tuple(np.full_like(s, np.nan) for s in state))
@@ -128,6 +130,13 @@ def test_predict_follows_sb3_contrib(tmp_path):
     assert actions.shape == (3,) and batched[0].shape == (1, 3, 8)
     with pytest.raises(ValueError, match=r"shape \(1, 3, 8\)"):
         model.predict(np.stack([obs, obs, obs]), state=state)
+    # episode_start as a column (n, 1), which sb3-contrib flattens: the same resets as the flat array
+    starts = np.array([True, False, True])
+    _, moved3 = model.predict(np.stack([obs, obs, obs]), state=batched)
+    flat = model.predict(np.stack([obs, obs, obs]), state=moved3, episode_start=starts)[1]
+    column = model.predict(np.stack([obs, obs, obs]), state=moved3, episode_start=starts[:, None])[1]
+    np.testing.assert_array_equal(column[0], flat[0])
+    np.testing.assert_allclose(flat[0][:, 0], fresh[0][:, 0], rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="tuple of 2 arrays"):
         model.predict(obs, state=state[0])
     # save/load keeps the memory settings and predicts the same
@@ -230,14 +239,16 @@ class RecurrentActorCriticPolicy:
 
 def test_sb3_contrib_names_map_to_covey_and_its_options_are_refused_with_covey_s():
     assert PPO(RecurrentActorCriticPolicy, "CartPole-v1", n_steps=16, batch_size=16).actor.memory is not None
-    # the values that are covey's behaviour are accepted
-    PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(n_lstm_layers=1, shared_lstm=False, enable_critic_lstm=True))
+    # the values that are covey's behaviour are accepted, sb3-contrib's defaults among them (lstm_kwargs=None)
+    same = dict(n_lstm_layers=1, shared_lstm=False, enable_critic_lstm=True)
+    for extra in (None, {}):
+        PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(same, lstm_kwargs=extra))
     refusals = {
         "lstm_hidden_size": (64, r"covey's is memory=dict\(hidden_size=64\)"),
         "n_lstm_layers": (2, "covey's memory has one layer"),
         "shared_lstm": (True, "the actor and the critic always have memories of their own"),
         "enable_critic_lstm": (False, "the critic always has a memory of its own"),
-        "lstm_kwargs": ({}, r"covey's is memory=dict\(kind="),
+        "lstm_kwargs": (dict(dropout=0.1), r"covey's is memory=dict\(kind="),
     }
     for key, (value, message) in refusals.items():
         with pytest.raises(ValueError, match=rf"{key}=.* is sb3-contrib's RecurrentPPO setting; {message}"):
@@ -291,3 +302,37 @@ def test_memories_after_a_callback_stops_a_rollout_are_those_of_the_steps_taken(
         for got, want in zip(state, expected, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     model.learn(16, reset_num_timesteps=False)  # goes on from there
+
+
+class RecordsMemories(BaseCallback):
+    """Records what a RecurrentPPO user's callback reads at each step: the observations, the episode starts and
+    lstm_states."""
+
+    def _on_training_start(self) -> None:
+        self.seen = []
+
+    def _on_step(self) -> bool:
+        locals_ = self.locals
+        pi = tuple(s.clone() for s in locals_["lstm_states"].pi)
+        self.seen.append((locals_["obs_tensor"].clone(), locals_["episode_starts"].clone(), pi, locals_["lstm_states"]))
+        return True
+
+
+def test_callback_locals_hold_sb3_contribs_episode_starts_and_lstm_states():
+    """lstm_states.pi is the actor's memory after each step (predict from the step before gives it again) and
+    episode_starts the step's starts as a float tensor, as sb3-contrib's locals hold them (a KeyError before)."""
+    model = lstm_ppo(make_vec_env(lambda: RememberCueEnv(delay=2), n_envs=2, seed=0), n_steps=8)
+    callback = RecordsMemories()
+    model._setup_learn(16, callback, True, "test", False)
+    callback.on_training_start(locals(), globals())
+    assert model.collect_rollouts(callback)  # with the weights that acted (learn would update them after)
+    assert len(callback.seen) == 8
+    state = None
+    for t, (obs, starts, pi, whole) in enumerate(callback.seen):
+        assert starts.dtype == torch.float32 and starts.shape == (2,)
+        np.testing.assert_array_equal(starts.numpy(), model.recurrent.episode_starts[t])
+        assert whole.vf is None and len(pi) == 2 and pi[0].shape == (1, 2, 8)
+        _, state = model.predict(obs.numpy(), state=state, episode_start=starts.numpy())
+        for got, want in zip(pi, state, strict=True):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+    assert np.asarray(model.recurrent.episode_starts).sum() > 2  # episodes ended and restarted in the rollout

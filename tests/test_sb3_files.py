@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+import re
 import warnings
 import zipfile
 
@@ -303,11 +304,24 @@ def test_files_of_other_algorithms_name_where_they_load(tmp_path):
     with pytest.raises(ModelFileError, match="Stable-Baselines3 PPO model; load it with covey.PPO.load"):
         POCA.load(tmp_path / "ppo.zip")
     sb3.A2C("MlpPolicy", "CartPole-v1").save(tmp_path / "a2c.zip")
-    with pytest.raises(ModelFileError, match="A2C model; load it with stable_baselines3. covey loads SB3's PPO"):
+    with pytest.raises(ModelFileError, match="A2C model; load it with stable_baselines3.A2C.load. covey loads SB3's"):
         PPO.load(tmp_path / "a2c.zip")
     sb3.DQN("MlpPolicy", "CartPole-v1", buffer_size=100).save(tmp_path / "dqn.zip")
     with pytest.raises(ModelFileError, match="DQN model"):
         SAC.load(tmp_path / "dqn.zip")
+    # sb3-contrib's files name their own loader (SB3's PPO.load opened a RecurrentPPO file, which then failed in
+    # learn): a PPO file whose policy class is sb3-contrib's RecurrentActorCriticPolicy stands in for one here.
+    with zipfile.ZipFile(tmp_path / "ppo.zip") as zf:
+        entries = {name: zf.read(name) for name in zf.namelist()}
+    data = json.loads(entries["data"])
+    for module, algorithm in [("common.recurrent.policies", "RecurrentPPO"), ("common.new_thing.policies", None)]:
+        data["policy_class"]["__module__"] = f"sb3_contrib.{module}"
+        with zipfile.ZipFile(tmp_path / "contrib.zip", "w") as zf:
+            for name, content in {**entries, "data": json.dumps(data).encode()}.items():
+                zf.writestr(name, content)
+        loader = f"sb3_contrib.{algorithm}.load" if algorithm else "sb3_contrib"
+        with pytest.raises(ModelFileError, match=rf"holds an sb3-contrib.* model; load it with {re.escape(loader)}\."):
+            PPO.load(tmp_path / "contrib.zip")
 
 
 def test_train_freq_is_read_from_its_pickles_opcodes_alone(tmp_path):

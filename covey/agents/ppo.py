@@ -20,7 +20,7 @@ from covey.agents.base import (
     set_train_mode,
     warn_batch_size,
 )
-from covey.agents.recurrent import RecurrentRollout
+from covey.agents.recurrent import RecurrentRollout, RNNStates
 from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import (
@@ -818,6 +818,9 @@ class PPO(BaseAgent):
             clipped_actions = actor.to_env_actions(actions)
             new_obs, rewards, dones, infos = env.step(clipped_actions)
             self.num_timesteps += env.num_envs
+            if self.recurrent is not None:  # sb3-contrib's locals: the step's episode starts, the memory after it
+                episode_starts = torch.as_tensor(self._last_episode_starts, dtype=torch.float32)
+                lstm_states = RNNStates(self.recurrent.actor_state)
             callback.update_locals(locals())
             if not callback.on_step():
                 if self.recurrent is not None:  # memories as after the steps stored (the stopped one is redone)

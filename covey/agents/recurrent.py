@@ -5,7 +5,7 @@ each per env; MA-POCA one actor memory per agent slot and one critic memory per 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -28,6 +28,15 @@ def _step_observations(buffer: RolloutBuffer, t: int):
 def _reset(state: State, episode_starts: np.ndarray) -> State:
     keep = torch.as_tensor(~np.asarray(episode_starts, dtype=bool), dtype=torch.float32).view(1, -1, 1)  # (1, N, 1)
     return tuple(s * keep for s in state)
+
+
+class RNNStates(NamedTuple):
+    """sb3-contrib's ``lstm_states`` in a recurrent PPO's callback locals: the memories after the step, the
+    actor's (``pi``) as ``(1, n_envs, hidden)`` tensors; ``vf`` is None, as covey runs the critic through the
+    rollout once it ends."""
+
+    pi: tuple[torch.Tensor, ...]
+    vf: tuple[torch.Tensor, ...] | None = None
 
 
 class RecurrentRollout:

@@ -93,13 +93,17 @@ def policy_name(policy: str | type, agent: str | None = None) -> str:
 # SB3 options covey does not implement; they are refused by name rather than silently ignored.
 _UNSUPPORTED = ("use_sde", "sde_net_arch")
 
-# sb3-contrib's RecurrentPPO policy_kwargs: (the value that is covey's behaviour, or None: none is; what to do).
+# sb3-contrib's RecurrentPPO policy_kwargs: (the values that are covey's behaviour, taken and dropped; what to do
+# for the others).
 _RECURRENT_PPO_KWARGS = {
-    "lstm_hidden_size": (None, "covey's is memory=dict(hidden_size={value}), with a *LstmPolicy name"),
-    "n_lstm_layers": (1, "covey's memory has one layer"),
-    "shared_lstm": (False, "the actor and the critic always have memories of their own"),
-    "enable_critic_lstm": (True, "the critic always has a memory of its own"),
-    "lstm_kwargs": (None, "covey's is memory=dict(kind='lstm' or 'gru', hidden_size=..., sequence_length=...)"),
+    "lstm_hidden_size": ((), "covey's is memory=dict(hidden_size={value}), with a *LstmPolicy name"),
+    "n_lstm_layers": ((1,), "covey's memory has one layer"),
+    "shared_lstm": ((False,), "the actor and the critic always have memories of their own"),
+    "enable_critic_lstm": ((True,), "the critic always has a memory of its own"),
+    "lstm_kwargs": (
+        (None, {}),  # sb3-contrib's default: no extra arguments
+        "covey's is memory=dict(kind='lstm' or 'gru', hidden_size=..., sequence_length=...)",
+    ),
 }
 
 SAC_ONLY_KWARGS = {"n_critics": "SAC's number of Q networks", "clip_mean": "SAC's bound on use_sde's Gaussian mean"}
@@ -228,7 +232,7 @@ class PolicyConfig:
         for key, (same, how) in _RECURRENT_PPO_KWARGS.items():
             if key in kwargs:
                 value = kwargs.pop(key)
-                if same is None or value != same:
+                if not any(type(value) is type(ok) and value == ok for ok in same):
                     raise ValueError(
                         f"policy_kwargs {key}={value!r} is sb3-contrib's RecurrentPPO setting; "
                         f"{how.format(value=value)}."
@@ -419,8 +423,12 @@ class Actor(nn.Module):
         starts = np.zeros(batch, dtype=bool) if episode_start is None else np.asarray(episode_start, dtype=bool)
         if starts.shape == ():  # one bool for every row (a single env's done flag, say)
             starts = np.full(batch, bool(starts))
+        if starts.shape == (batch, 1):  # a column, which sb3-contrib flattens
+            starts = starts.reshape(batch)
         if starts.shape != (batch,):
-            raise ValueError(f"episode_start must be a bool or have shape ({batch},), got {starts.shape}.")
+            raise ValueError(
+                f"episode_start must be a bool or have shape ({batch},) (or ({batch}, 1)), got {starts.shape}."
+            )
         with torch.inference_mode():
             params, state_t = self.forward_step(obs, state_t, torch.as_tensor(starts, device=self.device))
             actions = self.head.sample(params, deterministic).cpu().numpy()
