@@ -2,6 +2,7 @@
 
 import copy
 import os
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -460,3 +461,24 @@ def test_whole_floats_in_whole_number_settings_are_taken_and_others_are_named():
         SAC("MlpPolicy", "Pendulum-v1", buffer_size=1e4 + 0.5)
     with pytest.raises(ValueError, match=r"stats_window_size=2.5 is invalid: it must be a whole number"):
         PPO("MlpPolicy", "CartPole-v1", stats_window_size=2.5)
+
+
+@pytest.mark.parametrize("manual", [True, False], ids=["hand-written", "autograd"])
+def test_a_target_kl_stop_is_printed_as_sb3_prints_it(manual, capsys, tmp_path, monkeypatch):
+    """With verbose=1, SB3 prints its early-stop line whatever the logger writes to; covey sent its own wording to
+    the logger, so a csv-only logger showed nothing."""
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.logger import configure
+
+    monkeypatch.setattr(PPO, "manual_gradients", manual)
+    lines = {}
+    for agent in (PPO, sb3.PPO):
+        model = agent("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=16, target_kl=1e-6, verbose=1, seed=0)
+        model.set_logger(configure(str(tmp_path / agent.__module__), ["csv"]))
+        capsys.readouterr()
+        model.learn(128)
+        out = capsys.readouterr().out.splitlines()
+        lines[agent] = [line for line in out if line.startswith("Early stopping")]
+    assert len(lines[PPO]) == len(lines[sb3.PPO]) == 2
+    for line in lines[PPO]:
+        assert re.fullmatch(r"Early stopping at step 0 due to reaching max kl: \d+\.\d\d", line), line

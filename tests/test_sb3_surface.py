@@ -1815,3 +1815,19 @@ def test_a_copied_model_trains_saves_and_loads_as_its_own(tmp_path, agent, how):
     clone.save(tmp_path / "clone")
     loaded = type(model).load(tmp_path / "clone")
     np.testing.assert_array_equal(actions(loaded), actions(clone))
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC"])
+def test_sb3s_private_stats_window_size_reads_and_sets_the_window(agent):
+    """SB3 keeps the window as _stats_window_size, which scripts and callbacks read (an AttributeError before)."""
+    import stable_baselines3 as sb3
+
+    import covey
+
+    env = "CartPole-v1" if agent == "PPO" else "Pendulum-v1"
+    ours, theirs = (getattr(lib, agent)("MlpPolicy", env, stats_window_size=5) for lib in (covey, sb3))
+    assert ours._stats_window_size == theirs._stats_window_size == 5
+    ours._stats_window_size = 3
+    assert ours.stats_window_size == 3
+    ours.learn(ours.n_steps if agent == "PPO" else 10)
+    assert ours.ep_info_buffer.maxlen == 3

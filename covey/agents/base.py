@@ -570,6 +570,15 @@ class BaseAgent:
         self.action_space = env.action_space
         self.n_envs = env.num_envs
 
+    @property
+    def _stats_window_size(self) -> int:
+        """SB3's name for :attr:`stats_window_size` (read and set)."""
+        return self.stats_window_size
+
+    @_stats_window_size.setter
+    def _stats_window_size(self, value: int) -> None:
+        self.stats_window_size = value
+
     def get_env(self) -> VecEnv | None:
         return self.env
 

@@ -345,10 +345,11 @@ class ManualPPOUpdate:
         optimizer: torch.optim.Optimizer,
         config: PPOConfig,
         clip_range: float,
-        log: Any = None,
+        early_stop: Any = None,
     ) -> tuple[dict[str, float], int]:
         """Run the epochs on the collected rollout: returns the minibatch statistics (as :func:`ppo_loss` names
-        them) reduced as SB3 logs them, and the number of epochs started (an early stop ends one early)."""
+        them) reduced as SB3 logs them, and the number of epochs started (an early stop ends one early, and
+        calls ``early_stop(epoch, approx_kl)`` if given)."""
         head = self.actor.head
         self.bind()
         flat = optimizer.flat_parameters
@@ -412,8 +413,8 @@ class ManualPPOUpdate:
                 if target_kl is not None:
                     approx_kl = ((ratio - 1) - log_ratio).mean().item()
                     if approx_kl > 1.5 * target_kl:
-                        if log is not None:
-                            log(f"Early stopping: approx_kl {approx_kl:.4f} > 1.5 * target_kl")
+                        if early_stop is not None:
+                            early_stop(epochs - 1, approx_kl)
                         stop = True
                         break
                 # policy loss = sum(max(s1, s2)) over the minibatch; its gradient flows through the unclipped
@@ -569,6 +570,11 @@ class NumpyActing:
         noise = np.random.standard_normal(out.shape).astype(np.float32)
         noise *= np.exp(self.log_std)
         return out + noise
+
+
+def _print_early_stop(epoch: int, approx_kl: float) -> None:
+    """SB3's message for an update stopped by ``target_kl`` (``verbose >= 1``), printed as SB3 prints it."""
+    print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl:.2f}")
 
 
 class PPO(BaseAgent):
@@ -936,8 +942,8 @@ class PPO(BaseAgent):
         set_train_mode(self.actor, True)
         set_train_mode(self.critic, True)
         if self._manual is not None:
-            log = self.logger.info if self.verbose >= 1 else None
-            means, epochs = self._manual.train(self.rollout_buffer, self.optimizer, cfg, clip_range, log)
+            early_stop = _print_early_stop if self.verbose >= 1 else None
+            means, epochs = self._manual.train(self.rollout_buffer, self.optimizer, cfg, clip_range, early_stop)
             self._n_updates += epochs
             self._record_train_means(means, lr, clip_range, clip_range_vf)
             return
@@ -945,7 +951,7 @@ class PPO(BaseAgent):
         continue_training = True
         ema = self.critic_ema.model if self.critic_ema is not None else None
         last_epoch = 0  # the index in history of the last epoch's first minibatch
-        for _ in range(cfg.n_epochs):
+        for epoch in range(cfg.n_epochs):
             last_epoch = len(history)
             for batch in self._minibatches():
                 if self.recurrent is not None:
@@ -983,7 +989,7 @@ class PPO(BaseAgent):
                 if cfg.target_kl is not None and stats["approx_kl"].item() > 1.5 * cfg.target_kl:
                     continue_training = False
                     if self.verbose >= 1:
-                        self.logger.info(f"Early stopping: approx_kl {stats['approx_kl'].item():.4f} > 1.5 * target_kl")
+                        _print_early_stop(epoch, stats["approx_kl"].item())
                     break
                 self._optimizer_step(loss, cfg.max_grad_norm)
             self._n_updates += 1
