@@ -1049,3 +1049,28 @@ def test_copies_of_other_agents_in_a_worker_are_refused_as_in_one_process(n_proc
         GroupVecEnv([OneStepTeam, ReversedTeam])
     with pytest.raises(ValueError, match="same possible_agents, in the same order"):
         SubprocGroupVecEnv([OneStepTeam, ReversedTeam], n_processes=n_processes)
+
+
+def test_a_closed_subprocess_env_says_so_and_one_in_use_refuses_copies():
+    """After close, calls name the closed env (BrokenPipeError before); copying a model on one is refused before
+    any pipe is copied (a half-made copy closed the original's pipes when collected, so it could not train)."""
+    import copy
+    import pickle
+
+    from covey import POCA
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    venv = SubprocGroupVecEnv([EarlyExitEnv] * 2, n_processes=2)
+    model = POCA("MlpPolicy", venv, n_steps=8, batch_size=16, seed=0)
+    try:
+        for copier in (copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match="SubprocGroupVecEnv cannot be copied or pickled.*POCA.load"):
+                copier(model)
+        model.learn(16)  # the original is whole
+        assert model.num_timesteps == 16
+    finally:
+        venv.close()
+    venv.close()  # twice is fine
+    for call in (lambda: venv.reset(seed=0), lambda: venv.get_attr("n_agents"), lambda: model.learn(16)):
+        with pytest.raises(RuntimeError, match="This SubprocGroupVecEnv is closed.*model.set_env"):
+            call()

@@ -1283,3 +1283,15 @@ def test_sac_only_policy_kwargs_are_refused():
 def test_the_critics_attention_settings_are_checked_by_name(policy_kwargs, message):
     with pytest.raises(ValueError, match=message):
         POCA("MlpPolicy", EarlyExitEnv, policy_kwargs=policy_kwargs)
+
+
+def test_a_rollout_of_one_group_step_logs_a_value_std_of_zero(recwarn):
+    """One env copy and n_steps=1 hold one value: its std was NaN, with torch's degrees-of-freedom warning."""
+    from stable_baselines3.common.logger import configure
+
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=1, n_steps=1, batch_size=2, seed=0)
+    model.set_logger(configure(None, []))
+    recwarn.clear()
+    model.learn(1)
+    assert model.logger.name_to_value["train/value_std"] == 0.0
+    assert not [w for w in recwarn if "degrees of freedom" in str(w.message)]

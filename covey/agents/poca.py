@@ -582,7 +582,8 @@ class POCA(BaseAgent):
             "train/explained_variance", float(explained_variance(values.numpy(), buf.returns_tensor[present].numpy()))
         )
         self.logger.record("train/value_estimate", buf.values_tensor.mean().item())
-        self.logger.record("train/value_std", buf.values_tensor.std().item())
+        values = buf.values_tensor
+        self.logger.record("train/value_std", values.std().item() if values.numel() > 1 else 0.0)  # one group-step
         self.logger.record("train/td_error_abs", buf.td_error_abs)
         if self._value_entropy is not None:
             self.logger.record("train/value_entropy", self._value_entropy)

@@ -563,9 +563,24 @@ class SubprocGroupVecEnv(GroupVecEnv):
                 raise result
         return [result for _, result in answers]
 
+    def _open(self) -> None:
+        if self.closed:
+            raise RuntimeError(
+                "This SubprocGroupVecEnv is closed: its worker processes have ended. Make a new one (and give it to "
+                "the model with model.set_env(env))."
+            )
+
+    def __reduce_ex__(self, protocol):
+        # A copy of the pipes would close the workers' ends of the original's when collected, breaking it.
+        raise TypeError(
+            "A SubprocGroupVecEnv cannot be copied or pickled: its env copies live in worker processes. To copy a "
+            "model trained on one, save it and load it with an env of its own: POCA.load(path, env=...)."
+        )
+
     def _run(self, command: str, data_of_block: Callable[[int], Any], here: Callable[[Any], Any]) -> list[Any]:
         """``command`` on every block, the workers' and this process's at once; each block's result, in order.
         ``data_of_block(b)`` is block b's message data, ``here(data)`` runs the command on the local block."""
+        self._open()
         for b, remote in enumerate(self.handlers):
             if remote is not None:
                 remote.send((command, data_of_block(b)))
@@ -596,6 +611,7 @@ class SubprocGroupVecEnv(GroupVecEnv):
 
     def _call(self, method: str, indices, *args, **kwargs) -> list[Any]:
         """``method`` on the copies of ``indices``, each asked of its block; their results in ``indices``' order."""
+        self._open()
         asked = self._indices(indices)
         blocks: dict[int, list[int]] = {}  # block -> the asked copies it holds
         for i in asked:
@@ -642,3 +658,5 @@ class SubprocGroupVecEnv(GroupVecEnv):
                 pass
         for process in self.processes:
             process.join()
+        for remote in self.remotes:
+            remote.close()
