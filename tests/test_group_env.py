@@ -1074,3 +1074,59 @@ def test_a_closed_subprocess_env_says_so_and_one_in_use_refuses_copies():
     for call in (lambda: venv.reset(seed=0), lambda: venv.get_attr("n_agents"), lambda: model.learn(16)):
         with pytest.raises(RuntimeError, match="This SubprocGroupVecEnv is closed.*model.set_env"):
             call()
+
+
+class FlakyResetEnv(EarlyExitEnv):
+    """EarlyExitEnv whose reset raises once, when ``fail_at_reset`` resets have been made, after setting agents."""
+
+    fail_at_reset = None
+
+    def __init__(self):
+        super().__init__()
+        self.resets = self.steps = 0
+
+    def reset(self, seed=None, options=None):
+        out = super().reset(seed=seed, options=options)
+        self.resets += 1
+        if self.resets == self.fail_at_reset:
+            raise OSError("transient failure loading the level")
+        return out
+
+    def step(self, actions):
+        self.steps += 1
+        return super().step(actions)
+
+
+def test_a_copy_whose_reset_or_step_was_cut_short_ends_its_episode_and_resets_at_the_next_step(monkeypatch):
+    """An exception (or an interrupt) inside a copy's automatic reset left its mask empty while the env listed agents:
+    every later step gave the env no actions, and learn(reset_num_timesteps=False) failed for good. The next step
+    now ends the episode the caller saw (its agents leave, truncated) and resets the copy, without stepping it."""
+    monkeypatch.setattr(FlakyResetEnv, "fail_at_reset", 2)  # the first automatic reset
+    venv = GroupVecEnv([FlakyResetEnv, EarlyExitEnv])
+    obs, mask = venv.reset(seed=0)
+    everyone_presses = np.ones((2, 3), np.int64)  # every agent leaves: the episode ends, the copy resets
+    with pytest.raises(OSError, match="transient failure"):
+        venv.step(everyone_presses)
+    flaky = venv.envs[0]
+    steps = flaky.steps
+    out = venv.step(np.zeros((2, 3), np.int64))
+    assert flaky.steps == steps and flaky.resets == 3  # reset again, not stepped
+    assert out.env_done[0] and out.left[0].all() and out.truncated[0].all()
+    np.testing.assert_array_equal(out.final_observations[0], obs[0])  # what the caller last saw of it
+    assert out.mask[0].all() and flaky.agents == flaky.possible_agents
+    assert not out.env_done[1]
+    venv.step(np.zeros((2, 3), np.int64))
+    assert flaky.steps == steps + 1  # stepped as usual from there
+
+
+def test_poca_goes_on_after_an_exception_in_an_envs_reset(monkeypatch):
+    from covey import POCA
+
+    monkeypatch.setattr(FlakyResetEnv, "fail_at_reset", 4)
+    env = GroupVecEnv([FlakyResetEnv, EarlyExitEnv])  # one copy fails once
+    model = POCA("MlpPolicy", env, n_steps=16, batch_size=32, n_epochs=1, seed=0)
+    with pytest.raises(OSError, match="transient failure"):
+        model.learn(64)
+    before = model.num_timesteps
+    model.learn(64, reset_num_timesteps=False)
+    assert model.num_timesteps >= before + 64

@@ -169,6 +169,10 @@ class GroupVecEnv:
         self._ep_other_return = np.zeros(self.n_envs)  # rewards the env paid under keys that are not agents
         self._ep_seen = np.zeros(lead, dtype=bool)
         self._ep_length = np.zeros(self.n_envs, dtype=np.int64)
+        # Copies whose last reset or step was cut short (an exception or an interrupt inside it), so that their
+        # observations and mask may not be the env's: the next step ends the episode the caller saw, and resets.
+        self._unsettled = np.zeros(self.n_envs, dtype=bool)
+        self._given: tuple[np.ndarray, np.ndarray] | None = None  # the observations and mask last returned
         self._t0 = time.time()
         self._seed: int | None = None
 
@@ -188,9 +192,11 @@ class GroupVecEnv:
         self._seed = None
         for e in range(self.n_envs):
             self._reset_env(e, None if seed is None else seed + e)
-        return self._obs.copy(), self._mask.copy()
+        self._given = (self._obs.copy(), self._mask.copy())
+        return self._given
 
     def _reset_env(self, e: int, seed: int | None) -> None:
+        self._unsettled[e] = True
         try:
             out = self.envs[e].reset(seed=seed)
         except TypeError as exc:
@@ -213,6 +219,7 @@ class GroupVecEnv:
         self._ep_other_return[e] = 0.0
         self._ep_seen[e] = self._mask[e]
         self._ep_length[e] = 0
+        self._unsettled[e] = False
 
     def _put(self, e: int, agent: str, obs: Any) -> None:
         s = self.slot.get(agent)
@@ -264,8 +271,12 @@ class GroupVecEnv:
         env_done = np.zeros(self.n_envs, dtype=bool)
         infos: list[dict[str, Any]] = [{} for _ in range(self.n_envs)]
         for e, env in enumerate(self.envs):
+            if self._unsettled[e]:
+                self._settle(e, left, truncated, final_obs, env_done)
+                continue
             acting = [agent for agent in env.agents if self._mask[e, self.slot[agent]]]  # live after the last step
             action_dict = {agent: actions[e, self.slot[agent]] for agent in acting}
+            self._unsettled[e] = True  # until its observations and mask are the env's again
             out = env.step(action_dict)
             if len(out) != 5:
                 raise _api_error("step()", f"returned {len(out)} values, not 5")
@@ -313,9 +324,19 @@ class GroupVecEnv:
                     "t": round(time.time() - self._t0, 6),
                 }
                 self._reset_env(e, None)
-        return GroupStep(
-            self._obs.copy(), self._mask.copy(), rewards, terminated, truncated, left, final_obs, env_done, infos
-        )
+            self._unsettled[e] = False
+        self._given = (self._obs.copy(), self._mask.copy())
+        return GroupStep(*self._given, rewards, terminated, truncated, left, final_obs, env_done, infos)
+
+    def _settle(self, e: int, left: np.ndarray, truncated: np.ndarray, final_obs: np.ndarray, done: np.ndarray) -> None:
+        """Copy ``e``'s last reset or step was cut short: end the episode the caller last saw (its agents leave,
+        truncated, with the observations it was given) and reset the copy, without stepping it."""
+        if self._given is not None:
+            given_obs, given_mask = self._given
+            left[e] = truncated[e] = given_mask[e]
+            final_obs[e] = given_obs[e]
+        done[e] = True
+        self._reset_env(e, None)
 
     # SB3's VecEnv calls on the env copies, for callbacks (e.g. a curriculum that sets an env attribute)
     def _indices(self, indices: None | int | Sequence[int]) -> list[int]:
