@@ -264,3 +264,57 @@ def test_fused_sequences_equal_stepping_with_front_padding(kind):
     gap = valid.clone()
     gap[0, 2] = False
     torch.testing.assert_close(memory.sequences(x, state, gap)[gap], memory.run(x, state, gap)[1][0][gap])
+
+
+class FailsAtThirdStep(GroupCueEnv):
+    """GroupCueEnv whose third step (over the env's life) raises, as a crashing simulator would."""
+
+    def __init__(self):
+        super().__init__(delay=4)
+        self.steps = 0
+
+    def step(self, actions):
+        self.steps += 1
+        if self.steps == 3:
+            raise RuntimeError("the simulator diverged")
+        return super().step(actions)
+
+
+@pytest.mark.parametrize("how", ["callback", "exception"])
+def test_memories_after_a_rollout_cut_at_its_third_step_are_those_of_the_two_steps_taken(how):
+    """Cut at its third step (not stored), by a callback's stop or by an env's exception, a rollout leaves the
+    actor's and the critic's memories as a rollout of those two steps leaves them, so going on from that step's
+    observations takes them in once (the actor's had taken them in, and the critic's had not moved)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class StopAtThirdStep(BaseCallback):
+        def _on_step(self) -> bool:
+            return self.n_calls < 3
+
+    def model(n_steps, env=GroupCueEnv):
+        return POCA(
+            "MlpPolicy",
+            lambda: env(**({"delay": 4} if env is GroupCueEnv else {})),
+            n_steps=n_steps,
+            batch_size=2,
+            n_epochs=1,
+            seed=0,
+            policy_kwargs=MEMORY,
+        )
+
+    reference = model(2)
+    _, callback = reference._setup_learn(2, None, True, "test", False)
+    assert reference.collect_rollouts(callback)  # two steps, and the critic run through them
+    if how == "callback":
+        cut = model(8)
+        _, callback = cut._setup_learn(8, StopAtThirdStep(), True, "test", False)
+        assert not cut.collect_rollouts(callback)
+    else:
+        cut = model(8, FailsAtThirdStep)
+        _, callback = cut._setup_learn(8, None, True, "test", False)
+        with pytest.raises(RuntimeError, match="diverged"):
+            cut.collect_rollouts(callback)
+    np.testing.assert_array_equal(cut._last_obs, reference._last_obs)  # training goes on from the third step's
+    for name in ("actor_state", "critic_state"):
+        for got, want in zip(getattr(cut.recurrent, name), getattr(reference.recurrent, name), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -439,17 +439,25 @@ class POCA(BaseAgent):
             actions = action_tensor.cpu().numpy()
             env_actions = actor.to_env_actions(actions).reshape(n_envs, n_slots, *self.action_space.shape)
             present = self._last_mask
-            step = env.step(env_actions)
-            new_obs = step.observations
-            self.num_timesteps += n_envs
-            self.agent_steps += int(present.sum())
-            rewards = step.rewards
-            if self.config.groupmate_rewards:
-                rewards = np.where(present, rewards.sum(axis=1, keepdims=True), 0.0).astype(np.float32)
-            dones = step.env_done
-            infos = step.infos
-            callback.update_locals(locals())
-            if not callback.on_step():
+            try:
+                step = env.step(env_actions)
+                new_obs = step.observations
+                self.num_timesteps += n_envs
+                self.agent_steps += int(present.sum())
+                rewards = step.rewards
+                if self.config.groupmate_rewards:
+                    rewards = np.where(present, rewards.sum(axis=1, keepdims=True), 0.0).astype(np.float32)
+                dones = step.env_done
+                infos = step.infos
+                callback.update_locals(locals())
+                going = callback.on_step()
+            except BaseException:  # an env's or a callback's exception, or an interrupt: as a stop, then raised
+                if self.recurrent is not None:
+                    self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
+                raise
+            if not going:
+                if self.recurrent is not None:  # memories as after the steps stored (the stopped one is redone)
+                    self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
                 return False
             self._update_info_buffer(infos, dones)
             # The state after the step that the leavers' bootstrap uses: leavers' final observations plus

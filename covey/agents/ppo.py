@@ -822,13 +822,19 @@ class PPO(BaseAgent):
                 actions = stored_actions.cpu().numpy()  # numpy in callbacks' locals, as in SB3
             actions = actions.reshape((-1, *self.action_space.shape))  # callbacks see SB3's shape (a view)
             clipped_actions = actor.to_env_actions(actions)
-            new_obs, rewards, dones, infos = env.step(clipped_actions)
-            self.num_timesteps += env.num_envs
-            if self.recurrent is not None:  # sb3-contrib's locals: the step's episode starts, the memory after it
-                episode_starts = torch.as_tensor(self._last_episode_starts, dtype=torch.float32)
-                lstm_states = RNNStates(self.recurrent.actor_state)
-            callback.update_locals(locals())
-            if not callback.on_step():
+            try:
+                new_obs, rewards, dones, infos = env.step(clipped_actions)
+                self.num_timesteps += env.num_envs
+                if self.recurrent is not None:  # sb3-contrib's locals: the step's episode starts, its memory after
+                    episode_starts = torch.as_tensor(self._last_episode_starts, dtype=torch.float32)
+                    lstm_states = RNNStates(self.recurrent.actor_state)
+                callback.update_locals(locals())
+                going = callback.on_step()
+            except BaseException:  # an env's or a callback's exception, or an interrupt: as a stop, then raised
+                if self.recurrent is not None:
+                    self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
+                raise
+            if not going:
                 if self.recurrent is not None:  # memories as after the steps stored (the stopped one is redone)
                     self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
                 return False

@@ -253,12 +253,34 @@ class GroupRecurrentRollout:
     ) -> torch.Tensor:
         """Sample actions for every slot ``obs`` ``(E * S, ...)``, carrying and recording the slots' memories
         (reset first where ``slot_starts`` ``(E, S)``)."""
+        self._before_step = self.actor_state
         state = _reset(self.actor_state, slot_starts.reshape(-1))
         self.actor_states[step] = torch.stack([s[0] for s in state], dim=1).reshape(self.actor_states.shape[1:])
         self.episode_starts[step] = episode_starts
         self.slot_starts[step] = slot_starts
         params, self.actor_state = actor.forward_step(obs, state, torch.zeros(obs.shape[0], dtype=torch.bool))
         return actor.head.sample(params)
+
+    @torch.no_grad()
+    def stop_at(self, critic: POCACritic, buf: GroupRolloutBuffer, step: int) -> None:
+        """The rollout stopped at ``step`` (a callback's stop, an exception or an interrupt), before it was
+        stored, and training goes on from its observations: the slots' memories go back to where that step found
+        them, and the critic's runs through the steps stored, as :meth:`RecurrentRollout.stop_at` does."""
+        self.actor_state = self._before_step
+        if step == 0:
+            return
+        rows = step * self.n_envs
+        obs, actions, present = (
+            buf.flat(x)[:rows] for x in (buf.observations_tensor, buf.actions_tensor, buf.present_tensor)
+        )
+        pooled = critic.pooled(obs, actions, present)[0].reshape(step, self.n_envs, -1)
+        _, finished = critic.memory.run(
+            pooled.transpose(0, 1),
+            self.critic_state,
+            torch.ones(self.n_envs, step, dtype=torch.bool),
+            torch.as_tensor(self.episode_starts[:step].T),
+        )  # each (E, step, hidden)
+        self.critic_state = tuple(x[:, -1][None].contiguous() for x in finished)
 
     @torch.no_grad()
     def evaluate(
