@@ -482,3 +482,28 @@ def test_a_target_kl_stop_is_printed_as_sb3_prints_it(manual, capsys, tmp_path, 
     assert len(lines[PPO]) == len(lines[sb3.PPO]) == 2
     for line in lines[PPO]:
         assert re.fullmatch(r"Early stopping at step 0 due to reaching max kl: \d+\.\d\d", line), line
+
+
+@pytest.mark.parametrize("which", ["lstm", "squashed-sde", "sac", "poca"])
+def test_training_updates_whatever_grad_mode_the_process_is_in(which):
+    """An interrupt can land inside a ``torch.no_grad()`` block after it switched gradients off and before its
+    ``with`` body began, leaving them off for the process: the autograd updates then failed ("element 0 of
+    tensors does not require grad"). Training turns them on for its updates."""
+    from covey import POCA, SAC
+
+    if which == "lstm":
+        model = PPO("MlpLstmPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0)
+    elif which == "squashed-sde":
+        kwargs = dict(use_sde=True, policy_kwargs=dict(squash_output=True))
+        model = PPO("MlpPolicy", "Pendulum-v1", n_steps=32, batch_size=32, seed=0, **kwargs)
+    elif which == "sac":
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=10, batch_size=16, seed=0, use_sde=True)
+    else:
+        model = POCA("MlpPolicy", EarlyExitEnv, n_steps=16, batch_size=32, seed=0)
+    before = [p.detach().clone() for p in model.policy.parameters()]
+    torch.set_grad_enabled(False)
+    try:
+        model.learn(64)
+    finally:
+        torch.set_grad_enabled(True)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))

@@ -800,7 +800,8 @@ class BaseAgent:
             self._update_current_progress_remaining()
             if log_interval is not None and iteration % log_interval == 0:
                 self._dump_logs(iteration)
-            self.train()
+            with torch.enable_grad():  # whatever grad mode an interrupt inside a no_grad block left the process in
+                self.train()
         callback.on_training_end()
         return self
 

@@ -798,7 +798,8 @@ class SAC(BaseAgent):
             if self.num_timesteps > cfg.learning_starts and self.replay_buffer.can_sample():
                 gradient_steps = cfg.gradient_steps if cfg.gradient_steps >= 0 else steps
                 if gradient_steps > 0:
-                    self.train(gradient_steps, cfg.batch_size)
+                    with torch.enable_grad():  # as in on-policy learning (covey.agents.base)
+                        self.train(gradient_steps, cfg.batch_size)
         callback.on_training_end()
         return self
 
