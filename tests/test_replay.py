@@ -328,6 +328,36 @@ def test_a_file_of_another_env_or_not_a_buffer_is_named_at_load(tmp_path):
         make_buffer(10, memory=False).load(tmp_path / "model.zip")
 
 
+def test_a_damaged_or_truncated_file_leaves_the_buffer_as_it_was(tmp_path):
+    """Every array is read (its checksum checked) before any is written: a damaged late entry ('dones') raised only
+    after the actions and rewards had been replaced, and training went on on the mixed buffer. A truncated file is
+    named with its path."""
+    import zipfile
+
+    other = make_buffer(10, memory=False)
+    add_stream(other, 7)
+    other.save(tmp_path / "other.npz")
+    raw = bytearray((tmp_path / "other.npz").read_bytes())
+    with zipfile.ZipFile(tmp_path / "other.npz") as zf:
+        info = zf.getinfo("dones.npy")
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.compress_size - 4
+    raw[start : start + 4] = bytes(b ^ 0xFF for b in raw[start : start + 4])
+    (tmp_path / "damaged.npz").write_bytes(bytes(raw))
+    (tmp_path / "truncated.npz").write_bytes((tmp_path / "other.npz").read_bytes()[:200])
+
+    buf = make_buffer(10, memory=False)
+    add_stream(buf, 3)
+    before = {name: np.copy(getattr(buf, name)) for name in ("actions", "rewards", "terminated", "dones")}
+    observations, pos = np.copy(buf._obs[None]), buf.pos
+    for name in ("damaged.npz", "truncated.npz"):
+        with pytest.raises(ValueError, match=rf"{name} is a corrupt replay buffer file .*the buffer is unchanged"):
+            buf.load(tmp_path / name)
+        for key, value in before.items():
+            np.testing.assert_array_equal(getattr(buf, key), value)
+        np.testing.assert_array_equal(buf._obs[None], observations)
+        assert buf.pos == pos
+
+
 def test_sacs_buffer_takes_sb3s_add_for_prefilled_demonstrations():
     """An SB3 script that fills model.replay_buffer with add(obs, next_obs, action, reward, done, infos) before
     learning: a done its info marks as a time limit keeps its bootstrap (unless handle_timeout_termination=False),

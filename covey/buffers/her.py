@@ -198,12 +198,14 @@ class HerReplayBuffer(ReplayBuffer):
             arrays["her/infos"] = np.frombuffer(json.dumps(rows).encode(), dtype=np.uint8)
         return arrays
 
-    def _load_extra(self, data) -> None:
+    def _check_extra(self, data) -> None:
         if "her/ep_length" not in data:
             raise ValueError(
                 "The replay buffer file holds no episode bookkeeping for hindsight replay (it was saved from a "
                 "buffer without HerReplayBuffer); load it into a model with the same replay_buffer_class."
             )
+
+    def _load_extra(self, data) -> None:
         fill_rows(self.ep_start, data["her/ep_start"])
         fill_rows(self.ep_length, data["her/ep_length"])
         self._current_ep_start[:] = data["her/current"]

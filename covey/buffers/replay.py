@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import zipfile
+import zlib
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -366,6 +368,8 @@ class ReplayBuffer:
                 path = buffer_path(path)
         try:
             archive = np.load(path, allow_pickle=False)
+        except (zipfile.BadZipFile, EOFError) as error:  # a truncated or damaged file
+            raise ValueError(f"{path} is a corrupt replay buffer file ({error}); the buffer is unchanged.") from error
         except ValueError as error:
             if "pickle" not in str(error):
                 raise
@@ -381,7 +385,13 @@ class ReplayBuffer:
                 f"{path} is not a replay buffer file: covey's save_replay_buffer writes an .npz archive with the "
                 "buffer's arrays (a model's .zip file holds none)."
             )
-        with archive as data:
+        with archive:
+            try:  # every array read (and its checksum checked) before any is written into the buffer
+                data = {name: archive[name] for name in archive.files}
+            except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as error:
+                raise ValueError(
+                    f"{path} is a corrupt replay buffer file ({error}); the buffer is unchanged."
+                ) from error
             capacity, n_envs, pos, full, optimize = (int(x) for x in data["meta"])
             if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):
                 raise ValueError(
@@ -396,7 +406,7 @@ class ReplayBuffer:
             if self._next_obs is not None:
                 expected.update({f"next_obs/{key}": value for key, value in self._next_obs.items()})
             for name, target in expected.items():
-                if name not in data.files:
+                if name not in data:
                     raise ValueError(f"{path} holds no {name!r}: it is not a replay buffer of this model's spaces.")
                 stored = data[name]
                 if stored.shape[1:] != target.shape[1:] or len(stored) > len(target):
@@ -405,6 +415,7 @@ class ReplayBuffer:
                         f"{target.shape[1:]} ({self.observation_space} observations, {self.action_space} actions, "
                         f"{self.n_envs} envs). Load it into a model of the env it was saved from."
                     )
+            self._check_extra(data)
             # Files hold the rows written so far (older ones every row): the rows after them are zeros.
             fill_rows(self.actions, data["actions"])
             fill_rows(self.rewards, data["rewards"])
@@ -426,6 +437,9 @@ class ReplayBuffer:
         """Arrays a subclass keeps beside the transitions, saved with them (of per-row arrays, the first
         ``stored`` rows, as :meth:`save` keeps of the transitions)."""
         return {}
+
+    def _check_extra(self, data: dict[str, np.ndarray]) -> None:
+        """Raise where the file's arrays ``data`` lack what :meth:`_load_extra` reads, before the buffer changes."""
 
     def _load_extra(self, data) -> None:
         """Read back what :meth:`_extra_arrays` saved."""
