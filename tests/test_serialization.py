@@ -161,6 +161,9 @@ def test_exclude_keeps_the_weights_and_include_names_the_replay_buffers_own_file
     loaded = PPO.load(tmp_path / "m.zip")
     np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
     model.save(tmp_path / "same.zip", include=["policy"])  # saved anyway
+    # attributes the file holds anyway, by SB3's names, as SB3's save takes them (refused before)
+    model.save(tmp_path / "same.zip", include=["num_timesteps", "gamma", "_last_obs", "_stats_window_size"])
+    assert PPO.load(tmp_path / "same.zip").num_timesteps == model.num_timesteps
     sac = SAC("MlpPolicy", "Pendulum-v1", learning_starts=10).learn(20)
     with pytest.raises(ValueError, match=r"include=\['replay_buffer'\].*model.save_replay_buffer\(path\)"):
         sac.save(tmp_path / "sac.zip", include=["replay_buffer"])

@@ -98,6 +98,27 @@ def require_numbers(config: Any, agent: str) -> None:
             setattr(config, f.name, int(value))
 
 
+_SAVED_ATTRIBUTES = frozenset(
+    {
+        "num_timesteps",
+        "_n_updates",
+        "seed",
+        "verbose",
+        "tensorboard_log",
+        "_episode_num",
+        "ep_info_buffer",
+        "ep_success_buffer",
+        "_stats_window_size",
+        "observation_space",
+        "action_space",
+        "n_envs",
+        "policy_kwargs",
+        "policy_class",
+    }
+)
+"""SB3's names for what covey's model file holds beside the hyperparameters and parameter groups."""
+
+
 def whole_number(value: Any) -> bool:
     """Whether ``value`` is a whole number: an int, or a float without a fraction (not a bool)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -993,18 +1014,22 @@ class BaseAgent:
         replay buffer has its own file: :meth:`save_replay_buffer`).
         """
         groups = self._parameter_groups()
-        extra = sorted(set(include or []) - set(groups))
-        if extra:
-            raise ValueError(
-                f"save(include={extra}): covey's model file holds the settings and the parameter groups "
-                f"{sorted(groups)}, never pickled objects. Save a replay buffer beside the model with "
-                "model.save_replay_buffer(path) (model.load_replay_buffer(path) reads it back); pass an env to "
-                "load(path, env=...)."
-            )
         networks = {name for name, group in groups.items() if isinstance(group, torch.nn.Module)}
         exclude = set(exclude or []) - networks
-        tensors = {k: v for k, v in self.get_parameters().items() if k not in exclude}
         place = None if "_last_obs" in exclude else self._env_place()
+        # What the file holds anyway, by SB3's attribute names: include may name it, as SB3's save takes it
+        saved = set(groups) | set(self._hyperparameters_json()) | _SAVED_ATTRIBUTES
+        if place is not None:
+            saved |= {"_last_obs", "_last_episode_starts", "_last_original_obs"}
+        extra = sorted(set(include or []) - saved)
+        if extra:
+            raise ValueError(
+                f"save(include={extra}): covey's model file holds the settings (hyperparameters, counters, spaces) "
+                f"and the parameter groups {sorted(groups)}, never pickled objects. Save a replay buffer beside "
+                "the model with model.save_replay_buffer(path) (model.load_replay_buffer(path) reads it back); pass "
+                "an env to load(path, env=...)."
+            )
+        tensors = {k: v for k, v in self.get_parameters().items() if k not in exclude}
         if place is not None:
             tensors[ENV_PLACE] = place
         settings = {
