@@ -37,8 +37,18 @@ def write_atomically(target: pathlib.Path, write: Callable[[Any], None]) -> None
     renamed over ``target``: a crash or a full disk never leaves a half-written file under that name, and the
     previous file (if any) stays untouched. A symbolic link at ``target`` stays, and its file is replaced."""
     target = final_path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temporary_file(target)
+    if target.is_dir():
+        raise IsADirectoryError(f"Cannot write {target}: it is a folder. Name a file to write.")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = temporary_file(target)
+    except (FileExistsError, NotADirectoryError) as err:  # a file where a folder of the path should be
+        blocking = next((p for p in reversed(target.parents) if p.exists() and not p.is_dir()), err.filename)
+        raise NotADirectoryError(f"Cannot write {target}: {blocking} is a file, not a folder.") from err
+    except OSError as err:  # named by the file asked for, not the temporary one beside it (a read-only folder)
+        raise type(err)(
+            err.errno, f"Cannot write {target}: {err.strerror} (creating a file in {target.parent})"
+        ) from err
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

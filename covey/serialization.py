@@ -75,6 +75,8 @@ def resolve_model_path(path: str | os.PathLike | io.BufferedIOBase) -> tuple[str
         source = model_path(source)
     if not source.exists():
         raise FileNotFoundError(f"No model file at {str(path)!r} (nor with a .zip suffix).")
+    if source.is_dir():
+        raise IsADirectoryError(f"{source} is a folder, not a model file: name the .zip file in it.")
     return str(source), source
 
 

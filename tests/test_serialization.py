@@ -385,3 +385,18 @@ def test_load_with_force_reset_false_says_where_it_cannot_go_on(tmp_path):
     PPO("MlpLstmPolicy", "CartPole-v1", n_steps=16, batch_size=16).learn(16).save(tmp_path / "lstm")
     with pytest.warns(UserWarning, match="holds no last observations to go on from"):
         PPO.load(tmp_path / "lstm", env=make_vec_env("CartPole-v1"), force_reset=False)
+
+
+def test_saving_and_loading_where_no_file_can_be_name_the_path_asked_for(tmp_path):
+    """A file where a folder of the path should be, a folder where the file should be, and a folder given to load
+    are named as such (a FileExistsError from mkdir, a temporary file's name, or "corrupt" before)."""
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(NotADirectoryError, match=r"Cannot write .*a_file/sub/m\.zip: .*a_file is a file, not a folder"):
+        model.save(tmp_path / "a_file" / "sub" / "m.zip")
+    (tmp_path / "folder.zip").mkdir()
+    with pytest.raises(IsADirectoryError, match=r"Cannot write .*folder\.zip: it is a folder"):
+        model.save(tmp_path / "folder.zip")
+    for path in (tmp_path / "folder.zip", tmp_path / "folder"):
+        with pytest.raises(IsADirectoryError, match=r"folder\.zip is a folder, not a model file"):
+            PPO.load(path)
