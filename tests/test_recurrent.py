@@ -286,12 +286,31 @@ class StopAtThirdStep(BaseCallback):
         return self.n_calls < 3
 
 
-def test_memories_after_a_callback_stops_a_rollout_are_those_of_the_steps_taken():
-    """Stopped at its third step (not stored), a rollout leaves both memories as after the two steps taken, so
-    going on from that step's observation (SB3's _last_obs) takes it in once (sb3-contrib's memories are the last
-    completed step's too)."""
-    model = lstm_ppo(RememberCueEnv(delay=20), n_steps=8)
-    model.learn(100, callback=StopAtThirdStep())
+class RaisesAtThirdStep(RememberCueEnv):
+    def __init__(self):
+        super().__init__(delay=20)
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 3:
+            raise RuntimeError("the simulator diverged")
+        return super().step(action)
+
+
+@pytest.mark.parametrize("how", ["callback", "exception"])
+def test_memories_after_a_rollout_cut_at_its_third_step_are_those_of_the_steps_taken(how):
+    """Cut at its third step (not stored), by a callback's stop or an env's exception, a rollout leaves both memories
+    as after the two steps taken, so going on from that step's observation (SB3's _last_obs) takes it in once
+    (sb3-contrib's memories are the last completed step's too). Before, an exception left the actor's memory past
+    that observation and the critic's where the rollout began."""
+    if how == "callback":
+        model = lstm_ppo(RememberCueEnv(delay=20), n_steps=8)
+        model.learn(100, callback=StopAtThirdStep())
+    else:
+        model = lstm_ppo(RaisesAtThirdStep(), n_steps=8)
+        with pytest.raises(RuntimeError, match="diverged"):
+            model.learn(100)
     assert model.rollout_buffer.pos == 2
     obs = model.rollout_buffer.observations_tensor[:, 0]
     for net, state in ((model.actor, model.recurrent.actor_state), (model.critic, model.recurrent.critic_state)):
@@ -336,33 +355,3 @@ def test_callback_locals_hold_sb3_contribs_episode_starts_and_lstm_states():
         for got, want in zip(pi, state, strict=True):
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
     assert np.asarray(model.recurrent.episode_starts).sum() > 2  # episodes ended and restarted in the rollout
-
-
-class RaisesAtThirdStep(RememberCueEnv):
-    def __init__(self):
-        super().__init__(delay=20)
-        self.steps = 0
-
-    def step(self, action):
-        self.steps += 1
-        if self.steps == 3:
-            raise RuntimeError("the simulator diverged")
-        return super().step(action)
-
-
-def test_memories_after_an_env_exception_are_those_of_the_steps_taken():
-    """As a callback's stop: an exception at the third step leaves both memories as after the two steps taken (the
-    actor's had taken in the third step's observation, which training goes on from, and the critic's had not
-    moved), so learn(reset_num_timesteps=False) takes it in once."""
-    model = lstm_ppo(RaisesAtThirdStep(), n_steps=8)
-    with pytest.raises(RuntimeError, match="diverged"):
-        model.learn(100)
-    assert model.rollout_buffer.pos == 2
-    obs = model.rollout_buffer.observations_tensor[:, 0]
-    for net, state in ((model.actor, model.recurrent.actor_state), (model.critic, model.recurrent.critic_state)):
-        expected = net.memory.initial_state(1)
-        with torch.no_grad():
-            for t in range(2):
-                _, expected = net.memory.encode_step(net.encoder, obs[t : t + 1], expected, torch.tensor([t == 0]))
-        for got, want in zip(state, expected, strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

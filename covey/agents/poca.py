@@ -439,6 +439,7 @@ class POCA(BaseAgent):
             actions = action_tensor.cpu().numpy()
             env_actions = actor.to_env_actions(actions).reshape(n_envs, n_slots, *self.action_space.shape)
             present = self._last_mask
+            stopped = True
             try:
                 step = env.step(env_actions)
                 new_obs = step.observations
@@ -450,14 +451,11 @@ class POCA(BaseAgent):
                 dones = step.env_done
                 infos = step.infos
                 callback.update_locals(locals())
-                going = callback.on_step()
-            except BaseException:  # an env's or a callback's exception, or an interrupt: as a stop, then raised
-                if self.recurrent is not None:
+                stopped = not callback.on_step()
+            finally:  # a callback's stop, or an env's or a callback's exception or an interrupt (then raised)
+                if stopped and self.recurrent is not None:  # memories as after the steps stored (this one is redone)
                     self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
-                raise
-            if not going:
-                if self.recurrent is not None:  # memories as after the steps stored (the stopped one is redone)
-                    self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
+            if stopped:
                 return False
             self._update_info_buffer(infos, dones)
             # The state after the step that the leavers' bootstrap uses: leavers' final observations plus

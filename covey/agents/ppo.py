@@ -822,6 +822,7 @@ class PPO(BaseAgent):
                 actions = stored_actions.cpu().numpy()  # numpy in callbacks' locals, as in SB3
             actions = actions.reshape((-1, *self.action_space.shape))  # callbacks see SB3's shape (a view)
             clipped_actions = actor.to_env_actions(actions)
+            stopped = True
             try:
                 new_obs, rewards, dones, infos = env.step(clipped_actions)
                 self.num_timesteps += env.num_envs
@@ -829,14 +830,11 @@ class PPO(BaseAgent):
                     episode_starts = torch.as_tensor(self._last_episode_starts, dtype=torch.float32)
                     lstm_states = RNNStates(self.recurrent.actor_state)
                 callback.update_locals(locals())
-                going = callback.on_step()
-            except BaseException:  # an env's or a callback's exception, or an interrupt: as a stop, then raised
-                if self.recurrent is not None:
+                stopped = not callback.on_step()
+            finally:  # a callback's stop, or an env's or a callback's exception or an interrupt (then raised)
+                if stopped and self.recurrent is not None:  # memories as after the steps stored (this one is redone)
                     self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
-                raise
-            if not going:
-                if self.recurrent is not None:  # memories as after the steps stored (the stopped one is redone)
-                    self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
+            if stopped:
                 return False
             self._update_info_buffer(infos, dones)
             terminated = dones.copy()

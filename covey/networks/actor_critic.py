@@ -262,7 +262,23 @@ class PolicyConfig:
         return config
 
 
-class Actor(nn.Module):
+class SB3FeatureNames:
+    """SB3's names for a network's encoder (its SAC ``Actor``'s and ``ContinuousCritic``'s), for a module that
+    keeps it as ``encoder``."""
+
+    encoder: nn.Module
+
+    @property
+    def features_extractor(self) -> nn.Module:
+        """The encoder: the user's SB3 extractor object where ``features_extractor_class`` was given."""
+        return sb3_extractor(self.encoder)
+
+    @property
+    def features_dim(self) -> int:
+        return int(self.encoder.out_dim)
+
+
+class Actor(SB3FeatureNames, nn.Module):
     """Observations to an action distribution: encoder -> MLP trunk -> action head.
 
     This is ``model.actor`` (and POCA's ``model.policy``); it has SB3's ``predict``, ``obs_to_tensor`` and
@@ -301,16 +317,6 @@ class Actor(nn.Module):
             self.head = SquashedGaussianHead(self.trunk.out_dim, action_dim)
         else:
             self.head = make_action_head(action_space, self.trunk.out_dim, log_std_init, sde)
-
-    # SB3's names for the actor's parts (its SAC ``Actor``'s), where covey has the same part.
-    @property
-    def features_extractor(self) -> nn.Module:
-        """The encoder: the user's SB3 extractor object where ``features_extractor_class`` was given."""
-        return sb3_extractor(self.encoder)
-
-    @property
-    def features_dim(self) -> int:
-        return int(self.encoder.out_dim)
 
     @property
     def device(self) -> torch.device:
@@ -695,7 +701,7 @@ class QNetwork(nn.Module):
         return self.head(self.trunk(x))
 
 
-class QEnsemble(nn.Module):
+class QEnsemble(SB3FeatureNames, nn.Module):
     """``n_critics`` Q networks over one shared critic encoder.
 
     ``values`` gives the Q values stacked on dim 0: Box actions ``(n_critics, B)``, Discrete
@@ -726,19 +732,10 @@ class QEnsemble(nn.Module):
     def value_head(self) -> nn.Module:
         return self.qs[0].head
 
-    # SB3's names (its ``ContinuousCritic``'s), where covey has the same part.
     @property
     def n_critics(self) -> int:
+        """SB3's ``ContinuousCritic.n_critics``."""
         return len(self.qs)
-
-    @property
-    def features_extractor(self) -> nn.Module:
-        """The encoder: the user's SB3 extractor object where ``features_extractor_class`` was given."""
-        return sb3_extractor(self.encoder)
-
-    @property
-    def features_dim(self) -> int:
-        return int(self.encoder.out_dim)
 
     def features(self, obs: ObsTensor) -> torch.Tensor:
         """The encoder's output for the Q networks (cut from the graph when the encoder is the actor's)."""
