@@ -288,14 +288,14 @@ class POCA(BaseAgent):
         n_slots)`` or one per row ``(n_envs * n_slots,)``."""
         n_envs, n_slots = groups
         starts = np.asarray(episode_start)
-        if starts.dtype == object or starts.shape not in ((), (n_envs,), (n_envs, 1), (n_envs, n_slots)):
-            if starts.shape != (n_envs * n_slots,):
-                raise ValueError(
-                    f"predict() got episode_start of shape {starts.shape} for observations of {n_envs} env copies "
-                    f"of {n_slots} slots: pass one bool, one per copy ({n_envs},), one per slot ({n_envs}, "
-                    f"{n_slots}) or one per row ({n_envs * n_slots},)."
-                )
+        if starts.shape == (n_envs * n_slots,):
             return starts.astype(bool)
+        if starts.shape not in ((), (n_envs,), (n_envs, 1), (n_envs, n_slots)):
+            raise ValueError(
+                f"predict() got episode_start of shape {starts.shape} for observations of {n_envs} env copies of "
+                f"{n_slots} slots: pass one bool, one per copy ({n_envs},), one per slot ({n_envs}, {n_slots}) or "
+                f"one per row ({n_envs * n_slots},)."
+            )
         per_copy = starts.reshape(-1, 1) if starts.ndim == 1 else starts
         return np.array(np.broadcast_to(per_copy.astype(bool), groups)).reshape(-1)
 

@@ -369,7 +369,7 @@ class ReplayBuffer:
         try:
             archive = np.load(path, allow_pickle=False)
         except (zipfile.BadZipFile, EOFError) as error:  # a truncated or damaged file
-            raise ValueError(f"{path} is a corrupt replay buffer file ({error}); the buffer is unchanged.") from error
+            raise _corrupt(path, error) from error
         except ValueError as error:
             if "pickle" not in str(error):
                 raise
@@ -389,9 +389,7 @@ class ReplayBuffer:
             try:  # every array read (and its checksum checked) before any is written into the buffer
                 data = {name: archive[name] for name in archive.files}
             except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as error:
-                raise ValueError(
-                    f"{path} is a corrupt replay buffer file ({error}); the buffer is unchanged."
-                ) from error
+                raise _corrupt(path, error) from error
             capacity, n_envs, pos, full, optimize = (int(x) for x in data["meta"])
             if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):
                 raise ValueError(
@@ -443,3 +441,8 @@ class ReplayBuffer:
 
     def _load_extra(self, data) -> None:
         """Read back what :meth:`_extra_arrays` saved."""
+
+
+def _corrupt(path: Any, error: Exception) -> ValueError:
+    """The error for a replay buffer file that cannot be read whole (a truncated or damaged archive)."""
+    return ValueError(f"{path} is a corrupt replay buffer file ({error}); the buffer is unchanged.")

@@ -372,7 +372,8 @@ def _wrapped(env: Any) -> list[Any]:
     ``env``, the ``parallel_env()`` conversion of an AEC env in ``aec_env``."""
     chain = [env]
     while True:
-        inner = next((vars(chain[-1])[name] for name in ("env", "aec_env") if name in vars(chain[-1])), None)
+        own = getattr(chain[-1], "__dict__", {})  # its own attributes, not what a wrapper forwards
+        inner = next((own[name] for name in ("env", "aec_env") if name in own), None)
         if inner is None or any(inner is e for e in chain):
             return chain
         chain.append(inner)
@@ -381,7 +382,7 @@ def _wrapped(env: Any) -> list[Any]:
 def _holder(env: Any, name: str) -> Any:
     """The outermost of ``env``'s wrapped envs that holds attribute ``name`` itself, in its own ``__dict__`` or
     its class (not through a wrapper's forwarding ``__getattr__``); ``env`` where none does."""
-    return next((e for e in _wrapped(env) if name in vars(e) or hasattr(type(e), name)), env)
+    return next((e for e in _wrapped(env) if name in getattr(e, "__dict__", {}) or hasattr(type(e), name)), env)
 
 
 def wrapper_attr(env: Any, name: str) -> Any:
