@@ -221,6 +221,49 @@ def test_grayscale_images_without_a_channel_axis_get_a_fix_that_works() -> None:
 
 @pytest.mark.parametrize(
     "space",
+    [spaces.Box(0.0, 255.0, (3, 40, 40), np.float32), spaces.Box(0, 1, (40, 40, 3), np.uint8)],
+    ids=["float-pixels", "uint8-in-0-1"],
+)
+def test_cnn_policy_scaling_pixels_needs_uint8_images(space: spaces.Box) -> None:
+    """CnnPolicy with normalize_images=True (the default) scales by 1/255, so, as SB3's, it refuses a Box that is
+    not a uint8 image in [0, 255] (it trained on the raw values before, silently); both fixes it names train."""
+    with pytest.raises(ValueError, match=r"CnnPolicy scales pixels.*normalize_images=False"):
+        PPO("CnnPolicy", make_vec_env(space, DISCRETE_ACTIONS))
+    with pytest.raises(ValueError, match=re.escape(f"Box(0, 255, {space.shape}, np.uint8)")):
+        SAC("CnnPolicy", make_vec_env(space, spaces.Box(-1, 1, (2,), np.float32)))
+
+    def trains(obs_space: spaces.Box, **policy_kwargs) -> bool:
+        model = PPO(
+            "CnnPolicy",
+            make_vec_env(obs_space, DISCRETE_ACTIONS),
+            n_steps=8,
+            batch_size=16,
+            seed=0,
+            policy_kwargs=policy_kwargs,
+        )
+        return model.learn(16).num_timesteps == 16  # 8 steps in each of the 2 copies
+
+    assert trains(space, normalize_images=False)
+    assert trains(space, features_extractor_kwargs=dict(normalized_image=True))  # SB3's other way to say it
+    assert trains(spaces.Box(0, 255, space.shape, np.uint8))
+
+
+def test_encoders_have_sb3s_features_dim() -> None:
+    """SB3's BaseFeaturesExtractor.features_dim and ActorCriticPolicy.features_dim: the number of features."""
+    images = make_vec_env(spaces.Box(0, 255, (40, 40, 3), np.uint8), DISCRETE_ACTIONS)
+    policy = PPO("CnnPolicy", images, policy_kwargs=dict(features_extractor_kwargs=dict(features_dim=96))).policy
+    assert policy.features_dim == policy.features_extractor.features_dim == 96
+    assert policy.extract_features(policy.obs_to_tensor(images.reset())[0]).shape == (N_ENVS, 96)
+    # a Dict space: the keys' features side by side, 64 from the image key's CNN
+    dict_env = make_vec_env(OBS_CASES[-1][2], DISCRETE_ACTIONS)
+    multi = PPO("MultiInputPolicy", dict_env, policy_kwargs=dict(features_extractor_kwargs=dict(cnn_output_dim=64)))
+    features = multi.policy.extract_features(multi.policy.obs_to_tensor(dict_env.reset())[0])
+    assert multi.policy.features_dim == multi.policy.features_extractor.features_dim == features.shape[1] > 64
+    assert multi.policy.features_extractor.encoders["img"].features_dim == 64
+
+
+@pytest.mark.parametrize(
+    "space",
     [
         spaces.Box(-np.inf, np.inf, (2,), np.float32),
         spaces.Box(low=np.array([0, 0], np.float32), high=np.array([1, np.inf], np.float32)),

@@ -17,6 +17,7 @@ from gymnasium import spaces
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from covey.networks.encoders import Encoder
 from covey.networks.linear import Linear, autocast_on, linear
 from covey.networks.memory import Memory, State
 from covey.networks.mlp import mlp
@@ -159,7 +160,7 @@ def masked_mean(x: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
     return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
-class EntityEncoder(nn.Module):
+class EntityEncoder(Encoder):
     """Encodes an observation that is a list of entities, a Box ``(n_entities, n_features)`` such as KAZ's
     vector state: each entity is embedded, entities attend to each other, and the present ones are
     pooled. All-zero rows are padding (absent entities).

@@ -19,7 +19,19 @@ from covey.spaces import channels_last, check_observation_space, is_image_space
 EncoderKind = Literal["mlp", "cnn", "multi"]
 
 
-class FlattenEncoder(nn.Module):
+class Encoder(nn.Module):
+    """An encoder: ``out_dim`` features per observation, also under SB3's ``BaseFeaturesExtractor`` name,
+    ``features_dim``. Unlike an SB3 extractor it takes observations as the env gives them (it scales pixels
+    and reorders channel-last images itself), not ``preprocess_obs``'s output."""
+
+    out_dim: int
+
+    @property
+    def features_dim(self) -> int:
+        return int(self.out_dim)
+
+
+class FlattenEncoder(Encoder):
     """Flattens a Box or MultiBinary observation to floats; uint8 images are scaled to [0, 1]."""
 
     def __init__(self, space: spaces.Box | spaces.MultiBinary, scale: float | None = None) -> None:
@@ -32,7 +44,7 @@ class FlattenEncoder(nn.Module):
         return x * self.scale if self.scale is not None else x
 
 
-class OneHotEncoder(nn.Module):
+class OneHotEncoder(Encoder):
     """One-hot encoding of a Discrete observation, or concatenated one-hots of a MultiDiscrete one."""
 
     def __init__(self, space: spaces.Discrete | spaces.MultiDiscrete) -> None:
@@ -57,7 +69,7 @@ class OneHotEncoder(nn.Module):
         return out.scatter_(1, idx, 1.0)  # (B, out_dim)
 
 
-class NatureCNN(nn.Module):
+class NatureCNN(Encoder):
     """The convolutional encoder of Mnih et al. (2015): 3 conv layers, then a linear layer with ReLU.
 
     Detects channel-last images (``(H, W, C)``) and permutes them; scales uint8 pixels to [0, 1].
@@ -114,7 +126,7 @@ class NatureCNN(nn.Module):
         return self.linear(self.convs(x))  # (B, features_dim)
 
 
-class DictEncoder(nn.Module):
+class DictEncoder(Encoder):
     """One encoder per key of a Dict space; their features are concatenated in key order."""
 
     def __init__(self, encoders: dict[str, nn.Module]) -> None:
@@ -150,7 +162,7 @@ class _SB3Input(nn.Module):
         return x.permute(0, 3, 1, 2) if self.transpose else x  # (B, H, W, C) -> (B, C, H, W)
 
 
-class ExternalEncoder(nn.Module):
+class ExternalEncoder(Encoder):
     """Runs a Stable-Baselines3 ``BaseFeaturesExtractor`` subclass (``features_extractor_class``).
 
     The extractor is built as SB3 builds it, ``cls(observation_space, **kwargs)``, and gets the inputs SB3
@@ -236,7 +248,7 @@ class FlatDict:
         }
 
 
-class FlatDictEncoder(nn.Module):
+class FlatDictEncoder(Encoder):
     """Runs ``encoder`` (built for the Dict space) on flattened Dict observations (:class:`FlatDict`)."""
 
     def __init__(self, flat: FlatDict, encoder: nn.Module) -> None:
@@ -280,10 +292,24 @@ def make_encoder(
     image_key = is_image_space(space) or (
         (normalized_image or not normalize_images) and isinstance(space, spaces.Box) and len(space.shape) == 3
     )
+    if kind == "cnn" and normalize_images and not normalized_image and isinstance(space, spaces.Box):
+        _check_pixels(space)
     if kind == "cnn" or (kind == "multi" and image_key):
         return NatureCNN(space, features_dim, normalize_images)
     scale = 1.0 / 255.0 if normalize_images and is_image_space(space) else None
     return FlattenEncoder(space, scale)
+
+
+def _check_pixels(space: spaces.Box) -> None:
+    """CnnPolicy with ``normalize_images=True`` scales pixels by 1/255, so it takes uint8 images in [0, 255], as
+    SB3's does (a 2-D or 1-D Box gets NatureCNN's own message)."""
+    if len(space.shape) == 3 and not is_image_space(space):
+        raise ValueError(
+            f"CnnPolicy scales pixels from [0, 255] to [0, 1] (normalize_images=True, the default), so it needs a "
+            f"uint8 image Box with bounds [0, 255]; got {space}. If the observations are pixels in [0, 255], "
+            f"declare the space as Box(0, 255, {space.shape}, np.uint8); if they are already scaled as the network "
+            "should see them, pass policy_kwargs=dict(normalize_images=False)."
+        )
 
 
 def obs_dtype(space: spaces.Space) -> torch.dtype:

@@ -398,6 +398,11 @@ class ActorCriticPolicy(_PolicyBase):
         return sb3_extractor(self.actor.encoder)
 
     @property
+    def features_dim(self) -> int:
+        """The actor's encoder's number of features (SB3's attribute, its ``pi_features_extractor``'s)."""
+        return int(self.actor.encoder.out_dim)
+
+    @property
     def pi_features_extractor(self) -> nn.Module:
         return sb3_extractor(self.actor.encoder)
 
