@@ -240,6 +240,40 @@ def test_same_seed_gives_identical_results():
     assert not np.array_equal(a, c)
 
 
+@pytest.mark.parametrize("wrapper", ["none", "VecMonitor", "VecNormalize"])
+def test_seed_reaches_a_supersuit_vector_env_below_vec_env_wrappers(wrapper):
+    """SuperSuit's concat_vec_envs_v1 has no seed(): the seed goes to its reset(seed=...), also through the VecEnv
+    wrappers a PettingZoo tutorial adds around it (with VecMonitor or VecNormalize it went nowhere before)."""
+    import supersuit as ss
+    from mpe2 import simple_spread_v3
+    from stable_baselines3.common.vec_env import VecMonitor, VecNormalize
+
+    wrap = {"none": lambda v: v, "VecMonitor": VecMonitor, "VecNormalize": VecNormalize}[wrapper]
+
+    def rollout(seed: int) -> np.ndarray:
+        team = ss.pettingzoo_env_to_vec_env_v1(simple_spread_v3.parallel_env(N=2, max_cycles=5))
+        venv = wrap(ss.concat_vec_envs_v1(team, 2, num_cpus=0, base_class="stable_baselines3"))
+        model = PPO("MlpPolicy", venv, n_steps=8, batch_size=32, n_epochs=1, seed=seed).learn(32)
+        return model.rollout_buffer.observations.copy()
+
+    a, b, c = rollout(3), rollout(3), rollout(4)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_a_seed_that_reaches_no_env_is_said():
+    """A VecEnv whose seed() fails, with no Gymnasium-style vector env below it, is trained unseeded: with a warning."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    class Unseedable(DummyVecEnv):
+        def seed(self, seed=None):
+            raise NotImplementedError
+
+    env = Unseedable([lambda: gym.make("CartPole-v1")])
+    with pytest.warns(UserWarning, match=r"seed=5 was not applied to the env: Unseedable.seed\(\) failed"):
+        PPO("MlpPolicy", env, n_steps=16, batch_size=16, seed=5).learn(16)
+
+
 # ---------------------------------------------------------------------------- SB3 surface
 def test_callbacks_called_at_sb3_points_and_can_stop_training():
     class Recorder(BaseCallback):

@@ -562,14 +562,25 @@ class BaseAgent:
         """Start fresh episodes in every env copy (seeded as asked) and keep the first observations."""
         pending = getattr(self, "_pending_reset_seed", None)
         self._pending_reset_seed = None
-        inner = getattr(self.env, "venv", None)
-        if pending is not None and inner is not None and not isinstance(inner, VecEnv):
-            # A VecEnv without seed() (e.g. SuperSuit's concat_vec_envs_v1): seed the vector env it wraps
-            # through its Gymnasium-style reset(seed=...).
-            self._last_obs, self.env.reset_infos = inner.reset(seed=pending)
-        else:
-            self._last_obs = self.env.reset()
         self._last_episode_starts = np.ones((self.env.num_envs,), dtype=bool)
+        if pending is not None:
+            # A VecEnv without seed() (e.g. SuperSuit's concat_vec_envs_v1): seed the Gymnasium-style vector env
+            # it wraps, below any VecEnv wrappers (VecMonitor, VecNormalize), through its reset(seed=...).
+            holder, inner = self.env, getattr(self.env, "venv", None)
+            while isinstance(inner, VecEnv):
+                holder, inner = inner, getattr(inner, "venv", None)
+            if inner is None:
+                warnings.warn(
+                    f"seed={pending} was not applied to the env: {type(self.env).__name__}.seed() failed and no "
+                    "vector env below it takes reset(seed=...). Seed the env yourself before training.",
+                    stacklevel=3,
+                )
+            elif holder is self.env:
+                self._last_obs, self.env.reset_infos = inner.reset(seed=pending)
+                return
+            else:  # the wrappers between reset too; the seeded vector env's next episodes follow from its seed
+                inner.reset(seed=pending)
+        self._last_obs = self.env.reset()
 
     @property
     def policy_class(self) -> type:
