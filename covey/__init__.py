@@ -24,4 +24,20 @@ def __getattr__(name: str):
         from covey.agents.sac import SAC
 
         return SAC
+    if name in _ELSEWHERE:
+        raise ImportError(
+            f"covey has no {name}: it trains PPO (recurrent too), SAC and POCA. {_ELSEWHERE[name]}", name=name
+        )
     raise AttributeError(f"module 'covey' has no attribute {name!r}")
+
+
+# Stable-Baselines3's and sb3-contrib's other algorithms: where to import them from.
+_ELSEWHERE = {
+    **{name: f"Use `from stable_baselines3 import {name}`." for name in ("A2C", "DDPG", "DQN", "TD3")},
+    **{
+        name: f"Use `from sb3_contrib import {name}`."
+        for name in ("ARS", "CrossQ", "MaskablePPO", "QRDQN", "TQC", "TRPO")
+    },
+    "RecurrentPPO": "sb3-contrib's RecurrentPPO is covey's PPO with its policy names: PPO('MlpLstmPolicy', ...) "
+    "(or 'CnnLstmPolicy', 'MultiInputLstmPolicy').",
+}

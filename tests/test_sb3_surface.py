@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -1831,3 +1832,23 @@ def test_sb3s_private_stats_window_size_reads_and_sets_the_window(agent):
     assert ours.stats_window_size == 3
     ours.learn(ours.n_steps if agent == "PPO" else 10)
     assert ours.ep_info_buffer.maxlen == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "advice"),
+    [
+        ("DQN", "from stable_baselines3 import DQN"),
+        ("MaskablePPO", "from sb3_contrib import MaskablePPO"),
+        ("RecurrentPPO", "PPO('MlpLstmPolicy', ...)"),
+    ],
+)
+def test_importing_an_algorithm_covey_lacks_says_where_it_is(name, advice):
+    """``from covey import DQN`` in a script switched from SB3 names where the algorithm lives (it was Python's bare
+    "cannot import name"); a name that is no algorithm stays an AttributeError (hasattr answers False)."""
+    import covey
+
+    with pytest.raises(ImportError, match=re.escape(advice)):
+        exec(f"from covey import {name}", {})
+    assert not hasattr(covey, "NoSuchThing")
+    if name == "RecurrentPPO":  # the advice, as written, builds a recurrent PPO
+        assert covey.PPO("MlpLstmPolicy", "CartPole-v1", n_steps=8, batch_size=8).actor.memory is not None
