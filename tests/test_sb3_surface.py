@@ -1852,3 +1852,17 @@ def test_importing_an_algorithm_covey_lacks_says_where_it_is(name, advice):
     assert not hasattr(covey, "NoSuchThing")
     if name == "RecurrentPPO":  # the advice, as written, builds a recurrent PPO
         assert covey.PPO("MlpLstmPolicy", "CartPole-v1", n_steps=8, batch_size=8).actor.memory is not None
+
+
+def test_load_prints_nothing_as_sb3s_load(tmp_path, capsys):
+    """SB3's load builds the model without its verbose, so loading a file saved with verbose=1 prints nothing (covey
+    printed "Using cpu device" on every load); the loaded model keeps verbose=1 and logs as it did."""
+    PPO("MlpPolicy", "CartPole-v1", verbose=1, device="cpu", **FAST).save(tmp_path / "model.zip")
+    capsys.readouterr()
+    model = PPO.load(tmp_path / "model.zip", env=make_vec_env("CartPole-v1", n_envs=1))
+    assert capsys.readouterr().out == ""
+    assert model.verbose == 1
+    model.learn(32)
+    assert "total_timesteps | 32" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"verbose=-1 is invalid"):
+        PPO.load(tmp_path / "model.zip", verbose=-1)

@@ -511,9 +511,7 @@ class BaseAgent:
         self.learning_rate = learning_rate
         self.lr_schedule = as_schedule(learning_rate)
         self.tensorboard_log = tensorboard_log
-        if not isinstance(verbose, (int, np.integer)) or verbose < 0:
-            raise ValueError(f"verbose={verbose!r} is invalid: use 0 (quiet), 1 (training logs) or 2 (debug).")
-        self.verbose = int(verbose)
+        self.verbose = verbose = check_verbose(verbose)
         self.device = get_device(device)
         cpu_only = self._cpu_only()
         if cpu_only is not None and self.device.type != "cpu":
@@ -1213,14 +1211,18 @@ class BaseAgent:
         observation_space, action_space = spaces_given["observation_space"], spaces_given["action_space"]
         check_observation_space(observation_space)
         check_action_space(action_space, cls.supported_action_spaces)
+        # built quietly, as SB3's load builds its model: a file saved with verbose=1 does not print the device
+        verbose = check_verbose(hyper.pop("verbose"))
         model = cls(
             policy=settings["policy"],
             env=None,
             policy_kwargs=policy_kwargs,
             device=device,
             _init_setup_model=False,
+            verbose=0,
             **hyper,
         )
+        model.verbose = verbose
         model.observation_space, model.action_space = observation_space, action_space
         model.n_envs = settings.get("n_envs", 1)
         model._restore_settings(settings)
@@ -1239,6 +1241,13 @@ class BaseAgent:
         if env is not None and not force_reset:
             model._go_on_from(place)
         return model
+
+
+def check_verbose(verbose: Any) -> int:
+    """``verbose`` as an int, or a ValueError naming the values it takes."""
+    if not isinstance(verbose, (int, np.integer)) or verbose < 0:
+        raise ValueError(f"verbose={verbose!r} is invalid: use 0 (quiet), 1 (training logs) or 2 (debug).")
+    return int(verbose)
 
 
 ENV_PLACE = "env_place"
