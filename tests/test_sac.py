@@ -600,6 +600,7 @@ def test_agent_stores_terminated_only_for_true_terminals(truncate):
     rb = model.replay_buffer
     assert rb.dones[:12, 0].tolist() == [t % 5 == 4 for t in range(12)]
     assert rb.terminated[:12, 0].tolist() == [float(t % 5 == 4 and not truncate) for t in range(12)]
+    assert rb.timeouts[:12, 0].tolist() == [float(t % 5 == 4 and truncate) for t in range(12)]  # SB3's array
     assert rb.next_observations[4, 0, 0] == 5.0  # the true final observation ...
     assert rb.observations[5, 0, 0] == 0.0  # ... not the reset one, which starts the next row
     assert rb.next_observations[5, 0, 0] == 1.0
@@ -613,6 +614,7 @@ def test_handle_timeout_termination_false_makes_truncations_terminal(optimize_me
     rb = model.replay_buffer
     assert rb.dones[:12, 0].tolist() == [t % 5 == 4 for t in range(12)]
     assert rb.terminated[:12, 0].tolist() == [float(t % 5 == 4) for t in range(12)]  # as SB3 stores them
+    assert not rb.timeouts.any()  # SB3 records no time limits without handle_timeout_termination
     assert model.replay_buffer_kwargs == dict(handle_timeout_termination=False)
     model.save(tmp_path / "m.zip")
     loaded = SAC.load(tmp_path / "m.zip", env=CounterEnv(length=5, truncate=True)).learn(12)

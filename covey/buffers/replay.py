@@ -126,6 +126,12 @@ class ReplayBuffer:
         return arrays[None] if None in arrays else arrays
 
     @property
+    def timeouts(self) -> np.ndarray:
+        """SB3's array of time-limit ends ``(buffer_size, n_envs)``: 1.0 where an episode ended without
+        terminating (kept as ``dones`` and ``terminated``; a new array, not a view)."""
+        return (self.dones & (self.terminated == 0)).astype(np.float32)
+
+    @property
     def buffer_size(self) -> int:
         """Rows of the ring, as SB3 names them (``buffer_size // n_envs`` of the argument)."""
         return self.capacity
