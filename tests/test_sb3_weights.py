@@ -66,6 +66,39 @@ def test_sac_takes_sb3s_weights_and_acts_and_values_as_sb3():
                 torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.cpu
+def test_sac_actor_and_critic_internals_answer_as_sb3s():
+    """SB3 SAC's actor.get_action_dist_params, actor.latent_pi, critic.q_networks and critic.set_training_mode,
+    which scripts probing a trained SAC use (AttributeErrors before), give SB3's numbers on SB3's weights."""
+    sb3_model, model = trained_pair("SAC", "Pendulum-v1", learning_starts=64, batch_size=32)
+    with pytest.warns(UserWarning, match="not copied"):
+        model.set_parameters(sb3_model.get_parameters())
+    obs = torch.as_tensor(observations(model.observation_space))
+    with torch.no_grad():
+        ours, theirs = model.actor.get_action_dist_params(obs), sb3_model.actor.get_action_dist_params(obs)
+        for a, b in zip(ours[:2], theirs[:2], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert ours[2] == theirs[2] == {}
+        torch.testing.assert_close(model.actor.latent_pi(obs), sb3_model.actor.latent_pi(obs), rtol=1e-5, atol=1e-5)
+        x = torch.cat([obs, torch.tanh(ours[0])], dim=1)
+        for q, sb3_q in zip(model.critic.q_networks, sb3_model.critic.q_networks, strict=True):
+            torch.testing.assert_close(q(x), sb3_q(x), rtol=1e-5, atol=1e-5)
+    assert len(list(model.critic.q_networks[0].parameters())) == len(list(sb3_model.critic.q_networks[0].parameters()))
+    model.critic.set_training_mode(False)
+    assert not model.critic.training and not model.critic.qs[0].training
+    with pytest.raises(TypeError, match="get_distribution"):
+        covey.PPO("MlpPolicy", "Pendulum-v1").actor.get_action_dist_params(obs)
+
+    # gSDE: SB3's exploration parameter and the latent as keyword argument
+    sde, sb3_sde = (lib.SAC("MlpPolicy", "Pendulum-v1", use_sde=True) for lib in (covey, stable_baselines3))
+    with torch.no_grad():
+        ours, theirs = sde.actor.get_action_dist_params(obs), sb3_sde.actor.get_action_dist_params(obs)
+        assert [t.shape for t in ours[:2]] == [t.shape for t in theirs[:2]]
+        assert ours[1] is sde.actor.log_std
+        torch.testing.assert_close(ours[2]["latent_sde"], sde.actor.latent_pi(obs))
+        assert set(ours[2]) == set(theirs[2]) == {"latent_sde"}
+
+
 def test_the_policy_alone_copies_without_a_warning():
     sb3_model, model = trained_pair("PPO", "CartPole-v1", n_steps=64, batch_size=64, n_epochs=1)
     obs = observations(model.observation_space)

@@ -369,6 +369,27 @@ class Actor(SB3FeatureNames, nn.Module):
         actions = self.head.sample(params)
         return actions, self.head.log_prob(params, actions)
 
+    def get_action_dist_params(self, obs: ObsTensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """SB3 SAC actor's ``(mean, log_std, kwargs)``: the Gaussian's mean and log-std before the tanh (``(B, d)``
+        each), and its distribution's keyword arguments; with gSDE ``log_std`` is the exploration parameter and
+        ``kwargs`` ``{"latent_sde": latent}``, as in SB3."""
+        if not self.squashed:
+            raise TypeError(
+                "get_action_dist_params() is SB3 SAC's actor method, for tanh-squashed actions; this actor's are "
+                "not squashed: use model.policy.get_distribution(obs)."
+            )
+        params = self.distribution_params(obs)
+        if isinstance(self.head, SquashedStateDependentHead):
+            mean, latent = self.head._split(params)
+            return mean, self.head.log_std, {"latent_sde": latent}
+        mean, log_std = self.head._split(params)
+        return mean, log_std, {}
+
+    @property
+    def latent_pi(self) -> nn.Sequential:
+        """SB3's name for the MLP between the encoder and the action head: :attr:`trunk`."""
+        return self.trunk
+
     def evaluate_params(self, params: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities and entropies from distribution parameters."""
         if hasattr(self.head, "log_prob_entropy"):
@@ -758,6 +779,29 @@ class QEnsemble(SB3FeatureNames, nn.Module):
 
     def _sb3_shape(self, q: torch.Tensor) -> torch.Tensor:
         return q if self.qs[0].discrete else q.unsqueeze(-1)
+
+    @property
+    def q_networks(self) -> list[nn.Module]:
+        """SB3's ``ContinuousCritic.q_networks``: per critic, a module from the features and actions side by side
+        (``torch.cat([features, actions], dim=1)``) to the Q values ``(B, 1)``, over the critic's own layers."""
+        if self.qs[0].discrete:
+            raise TypeError("q_networks is SB3's ContinuousCritic attribute, for Box actions: use model.critic.qs.")
+        return [_SB3QNetwork(q) for q in self.qs]
+
+    def set_training_mode(self, mode: bool) -> None:
+        """SB3's name for ``train(mode)``."""
+        self.train(mode)
+
+
+class _SB3QNetwork(nn.Module):
+    """One of :attr:`QEnsemble.q_networks`: a critic's trunk and value head as one module, SB3's layout."""
+
+    def __init__(self, q: QNetwork) -> None:
+        super().__init__()
+        self.q = q
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.q.head.value(self.q.head(self.q.trunk(x))).reshape(-1, 1)  # (B, 1)
 
 
 def build_sac_networks(
