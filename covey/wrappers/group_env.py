@@ -467,7 +467,11 @@ def _worker(remote, parent_remote, env_fns_wrapper) -> None:
     parent_remote.close()
 
     def fail(exc: Exception) -> None:
-        exc.add_note("Raised in an env worker process:\n" + traceback.format_exc())
+        note = "Raised in an env worker process:\n" + traceback.format_exc()
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # Python 3.10 keeps the note (and pickles it) but does not print it
+            exc.__notes__ = [*getattr(exc, "__notes__", []), note]
         try:
             remote.send((False, exc))
         except Exception:  # an exception that does not pickle
