@@ -153,6 +153,73 @@ def test_env_method_and_set_attr_reach_only_the_copies_named():
     assert venv.get_attr("layout") == [[1, 2, 3]] * 3
 
 
+def test_env_calls_pass_gymnasiums_vector_wrappers():
+    """get_attr, set_attr and env_method reach the copies under Gymnasium's vector wrappers, which do not pass
+    them on (AttributeErrors before)."""
+    base = gym.vector.SyncVectorEnv([lambda: CountEnv(3)] * 2)
+    venv = GymnasiumVecEnv(gym.wrappers.vector.RecordEpisodeStatistics(gym.wrappers.vector.ClipReward(base, 0, 1)))
+    venv.set_attr("length", 5, indices=[1])
+    assert venv.get_attr("length") == [3, 5]
+    assert venv.env_method("bump", 2) == [2, 2]
+
+
+class LengthLog(gym.Wrapper):
+    """Records each episode's true length (and return: CountEnv pays 1 a step)."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.lengths, self.t = [], 0
+
+    def reset(self, **kwargs):
+        self.t = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        out = self.env.step(action)
+        self.t += 1
+        if out[2] or out[3]:
+            self.lengths.append(self.t)
+        return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_vector_record_episode_statistics_gives_the_true_episodes(mode):
+    """Gymnasium's vector RecordEpisodeStatistics: the episodes logged are the copies' own in every autoreset mode.
+    With next-step or no autoreset a partial reset restarted every copy's count in it (covey took those wrong
+    numbers: it counts itself there now); with same-step autoreset its numbers, beside the final infos, were
+    passed over, so a reward wrapper above it changed the returns logged."""
+    fns = [lambda n=n: LengthLog(CountEnv(n)) for n in (3, 5, 7)]
+    stats = gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv(fns, autoreset_mode=mode))
+    venv = (
+        stats
+        if mode != gym.vector.AutoresetMode.SAME_STEP
+        else gym.wrappers.vector.TransformReward(stats, lambda r: 10 * r)
+    )
+    model = PPO("MlpPolicy", venv, n_steps=35, batch_size=105, n_epochs=1, seed=0).learn(105)
+    true = sorted(sum(stats.unwrapped.get_attr("lengths"), []))
+    assert true == sorted([3] * 11 + [5] * 7 + [7] * 5)
+    assert sorted(int(e["l"]) for e in model.ep_info_buffer) == true
+    assert sorted(e["r"] for e in model.ep_info_buffer) == [float(n) for n in true]  # 1 a step, not 10
+
+
+@pytest.mark.parametrize(
+    ("wrap", "message"),
+    [
+        (gym.wrappers.vector.NormalizeObservation, r"NormalizeObservation cannot wrap.*wrappers=\[gym.wrappers.Norm"),
+        (gym.wrappers.vector.DictInfoToList, r"DictInfoToList cannot wrap.*leave it out"),
+    ],
+    ids=["NormalizeObservation", "DictInfoToList"],
+)
+def test_vector_wrappers_covey_cannot_train_under_are_refused_with_the_fix(wrap, message):
+    """A vector NormalizeObservation refuses covey's partial resets (at the first episode's end, before), and
+    DictInfoToList's list of infos broke the adapter: both are named at the constructor; the per-copy
+    normalization the message gives trains."""
+    with pytest.raises(ValueError, match=message):
+        PPO("MlpPolicy", wrap(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync")))
+    per_copy = gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", wrappers=[gym.wrappers.NormalizeObservation])
+    assert PPO("MlpPolicy", per_copy, n_steps=64, batch_size=64, seed=0).learn(128).num_timesteps == 128
+
+
 def test_truncation_bootstraps_from_final_observation():
     """At a time limit the buffer keeps terminated=False and bootstraps from V(true final observation)."""
     env = DummyVecEnv([lambda: CountEnv(3, truncate=True), lambda: CountEnv(2)])

@@ -192,6 +192,26 @@ class GymnasiumVecEnv(VecEnv):
                 "CartPole's, resets every copy). Make it with gym.make_vec(env_id, n, vectorization_mode='sync'), "
                 "or use an SB3 VecEnv (make_vec_env(env_id, n))."
             )
+        wrappers = _vector_wrappers(venv)
+        refused = {
+            "DictInfoToList": "covey reads Gymnasium's batched infos and gives SB3's per-copy list itself: leave it out"
+        }
+        if not self.same_step:
+            refused["NormalizeObservation"] = (
+                "it refuses the partial resets covey makes: normalize each copy with gym.make_vec(env_id, n, "
+                "vectorization_mode='sync', wrappers=[gym.wrappers.NormalizeObservation]), or use SB3's VecNormalize"
+            )
+        for wrapper in wrappers:
+            reason = refused.get(type(wrapper).__name__) if type(wrapper).__module__.startswith("gymnasium.") else None
+            if reason is not None:
+                raise ValueError(
+                    f"Gymnasium's vector {type(wrapper).__name__} cannot wrap an env covey trains on: {reason}."
+                )
+        # A vector RecordEpisodeStatistics restarts every copy's count at a partial reset (SyncVectorEnv takes the
+        # reset_mask out of the options they share before the wrapper reads it): covey counts episodes itself there.
+        self._own_statistics = not self.same_step and any(
+            isinstance(w, gym.wrappers.vector.RecordEpisodeStatistics) for w in wrappers
+        )
         self.render_mode = getattr(venv, "render_mode", None)
         self._ep_return = np.zeros(self.num_envs)
         self._ep_length = np.zeros(self.num_envs, dtype=np.int64)
@@ -233,7 +253,13 @@ class GymnasiumVecEnv(VecEnv):
                 infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
                 elapsed = round(time.time() - self._t0, 6)
                 episode = {"r": float(self._ep_return[i]), "l": int(self._ep_length[i]), "t": elapsed}
-                infos[i].setdefault("episode", episode)  # the env's own statistics, where it gives them
+                if self._own_statistics:
+                    infos[i]["episode"] = episode
+                elif "episode" not in infos[i]:  # the env's own statistics, where it gives them: a copy's (in its
+                    # final infos) or a vector RecordEpisodeStatistics' (beside them)
+                    infos[i]["episode"] = _copy_info({k: info[k] for k in ("episode", "_episode") if k in info}, i).get(
+                        "episode", episode
+                    )
             self._ep_return[dones] = 0.0
             self._ep_length[dones] = 0
         return obs, rewards.astype(np.float32), dones, infos
@@ -244,21 +270,21 @@ class GymnasiumVecEnv(VecEnv):
     def get_attr(self, attr_name: str, indices=None) -> list[Any]:
         if attr_name == "render_mode":  # native vector envs (e.g. CartPoleVectorEnv) keep it on themselves
             return [getattr(self.venv, "render_mode", None) for _ in self._get_indices(indices)]
-        values = self.venv.get_attr(attr_name)
+        values = self.venv.unwrapped.get_attr(attr_name)  # the copies' (Gymnasium's vector wrappers do not pass it)
         return [values[i] for i in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
         chosen = set(self._get_indices(indices))
         values = [value] * self.num_envs  # a list: Gymnasium takes one value per copy (a list value stays whole)
         if len(chosen) < self.num_envs:  # the other copies keep theirs
-            current = self.venv.get_attr(attr_name)
+            current = self.venv.unwrapped.get_attr(attr_name)
             values = [value if i in chosen else current[i] for i in range(self.num_envs)]
-        self.venv.set_attr(attr_name, values)
+        self.venv.unwrapped.set_attr(attr_name, values)
 
     def env_method(self, method_name: str, *method_args, indices=None, **method_kwargs) -> list[Any]:
         chosen = list(self._get_indices(indices))
         if sorted(chosen) == list(range(self.num_envs)):
-            results = self.venv.call(method_name, *method_args, **method_kwargs)
+            results = self.venv.unwrapped.call(method_name, *method_args, **method_kwargs)
             return [results[i] for i in chosen]
         envs = getattr(self.venv.unwrapped, "envs", None)
         if envs is None:
@@ -326,6 +352,15 @@ def image_layout_moves(space: spaces.Space, target: spaces.Space) -> dict[str | 
         if moved == target:
             return {None: move}
     return {}
+
+
+def _vector_wrappers(venv: gym.vector.VectorEnv) -> list[gym.vector.VectorWrapper]:
+    """The Gymnasium vector wrappers around ``venv``'s base vector env, outermost first."""
+    wrappers = []
+    while isinstance(venv, gym.vector.VectorWrapper):
+        wrappers.append(venv)
+        venv = venv.env
+    return wrappers
 
 
 def _copy_info(info: dict[str, Any], i: int) -> dict[str, Any]:
