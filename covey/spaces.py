@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from gymnasium import spaces
 from torch import nn
@@ -36,8 +38,23 @@ def check_observation_space(space: spaces.Space) -> None:
         raise ValueError(
             f"Unsupported observation space {space}. covey supports Box, Discrete, MultiDiscrete, "
             "MultiBinary and Dict of these. Convert it with a wrapper "
-            "(e.g. gymnasium.wrappers.FlattenObservation for Tuple spaces) or pad variable-size "
-            "observations (Graph, Sequence, Text) to a fixed-size Box."
+            "(e.g. gymnasium.wrappers.FlattenObservation for Tuple spaces; for a PettingZoo env "
+            "supersuit.observation_lambda_v0(env, lambda obs, space: gymnasium.spaces.flatten(space, obs), "
+            "gymnasium.spaces.flatten_space)) or pad variable-size observations (Graph, Sequence, Text) to a "
+            "fixed-size Box."
+        )
+
+
+def warn_unmasked_actions(space: spaces.Space) -> None:
+    """Warn where a Dict observation holds an ``action_mask`` (PettingZoo's and Gymnasium's name for the legal
+    actions): covey's policies do not mask, so the key is one more input and masked actions can be drawn."""
+    if isinstance(space, spaces.Dict) and "action_mask" in space.spaces:
+        warnings.warn(
+            "The observations hold an 'action_mask', but covey's policies do not mask actions: the mask is read as "
+            "one more input and actions it forbids can be chosen. Make forbidden actions harmless in the env (e.g. "
+            "a no-op), or use a library with masked policies (sb3_contrib's MaskablePPO).",
+            UserWarning,
+            stacklevel=3,
         )
 
 

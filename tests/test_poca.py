@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 import zipfile
 
 import numpy as np
@@ -21,7 +22,7 @@ from mpe2 import simple_spread_v3
 from pettingzoo import ParallelEnv
 from stable_baselines3.common.logger import configure
 
-from covey import POCA
+from covey import POCA, PPO
 from covey.agents import poca as poca_module
 from covey.agents.poca import poca_loss
 from covey.agents.ppo import clipped_surrogate_loss, value_loss
@@ -1295,3 +1296,93 @@ def test_a_rollout_of_one_group_step_logs_a_value_std_of_zero(recwarn):
     model.learn(1)
     assert model.logger.name_to_value["train/value_std"] == 0.0
     assert not [w for w in recwarn if "degrees of freedom" in str(w.message)]
+
+
+class Relabeled(ParallelEnv):
+    """EarlyExitEnv with agent ids ``names`` (its agents' in order), and each observation passed through ``look``
+    into ``space`` where given."""
+
+    metadata = {"name": "relabeled_v0", "render_modes": []}
+
+    def __init__(self, names, space=None, look=None) -> None:
+        self.env = EarlyExitEnv()
+        self.name = dict(zip(self.env.possible_agents, names, strict=True))
+        self.possible_agents = list(names)
+        self.space, self.look = space, look
+
+    def observation_space(self, agent):
+        return self.space or self.env.observation_space(self.env.possible_agents[0])
+
+    def action_space(self, agent):
+        return self.env.action_space(self.env.possible_agents[0])
+
+    @property
+    def agents(self):
+        return [self.name[a] for a in self.env.agents]
+
+    def _named(self, values: dict, observations: bool = False) -> dict:
+        return {self.name[a]: self.look(v) if observations and self.look else v for a, v in values.items()}
+
+    def reset(self, seed=None, options=None):
+        observations, infos = self.env.reset(seed=seed, options=options)
+        return self._named(observations, True), self._named(infos)
+
+    def step(self, actions):
+        back = {original: actions[name] for original, name in self.name.items() if name in actions}
+        observations, *rest = self.env.step(back)
+        return self._named(observations, True), *(self._named(part) for part in rest)
+
+
+def test_tuple_agent_ids_come_back_from_a_file(tmp_path):
+    """PettingZoo's agent ids may be any hashable: a tuple id came back from JSON as a list, so the loaded model
+    refused its own env's agents."""
+    names = [("red", 0), ("red", 1), ("blue", 0)]
+    model = POCA("MlpPolicy", lambda: Relabeled(names), n_steps=8, batch_size=8, seed=0).learn(8)
+    model.save(tmp_path / "team.zip")
+    loaded = POCA.load(tmp_path / "team.zip", env=lambda: Relabeled(names))
+    assert loaded.agent_ids == names
+    obs, _ = Relabeled(names).reset(seed=0)
+    assert loaded.predict(obs, deterministic=True)[0] == model.predict(obs, deterministic=True)[0]
+    assert loaded.learn(8, reset_num_timesteps=False).num_timesteps == 16
+
+
+def test_the_same_agents_in_another_order_are_named_as_such(tmp_path):
+    """A file's group and an env listing the same agents in another order (a set's order, which changes between
+    processes): the error says it is the order, and what to do."""
+    names = ["a", "b", "c"]
+    POCA("MlpPolicy", lambda: Relabeled(names), n_steps=8, batch_size=8).save(tmp_path / "team.zip")
+    with pytest.raises(ValueError, match=r"the same agents in another order: list possible_agents in a fixed order"):
+        POCA.load(tmp_path / "team.zip", env=lambda: Relabeled(["c", "a", "b"]))
+    with pytest.raises(ValueError, match=r"use an env with the same possible_agents"):
+        POCA.load(tmp_path / "team.zip", env=lambda: Relabeled(["a", "b", "d"]))
+
+
+def test_an_action_mask_in_the_observations_is_warned_about():
+    """PettingZoo's {"observation", "action_mask"} layout: covey's policies do not mask, so the model says so
+    (illegal actions were drawn without a word); PPO on a Gymnasium env too."""
+    from envs import SpaceEnv
+
+    inner = EarlyExitEnv().observation_space("agent_0")
+    space = spaces.Dict({"observation": inner, "action_mask": spaces.MultiBinary(2)})
+    masked = lambda: Relabeled(["a", "b", "c"], space, lambda o: {"observation": o, "action_mask": np.ones(2, np.int8)})  # noqa: E731
+    with pytest.warns(UserWarning, match=r"'action_mask', but covey's policies do not mask actions.*MaskablePPO"):
+        POCA("MultiInputPolicy", masked, n_steps=8, batch_size=8)
+    with pytest.warns(UserWarning, match=r"'action_mask', but covey's policies do not mask actions"):
+        PPO("MultiInputPolicy", SpaceEnv(space, spaces.Discrete(2)), n_steps=8, batch_size=8)
+
+
+def test_a_tuple_observation_gets_advice_that_works_for_a_pettingzoo_env():
+    """The Tuple-space error named Gymnasium's FlattenObservation only, which cannot wrap a PettingZoo env: the
+    SuperSuit line it gives now trains, as written."""
+    space = spaces.Tuple((spaces.Box(0.0, 1.0, (5,), np.float32), spaces.Discrete(2)))
+    team = lambda: Relabeled(["a", "b", "c"], space, lambda o: (o, 1))  # noqa: E731
+    with pytest.raises(ValueError, match="Unsupported observation space") as info:
+        POCA("MlpPolicy", team)
+    advice = re.search(
+        r"supersuit\.observation_lambda_v0\(env, (.*), gymnasium\.spaces\.flatten_space\)", str(info.value)
+    )
+    import gymnasium
+
+    flatten = eval(advice.group(1), {"gymnasium": gymnasium})  # noqa: S307 - the message's own code
+    fixed = lambda: supersuit.observation_lambda_v0(team(), flatten, gymnasium.spaces.flatten_space)  # noqa: E731
+    assert POCA("MlpPolicy", fixed, n_steps=8, batch_size=8, seed=0).learn(8).num_timesteps == 8

@@ -39,7 +39,13 @@ from covey import sb3_files, serialization
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
 from covey.networks.encoders import FlattenEncoder
-from covey.spaces import channels_last, check_action_space, check_observation_space, is_image_space
+from covey.spaces import (
+    channels_last,
+    check_action_space,
+    check_observation_space,
+    is_image_space,
+    warn_unmasked_actions,
+)
 from covey.version import __version__
 from covey.wrappers.vec_env import VecImageLayout, as_vec_env, image_layout_moves
 
@@ -595,6 +601,7 @@ class BaseAgent:
     def _attach_env(self, env: VecEnv) -> None:
         check_observation_space(env.observation_space)
         check_action_space(env.action_space, self.supported_action_spaces)
+        warn_unmasked_actions(env.observation_space)
         self.env = env
         self.observation_space = env.observation_space
         self.action_space = env.action_space

@@ -30,6 +30,7 @@ from covey.networks.actor_critic import (
 from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import FlatDict, obs_dtype
+from covey.spaces import warn_unmasked_actions
 from covey.wrappers.group_env import GroupVecEnv, is_env_maker, make_group_env
 
 _EVAL_CHUNK = 256
@@ -175,8 +176,14 @@ class POCA(BaseAgent):
         if known and list(env.agent_ids) != known:
             raise ValueError(
                 f"The env's agents {list(env.agent_ids)} are not this model's group {known}; "
-                "use an env with the same possible_agents."
+                + (
+                    "the same agents in another order: list possible_agents in a fixed order (e.g. sorted; a set's "
+                    "order changes with each process's string hashes)."
+                    if sorted(map(repr, env.agent_ids)) == sorted(map(repr, known))
+                    else "use an env with the same possible_agents."
+                )
             )
+        warn_unmasked_actions(env.observation_space)
         self.env = env
         self.observation_space, self.action_space = env.observation_space, env.action_space
         self.n_envs = env.n_envs
@@ -205,7 +212,8 @@ class POCA(BaseAgent):
         }
 
     def _restore_settings(self, settings: dict[str, Any]) -> None:
-        self.agent_ids = list(settings.get("agent_ids", []))
+        # JSON keeps a tuple id (PettingZoo allows any hashable) as a list, which no id can be
+        self.agent_ids = [_hashable(agent) for agent in settings.get("agent_ids", [])]
         self.agent_steps = int(settings.get("agent_steps", 0))
         # Files from before the width was saved: the width given in policy_kwargs, else 128 (the default then).
         self.attention_width = int(settings.get("attention_width", self.policy_kwargs.get("attention_width", 128)))
@@ -724,3 +732,8 @@ def _chunked(fn, *tensors: torch.Tensor):
     if isinstance(chunks[0], tuple):
         return tuple(torch.cat(parts) for parts in zip(*chunks))
     return torch.cat(chunks)
+
+
+def _hashable(agent: Any) -> Any:
+    """An agent id as read back from JSON: a list was a tuple (lists are not hashable, so no id is one)."""
+    return tuple(_hashable(part) for part in agent) if isinstance(agent, list) else agent

@@ -95,6 +95,9 @@ def as_parallel(env: Any) -> Any:
     return env
 
 
+SAME_AGENTS = "All env copies must have the same possible_agents, in the same order"
+
+
 def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
     """The single observation and action space shared by all agents of ``env``, or a clear error."""
     agents = list(env.possible_agents)
@@ -154,7 +157,7 @@ class GroupVecEnv:
         self.agent_ids: list[str] = list(first.possible_agents)
         for env in self.envs[1:]:
             if list(env.possible_agents) != self.agent_ids:
-                raise ValueError("All env copies must have the same possible_agents.")
+                raise ValueError(f"{SAME_AGENTS}: {self.agent_ids} and {list(env.possible_agents)}.")
         self.slot = {agent: i for i, agent in enumerate(self.agent_ids)}
         self.n_envs, self.n_slots = len(self.envs), len(self.agent_ids)
         # Dict observations are stored flat, one float32 vector per slot (the networks unflatten them)
@@ -573,9 +576,8 @@ class SubprocGroupVecEnv(GroupVecEnv):
             # every worker has built its copies (or says why it could not), of the same agents as this process's
             if any(agents != self.agent_ids for agents in self._gather(self.remotes)):
                 raise ValueError(
-                    "All env copies must have the same possible_agents, in the same order (the copies of another "
-                    "process list theirs otherwise: an env that builds possible_agents from a set orders them by "
-                    "each process's string hashes; sort them)."
+                    SAME_AGENTS + " (the copies of another process list theirs otherwise: an env that "
+                    "builds possible_agents from a set orders them by each process's string hashes; sort them)."
                 )
         except Exception:
             self.close()
