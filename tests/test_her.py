@@ -71,6 +71,23 @@ def test_samples_are_sb3s(strategy, steps):
     assert not torch.equal(relabeled, ours.sample(64).observations["desired_goal"][13:])  # goals are drawn
 
 
+def test_a_reset_buffer_samples_as_a_fresh_one():
+    """SB3's replay_buffer.reset(): after it, covey's HER buffer holds and samples what a fresh buffer given the
+    same steps does (its episode bookkeeping forgotten with the steps)."""
+    venv = bit_flipping()
+    used, fresh = (HerReplayBuffer(24, venv.observation_space, venv.action_space, env=venv, n_envs=2) for _ in "ab")
+    fill([used], venv, 30, seed=0)
+    used.reset()
+    fill([used, fresh], venv, 9, seed=1)
+    np.testing.assert_array_equal(used.ep_length, fresh.ep_length)
+    np.testing.assert_array_equal(used.ep_start, fresh.ep_start)
+    for seed in range(2):
+        np.random.seed(seed)
+        expected = fresh.sample(32)
+        np.random.seed(seed)
+        assert_same_samples(used.sample(32), expected)
+
+
 def test_what_it_cannot_sample_is_said_clearly():
     venv = bit_flipping()
     buf = HerReplayBuffer(24, venv.observation_space, venv.action_space, env=venv, n_envs=2)

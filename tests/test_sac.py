@@ -1016,3 +1016,44 @@ def test_load_takes_the_constructors_arguments_such_as_action_noise(tmp_path):
     assert SAC.load(tmp_path / "model", env="Pendulum-v1", action_noise=noise).action_noise is noise
     with pytest.raises(ValueError, match=r"Unknown keyword arguments \['actoin_noise'\]"):
         SAC.load(tmp_path / "model", actoin_noise=noise)
+
+
+def test_sb3s_names_for_the_replay_buffer_critics_and_learning_rate():
+    """SB3 attributes scripts read on a SAC model (AttributeErrors or a TypeError before): the replay buffer's
+    obs_shape, action_dim and reset(), the critics as qf0/qf1, _vec_normalize_env, and
+    _update_learning_rate(optimizer), which sets that optimizer's step size only."""
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    for env_id in ("Pendulum-v1", "CartPole-v1"):  # SB3's buffer of the same spaces (its SAC takes Box actions)
+        ours = sac(env_id)
+        theirs = SB3ReplayBuffer(16, ours.observation_space, ours.action_space)
+        assert (ours.replay_buffer.obs_shape, ours.replay_buffer.action_dim) == (theirs.obs_shape, theirs.action_dim)
+
+    venv = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+    model = sac(venv, learning_starts=10, learning_rate=lambda progress: 1e-3 * progress).learn(30)
+    assert model._vec_normalize_env is venv and sac("Pendulum-v1")._vec_normalize_env is None
+
+    rb = model.replay_buffer
+    assert rb.size() == 30
+    rb.reset()
+    assert (rb.size(), rb.pos, rb.full) == (0, 0, False)
+    model.learn(12, reset_num_timesteps=False)
+    assert rb.size() == 12 and rb.observations[0, 0].tolist() != [0.0, 0.0, 0.0]  # refilled from row 0
+
+    obs, actions = torch.zeros(4, 3), torch.zeros(4, 1)
+    x = torch.cat([obs, actions], dim=1)
+    with torch.no_grad():
+        for i, q in enumerate(model.critic(obs, actions)):
+            torch.testing.assert_close(getattr(model.critic, f"qf{i}")(x), q)
+    with pytest.raises(AttributeError, match="qf2"):
+        model.critic.qf2  # noqa: B018
+
+    for group in (*model.actor.optimizer.param_groups, *model.critic.optimizer.param_groups):
+        group["lr"] = 0.5
+    model._current_progress_remaining = 0.25
+    model._update_learning_rate(model.actor.optimizer)  # SB3's signature: these optimizers only
+    assert [g["lr"] for g in model.actor.optimizer.param_groups] == [pytest.approx(2.5e-4)]
+    assert [g["lr"] for g in model.critic.optimizer.param_groups] == [0.5]
+    model._update_learning_rate([model.critic.optimizer])
+    assert [g["lr"] for g in model.critic.optimizer.param_groups] == [pytest.approx(2.5e-4)]

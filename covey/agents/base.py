@@ -622,6 +622,11 @@ class BaseAgent:
     def get_vec_normalize_env(self):
         return unwrap_vec_normalize(self.env) if self.env is not None else None
 
+    @property
+    def _vec_normalize_env(self):
+        """SB3's attribute for :meth:`get_vec_normalize_env` (e.g. ``replay_buffer.sample(n, env=...)``)."""
+        return self.get_vec_normalize_env()
+
     def _fit_image_layout(self, venv: Any) -> Any:
         """``venv`` as it is, or, where its images keep their channels on the other side than the model's
         (HWC vs CHW, e.g. under SB3's ``VecTransposeImage``), wrapped to give them in the model's layout."""
@@ -895,12 +900,17 @@ class BaseAgent:
             )
         return self.policy.predict(observation, state, episode_start, deterministic)
 
-    def _update_learning_rate(self) -> float:
-        """Set every optimizer's step size from the schedule at the current progress; returns it. Called once
-        per update, it also relinks the parameters with their flat buffers (a user's ``module.zero_grad()`` sets
-        their gradients to None; SB3's ``policy.load_from_vector`` replaces their data)."""
+    def _update_learning_rate(self, optimizers: Any = None) -> float:
+        """Set every optimizer's step size (``optimizers``' only, an optimizer or a list, where given: SB3's
+        signature) from the schedule at the current progress; returns it. Called once per update, it also relinks
+        the parameters with their flat buffers (a user's ``module.zero_grad()`` sets their gradients to None;
+        SB3's ``policy.load_from_vector`` replaces their data)."""
         lr = self.lr_schedule(self._current_progress_remaining)
-        for optimizer in self._optimizers().values():
+        if optimizers is None:
+            optimizers = list(self._optimizers().values())
+        elif not isinstance(optimizers, (list, tuple)):
+            optimizers = [optimizers]
+        for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = lr
         self._relink_parameters()

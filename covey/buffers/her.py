@@ -86,6 +86,12 @@ class HerReplayBuffer(ReplayBuffer):
         self.ep_length = np.zeros(lead, dtype=np.int64)
         self._current_ep_start = np.zeros(n_envs, dtype=np.int64)
 
+    def reset(self) -> None:
+        super().reset()
+        self.ep_start[:] = 0
+        self.ep_length[:] = 0
+        self._current_ep_start[:] = 0
+
     def store(self, obs, next_obs, actions, rewards, terminated, dones, infos: list[dict] | None = None) -> None:
         row = self.pos
         for e in np.flatnonzero(self.ep_length[row] > 0):  # about to overwrite a step of an ended episode

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from gymnasium import spaces
+from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 
 from covey.files import write_atomically
@@ -139,6 +140,21 @@ class ReplayBuffer:
     def size(self) -> int:
         """Steps stored per env, as SB3's ``size()`` counts them (transitions: ``size() * n_envs``)."""
         return self.capacity if self.full else self.pos
+
+    def reset(self) -> None:
+        """Forget every stored step, as SB3's ``reset()``: the ring is empty and fills from row 0."""
+        self.pos, self.full = 0, False
+        self.final_observations.clear()
+
+    @property
+    def obs_shape(self) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
+        """SB3's observation shape (``(1,)`` for Discrete; a dict of shapes for Dict spaces)."""
+        return get_obs_shape(self.observation_space)
+
+    @property
+    def action_dim(self) -> int:
+        """SB3's number of action components (1 for Discrete)."""
+        return get_action_dim(self.action_space)
 
     def add(self, obs, next_obs, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict]) -> None:
         """SB3's ``add``, with its arguments: one step of every env, ``next_obs`` holding the true final

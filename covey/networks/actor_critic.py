@@ -780,6 +780,13 @@ class QEnsemble(SB3FeatureNames, nn.Module):
     def _sb3_shape(self, q: torch.Tensor) -> torch.Tensor:
         return q if self.qs[0].discrete else q.unsqueeze(-1)
 
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("qf") and name[2:].isdigit():  # SB3's qf0, qf1, ...: its q_networks by name
+            index = int(name[2:])
+            if index < len(self.qs):
+                return self.q_networks[index]
+        return super().__getattr__(name)
+
     @property
     def q_networks(self) -> list[nn.Module]:
         """SB3's ``ContinuousCritic.q_networks``: per critic, a module from the features and actions side by side
