@@ -1866,3 +1866,28 @@ def test_load_prints_nothing_as_sb3s_load(tmp_path, capsys):
     assert "total_timesteps | 32" in capsys.readouterr().out
     with pytest.raises(ValueError, match=r"verbose=-1 is invalid"):
         PPO.load(tmp_path / "model.zip", verbose=-1)
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_module_hooks_are_honoured_in_training(name):
+    """A forward hook on a policy module (SB3 scripts bound or cut logits this way) acts in training: the
+    hand-written passes call no module, so they stand aside while one is registered. Here the hook zeroes the
+    module's output, so no gradient reaches the weights below it: they stay where they started (the hand-written
+    update moved them, ignoring the hook). Without the hook they move."""
+    import covey
+
+    def trained(hooked: bool):
+        if name == "PPO":
+            model = covey.PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, n_epochs=2, seed=0)
+            module = model.policy.action_net
+        else:
+            model = covey.SAC("MlpPolicy", "Pendulum-v1", learning_starts=16, batch_size=16, seed=0)
+            module = model.actor.latent_pi
+        before = [p.detach().clone() for p in module.parameters()]
+        if hooked:
+            module.register_forward_hook(lambda mod, inputs, output: output * 0.0)
+        model.learn(128)
+        return [torch.equal(b, p) for b, p in zip(before, module.parameters(), strict=True)]
+
+    assert all(trained(hooked=True))
+    assert not any(trained(hooked=False))

@@ -33,6 +33,7 @@ from stable_baselines3.common.callbacks import (
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import configure_logger, safe_mean
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
+from torch.nn.modules import module as _module_module
 from torch.optim import optimizer as _optimizer_module
 
 from covey import sb3_files, serialization
@@ -197,6 +198,18 @@ def _has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
         or getattr(_optimizer_module, "_global_optimizer_pre_hooks", True)
         or getattr(_optimizer_module, "_global_optimizer_post_hooks", True)
     )
+
+
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def has_module_hooks(*modules: torch.nn.Module) -> bool:
+    """Whether a forward or backward hook is registered on a submodule of ``modules`` (or on every module): the
+    hand-written passes, which call no module, would skip it, so training takes the modules' own then."""
+    global_hooks = (getattr(_module_module, "_global" + name, None) for name in _MODULE_HOOKS)
+    if any(global_hooks):
+        return True
+    return any(getattr(m, name, None) for module in modules for m in module.modules() for name in _MODULE_HOOKS)
 
 
 FLUSH_DENORMALS = True

@@ -14,6 +14,7 @@ from covey.agents.base import (
     BaseAgent,
     PolicyAliases,
     Schedule,
+    has_module_hooks,
     merge_parameter_groups,
     require,
     require_numbers,
@@ -732,6 +733,7 @@ class PPO(BaseAgent):
             and ManualPPOUpdate.applies(self.actor, self.critic, params)
         ):
             self._manual = ManualPPOUpdate(self.actor, self.critic)
+        self._hooked = False  # a module hook registered: the hand-written passes stand aside (collect_rollouts)
         self._numpy_acting: NumpyActing | None = None
         if self.numpy_acting and NumpyActing.applies(self.actor, self._manual):
             self._numpy_acting = NumpyActing(self.actor, self._manual.policy_net)
@@ -806,7 +808,8 @@ class PPO(BaseAgent):
         truncations: list[tuple[int, int, Any]] = []
         acted: list[tuple[torch.Tensor, torch.Tensor]] = []  # (critic's raw output, log-prob) per step
         new_obs = self._last_obs
-        numpy_acting = self._numpy_acting
+        self._hooked = has_module_hooks(actor, self.critic)
+        numpy_acting = None if self._hooked else self._numpy_acting
         for n_steps in range(n_rollout_steps):
             if use_sde and sde_sample_freq > 0 and n_steps % sde_sample_freq == 0:
                 actor.head.reset_noise(env.num_envs)
@@ -870,7 +873,7 @@ class PPO(BaseAgent):
         if self.recurrent is not None:
             return self.recurrent.act(actor, obs_tensor, self._last_episode_starts, step)
         with torch.inference_mode():
-            if self._manual is not None:
+            if self._manual is not None and not self._hooked:
                 return self._manual.act(obs_tensor)
             if self._evaluate_while_acting:
                 params, raw = actor_critic_forward(actor, self.critic, obs_tensor)
@@ -902,7 +905,7 @@ class PPO(BaseAgent):
             )
             return last_values
         head = self.critic.value_head
-        manual = self._manual
+        manual = None if self._hooked else self._manual
         # The hand-differentiated update evaluates with its own arithmetic, so that both agree exactly.
         critic = manual.value if manual is not None else self.critic
         values, log_probs, raws = [], [], []
@@ -945,7 +948,7 @@ class PPO(BaseAgent):
         clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
         set_train_mode(self.actor, True)
         set_train_mode(self.critic, True)
-        if self._manual is not None:
+        if self._manual is not None and not has_module_hooks(self.actor, self.critic):
             early_stop = _print_early_stop if self.verbose >= 1 else None
             means, epochs = self._manual.train(self.rollout_buffer, self.optimizer, cfg, clip_range, early_stop)
             self._n_updates += epochs
