@@ -99,6 +99,38 @@ def test_sac_actor_and_critic_internals_answer_as_sb3s():
         assert set(ours[2]) == set(theirs[2]) == {"latent_sde"}
 
 
+@pytest.mark.parametrize(
+    "action_space",
+    [spaces.Discrete(4), spaces.Box(-1, 1, (2, 3), np.float32), spaces.MultiDiscrete([2, 3]), spaces.MultiBinary(4)],
+    ids=["Discrete", "Box", "MultiDiscrete", "MultiBinary"],
+)
+def test_the_distribution_has_sb3s_action_dim_or_action_dims(action_space):
+    """``policy.get_distribution(obs).action_dim`` (``action_dims`` for MultiCategorical and Bernoulli), as SB3's
+    distribution objects name them (AttributeErrors before); the name SB3 lacks is absent here too."""
+    obs_space = spaces.Box(-1, 1, (3,), np.float32)
+    found = []
+    for lib in (stable_baselines3, covey):
+        policy = lib.PPO("MlpPolicy", SpaceEnv(obs_space, action_space), n_steps=8, batch_size=8).policy
+        dist = policy.get_distribution(policy.obs_to_tensor(np.zeros((2, 3), np.float32))[0])
+        found.append([getattr(dist, name, None) for name in ("action_dim", "action_dims")])
+    assert found[1] == found[0]
+
+
+@pytest.mark.parametrize("sde_kwargs", [{}, {"use_expln": True, "log_std_init": 0.5}])
+def test_sac_actor_get_std_is_sb3s(sde_kwargs):
+    """SAC's actor.get_std() with gSDE (SB3's train() logs it): the exploration weights' standard deviations, as
+    SB3 computes them from the same log-std (with use_expln too)."""
+    kwargs = dict(use_sde=True, policy_kwargs=sde_kwargs)
+    sb3_model = stable_baselines3.SAC("MlpPolicy", "Pendulum-v1", **kwargs)
+    model = covey.SAC("MlpPolicy", "Pendulum-v1", **kwargs)
+    with torch.no_grad():
+        model.actor.log_std.copy_(torch.randn_like(model.actor.log_std))
+        sb3_model.actor.log_std.copy_(model.actor.log_std)
+        torch.testing.assert_close(model.actor.get_std(), sb3_model.actor.get_std())
+    with pytest.raises(ValueError, match="only available with state-dependent exploration"):
+        covey.SAC("MlpPolicy", "Pendulum-v1").actor.get_std()
+
+
 def test_the_policy_alone_copies_without_a_warning():
     sb3_model, model = trained_pair("PPO", "CartPole-v1", n_steps=64, batch_size=64, n_epochs=1)
     obs = observations(model.observation_space)

@@ -385,6 +385,12 @@ class Actor(SB3FeatureNames, nn.Module):
         mean, log_std = self.head._split(params)
         return mean, log_std, {}
 
+    def get_std(self) -> torch.Tensor:
+        """SB3's ``get_std()`` with gSDE: the exploration weights' standard deviations ``(latent_dim, d)``."""
+        if not isinstance(self.head, StateDependentGaussianHead):
+            raise ValueError("get_std() is only available with state-dependent exploration (use_sde=True).")
+        return self.head.std()
+
     @property
     def latent_pi(self) -> nn.Sequential:
         """SB3's name for the MLP between the encoder and the action head: :attr:`trunk`."""

@@ -71,6 +71,28 @@ class ActionDistribution:
         return actions.reshape((-1, *self.action_space.shape))
 
     @property
+    def action_dim(self) -> int:
+        """SB3's ``action_dim`` of a Categorical (the number of actions) or Gaussian distribution (of action
+        components); MultiCategorical and Bernoulli ones have :attr:`action_dims`, as in SB3."""
+        if isinstance(self.head, CategoricalHead):
+            return int(self.action_space.n)
+        if isinstance(self.head, (MultiCategoricalHead, BernoulliHead)):
+            raise AttributeError(
+                f"{type(self.head).__name__}'s distribution has action_dims, as in SB3, not action_dim"
+            )
+        return int(np.prod(self.action_space.shape))
+
+    @property
+    def action_dims(self) -> list[int] | int:
+        """SB3's ``action_dims``: per component, the number of actions (MultiCategorical), or the number of
+        binary components (Bernoulli)."""
+        if isinstance(self.head, MultiCategoricalHead):
+            return [int(n) for n in self.action_space.nvec.reshape(-1)]
+        if isinstance(self.head, BernoulliHead):
+            return int(np.prod(self.action_space.shape))
+        raise AttributeError("A Categorical or Gaussian distribution has action_dim, as in SB3, not action_dims")
+
+    @property
     def distribution(self):
         """The ``torch.distributions`` object (SB3's ``.distribution`` attribute)."""
         head, params = self.head, self.params
