@@ -78,7 +78,7 @@ class ActionDistribution:
             return int(self.action_space.n)
         if isinstance(self.head, (MultiCategoricalHead, BernoulliHead)):
             raise AttributeError(
-                f"{type(self.head).__name__}'s distribution has action_dims, as in SB3, not action_dim"
+                "A MultiCategorical or Bernoulli distribution has action_dims, as in SB3, not action_dim"
             )
         return int(np.prod(self.action_space.shape))
 
