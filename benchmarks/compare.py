@@ -46,7 +46,7 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv
 
 import covey
-from benchmarks import poca_vs_supersuit
+from benchmarks import custom_policy, poca_vs_supersuit
 from benchmarks.common import (
     code_version,
     cpu_description,
@@ -107,6 +107,8 @@ class Task:
     env, settings, budgets), covey's options apart."""
     note: str = ""
     """Printed under the table when the task is in it (what its columns count, where that differs)."""
+    policy: Any = "MlpPolicy"
+    """The ``policy`` argument of both frameworks: a name, or a user's SB3 policy class."""
 
     def kwargs(self, suite: str, framework: str = "sb3") -> dict[str, Any]:
         extra = self.covey_options if framework == "covey" else {}
@@ -127,7 +129,7 @@ class Task:
 
     def sb3_side(self, suite: str) -> tuple:
         """What SB3's run of this task depends on: tasks with equal ones may share SB3's runs."""
-        settings = (self.agent, self.env_id, self.n_envs, repr(self.kwargs(suite)), repr(self.env_kwargs))
+        settings = (self.agent, self.env_id, self.n_envs, repr(self.kwargs(suite)), repr(self.env_kwargs), self.policy)
         runner = None if self.runner is None else (self.runner.train["sb3"], self.runner.eval_episodes)
         return (*settings, self.budgets, runner)
 
@@ -209,6 +211,20 @@ TASKS = [
         env_kwargs=dict(continuous=True),
     ),
 ]
+# A user's SB3 policy class (benchmarks.custom_policy) at ppo_cartpole_8env's settings: covey runs it through SB3's
+# policy calls.
+TASKS.append(
+    dataclasses.replace(
+        next(task for task in TASKS if task.name == "ppo_cartpole_8env"),
+        name="ppo_cartpole_8env_custom_policy",
+        budgets={"full": 100_000},  # not in the quick suite, which fits in 15 minutes without it
+        policy=custom_policy.TowerPolicy,
+        note=(
+            "ppo_cartpole_8env_custom_policy: ppo_cartpole_8env with a user's subclass of SB3's ActorCriticPolicy "
+            "(benchmarks/custom_policy.py, a custom mlp_extractor), which covey trains through SB3's policy calls."
+        ),
+    )
+)
 # covey's opt-in bfloat16 matrix multiplies for SAC, against SB3 in float32 (same settings otherwise): SB3's
 # runs are the float32 task's when both run.
 TASKS += [
@@ -327,7 +343,7 @@ def measure_training(framework: str, task: Task, suite: str, timesteps: int, see
         return RunResult(framework, seed, seconds, trained, eval_return, time.perf_counter() - started)
     agent_class = FRAMEWORKS[framework][task.agent]
     env = make_env(task, task.n_envs, seed)
-    model = agent_class("MlpPolicy", env, seed=seed, verbose=0, **task.kwargs(suite, framework))
+    model = agent_class(task.policy, env, seed=seed, verbose=0, **task.kwargs(suite, framework))
     start = time.perf_counter()
     model.learn(total_timesteps=timesteps)
     seconds = time.perf_counter() - start

@@ -254,6 +254,11 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         "system_info": {"Stable-Baselines3": version},
         "unread": unread,
     }
+    module = _policy_module(data)
+    if agent == "PPO" and module and module.split(".")[0] not in ("stable_baselines3", "sb3_contrib"):
+        # a user's policy class (SB3 pickled it, without its name): PPO builds it from the class given at load
+        settings["policy"] = f"of the module {module}"
+        settings["sb3_policy_class"] = True
     return settings, tensors
 
 
@@ -301,9 +306,15 @@ def _load_tensors(zf: zipfile.ZipFile, entry: str, name: str) -> dict:
     return tensors
 
 
-def _algorithm(data: dict) -> str:
+def _policy_module(data: dict) -> str:
+    """The module of the file's policy class, as SB3 writes it beside the class's pickle ("" where it is not)."""
     policy_class = data.get("policy_class")
     module = policy_class.get("__module__", "") if isinstance(policy_class, dict) else ""
+    return module if isinstance(module, str) else ""
+
+
+def _algorithm(data: dict) -> str:
+    module = _policy_module(data)
     for prefix, algorithm in _ALGORITHMS.items():
         if module.startswith(prefix):
             if algorithm == "sb3-contrib":

@@ -744,6 +744,8 @@ class BaseAgent:
             "device": str(self.device),
             "env": self.env if with_env else None,
             "schedules": {k: getattr(config, k) for k in self.schedule_keys if callable(getattr(config, k, None))},
+            # a user's SB3 policy class, which the file names only
+            "policy_class": getattr(self, "_sb3_policy_class", None),
             "runtime": {k: self.__dict__[k] for k in self._RUNTIME if with_env and k in self.__dict__},
             # a recurrent policy's memories of the episodes its env is in
             "memories": (recurrent.actor_state, recurrent.critic_state)
@@ -1241,10 +1243,22 @@ class BaseAgent:
         observation_space, action_space = spaces_given["observation_space"], spaces_given["action_space"]
         check_observation_space(observation_space)
         check_action_space(action_space, cls.supported_action_spaces)
+        policy = settings["policy"]
+        if settings.get("sb3_policy_class"):  # a user's SB3 policy class, named in the file, never imported from it
+            policy = custom_objects.get("policy_class")
+            if not isinstance(policy, type):
+                saved = settings["policy"]  # the class's path, or which module an SB3 file's class is of
+                name = saved.rsplit(".", 1)[-1]
+                what = f"a policy class {saved}" if saved.startswith("of the module") else f"the policy class {saved}"
+                raise serialization.ModelFileError(
+                    f"The model was trained with {what}, which covey does not import from a file. Pass the class: "
+                    f"{cls.__name__}.load(path, custom_objects={{'policy_class': "
+                    f"{name if name.isidentifier() else '<the class>'}}})."
+                )
         # built quietly, as SB3's load builds its model: a file saved with verbose=1 does not print the device
         verbose = check_verbose(hyper.pop("verbose"))
         model = cls(
-            policy=settings["policy"],
+            policy=policy,
             env=None,
             policy_kwargs=policy_kwargs,
             device=device,
@@ -1406,7 +1420,13 @@ def _rebuild_agent(cls: type, snapshot: dict[str, Any]) -> BaseAgent:
     (not reset), its schedules and runtime state. The global random state is left as it was (a load reseeds)."""
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     try:
-        model = cls.load(io.BytesIO(snapshot["file"]), env=snapshot["env"], device=snapshot["device"])
+        policy_class = snapshot.get("policy_class")
+        model = cls.load(
+            io.BytesIO(snapshot["file"]),
+            env=snapshot["env"],
+            device=snapshot["device"],
+            custom_objects=None if policy_class is None else {"policy_class": policy_class},
+        )
     finally:
         random.setstate(states[0])
         np.random.set_state(states[1])

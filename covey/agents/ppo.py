@@ -22,6 +22,8 @@ from covey.agents.base import (
     warn_batch_size,
 )
 from covey.agents.recurrent import RecurrentRollout, RNNStates
+from covey.agents.sb3_policy import SB3PolicyTrainer, class_path, sb3_policy_class
+from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import (
@@ -197,7 +199,7 @@ def ppo_objective(
     log_prob: torch.Tensor,
     entropy: torch.Tensor,
     raw: torch.Tensor,
-    head: torch.nn.Module,
+    head: torch.nn.Module | None,
     batch: RolloutBatch,
     clip_range: float,
     clip_range_vf: float | None,
@@ -208,12 +210,12 @@ def ppo_objective(
     ema_coef: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO loss from the networks' outputs on a batch of samples (shared by feed-forward and
-    recurrent training): ``(loss, detached stats)``."""
+    recurrent training, and an SB3 policy's values with ``head=None``): ``(loss, detached stats)``."""
     advantages = batch.advantages
     if normalize_advantage and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     policy_loss, approx_kl, clip_fraction = clipped_surrogate_loss(log_prob, batch.old_log_prob, advantages, clip_range)
-    if head.distributional:
+    if head is not None and head.distributional:
         v_loss = head.loss(raw, batch.returns).mean()
     else:
         v_loss = value_loss(raw, batch.old_values, batch.returns, clip_range_vf)
@@ -584,7 +586,9 @@ class PPO(BaseAgent):
     Constructor arguments, defaults, ``learn``/``predict``/``save``/``load``, callbacks and logger keys
     follow ``stable_baselines3.PPO``. Actor and critic are separate networks (``model.actor``,
     ``model.critic``); ``model.policy`` holds both with SB3's ``ActorCriticPolicy`` calls
-    (:class:`~covey.networks.policies.ActorCriticPolicy`).
+    (:class:`~covey.networks.policies.ActorCriticPolicy`). A user's subclass of SB3's ``ActorCriticPolicy`` as
+    ``policy`` is built and trained through SB3's policy calls instead (:mod:`covey.agents.sb3_policy`):
+    ``model.policy`` is then the SB3 policy, and ``model.actor`` and ``model.critic`` are None.
 
     >>> from covey import PPO
     >>> model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, seed=0).learn(128)
@@ -661,7 +665,13 @@ class PPO(BaseAgent):
             use_sde=use_sde,
             sde_sample_freq=sde_sample_freq,
         )
-        self.policy_config = PolicyConfig.from_kwargs(policy_kwargs, refused=SAC_ONLY_KWARGS)
+        self._sb3_policy_class = sb3_policy_class(policy)
+        if self._sb3_policy_class is not None:
+            # the class takes policy_kwargs itself; covey's own networks and their settings are not built
+            self.policy_config = PolicyConfig()
+            policy = "MlpPolicy"
+        else:
+            self.policy_config = PolicyConfig.from_kwargs(policy_kwargs, refused=SAC_ONLY_KWARGS)
         self.policy_config.use_sde = bool(use_sde)
         if self.policy_config.squash_output and not use_sde:
             raise ValueError(
@@ -672,7 +682,9 @@ class PPO(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
-        if self.device.type != "cpu" and self.policy_name == "MlpPolicy":
+        if self._sb3_policy_class is not None:
+            self.policy_name = class_path(self._sb3_policy_class)
+        elif self.device.type != "cpu" and self.policy_name == "MlpPolicy":
             # as SB3 recommends for its PPO; covey's CPU paths (NumPy acting, hand-written gradients) widen the gap
             warnings.warn(
                 f"PPO with an MlpPolicy on {self.device}: small MLPs train faster on the CPU, where covey acts in "
@@ -683,6 +695,12 @@ class PPO(BaseAgent):
             )
         if _init_setup_model:
             self._setup_model()
+
+    def _wrap_env(self, env: Any) -> Any:
+        venv = super()._wrap_env(env)
+        if getattr(self, "_sb3_policy_class", None) is not None:
+            return sb3_wrap_env(venv, self.verbose)
+        return venv
 
     def _attach_env(self, env) -> None:
         if self.policy_config.squash_output:
@@ -706,6 +724,10 @@ class PPO(BaseAgent):
         if self.env is not None:
             warn_batch_size(cfg.batch_size, buffer_size)
         self.set_random_seed(self.seed)
+        if self._sb3_policy_class is not None:
+            self._setup_sb3_policy()
+            return
+        self._sb3 = None
         self.actor, self.critic = build_actor_critic(
             self.policy_name, self.observation_space, self.action_space, self.policy_config
         )
@@ -755,7 +777,46 @@ class PPO(BaseAgent):
                 self.actor, self.critic, cfg.n_steps, self.n_envs, int(memory["sequence_length"])
             )
 
+    def _setup_sb3_policy(self) -> None:
+        """A user's SB3 policy class (:mod:`covey.agents.sb3_policy`): ``model.policy`` is the SB3 policy, built
+        and trained through SB3's calls, in covey's rollout buffer and loop."""
+        self._sb3 = SB3PolicyTrainer(
+            self._sb3_policy_class,
+            self.observation_space,
+            self.action_space,
+            self.lr_schedule,
+            self.config.use_sde,
+            self.policy_kwargs,
+            self.device,
+        )
+        self.policy = self._sb3.policy
+        self.actor = self.critic = self.critic_ema = None
+        self._manual, self._numpy_acting, self.recurrent = None, None, None
+        self._hooked = False
+        self._evaluate_while_acting = True  # values and log-probs come with the actions, as in SB3
+        self._params = list(self.policy.parameters())
+        self.rollout_buffer = RolloutBuffer(
+            self.config.n_steps, self.n_envs, self.observation_space, self.action_space, self.device
+        )
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer of the actor and the critic: SB3's ``model.policy.optimizer``."""
+        return self.policy.optimizer if self._sb3_policy_class is not None else self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, value: torch.optim.Optimizer) -> None:
+        if self._sb3_policy_class is not None:
+            self.policy.optimizer = value
+        else:
+            self._optimizer = value
+
+    def _extra_settings(self) -> dict[str, Any]:
+        return {"sb3_policy_class": True} if self._sb3_policy_class is not None else {}
+
     def _networks(self) -> dict[str, torch.nn.Module]:
+        if self._sb3_policy_class is not None:
+            return {"policy": self.policy}
         networks = {"actor": self.actor, "critic": self.critic}
         if self.critic_ema is not None:
             networks["critic_ema"] = self.critic_ema.model
@@ -765,6 +826,8 @@ class PPO(BaseAgent):
         return {"optimizer": self.optimizer}
 
     def _optimizer_slots(self) -> list[tuple[str, Any, Any]]:
+        if self._sb3_policy_class is not None:
+            return []  # the SB3 policy's optimizer is stepped wherever it is, as SB3 steps it
         return [("policy.optimizer", self.policy.optimizer, self.optimizer)]
 
     def _parameter_groups(self) -> dict[str, Any]:
@@ -774,6 +837,8 @@ class PPO(BaseAgent):
         return groups
 
     def _translate_parameter_names(self, params: dict) -> dict:
+        if self._sb3_policy_class is not None:
+            return params  # SB3's names are the model's own
         params = merge_parameter_groups(params, "policy", ("actor", "critic"), {"optimizer": "policy.optimizer"})
         return translate_groups("PPO", params, ("policy.optimizer",), self._flat_image())
 
@@ -799,20 +864,19 @@ class PPO(BaseAgent):
         n_rollout_steps = self.config.n_steps
         space = self.observation_space
         rollout_buffer.reset()
-        set_train_mode(actor, False)  # both networks act and value the rollout in evaluation mode, as in SB3
-        set_train_mode(self.critic, False)
+        self._set_training_mode(False)  # both networks act and value the rollout in evaluation mode, as in SB3
         use_sde, sde_sample_freq = self.config.use_sde, self.config.sde_sample_freq
         if use_sde:  # as SB3: exploration matrices for the rollout (one per env)
-            actor.head.reset_noise(env.num_envs)
+            self._reset_noise(env.num_envs)
         callback.on_rollout_start()
         truncations: list[tuple[int, int, Any]] = []
         acted: list[tuple[torch.Tensor, torch.Tensor]] = []  # (critic's raw output, log-prob) per step
         new_obs = self._last_obs
-        self._hooked = has_module_hooks(actor, self.critic)
+        self._hooked = self._sb3 is None and has_module_hooks(actor, self.critic)
         numpy_acting = None if self._hooked else self._numpy_acting
         for n_steps in range(n_rollout_steps):
             if use_sde and sde_sample_freq > 0 and n_steps % sde_sample_freq == 0:
-                actor.head.reset_noise(env.num_envs)
+                self._reset_noise(env.num_envs)
             if numpy_acting is not None:
                 # Acting and storing in NumPy (the buffer takes the arrays as they are); obs_tensor, a view of the
                 # observations as SB3 makes it, is there for callbacks' locals
@@ -824,7 +888,7 @@ class PPO(BaseAgent):
                 stored_actions = self._act(obs_tensor, n_steps, acted)
                 actions = stored_actions.cpu().numpy()  # numpy in callbacks' locals, as in SB3
             actions = actions.reshape((-1, *self.action_space.shape))  # callbacks see SB3's shape (a view)
-            clipped_actions = actor.to_env_actions(actions)
+            clipped_actions = actor.to_env_actions(actions) if self._sb3 is None else self._sb3.env_actions(actions)
             stopped = True
             try:
                 new_obs, rewards, dones, infos = env.step(clipped_actions)
@@ -866,10 +930,28 @@ class PPO(BaseAgent):
         callback.on_rollout_end()
         return True
 
+    def _set_training_mode(self, mode: bool) -> None:
+        if self._sb3 is not None:
+            self.policy.set_training_mode(mode)
+        else:
+            set_train_mode(self.actor, mode)
+            set_train_mode(self.critic, mode)
+
+    def _reset_noise(self, n_envs: int) -> None:
+        """New gSDE exploration matrices, one per env."""
+        if self._sb3 is not None:
+            self.policy.reset_noise(n_envs)
+        else:
+            self.actor.head.reset_noise(n_envs)
+
     def _act(self, obs_tensor: ObsTensor, step: int, acted: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Actions for a step's observations in PyTorch. Acting needs only the actor; values and log-probs come
         in one pass after the rollout, or with the action for encoders with weights (appended to ``acted``)."""
         actor = self.actor
+        if self._sb3 is not None:
+            actions, values, log_probs = self._sb3.act(obs_tensor)
+            acted.append((values, log_probs))
+            return actions
         if self.recurrent is not None:
             return self.recurrent.act(actor, obs_tensor, self._last_episode_starts, step)
         with torch.inference_mode():
@@ -904,10 +986,10 @@ class PPO(BaseAgent):
                 self.observation_space,
             )
             return last_values
-        head = self.critic.value_head
+        head = self.critic.value_head if self._sb3 is None else None  # an SB3 policy gives values
         manual = None if self._hooked else self._manual
         # The hand-differentiated update evaluates with its own arithmetic, so that both agree exactly.
-        critic = manual.value if manual is not None else self.critic
+        critic = manual.value if manual is not None else self.critic if self._sb3 is None else self._sb3.values
         values, log_probs, raws = [], [], []
         if acted:
             raws = [raw for raw, _ in acted]
@@ -927,8 +1009,8 @@ class PPO(BaseAgent):
         self._value_entropy = None
         if raws:  # the critic's raw outputs (values, or two-hot logits) of the whole rollout
             raw = torch.cat(raws)
-            values = [head.value(raw)]
-            if head.distributional:
+            values = [raw if head is None else head.value(raw)]
+            if head is not None and head.distributional:
                 self._value_entropy = head.entropy(raw).mean().item()
         buffer.values_tensor = torch.cat(values).reshape(buffer.n_steps, buffer.n_envs)
         buffer.log_probs_tensor = torch.cat(log_probs).reshape(buffer.n_steps, buffer.n_envs)
@@ -946,8 +1028,7 @@ class PPO(BaseAgent):
         lr = self._update_learning_rate()
         clip_range = self.clip_range(progress)
         clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
-        set_train_mode(self.actor, True)
-        set_train_mode(self.critic, True)
+        self._set_training_mode(True)
         if self._manual is not None and not has_module_hooks(self.actor, self.critic):
             early_stop = _print_early_stop if self.verbose >= 1 else None
             means, epochs = self._manual.train(self.rollout_buffer, self.optimizer, cfg, clip_range, early_stop)
@@ -979,6 +1060,20 @@ class PPO(BaseAgent):
                         ema_raw,
                         self.policy_config.critic_ema_coef,
                     )
+                elif self._sb3 is not None:
+                    values, log_prob, entropy = self._sb3.evaluate(batch.observations, batch.actions)
+                    loss, stats = ppo_objective(
+                        log_prob,
+                        entropy,
+                        values,
+                        None,
+                        batch,
+                        clip_range,
+                        clip_range_vf,
+                        cfg.ent_coef,
+                        cfg.vf_coef,
+                        cfg.normalize_advantage,
+                    )
                 else:
                     loss, stats = ppo_loss(
                         batch,
@@ -998,7 +1093,10 @@ class PPO(BaseAgent):
                     if self.verbose >= 1:
                         _print_early_stop(epoch, stats["approx_kl"].item())
                     break
-                self._optimizer_step(loss, cfg.max_grad_norm)
+                if self._sb3 is not None:
+                    self._sb3.step(loss, cfg.max_grad_norm)
+                else:
+                    self._optimizer_step(loss, cfg.max_grad_norm)
             self._n_updates += 1
             if not continue_training:
                 break
@@ -1030,7 +1128,7 @@ class PPO(BaseAgent):
         self.logger.record("train/td_error_abs", buffer.td_error_abs)
         if self._value_entropy is not None:
             self.logger.record("train/value_entropy", self._value_entropy)
-        log_std = getattr(self.actor.head, "log_std", None)
+        log_std = getattr(self.actor.head, "log_std", None) if self._sb3 is None else self._sb3.log_std()
         if log_std is not None:
             self.logger.record("train/std", log_std.detach().exp().mean().item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")

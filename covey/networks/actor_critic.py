@@ -85,8 +85,8 @@ def policy_name(policy: str | type, agent: str | None = None) -> str:
     )
     raise ValueError(
         f"Unknown policy {policy!r}; use one of {names}. "
-        "Custom policy classes are not supported: customize the networks with policy_kwargs "
-        "(net_arch, activation_fn, features_extractor_class, ...)."
+        "Customize the networks with policy_kwargs (net_arch, activation_fn, features_extractor_class, ...); "
+        "PPO also takes subclasses of SB3's ActorCriticPolicy, and trains them through SB3's policy calls."
     )
 
 

@@ -1,0 +1,130 @@
+"""PPO with a user's own SB3 policy class: a subclass of SB3's ``ActorCriticPolicy`` (a custom
+``mlp_extractor``, an overridden ``forward`` or ``evaluate_actions``, ...), run through SB3's policy calls.
+
+covey builds its own networks for SB3's policy names and SB3's own classes (``"MlpPolicy"``,
+``ActorCriticPolicy``, ...). A class of the user's is code covey cannot rebuild as its networks, so PPO trains
+it as SB3's PPO does: the class builds the policy and its optimizer as SB3 builds them, acting calls
+``policy(obs)``, the update ``policy.evaluate_actions``, and ``model.policy`` is the SB3 policy itself. covey's
+rollout buffer, loss, logging and files stay; its hand-written gradients, NumPy acting and ONNX export, which
+need covey's networks, do not apply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.vec_env import VecEnv
+
+from covey.networks.obs import ObsTensor
+
+_OWN_PACKAGES = ("stable_baselines3", "sb3_contrib")
+
+
+def sb3_policy_class(policy: Any) -> type | None:
+    """``policy`` when it is a subclass of SB3's ``ActorCriticPolicy`` defined outside SB3 and sb3-contrib (a
+    user's class), else None (a policy name, or SB3's own class, which stands for covey's policy of its name)."""
+    if not (isinstance(policy, type) and issubclass(policy, ActorCriticPolicy)):
+        return None
+    if policy.__module__.split(".")[0] in _OWN_PACKAGES:
+        return None
+    if any(base.__module__.split(".")[0] == "sb3_contrib" for base in policy.__mro__):
+        raise ValueError(
+            f"{policy.__name__} subclasses an sb3-contrib policy ({', '.join(b.__name__ for b in policy.__mro__[1:3])}"
+            "), whose calls (recurrent states, action masks) covey's PPO does not make. Subclass SB3's "
+            "ActorCriticPolicy, or use a policy name: 'MlpLstmPolicy' gives covey's recurrent PPO."
+        )
+    return policy
+
+
+def class_path(cls: type) -> str:
+    """``module.QualifiedName`` of a class: how the model file names it (it is never imported from there)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def wrap_env(venv: VecEnv, verbose: int) -> VecEnv:
+    """SB3's own wrapping of an algorithm's VecEnv: channel-last images move to channels first
+    (``VecTransposeImage``), which SB3's policies expect."""
+    return BaseAlgorithm._wrap_env(venv, verbose)
+
+
+class SB3PolicyTrainer:
+    """The calls PPO makes on a user's SB3 policy class, as SB3's PPO makes them.
+
+    >>> import gymnasium as gym
+    >>> from stable_baselines3.common.policies import ActorCriticPolicy
+    >>> class MyPolicy(ActorCriticPolicy):
+    ...     pass
+    >>> env = gym.make("CartPole-v1")
+    >>> trainer = SB3PolicyTrainer(MyPolicy, env.observation_space, env.action_space, lambda _: 3e-4, False, {})
+    >>> actions, values, log_probs = trainer.act(torch.zeros(2, 4))
+    >>> actions.shape, values.shape, log_probs.shape
+    (torch.Size([2]), torch.Size([2]), torch.Size([2]))
+    """
+
+    def __init__(
+        self,
+        policy_class: type,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Any,
+        use_sde: bool,
+        policy_kwargs: dict,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.action_space = action_space
+        try:
+            policy = policy_class(observation_space, action_space, lr_schedule, use_sde=use_sde, **policy_kwargs)
+        except TypeError as err:  # a keyword the class does not take, named by Python
+            raise TypeError(
+                f"{policy_class.__name__}(observation_space, action_space, lr_schedule, use_sde=..., "
+                f"**policy_kwargs) failed: {err}. covey builds the policy class as SB3's PPO does; pass only "
+                "policy_kwargs that the class takes."
+            ) from err
+        self.policy = policy.to(device)
+
+    def act(self, obs: ObsTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(actions, values (N,), log-probs (N,))`` of a step's observations: ``policy(obs)``."""
+        with torch.no_grad():
+            actions, values, log_probs = self.policy(obs)
+        return actions, values.flatten(), log_probs
+
+    def values(self, obs: ObsTensor) -> torch.Tensor:
+        """V(obs) ``(N,)``: ``policy.predict_values``."""
+        with torch.no_grad():
+            return self.policy.predict_values(obs).flatten()
+
+    def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(values (N,), log-probs, entropies)`` of a minibatch with gradients: ``policy.evaluate_actions``. A
+        policy without an entropy (None, as SB3 allows) gives minus the log-prob, as SB3's PPO estimates it."""
+        if isinstance(self.action_space, spaces.Discrete):
+            actions = actions.long().flatten()  # as SB3's PPO hands them over
+        values, log_prob, entropy = self.policy.evaluate_actions(obs, actions)
+        return values.flatten(), log_prob, -log_prob if entropy is None else entropy
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """The actions the env gets: Box actions unscaled from [-1, 1] by a squashing policy, else clipped to the
+        bounds (the buffer keeps them unclipped), as SB3's PPO does."""
+        space = self.action_space
+        if not isinstance(space, spaces.Box):
+            return actions
+        if self.policy.squash_output:
+            return self.policy.unscale_action(actions)
+        return np.clip(actions, space.low, space.high)
+
+    def step(self, loss: torch.Tensor, max_grad_norm: float) -> None:
+        """One step of ``policy.optimizer`` (read at each step: a script may replace it, as in SB3), with the
+        gradient norm clipped to ``max_grad_norm``."""
+        optimizer = self.policy.optimizer
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_grad_norm)
+        optimizer.step()
+
+    def log_std(self) -> torch.Tensor | None:
+        """The policy's ``log_std`` parameter (Gaussian actions), which SB3 logs as ``train/std``."""
+        return getattr(self.policy, "log_std", None)

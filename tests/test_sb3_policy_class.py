@@ -1,0 +1,248 @@
+"""PPO with a user's own subclass of SB3's ``ActorCriticPolicy`` (SB3's "Custom Policy Network" docs page, its
+advanced example): the class is built, acts and trains through SB3's calls, as SB3's PPO runs it."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from envs import SpaceEnv, image_space
+from gymnasium import spaces
+from stable_baselines3 import PPO as SB3PPO
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.policies import ActorCriticCnnPolicy, ActorCriticPolicy
+from stable_baselines3.common.vec_env import VecTransposeImage, is_vecenv_wrapped
+from torch import nn
+
+from covey import PPO
+from covey.export import export_onnx
+from covey.networks.policies import ActorCriticPolicy as CoveyActorCriticPolicy
+from covey.serialization import ModelFileError
+
+
+class TwoTowers(nn.Module):
+    """A custom ``mlp_extractor``: separate policy and value towers, counting its calls."""
+
+    def __init__(self, feature_dim: int, width: int = 64) -> None:
+        super().__init__()
+        self.latent_dim_pi = self.latent_dim_vf = width
+        self.policy_net = nn.Sequential(nn.Linear(feature_dim, width), nn.ReLU())
+        self.value_net = nn.Sequential(nn.Linear(feature_dim, width), nn.ReLU())
+        self.calls = {"actor": 0, "critic": 0}
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward_actor(features), self.forward_critic(features)
+
+    def forward_actor(self, features: torch.Tensor) -> torch.Tensor:
+        self.calls["actor"] += 1
+        return self.policy_net(features)
+
+    def forward_critic(self, features: torch.Tensor) -> torch.Tensor:
+        self.calls["critic"] += 1
+        return self.value_net(features)
+
+
+class TowerPolicy(ActorCriticPolicy):
+    """The docs' pattern: ``_build_mlp_extractor`` overridden, ``ortho_init`` switched off."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["ortho_init"] = False
+        super().__init__(*args, **kwargs)
+
+    def _build_mlp_extractor(self) -> None:
+        self.mlp_extractor = TwoTowers(self.features_dim)
+
+
+class CountingPolicy(ActorCriticPolicy):
+    """SB3's default networks, with ``forward`` and ``evaluate_actions`` counted."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.forward_calls = self.evaluate_calls = 0
+
+    def forward(self, obs, deterministic=False):
+        self.forward_calls += 1
+        return super().forward(obs, deterministic)
+
+    def evaluate_actions(self, obs, actions):
+        self.evaluate_calls += 1
+        return super().evaluate_actions(obs, actions)
+
+
+class PlainPolicy(ActorCriticPolicy):
+    pass
+
+
+class ImagePolicy(ActorCriticCnnPolicy):
+    pass
+
+
+def _params(policy: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+def test_the_class_builds_model_policy_and_its_own_modules_train():
+    model = PPO(TowerPolicy, "CartPole-v1", n_steps=64, batch_size=32, n_epochs=2, seed=0)
+    assert type(model.policy) is TowerPolicy and model.policy_class is TowerPolicy
+    assert isinstance(model.policy.mlp_extractor, TwoTowers)
+    assert model.policy.optimizer is model.optimizer  # SB3's policy builds its own optimizer, which PPO steps
+    before = _params(model.policy)
+    model.learn(128)
+    after = _params(model.policy)
+    for key in ("mlp_extractor.policy_net.0.weight", "mlp_extractor.value_net.0.weight", "action_net.weight"):
+        assert not torch.equal(before[key], after[key]), key
+    calls = model.policy.mlp_extractor.calls
+    assert calls["actor"] >= 128 and calls["critic"] >= 128  # every env step acted through the towers
+
+
+def test_overridden_forward_and_evaluate_actions_are_the_calls_training_makes():
+    model = PPO(CountingPolicy, "CartPole-v1", n_steps=32, batch_size=16, n_epochs=3, seed=0)
+    model.learn(64)
+    assert model.policy.forward_calls == 64  # one batched call per env step (one env)
+    assert model.policy.evaluate_calls == 2 * 3 * 2  # rollouts x epochs x minibatches
+
+
+@pytest.mark.parametrize(
+    "env_id, use_sde", [("CartPole-v1", False), ("Pendulum-v1", False), ("Pendulum-v1", True)], ids=str
+)
+def test_training_matches_sb3_ppo_with_the_same_class(env_id, use_sde):
+    # One minibatch per epoch: the order SB3 draws its minibatches in (NumPy's) does not enter the update.
+    settings = dict(n_steps=64, batch_size=64, n_epochs=3, seed=3, use_sde=use_sde, sde_sample_freq=8)
+    sb3 = SB3PPO(PlainPolicy, env_id, **settings).learn(192)  # built and trained before covey's: one global RNG
+    ours = PPO(PlainPolicy, env_id, **settings).learn(192)
+    # the same episodes (float rounding of the updates apart)
+    np.testing.assert_allclose(
+        ours.rollout_buffer.observations.reshape(-1), sb3.rollout_buffer.observations.reshape(-1), atol=1e-5
+    )
+    sb3_params = sb3.policy.state_dict()
+    for key, value in ours.policy.state_dict().items():
+        torch.testing.assert_close(value, sb3_params[key], atol=1e-6, rtol=1e-5, msg=key)
+    assert ours._n_updates == sb3._n_updates == 9
+
+
+def test_box_actions_reach_the_env_clipped_and_the_buffer_keeps_them_as_drawn():
+    seen = []
+
+    class Recording(gym.Wrapper):
+        def step(self, action):
+            seen.append(np.array(action, copy=True))
+            return super().step(action)
+
+    env = Recording(SpaceEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Box(-0.1, 0.1, (2,), np.float32)))
+    model = PPO(PlainPolicy, env, n_steps=32, batch_size=32, n_epochs=1, seed=0)
+    model.learn(32)
+    drawn = model.rollout_buffer.actions.reshape(32, 2)
+    assert (np.abs(drawn) > 0.1).any()  # log_std 0: most draws leave the bounds
+    np.testing.assert_array_equal(np.stack(seen), np.clip(drawn, -0.1, 0.1))
+    assert "train/std" in model.logger.name_to_value
+
+
+def test_channel_last_images_are_transposed_for_the_class_as_sb3_does():
+    env = SpaceEnv(image_space((36, 36, 3)), spaces.Discrete(2))
+    model = PPO(ImagePolicy, env, n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    assert is_vecenv_wrapped(model.get_env(), VecTransposeImage)
+    assert model.policy.observation_space.shape == (3, 36, 36)
+    model.learn(16)
+    action, _ = model.predict(model.get_env().reset())
+    assert action.shape == (1,)
+
+
+def test_save_and_load_need_the_class_and_predict_identically(tmp_path):
+    model = PPO(TowerPolicy, "CartPole-v1", n_steps=64, batch_size=32, n_epochs=1, seed=0).learn(64)
+    model.save(tmp_path / "m")
+    with pytest.raises(ModelFileError, match=r"custom_objects=\{'policy_class': TowerPolicy\}"):
+        PPO.load(tmp_path / "m.zip")
+    loaded = PPO.load(tmp_path / "m.zip", custom_objects={"policy_class": TowerPolicy})
+    assert type(loaded.policy) is TowerPolicy
+    assert set(loaded.get_parameters()) == {"policy", "policy.optimizer"}  # SB3's groups
+    obs = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+    loaded.set_env(gym.make("CartPole-v1"))
+    loaded.learn(64, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 128
+
+
+def test_an_sb3_file_of_a_user_class_loads_with_the_class(tmp_path):
+    sb3 = SB3PPO(PlainPolicy, "CartPole-v1", n_steps=64, batch_size=64, n_epochs=1, seed=0).learn(64)
+    sb3.save(tmp_path / "sb3")
+    with pytest.raises(ModelFileError, match=r"a policy class of the module test_sb3_policy_class.*'policy_class'"):
+        PPO.load(tmp_path / "sb3.zip")
+    loaded = PPO.load(tmp_path / "sb3.zip", custom_objects={"policy_class": PlainPolicy})
+    assert type(loaded.policy) is PlainPolicy
+    obs = np.random.default_rng(1).normal(size=(20, 4)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], sb3.predict(obs, deterministic=True)[0])
+    # set_parameters takes SB3's groups as they are
+    fresh = PPO(PlainPolicy, "CartPole-v1", seed=1)
+    fresh.set_parameters(sb3.get_parameters())
+    np.testing.assert_array_equal(fresh.predict(obs, deterministic=True)[0], sb3.predict(obs, deterministic=True)[0])
+
+
+def test_copies_and_pickles_keep_the_class():
+    model = PPO(TowerPolicy, "CartPole-v1", n_steps=64, batch_size=32, n_epochs=1, seed=0).learn(64)
+    obs = np.random.default_rng(2).normal(size=(10, 4)).astype(np.float32)
+    expected = model.predict(obs, deterministic=True)[0]
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert type(clone.policy) is TowerPolicy and clone.policy is not model.policy
+        np.testing.assert_array_equal(clone.predict(obs, deterministic=True)[0], expected)
+
+
+def test_the_same_seed_trains_the_same_weights():
+    runs = [PPO(TowerPolicy, "CartPole-v1", n_steps=32, batch_size=16, seed=5).learn(64) for _ in range(2)]
+    first, second = (run.policy.state_dict() for run in runs)
+    for key in first:
+        assert torch.equal(first[key], second[key]), key
+
+
+def test_sb3_own_classes_still_mean_covey_networks():
+    model = PPO(ActorCriticPolicy, "CartPole-v1", n_steps=64)
+    assert type(model.policy) is CoveyActorCriticPolicy  # SB3's MlpPolicy, by its class
+
+
+def test_bad_input_names_the_class_and_the_fix(tmp_path):
+    with pytest.raises(TypeError, match=r"PlainPolicy\(observation_space.*pass only policy_kwargs that the class"):
+        PPO(PlainPolicy, "CartPole-v1", policy_kwargs=dict(not_a_setting=1))
+    model = PPO(PlainPolicy, "CartPole-v1", n_steps=64)
+    with pytest.raises(ValueError, match="policy class of the user's.*torch.onnx.export"):
+        export_onnx(model, tmp_path / "m.onnx", verify=False)
+
+    class NotAnActorCritic(nn.Module):
+        pass
+
+    with pytest.raises(ValueError, match="subclasses of SB3's ActorCriticPolicy"):
+        PPO(NotAnActorCritic, "CartPole-v1")
+
+
+def test_a_subclass_of_an_sb3_contrib_policy_is_refused():
+    contrib = pytest.importorskip("sb3_contrib.common.recurrent.policies")
+
+    class MyRecurrent(contrib.RecurrentActorCriticPolicy):
+        pass
+
+    with pytest.raises(ValueError, match="sb3-contrib policy.*'MlpLstmPolicy'"):
+        PPO(MyRecurrent, "CartPole-v1")
+
+
+@pytest.mark.slow
+def test_the_docs_custom_policy_learns_cartpole():
+    # RL-Zoo's CartPole settings; seeds 0, 2 and 3 reach 500 at 100k steps (seed 1: 228)
+    torch.set_num_threads(1)
+    model = PPO(
+        TowerPolicy,
+        make_vec_env("CartPole-v1", n_envs=8, seed=0),
+        n_steps=32,
+        batch_size=256,
+        n_epochs=20,
+        learning_rate=lambda progress: progress * 1e-3,
+        clip_range=lambda progress: progress * 0.2,
+        gamma=0.98,
+        gae_lambda=0.8,
+        seed=0,
+    )
+    model.learn(100_000)
+    mean, _ = evaluate_policy(model, gym.make("CartPole-v1"), n_eval_episodes=10, deterministic=True, warn=False)
+    assert mean >= 475
