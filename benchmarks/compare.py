@@ -19,6 +19,8 @@ parameter sharing via SuperSuit, on mpe2's simple_spread (3 agents, 25 cycles, 8
 and steps/s count env steps (one parallel step of one copy; SB3 trains on one entry per agent, 3 per env
 step), its returns are mean per-agent returns, and its raw env speed is SB3's 8-copy SuperSuit vector env.
 ``poca_simple_spread_width64`` is the same with covey's critic at ``attention_width=64`` (its default is 128).
+``ppo_cartpole_8env_custom_policy`` (full suite) trains a user's SB3 policy class (:mod:`benchmarks.custom_policy`)
+with both PPOs, at ``ppo_cartpole_8env``'s settings.
 """
 
 from __future__ import annotations
