@@ -395,6 +395,23 @@ def test_batch_size_larger_than_rollout_warns_and_uses_the_whole_rollout():
     assert model._n_updates == 1
 
 
+def test_sb3_rollout_buffer_classes_stand_for_covey_buffer_and_others_are_refused():
+    from stable_baselines3.common.buffers import DictRolloutBuffer, ReplayBuffer
+    from stable_baselines3.common.buffers import RolloutBuffer as SB3RolloutBuffer
+
+    dict_env = SpaceEnv(spaces.Dict({"x": spaces.Box(-1, 1, (2,), np.float32)}), spaces.Discrete(2))
+    for cls, policy, env in (
+        (SB3RolloutBuffer, "MlpPolicy", "CartPole-v1"),
+        (DictRolloutBuffer, "MultiInputPolicy", dict_env),
+    ):
+        model = PPO(policy, env, n_steps=16, batch_size=16, n_epochs=1, rollout_buffer_class=cls, seed=0).learn(16)
+        assert model.rollout_buffer.rewards.shape == (16, 1)
+    with pytest.raises(NotImplementedError, match="rollout_buffer_class=.*ReplayBuffer.*Remove rollout_buffer_class"):
+        PPO("MlpPolicy", "CartPole-v1", rollout_buffer_class=ReplayBuffer)
+    with pytest.raises(NotImplementedError, match="rollout_buffer_kwargs=.*n_steps, gamma, gae_lambda"):
+        PPO("MlpPolicy", "CartPole-v1", rollout_buffer_class=SB3RolloutBuffer, rollout_buffer_kwargs={"gamma": 0.5})
+
+
 def test_bad_hyperparameters_name_the_field():
     with pytest.raises(ValueError, match="gamma"):
         PPO("MlpPolicy", "CartPole-v1", gamma=1.5)

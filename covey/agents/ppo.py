@@ -575,6 +575,24 @@ class NumpyActing:
         return out + noise
 
 
+def check_rollout_buffer_args(rollout_buffer_class: Any, rollout_buffer_kwargs: dict | None) -> None:
+    """SB3's own rollout buffer classes (``RolloutBuffer``, ``DictRolloutBuffer``, by name) stand for covey's
+    buffer, which stores either kind of observation; other classes, and keyword arguments, are refused."""
+    name = getattr(rollout_buffer_class, "__name__", None)
+    module = getattr(rollout_buffer_class, "__module__", "")
+    sb3_own = name in ("RolloutBuffer", "DictRolloutBuffer") and module.startswith("stable_baselines3.")
+    if rollout_buffer_class is not None and not sb3_own:
+        raise NotImplementedError(
+            f"rollout_buffer_class={rollout_buffer_class!r} is not supported: covey's PPO stores rollouts in its "
+            "own buffer (SB3's RolloutBuffer and DictRolloutBuffer stand for it). Remove rollout_buffer_class."
+        )
+    if rollout_buffer_kwargs:
+        raise NotImplementedError(
+            f"rollout_buffer_kwargs={rollout_buffer_kwargs!r} is not supported: covey's rollout buffer takes its "
+            "settings from PPO's own arguments (n_steps, gamma, gae_lambda). Remove rollout_buffer_kwargs."
+        )
+
+
 def _print_early_stop(epoch: int, approx_kl: float) -> None:
     """SB3's message for an update stopped by ``target_kl`` (``verbose >= 1``), printed as SB3 prints it."""
     print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl:.2f}")
@@ -645,8 +663,7 @@ class PPO(BaseAgent):
         device: torch.device | str = "auto",
         _init_setup_model: bool = True,
     ) -> None:
-        if rollout_buffer_class is not None or rollout_buffer_kwargs:
-            raise NotImplementedError("Custom rollout buffers are not supported; remove rollout_buffer_class/kwargs.")
+        check_rollout_buffer_args(rollout_buffer_class, rollout_buffer_kwargs)
         self.config = PPOConfig(
             learning_rate=learning_rate,
             n_steps=n_steps,
