@@ -34,6 +34,7 @@ from covey import serialization
 DATA_ENTRY = "data"
 POLICY_ENTRY = "policy.pth"
 VARIABLES_ENTRY = "pytorch_variables.pth"
+OPTIMIZER_ENTRY = "policy.optimizer.pth"
 
 
 def is_sb3_file(names: set[str]) -> bool:
@@ -215,6 +216,9 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
             data = json.loads(zf.read(DATA_ENTRY))
             policy = _load_tensors(zf, POLICY_ENTRY, name)
             names = set(zf.namelist())
+            user_class = _user_policy_module(data, agent)
+            # a user's class trains its own parameters, in SB3's order: its optimizer's state fits as saved
+            optimizer = _load_tensors(zf, OPTIMIZER_ENTRY, name) if user_class and OPTIMIZER_ENTRY in names else None
             variables = _load_tensors(zf, VARIABLES_ENTRY, name) if VARIABLES_ENTRY in names else {}
             version = zf.read("_stable_baselines3_version").decode() if "_stable_baselines3_version" in names else "?"
     except (zipfile.BadZipFile, EOFError, OSError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -253,12 +257,13 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         "episode_num": _plain(data.get("_episode_num"), int, 0),
         "system_info": {"Stable-Baselines3": version},
         "unread": unread,
+        "sb3_file": True,
     }
-    module = _policy_module(data)
-    if agent == "PPO" and module and module.split(".")[0] not in ("stable_baselines3", "sb3_contrib"):
-        # a user's policy class (SB3 pickled it, without its name): PPO builds it from the class given at load
-        settings["policy"] = f"of the module {module}"
+    if user_class:  # SB3 pickled the class without its name: PPO builds it from the class given at load
+        settings["policy"] = f"of the module {user_class}"
         settings["sb3_policy_class"] = True
+        if optimizer is not None:
+            tensors["policy.optimizer"] = optimizer
     return settings, tensors
 
 
@@ -311,6 +316,13 @@ def _policy_module(data: dict) -> str:
     policy_class = data.get("policy_class")
     module = policy_class.get("__module__", "") if isinstance(policy_class, dict) else ""
     return module if isinstance(module, str) else ""
+
+
+def _user_policy_module(data: dict, agent: str) -> str:
+    """The module of a PPO file's policy class where it is a user's (not SB3's or sb3-contrib's), else ""."""
+    module = _policy_module(data)
+    own = module.split(".")[0] in ("stable_baselines3", "sb3_contrib")
+    return module if agent == "PPO" and module and not own else ""
 
 
 def _algorithm(data: dict) -> str:

@@ -13,9 +13,14 @@ import torch
 from envs import SpaceEnv, image_space
 from gymnasium import spaces
 from stable_baselines3 import PPO as SB3PPO
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
-from stable_baselines3.common.policies import ActorCriticCnnPolicy, ActorCriticPolicy
+from stable_baselines3.common.policies import (
+    ActorCriticCnnPolicy,
+    ActorCriticPolicy,
+    MultiInputActorCriticPolicy,
+)
 from stable_baselines3.common.vec_env import VecTransposeImage, is_vecenv_wrapped
 from torch import nn
 
@@ -191,6 +196,18 @@ def test_copies_and_pickles_keep_the_class():
         np.testing.assert_array_equal(clone.predict(obs, deterministic=True)[0], expected)
 
 
+def test_copies_keep_an_optimizer_a_script_assigned():
+    model = PPO(PlainPolicy, "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0)
+    model.policy.optimizer = torch.optim.SGD(model.policy.parameters(), lr=0.01, momentum=0.9)  # SB3 steps it
+    model.learn(32)
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        optimizer = clone.policy.optimizer
+        assert type(optimizer) is torch.optim.SGD and optimizer.param_groups[0]["momentum"] == 0.9
+        assert optimizer.param_groups[0]["params"][0] is next(clone.policy.parameters())
+        clone.learn(32, reset_num_timesteps=False)  # Adam's step would need the betas SGD's state lacks
+        assert clone.num_timesteps == 64
+
+
 def test_the_same_seed_trains_the_same_weights():
     runs = [PPO(TowerPolicy, "CartPole-v1", n_steps=32, batch_size=16, seed=5).learn(64) for _ in range(2)]
     first, second = (run.policy.state_dict() for run in runs)
@@ -225,6 +242,87 @@ def test_a_subclass_of_an_sb3_contrib_policy_is_refused():
 
     with pytest.raises(ValueError, match="sb3-contrib policy.*'MlpLstmPolicy'"):
         PPO(MyRecurrent, "CartPole-v1")
+
+
+def test_the_steps_values_and_log_probs_are_in_callbacks_locals():
+    seen = []
+
+    class Reader(BaseCallback):
+        def _on_step(self) -> bool:
+            values, log_probs = self.locals["values"], self.locals["log_probs"]
+            expected = self.model.policy.predict_values(self.locals["obs_tensor"])
+            seen.append((values.shape, log_probs.shape, torch.allclose(values, expected)))
+            return True
+
+    model = PPO(PlainPolicy, make_vec_env("CartPole-v1", n_envs=2, seed=0), n_steps=8, batch_size=16, seed=0)
+    model.learn(16, callback=Reader())
+    assert seen == [((2, 1), (2,), True)] * 8  # as SB3's locals: the values before the step, for each env
+
+
+def test_evaluate_actions_gets_sb3_shapes_of_discrete_observations():
+    shapes = []
+
+    class Shapes(MultiInputActorCriticPolicy):
+        def evaluate_actions(self, obs, actions):
+            shapes.append((tuple(obs["d"].shape), tuple(obs["x"].shape)))
+            return super().evaluate_actions(obs, actions)
+
+    space = spaces.Dict({"d": spaces.Discrete(4), "x": spaces.Box(-1, 1, (3,), np.float32)})
+    PPO(Shapes, SpaceEnv(space, spaces.Discrete(2)), n_steps=16, batch_size=8, n_epochs=1, seed=0).learn(16)
+    assert shapes == [((8, 1), (8, 3))] * 2  # SB3's rollout buffer keeps a Discrete observation as one entry
+
+
+def test_squashing_needs_finite_bounds_at_the_constructor():
+    env = SpaceEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Box(-np.inf, np.inf, (2,), np.float32))
+    with pytest.raises(ValueError, match="PlainPolicy with squash_output=True needs finite Box action bounds"):
+        PPO(PlainPolicy, env, use_sde=True, policy_kwargs=dict(squash_output=True))
+
+
+def test_a_failure_inside_the_class_is_raised_as_it_is():
+    class Broken(ActorCriticPolicy):
+        def _build_mlp_extractor(self) -> None:
+            nn.Linear(self.features_dim)  # a bug of the class's own, not a keyword it was given
+
+    with pytest.raises(TypeError, match="out_features") as error:
+        PPO(Broken, "CartPole-v1")
+    assert "policy_kwargs" not in str(error.value)
+
+
+def test_gsde_training_goes_on_after_load_as_sb3s_does(tmp_path):
+    settings = dict(n_steps=32, batch_size=64, n_epochs=2, seed=3, use_sde=True, sde_sample_freq=4)
+    models = []
+    for library in (SB3PPO, PPO):  # SB3 first: one global random state
+        library(PlainPolicy, make_vec_env("Pendulum-v1", n_envs=2, seed=1), **settings).learn(64).save(tmp_path / "m")
+        loaded = library.load(
+            tmp_path / "m",
+            env=make_vec_env("Pendulum-v1", n_envs=2, seed=1),
+            custom_objects={"policy_class": PlainPolicy},
+        )
+        models.append(loaded.learn(64, reset_num_timesteps=False).policy.state_dict())
+    for key, value in models[1].items():  # load draws new exploration matrices, as SB3's load does
+        torch.testing.assert_close(value, models[0][key], atol=1e-6, rtol=1e-5, msg=key)
+
+
+def test_policy_class_in_custom_objects_builds_it_for_an_sb3_file_of_sb3s_policy(tmp_path):
+    sb3 = SB3PPO("MlpPolicy", "CartPole-v1", n_steps=64, seed=0).learn(64)
+    sb3.save(tmp_path / "sb3")
+    loaded = PPO.load(tmp_path / "sb3.zip", custom_objects={"policy_class": PlainPolicy})
+    assert type(loaded.policy) is PlainPolicy  # as SB3's load builds the class given
+    obs = np.random.default_rng(3).normal(size=(20, 4)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], sb3.predict(obs, deterministic=True)[0])
+    PPO("MlpPolicy", "CartPole-v1", n_steps=64).save(tmp_path / "covey")
+    with pytest.raises(ModelFileError, match="holds covey's MlpPolicy networks.*without policy_class"):
+        PPO.load(tmp_path / "covey.zip", custom_objects={"policy_class": PlainPolicy})
+
+
+def test_an_sb3_file_of_a_user_class_keeps_its_optimizer_state(tmp_path):
+    sb3 = SB3PPO(PlainPolicy, "CartPole-v1", n_steps=64, batch_size=64, n_epochs=2, seed=0).learn(64)
+    sb3.save(tmp_path / "sb3")
+    loaded = PPO.load(tmp_path / "sb3.zip", custom_objects={"policy_class": PlainPolicy})
+    saved, restored = sb3.policy.optimizer.state_dict()["state"], loaded.policy.optimizer.state_dict()["state"]
+    assert len(restored) == len(saved) > 0  # Adam's moments, as SB3's load restores them
+    for index, state in saved.items():
+        torch.testing.assert_close(restored[index]["exp_avg_sq"], state["exp_avg_sq"])
 
 
 @pytest.mark.slow

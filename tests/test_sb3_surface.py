@@ -1818,6 +1818,42 @@ def test_a_copied_model_trains_saves_and_loads_as_its_own(tmp_path, agent, how):
     np.testing.assert_array_equal(actions(loaded), actions(clone))
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_keeps_policy_kwargs_the_file_cannot_hold(how):
+    """A copy is rebuilt from the model's file, which names a user's extractor class and cannot hold an array: the
+    copy takes them from the model (as SB3's pickle copies them), where load needs custom_objects."""
+    import copy
+    import pickle
+
+    kwargs = dict(features_extractor_class=NormExtractor)
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0, policy_kwargs=kwargs).learn(32)
+    clone = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    assert type(clone.policy.features_extractor) is NormExtractor
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    np.testing.assert_array_equal(clone.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+
+
+def test_policy_kwargs_the_file_cannot_hold_warn_at_save_and_come_back_from_custom_objects(tmp_path):
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    from covey.serialization import ModelFileError
+
+    class Scaled(ActorCriticPolicy):  # a user's class with a setting of its own, an array
+        def __init__(self, *args, scale=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.scale = scale
+
+    scale = np.array([0.5, 2.0])
+    model = PPO(Scaled, "CartPole-v1", n_steps=32, seed=0, policy_kwargs=dict(scale=scale, ortho_init=False))
+    with pytest.warns(UserWarning, match=r"policy_kwargs\['scale'\] \(a ndarray\) is not in the model file"):
+        model.save(tmp_path / "m")
+    with pytest.raises(ModelFileError, match=r"policy_kwargs\['scale'\], a ndarray.*custom_objects=\{'policy_kwargs'"):
+        PPO.load(tmp_path / "m.zip", custom_objects={"policy_class": Scaled})
+    given = {"policy_class": Scaled, "policy_kwargs": {"scale": scale}}
+    loaded = PPO.load(tmp_path / "m.zip", custom_objects=given)
+    assert loaded.policy.scale is scale and loaded.policy_kwargs["ortho_init"] is False  # the file's others kept
+
+
 @pytest.mark.parametrize("agent", ["PPO", "SAC"])
 def test_sb3s_private_stats_window_size_reads_and_sets_the_window(agent):
     """SB3 keeps the window as _stats_window_size, which scripts and callbacks read (an AttributeError before)."""

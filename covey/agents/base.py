@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import inspect
 import io
+import json
 import math
 import numbers
 import os
@@ -37,6 +38,7 @@ from torch.nn.modules import module as _module_module
 from torch.optim import optimizer as _optimizer_module
 
 from covey import sb3_files, serialization
+from covey.agents.sb3_policy import sb3_policy_class
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
 from covey.networks.encoders import FlattenEncoder
@@ -737,15 +739,22 @@ class BaseAgent:
         """What :func:`_rebuild_agent` makes an equal model of: the model file (networks, optimizer states,
         hyperparameters, counters), schedules as given, the env and the runtime state."""
         file = io.BytesIO()
-        self.save(file)
+        policy_class = getattr(self, "_sb3_policy_class", None)
+        with warnings.catch_warnings():  # policy_kwargs the file cannot hold travel beside it
+            warnings.simplefilter("ignore")
+            self.save(file)
         config = getattr(self, "config", None)
         return {
             "file": file.getvalue(),
             "device": str(self.device),
             "env": self.env if with_env else None,
             "schedules": {k: getattr(config, k) for k in self.schedule_keys if callable(getattr(config, k, None))},
-            # a user's SB3 policy class, which the file names only
-            "policy_class": getattr(self, "_sb3_policy_class", None),
+            # a user's SB3 policy class, which the file names only, and policy_kwargs as given (classes and values
+            # the file cannot hold)
+            "policy_class": policy_class,
+            "policy_kwargs": self.policy_kwargs,
+            # and that class's optimizer, which a script may have replaced (its state is in the file)
+            "policy_optimizer": (type(self.policy.optimizer), self.policy.optimizer.defaults) if policy_class else None,
             "runtime": {k: self.__dict__[k] for k in self._RUNTIME if with_env and k in self.__dict__},
             # a recurrent policy's memories of the episodes its env is in
             "memories": (recurrent.actor_state, recurrent.critic_state)
@@ -1145,6 +1154,9 @@ class BaseAgent:
     def _restore_settings(self, settings: dict[str, Any]) -> None:
         """Read back what :meth:`_extra_settings` saved, before the networks are built."""
 
+    def _loaded(self) -> None:
+        """The last step of :meth:`load`, once the model is restored."""
+
     def _hyperparameters_json(self) -> dict[str, Any]:
         params = self._hyperparameters()
         for key in self.schedule_keys:
@@ -1243,9 +1255,16 @@ class BaseAgent:
         observation_space, action_space = spaces_given["observation_space"], spaces_given["action_space"]
         check_observation_space(observation_space)
         check_action_space(action_space, cls.supported_action_spaces)
-        policy = settings["policy"]
+        policy, given_class = settings["policy"], custom_objects.get("policy_class")
+        if sb3_policy_class(given_class) is not None and not settings.get("sb3_policy_class"):
+            if not settings.get("sb3_file"):
+                raise serialization.ModelFileError(
+                    f"custom_objects policy_class={given_class.__name__}: the file holds covey's {settings['policy']} "
+                    "networks, which a policy class cannot take. Load it without policy_class."
+                )
+            policy = given_class  # as SB3 builds it, with the SB3 file's weights (SB3's parameter names)
         if settings.get("sb3_policy_class"):  # a user's SB3 policy class, named in the file, never imported from it
-            policy = custom_objects.get("policy_class")
+            policy = given_class
             if not isinstance(policy, type):
                 saved = settings["policy"]  # the class's path, or which module an SB3 file's class is of
                 name = saved.rsplit(".", 1)[-1]
@@ -1276,6 +1295,9 @@ class BaseAgent:
             model._attach_env(venv)
             model._last_obs = None
         model._setup_model()
+        optimizer = custom_objects.get(_COPIED_OPTIMIZER)  # a copy's (the class and settings of a user's policy's)
+        if optimizer is not None and type(model.policy.optimizer) is not optimizer[0]:
+            model.policy.optimizer = optimizer[0](model.policy.parameters(), **optimizer[1])
         model.set_parameters(tensors, exact_match=True, device=model.device)
         model.num_timesteps = int(settings.get("num_timesteps", 0))
         model._n_updates = int(settings.get("n_updates", 0))
@@ -1284,7 +1306,13 @@ class BaseAgent:
         model.ep_success_buffer.extend(settings.get("ep_success_buffer", []))
         if env is not None and not force_reset:
             model._go_on_from(place)
+        model._loaded()
         return model
+
+
+_COPIED_OPTIMIZER = "_policy_optimizer"
+"""The ``custom_objects`` key by which a copy (:func:`_rebuild_agent`) gives load the class and settings of a user's
+SB3 policy's optimizer, which a script may have replaced: the file's optimizer state is that optimizer's."""
 
 
 def check_verbose(verbose: Any) -> int:
@@ -1359,15 +1387,26 @@ def _class_name(cls: type) -> str:
 
 
 def _policy_kwargs_to_json(policy_kwargs: dict) -> dict:
+    """``policy_kwargs`` as the file's JSON: classes by name; a value JSON cannot hold (an array, a function, an
+    object) by its type only, with a warning: load takes it back from ``custom_objects``."""
     out = {}
     for key, value in policy_kwargs.items():
-        out[key] = {"class": _class_name(value)} if isinstance(value, type) else value
-    try:
-        import json
-
-        json.dumps(out)
-    except TypeError as err:
-        raise ValueError(f"policy_kwargs cannot be saved as JSON ({err}).") from err
+        if isinstance(value, type):
+            out[key] = {"class": _class_name(value)}
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            out[key] = {"unsaved": type(value).__name__}
+            warnings.warn(
+                f"policy_kwargs[{key!r}] (a {type(value).__name__}) is not in the model file, which holds JSON and "
+                "never pickles: pass it again at load, custom_objects={'policy_kwargs': {"
+                f"{key!r}: ...}}}} (the file's other policy_kwargs are kept).",
+                UserWarning,
+                stacklevel=3,
+            )
+        else:
+            out[key] = value
     return out
 
 
@@ -1377,6 +1416,12 @@ def _policy_kwargs_from_json(data: dict, skip: dict) -> dict:
     for key, value in data.items():
         if key in skip:
             continue
+        if isinstance(value, dict) and set(value) == {"unsaved"}:
+            raise serialization.ModelFileError(
+                f"The model was saved with policy_kwargs[{key!r}], a {value['unsaved']}, which its file could not "
+                f"hold. Pass it at load: custom_objects={{'policy_kwargs': {{{key!r}: ...}}}} (the file's other "
+                "policy_kwargs are kept)."
+            )
         if isinstance(value, dict) and set(value) == {"class"}:
             name = value["class"]
             if name not in _ALLOWED_CLASSES:
@@ -1420,12 +1465,12 @@ def _rebuild_agent(cls: type, snapshot: dict[str, Any]) -> BaseAgent:
     (not reset), its schedules and runtime state. The global random state is left as it was (a load reseeds)."""
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     try:
-        policy_class = snapshot.get("policy_class")
+        given = {"policy_kwargs": snapshot.get("policy_kwargs") or {}}
+        if snapshot.get("policy_class") is not None:
+            given["policy_class"] = snapshot["policy_class"]
+            given[_COPIED_OPTIMIZER] = snapshot["policy_optimizer"]
         model = cls.load(
-            io.BytesIO(snapshot["file"]),
-            env=snapshot["env"],
-            device=snapshot["device"],
-            custom_objects=None if policy_class is None else {"policy_class": policy_class},
+            io.BytesIO(snapshot["file"]), env=snapshot["env"], device=snapshot["device"], custom_objects=given
         )
     finally:
         random.setstate(states[0])

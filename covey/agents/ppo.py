@@ -831,6 +831,10 @@ class PPO(BaseAgent):
     def _extra_settings(self) -> dict[str, Any]:
         return {"sb3_policy_class": True} if self._sb3_policy_class is not None else {}
 
+    def _loaded(self) -> None:
+        if self._sb3 is not None and self.config.use_sde:
+            self.policy.reset_noise()  # as SB3's load ends: a user's class takes SB3's random draws
+
     def _networks(self) -> dict[str, torch.nn.Module]:
         if self._sb3_policy_class is not None:
             return {"policy": self.policy}
@@ -903,6 +907,8 @@ class PPO(BaseAgent):
             else:
                 stored_obs = obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
                 stored_actions = self._act(obs_tensor, n_steps, acted)
+                if self._sb3 is not None:  # SB3's locals: the step's values (n_envs, 1) and log-probs
+                    values, log_probs = acted[-1][0].reshape(-1, 1), acted[-1][1]
                 actions = stored_actions.cpu().numpy()  # numpy in callbacks' locals, as in SB3
             actions = actions.reshape((-1, *self.action_space.shape))  # callbacks see SB3's shape (a view)
             clipped_actions = actor.to_env_actions(actions) if self._sb3 is None else self._sb3.env_actions(actions)

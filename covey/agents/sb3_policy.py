@@ -21,6 +21,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.vec_env import VecEnv
 
 from covey.networks.obs import ObsTensor
+from covey.spaces import check_finite_bounds
 
 _OWN_PACKAGES = ("stable_baselines3", "sb3_contrib")
 
@@ -39,6 +40,15 @@ def sb3_policy_class(policy: Any) -> type | None:
             "ActorCriticPolicy, or use a policy name: 'MlpLstmPolicy' gives covey's recurrent PPO."
         )
     return policy
+
+
+def _discrete_keys(space: spaces.Space) -> bool | frozenset[str]:
+    """True for a Discrete observation space, a Dict's Discrete keys, or False (none)."""
+    if isinstance(space, spaces.Discrete):
+        return True
+    if isinstance(space, spaces.Dict):
+        return frozenset(key for key, sub in space.spaces.items() if isinstance(sub, spaces.Discrete))
+    return False
 
 
 def class_path(cls: type) -> str:
@@ -77,15 +87,21 @@ class SB3PolicyTrainer:
         device: torch.device | str = "cpu",
     ) -> None:
         self.action_space = action_space
+        # SB3's rollout buffer stores a Discrete observation as one entry: the update hands them over as (B, 1)
+        self.discrete_obs = _discrete_keys(observation_space)
         try:
             policy = policy_class(observation_space, action_space, lr_schedule, use_sde=use_sde, **policy_kwargs)
-        except TypeError as err:  # a keyword the class does not take, named by Python
+        except TypeError as err:
+            if "unexpected keyword argument" not in str(err):  # a failure inside the class, not its arguments
+                raise
             raise TypeError(
                 f"{policy_class.__name__}(observation_space, action_space, lr_schedule, use_sde=..., "
                 f"**policy_kwargs) failed: {err}. covey builds the policy class as SB3's PPO does; pass only "
                 "policy_kwargs that the class takes."
             ) from err
         self.policy = policy.to(device)
+        if self.policy.squash_output:
+            check_finite_bounds(action_space, f"{policy_class.__name__} with squash_output=True")
 
     def act(self, obs: ObsTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(actions, values (N,), log-probs (N,))`` of a step's observations: ``policy(obs)``."""
@@ -103,6 +119,10 @@ class SB3PolicyTrainer:
         policy without an entropy (None, as SB3 allows) gives minus the log-prob, as SB3's PPO estimates it."""
         if isinstance(self.action_space, spaces.Discrete):
             actions = actions.long().flatten()  # as SB3's PPO hands them over
+        if self.discrete_obs is True:
+            obs = obs.reshape(-1, 1)
+        elif self.discrete_obs:
+            obs = {key: value.reshape(-1, 1) if key in self.discrete_obs else value for key, value in obs.items()}
         values, log_prob, entropy = self.policy.evaluate_actions(obs, actions)
         return values.flatten(), log_prob, -log_prob if entropy is None else entropy
 
