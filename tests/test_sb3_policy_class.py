@@ -24,20 +24,19 @@ from stable_baselines3.common.policies import (
 from stable_baselines3.common.vec_env import VecTransposeImage, is_vecenv_wrapped
 from torch import nn
 
+from benchmarks.custom_policy import TowerPolicy as BenchmarkTowerPolicy
+from benchmarks.custom_policy import Towers
 from covey import PPO
 from covey.export import export_onnx
 from covey.networks.policies import ActorCriticPolicy as CoveyActorCriticPolicy
 from covey.serialization import ModelFileError
 
 
-class TwoTowers(nn.Module):
-    """A custom ``mlp_extractor``: separate policy and value towers, counting its calls."""
+class TwoTowers(Towers):
+    """benchmarks.custom_policy's ``mlp_extractor`` (separate policy and value towers), counting its calls."""
 
-    def __init__(self, feature_dim: int, width: int = 64) -> None:
-        super().__init__()
-        self.latent_dim_pi = self.latent_dim_vf = width
-        self.policy_net = nn.Sequential(nn.Linear(feature_dim, width), nn.ReLU())
-        self.value_net = nn.Sequential(nn.Linear(feature_dim, width), nn.ReLU())
+    def __init__(self, feature_dim: int) -> None:
+        super().__init__(feature_dim)
         self.calls = {"actor": 0, "critic": 0}
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,19 +44,16 @@ class TwoTowers(nn.Module):
 
     def forward_actor(self, features: torch.Tensor) -> torch.Tensor:
         self.calls["actor"] += 1
-        return self.policy_net(features)
+        return super().forward_actor(features)
 
     def forward_critic(self, features: torch.Tensor) -> torch.Tensor:
         self.calls["critic"] += 1
-        return self.value_net(features)
+        return super().forward_critic(features)
 
 
-class TowerPolicy(ActorCriticPolicy):
-    """The docs' pattern: ``_build_mlp_extractor`` overridden, ``ortho_init`` switched off."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs["ortho_init"] = False
-        super().__init__(*args, **kwargs)
+class TowerPolicy(BenchmarkTowerPolicy):
+    """SB3's docs pattern (``_build_mlp_extractor`` overridden, ``ortho_init`` switched off), with the counting
+    towers."""
 
     def _build_mlp_extractor(self) -> None:
         self.mlp_extractor = TwoTowers(self.features_dim)
