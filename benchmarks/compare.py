@@ -19,8 +19,8 @@ parameter sharing via SuperSuit, on mpe2's simple_spread (3 agents, 25 cycles, 8
 and steps/s count env steps (one parallel step of one copy; SB3 trains on one entry per agent, 3 per env
 step), its returns are mean per-agent returns, and its raw env speed is SB3's 8-copy SuperSuit vector env.
 ``poca_simple_spread_width64`` is the same with covey's critic at ``attention_width=64`` (its default is 128).
-``ppo_cartpole_8env_custom_policy`` (full suite) trains a user's SB3 policy class (:mod:`benchmarks.custom_policy`)
-with both PPOs, at ``ppo_cartpole_8env``'s settings.
+``ppo_cartpole_8env_custom_policy`` and ``sac_pendulum_custom_policy`` (full suite) train users' SB3 policy classes
+(:mod:`benchmarks.custom_policy`) with both libraries, at ``ppo_cartpole_8env``'s and ``sac_pendulum``'s settings.
 """
 
 from __future__ import annotations
@@ -245,6 +245,20 @@ TASKS += [
     for task in TASKS
     if task.agent == "SAC" and not task.hyperparameters.get("use_sde")
 ]
+# A user's SB3 SACPolicy class (benchmarks.custom_policy) at sac_pendulum's settings, after the bf16 twins are
+# made: SAC runs it through SB3's calls, so it has none.
+TASKS.append(
+    dataclasses.replace(
+        next(task for task in TASKS if task.name == "sac_pendulum"),
+        name="sac_pendulum_custom_policy",
+        budgets={"full": 3_000},  # not in the quick suite, which fits in 15 minutes without it
+        policy=custom_policy.LayerNormSACPolicy,
+        note=(
+            "sac_pendulum_custom_policy: sac_pendulum's quick budget with a user's subclass of SB3's SACPolicy "
+            "(benchmarks/custom_policy.py, LayerNorm critics), which covey trains through SB3's policy calls."
+        ),
+    )
+)
 # MA-POCA against SB3 PPO with parameter sharing via SuperSuit (the setup of benchmarks.poca_vs_supersuit),
 # trained and measured by its own Runner.
 TASKS += [

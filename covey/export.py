@@ -424,7 +424,8 @@ def export_onnx(
     trained = getattr(agent, "actor", None)
     if getattr(agent, "_sb3_policy_class", None) is not None:
         raise ValueError(
-            f"This PPO trains a policy class of the user's ({agent.policy_name}), whose code covey cannot export as "
+            f"This {type(agent).__name__} trains a policy class of the user's ({agent.policy_name}), whose code covey "
+            "cannot export as "
             "its own networks. Export model.policy as SB3's documentation does (torch.onnx.export of a module that "
             "calls the policy), or train with a policy name and policy_kwargs to export with covey."
         )

@@ -34,7 +34,11 @@ from covey import serialization
 DATA_ENTRY = "data"
 POLICY_ENTRY = "policy.pth"
 VARIABLES_ENTRY = "pytorch_variables.pth"
-OPTIMIZER_ENTRY = "policy.optimizer.pth"
+OPTIMIZER_ENTRIES = {  # the policy's optimizers' states: PPO's, SAC's
+    "policy.optimizer": "policy.optimizer.pth",
+    "actor.optimizer": "actor.optimizer.pth",
+    "critic.optimizer": "critic.optimizer.pth",
+}
 
 
 def is_sb3_file(names: set[str]) -> bool:
@@ -217,8 +221,12 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
             policy = _load_tensors(zf, POLICY_ENTRY, name)
             names = set(zf.namelist())
             user_class = _user_policy_module(data, agent)
-            # a user's class trains its own parameters, in SB3's order: its optimizer's state fits as saved
-            optimizer = _load_tensors(zf, OPTIMIZER_ENTRY, name) if user_class and OPTIMIZER_ENTRY in names else None
+            # a user's class trains its own parameters, in SB3's order: its optimizers' states fit as saved
+            optimizers = {
+                group: _load_tensors(zf, entry, name)
+                for group, entry in OPTIMIZER_ENTRIES.items()
+                if user_class and entry in names
+            }
             variables = _load_tensors(zf, VARIABLES_ENTRY, name) if VARIABLES_ENTRY in names else {}
             version = zf.read("_stable_baselines3_version").decode() if "_stable_baselines3_version" in names else "?"
     except (zipfile.BadZipFile, EOFError, OSError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -262,8 +270,7 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
     if user_class:  # SB3 pickled the class without its name: PPO builds it from the class given at load
         settings["policy"] = f"of the module {user_class}"
         settings["sb3_policy_class"] = True
-        if optimizer is not None:
-            tensors["policy.optimizer"] = optimizer
+        tensors.update(optimizers)
     return settings, tensors
 
 
@@ -319,10 +326,10 @@ def _policy_module(data: dict) -> str:
 
 
 def _user_policy_module(data: dict, agent: str) -> str:
-    """The module of a PPO file's policy class where it is a user's (not SB3's or sb3-contrib's), else ""."""
+    """The module of a PPO or SAC file's policy class where it is a user's (not SB3's or sb3-contrib's), else ""."""
     module = _policy_module(data)
     own = module.split(".")[0] in ("stable_baselines3", "sb3_contrib")
-    return module if agent == "PPO" and module and not own else ""
+    return module if agent in ("PPO", "SAC") and module and not own else ""
 
 
 def _algorithm(data: dict) -> str:
@@ -336,6 +343,8 @@ def _algorithm(data: dict) -> str:
             return algorithm
     if "n_epochs" in data and "clip_range" in data:
         return "PPO"
+    if "buffer_size" in data and "target_entropy" in data:  # a user's policy class: SAC's own settings say it
+        return "SAC"
     return "A2C" if "n_steps" in data and "rollout_buffer_class" in data else f"unknown ({module or 'no policy class'})"
 
 

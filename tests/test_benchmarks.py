@@ -421,7 +421,7 @@ def test_poca_curve_first_reach_and_median_curve():
 
 
 def test_compare_suites_hold_the_tasks_with_a_budget_there(monkeypatch):
-    """The gSDE tasks and the custom-policy task run in the full suite only; naming one for the quick suite is an
+    """The gSDE tasks and the custom-policy tasks run in the full suite only; naming one for the quick suite is an
     error that says so."""
     from benchmarks import compare
     from benchmarks.compare import TASKS, parse_args
@@ -429,7 +429,8 @@ def test_compare_suites_hold_the_tasks_with_a_budget_there(monkeypatch):
     monkeypatch.setattr(compare.linear, "fast_bfloat16_products", lambda: True)
     quick, full = parse_args([]).task_list, parse_args(["--suite", "full"]).task_list
     assert full == [task.name for task in TASKS]
-    assert set(full) - set(quick) == {"ppo_pendulum_sde", "sac_pendulum_sde", "ppo_cartpole_8env_custom_policy"}
+    custom = {"ppo_cartpole_8env_custom_policy", "sac_pendulum_custom_policy"}
+    assert set(full) - set(quick) == {"ppo_pendulum_sde", "sac_pendulum_sde", *custom}
     command = [sys.executable, "-m", "benchmarks.compare", "--tasks", "sac_pendulum_sde"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 2 and "have no quick budget; run them with --suite full" in result.stderr
@@ -703,15 +704,19 @@ def test_devices_smoke(capsys):
     assert ("- SAC, SB3 on the CPU / on CUDA: " in output) == torch.cuda.is_available()
 
 
-def test_compare_runs_a_users_policy_class_in_both_frameworks():
-    """The custom-policy task trains benchmarks.custom_policy's class with SB3's PPO and with covey's."""
-    task = "ppo_cartpole_8env_custom_policy"
-    command = [sys.executable, "-m", "benchmarks.compare", "--suite", "full", "--tasks", task, "--seeds", "1"]
+def test_compare_runs_users_policy_classes_in_both_frameworks():
+    """The custom-policy tasks train benchmarks.custom_policy's classes with SB3's PPO and SAC and with covey's."""
+    tasks = "ppo_cartpole_8env_custom_policy,sac_pendulum_custom_policy"
+    command = [sys.executable, "-m", "benchmarks.compare", "--suite", "full", "--tasks", tasks, "--seeds", "1"]
     result = subprocess.run(
         [*command, "--scale", "0.003", "--env-seconds", "0.2"], capture_output=True, text=True, timeout=180, cwd=REPO
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    row = table_rows(result.stdout)[task]
-    assert number(cell(row, "timesteps")) == 512  # two rollouts of 8 envs x 32 steps: 0.003 x 100k, rounded up
-    assert number(cell(row, "covey/SB3 time ratio")) > 0
+    rows = table_rows(result.stdout)
+    ppo, sac = rows["ppo_cartpole_8env_custom_policy"], rows["sac_pendulum_custom_policy"]
+    assert number(cell(ppo, "timesteps")) == 512  # two rollouts of 8 envs x 32 steps: 0.003 x 100k, rounded up
+    assert number(cell(sac, "timesteps")) == 356  # the warm-up (100) and a batch (256): the smallest budget
+    for row in (ppo, sac):
+        assert number(cell(row, "covey/SB3 time ratio")) > 0
     assert "a user's subclass of SB3's ActorCriticPolicy" in result.stdout
+    assert "a user's subclass of SB3's SACPolicy" in result.stdout

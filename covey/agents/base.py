@@ -38,7 +38,7 @@ from torch.nn.modules import module as _module_module
 from torch.optim import optimizer as _optimizer_module
 
 from covey import sb3_files, serialization
-from covey.agents.sb3_policy import sb3_policy_class
+from covey.agents.sb3_policy import optimizer_owners, sb3_policy_class
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
 from covey.networks.encoders import FlattenEncoder
@@ -754,7 +754,12 @@ class BaseAgent:
             "policy_class": policy_class,
             "policy_kwargs": self.policy_kwargs,
             # and that class's optimizer, which a script may have replaced (its state is in the file)
-            "policy_optimizer": (type(self.policy.optimizer), self.policy.optimizer.defaults) if policy_class else None,
+            "policy_optimizers": {
+                path: (type(owner.optimizer), owner.optimizer.defaults)
+                for path, owner in optimizer_owners(self.policy).items()
+            }
+            if policy_class
+            else None,
             "runtime": {k: self.__dict__[k] for k in self._RUNTIME if with_env and k in self.__dict__},
             # a recurrent policy's memories of the episodes its env is in
             "memories": (recurrent.actor_state, recurrent.critic_state)
@@ -1256,7 +1261,7 @@ class BaseAgent:
         check_observation_space(observation_space)
         check_action_space(action_space, cls.supported_action_spaces)
         policy, given_class = settings["policy"], custom_objects.get("policy_class")
-        if sb3_policy_class(given_class) is not None and not settings.get("sb3_policy_class"):
+        if sb3_policy_class(given_class, cls.agent_name) is not None and not settings.get("sb3_policy_class"):
             if not settings.get("sb3_file"):
                 raise serialization.ModelFileError(
                     f"custom_objects policy_class={given_class.__name__}: the file holds covey's {settings['policy']} "
@@ -1267,12 +1272,15 @@ class BaseAgent:
             policy = given_class
             if not isinstance(policy, type):
                 saved = settings["policy"]  # the class's path, or which module an SB3 file's class is of
-                name = saved.rsplit(".", 1)[-1]
-                what = f"a policy class {saved}" if saved.startswith("of the module") else f"the policy class {saved}"
+                unnamed = saved.startswith("of the module")  # SB3 pickles the class without its name
+                what, name = (
+                    (f"a policy class {saved}", "<the class>")
+                    if unnamed
+                    else (f"the policy class {saved}", saved.rsplit(".", 1)[-1])
+                )
                 raise serialization.ModelFileError(
                     f"The model was trained with {what}, which covey does not import from a file. Pass the class: "
-                    f"{cls.__name__}.load(path, custom_objects={{'policy_class': "
-                    f"{name if name.isidentifier() else '<the class>'}}})."
+                    f"{cls.__name__}.load(path, custom_objects={{'policy_class': {name}}})."
                 )
         # built quietly, as SB3's load builds its model: a file saved with verbose=1 does not print the device
         verbose = check_verbose(hyper.pop("verbose"))
@@ -1295,9 +1303,12 @@ class BaseAgent:
             model._attach_env(venv)
             model._last_obs = None
         model._setup_model()
-        optimizer = custom_objects.get(_COPIED_OPTIMIZER)  # a copy's (the class and settings of a user's policy's)
-        if optimizer is not None and type(model.policy.optimizer) is not optimizer[0]:
-            model.policy.optimizer = optimizer[0](model.policy.parameters(), **optimizer[1])
+        # a copy's: the classes and settings of a user's policy's optimizers (one a script assigned, too)
+        owners = optimizer_owners(model.policy)
+        for path, (optimizer_class, settings_) in (custom_objects.get(_COPIED_OPTIMIZERS) or {}).items():
+            owner = owners.get(path)
+            if owner is not None and type(owner.optimizer) is not optimizer_class:
+                owner.optimizer = optimizer_class(owner.parameters(), **settings_)
         model.set_parameters(tensors, exact_match=True, device=model.device)
         model.num_timesteps = int(settings.get("num_timesteps", 0))
         model._n_updates = int(settings.get("n_updates", 0))
@@ -1310,9 +1321,9 @@ class BaseAgent:
         return model
 
 
-_COPIED_OPTIMIZER = "_policy_optimizer"
-"""The ``custom_objects`` key by which a copy (:func:`_rebuild_agent`) gives load the class and settings of a user's
-SB3 policy's optimizer, which a script may have replaced: the file's optimizer state is that optimizer's."""
+_COPIED_OPTIMIZERS = "_policy_optimizers"
+"""The ``custom_objects`` key by which a copy (:func:`_rebuild_agent`) gives load the classes and settings of a user's
+SB3 policy's optimizers, which a script may have replaced: the file's optimizer states are theirs."""
 
 
 def check_verbose(verbose: Any) -> int:
@@ -1468,7 +1479,7 @@ def _rebuild_agent(cls: type, snapshot: dict[str, Any]) -> BaseAgent:
         given = {"policy_kwargs": snapshot.get("policy_kwargs") or {}}
         if snapshot.get("policy_class") is not None:
             given["policy_class"] = snapshot["policy_class"]
-            given[_COPIED_OPTIMIZER] = snapshot["policy_optimizer"]
+            given[_COPIED_OPTIMIZERS] = snapshot["policy_optimizers"]
         model = cls.load(
             io.BytesIO(snapshot["file"]), env=snapshot["env"], device=snapshot["device"], custom_objects=given
         )

@@ -29,6 +29,8 @@ from covey.agents.base import (
     require_numbers,
     set_train_mode,
 )
+from covey.agents.sb3_policy import build_policy, class_path, sb3_policy_class
+from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.her import HerReplayBuffer, goal_strategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
@@ -433,7 +435,10 @@ class SAC(BaseAgent):
     Constructor arguments, defaults, ``learn``/``predict``/``save``/``load``, callbacks and logger keys
     follow ``stable_baselines3.SAC``. ``model.actor`` is the actor; ``model.critic`` and
     ``model.critic_target`` hold the ``n_critics`` Q networks; ``model.policy`` holds all three with SB3's
-    ``SACPolicy`` calls (:class:`~covey.networks.policies.SACPolicy`); the temperature lives with the agent.
+    ``SACPolicy`` calls (:class:`~covey.networks.policies.SACPolicy`); the temperature lives with the agent. A
+    user's subclass of SB3's ``SACPolicy`` as ``policy`` is built and trained through SB3's calls instead
+    (:mod:`covey.agents.sb3_policy`): ``model.policy`` is then the SB3 policy, and ``model.actor``, ``model.critic``
+    and ``model.critic_target`` its modules.
 
     >>> from covey import SAC
     >>> model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=50, seed=0).learn(100)
@@ -524,9 +529,19 @@ class SAC(BaseAgent):
         )
         kwargs = policy_kwargs_dict(policy_kwargs)
         kwargs.pop("use_sde", None)  # SB3's off-policy agents set the policy's use_sde from their own argument
-        self.policy_config = PolicyConfig.from_kwargs(
-            kwargs, activation_fn=torch.nn.ReLU, ortho_init=False, share_features_extractor=False, log_std_init=-3.0
-        )
+        self._sb3_policy_class = sb3_policy_class(policy, "SAC")
+        if self._sb3_policy_class is not None:
+            # the class takes policy_kwargs itself; covey's own networks and their settings are not built
+            self.policy_config, policy, policy_kwargs = PolicyConfig(), "MlpPolicy", kwargs
+            if bf16_matmuls:
+                raise ValueError(
+                    f"bf16_matmuls=True rounds the products of covey's own networks; {self._sb3_policy_class.__name__} "
+                    "is an SB3 policy class, whose modules SAC calls as they are. Remove bf16_matmuls."
+                )
+        else:
+            self.policy_config = PolicyConfig.from_kwargs(
+                kwargs, activation_fn=torch.nn.ReLU, ortho_init=False, share_features_extractor=False, log_std_init=-3.0
+            )
         self.policy_config.use_sde = bool(use_sde)
         if self.policy_config.memory is not None:
             raise ValueError(
@@ -550,11 +565,24 @@ class SAC(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
+        if self._sb3_policy_class is not None:
+            self.policy_name = class_path(self._sb3_policy_class)
         self.replay_buffer: ReplayBuffer | None = None
         if _init_setup_model:
             self._setup_model()
 
+    def _wrap_env(self, env: Any) -> Any:
+        venv = super()._wrap_env(env)
+        if getattr(self, "_sb3_policy_class", None) is not None:
+            return sb3_wrap_env(venv, self.verbose)
+        return venv
+
     def _attach_env(self, env) -> None:
+        if getattr(self, "_sb3_policy_class", None) is not None and not isinstance(env.action_space, spaces.Box):
+            raise ValueError(
+                f"{self._sb3_policy_class.__name__} is an SB3 SACPolicy, which acts in Box spaces only (SB3's SAC has "
+                f"no discrete actions); the env's are {env.action_space}. Use a policy name for covey's discrete SAC."
+            )
         if isinstance(env.action_space, spaces.MultiDiscrete | spaces.MultiBinary):
             raise NotImplementedError(
                 f"SAC does not support the action space {env.action_space}: it supports Box (continuous) and "
@@ -588,9 +616,14 @@ class SAC(BaseAgent):
 
     def _setup_model(self) -> None:
         self._require_spaces()
-        cfg = self.config
         self.set_random_seed(self.seed)
         self.discrete = isinstance(self.action_space, spaces.Discrete)
+        self._sb3 = None
+        if self._sb3_policy_class is not None:
+            self._setup_sb3_policy()
+            self._setup_temperature()
+            self._setup_replay_buffer()
+            return
         self.actor, self.critic = build_sac_networks(
             self.policy_name, self.observation_space, self.action_space, self.policy_config
         )
@@ -624,6 +657,55 @@ class SAC(BaseAgent):
             (target_buffers[name], b) for name, b in self.critic.named_buffers() if "running_" in name
         ]
 
+        self._setup_temperature()
+        self.actor.optimizer = self.actor_optimizer = self._make_optimizer(list(self.actor.parameters()))
+        self.policy.optimizer = self.actor_optimizer
+        self.critic.optimizer = self.critic_optimizer = self._make_optimizer(self._critic_params)
+        # The target critics in one flat buffer with the critics' layout: the Polyak update is one lerp.
+        self._target_flat = FlatParameters(self._target_params, with_grad=False)
+        self._manual: ManualSACStep | None = None
+        if self.manual_gradients and ManualSACStep.applies(self):
+            self._manual = ManualSACStep(self.actor, self.critic, self.critic_target, bf16=self.config.bf16_matmuls)
+        self._setup_replay_buffer()
+
+    def _setup_sb3_policy(self) -> None:
+        """A user's SB3 policy class (:mod:`covey.agents.sb3_policy`): ``model.policy`` is the SB3 policy, its
+        ``actor``, ``critic`` and ``critic_target`` the model's, trained as SB3's SAC trains them."""
+        self.policy = self._sb3 = build_policy(
+            self._sb3_policy_class,
+            self.observation_space,
+            self.action_space,
+            self.lr_schedule,
+            self.config.use_sde,
+            self.policy_kwargs,
+            self.device,
+        )
+        self.actor, self.critic, self.critic_target = self.policy.actor, self.policy.critic, self.policy.critic_target
+        self.critic_ema, self._manual = None, None
+        target_buffers = dict(self.critic_target.named_buffers())
+        self._running_stats = [
+            (target_buffers[name], b) for name, b in self.critic.named_buffers() if "running_" in name
+        ]
+
+    @property
+    def actor_optimizer(self) -> torch.optim.Optimizer:
+        return self.actor.optimizer if self._sb3 is not None else self._actor_optimizer
+
+    @actor_optimizer.setter
+    def actor_optimizer(self, value: torch.optim.Optimizer) -> None:
+        self._actor_optimizer = value
+
+    @property
+    def critic_optimizer(self) -> torch.optim.Optimizer:
+        return self.critic.optimizer if self._sb3 is not None else self._critic_optimizer
+
+    @critic_optimizer.setter
+    def critic_optimizer(self, value: torch.optim.Optimizer) -> None:
+        self._critic_optimizer = value
+
+    def _setup_temperature(self) -> None:
+        """The entropy target and the temperature: learned (``ent_coef="auto"``, with its Adam) or fixed."""
+        cfg = self.config
         if cfg.target_entropy == "auto":
             n = int(self.action_space.n) if self.discrete else int(np.prod(self.action_space.shape))
             # Box: -dim(A). Discrete: half the maximum entropy log|A| (0.98 * log|A| keeps the policy near
@@ -641,14 +723,9 @@ class SAC(BaseAgent):
             self.log_ent_coef = None
             self.ent_coef_optimizer = None
             self._fixed_ent_coef = torch.tensor(float(cfg.ent_coef), device=self.device)
-        self.actor.optimizer = self.actor_optimizer = self._make_optimizer(list(self.actor.parameters()))
-        self.policy.optimizer = self.actor_optimizer
-        self.critic.optimizer = self.critic_optimizer = self._make_optimizer(self._critic_params)
-        # The target critics in one flat buffer with the critics' layout: the Polyak update is one lerp.
-        self._target_flat = FlatParameters(self._target_params, with_grad=False)
-        self._manual: ManualSACStep | None = None
-        if self.manual_gradients and ManualSACStep.applies(self):
-            self._manual = ManualSACStep(self.actor, self.critic, self.critic_target, bf16=self.config.bf16_matmuls)
+
+    def _setup_replay_buffer(self) -> None:
+        cfg = self.config
         if self._her is not None:  # hindsight replay: it asks the env for the rewards of relabeled goals
             self.replay_buffer = HerReplayBuffer(
                 cfg.buffer_size,
@@ -673,7 +750,16 @@ class SAC(BaseAgent):
                 handle_timeout_termination=self._handle_timeouts,
             )
 
+    def _extra_settings(self) -> dict[str, Any]:
+        return {"sb3_policy_class": True} if self._sb3_policy_class is not None else {}
+
+    def _loaded(self) -> None:
+        if self._sb3 is not None and self.config.use_sde:
+            self.policy.reset_noise()  # as SB3's load ends: a user's class takes SB3's random draws
+
     def _networks(self) -> dict[str, torch.nn.Module]:
+        if self._sb3 is not None:
+            return {"policy": self.policy}
         networks = {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target}
         if self.critic_ema is not None:
             networks["critic_ema"] = self.critic_ema.model
@@ -686,9 +772,13 @@ class SAC(BaseAgent):
         return opts
 
     def _flat_parameters(self) -> list[FlatParameters]:
+        if self._sb3 is not None:
+            return super()._flat_parameters()
         return [*super()._flat_parameters(), self._target_flat]
 
     def _optimizer_slots(self) -> list[tuple[str, Any, Any]]:
+        if self._sb3 is not None:
+            return []  # the SB3 policy's optimizers are stepped wherever they are, as SB3 steps them
         return [
             ("actor.optimizer", self.actor.optimizer, self.actor_optimizer),
             ("policy.optimizer", self.policy.optimizer, self.actor_optimizer),
@@ -706,6 +796,8 @@ class SAC(BaseAgent):
         return groups
 
     def _translate_parameter_names(self, params: dict) -> dict:
+        if self._sb3 is not None:
+            return params  # SB3's names are the model's own
         renames = {"actor_optimizer": "actor.optimizer", "critic_optimizer": "critic.optimizer"}
         params = merge_parameter_groups(params, "policy", ("actor", "critic", "critic_target"), renames)
         temperature = params.get("ent_coef_optimizer")
@@ -825,6 +917,9 @@ class SAC(BaseAgent):
             if self.num_timesteps < learning_starts and not (use_sde and cfg.use_sde_at_warmup):
                 actions = np.array([self.action_space.sample() for _ in range(env.num_envs)])
                 buffer_actions = self._to_buffer_actions(actions)
+            elif self._sb3 is not None:  # as SB3's SAC: the policy's actions for the env, scaled to [-1, 1]
+                buffer_actions = self.policy.scale_action(self.policy.predict(self._last_obs)[0])
+                actions = self.policy.unscale_action(buffer_actions)
             else:
                 obs = batch_to_tensor(self._last_obs, self.observation_space, self.device)
                 with torch.inference_mode():
@@ -832,7 +927,11 @@ class SAC(BaseAgent):
                 actions = actor.to_env_actions(buffer_actions)
             if action_noise is not None:  # as SB3: on the actions in [-1, 1], also while acting at random
                 buffer_actions = np.clip(buffer_actions + action_noise(), -1.0, 1.0).astype(buffer_actions.dtype)
-                actions = actor.to_env_actions(buffer_actions)
+                actions = (
+                    actor.to_env_actions(buffer_actions)
+                    if self._sb3 is None
+                    else self.policy.unscale_action(buffer_actions)
+                )
             new_obs, rewards, dones, infos = env.step(actions)
             self.num_timesteps += env.num_envs
             num_collected_steps += 1
@@ -921,16 +1020,28 @@ class SAC(BaseAgent):
         vec_normalize = self.get_vec_normalize_env()
         for _ in range(gradient_steps):
             batch = self.replay_buffer.sample_batch(batch_size, env=vec_normalize)
-            stats, q_and_target = self._gradient_step(batch) if manual is None else manual.step(self, batch)
+            if self._sb3 is not None:
+                stats, q_and_target = self._sb3_gradient_step(batch)
+            elif manual is None:
+                stats, q_and_target = self._gradient_step(batch)
+            else:
+                stats, q_and_target = manual.step(self, batch)
             for key, value in stats.items():
                 history.setdefault(key, []).append(value)
             self._q_and_targets.append(q_and_target)
             self._n_updates += 1
             # The interval counts gradient steps over the whole run, not within one train() call.
             if self._n_updates % self.config.target_update_interval == 0:
-                polyak_update([self._target_flat.data], [self.critic_optimizer.flat_parameters.data], self.config.tau)
-                if self._shared_polyak[0]:
-                    polyak_update(*self._shared_polyak, self.config.tau)
+                if self._sb3 is not None:  # every critic parameter, as SB3's SAC (a shared extractor's too)
+                    polyak_update(
+                        list(self.critic_target.parameters()), list(self.critic.parameters()), self.config.tau
+                    )
+                else:
+                    polyak_update(
+                        [self._target_flat.data], [self.critic_optimizer.flat_parameters.data], self.config.tau
+                    )
+                    if self._shared_polyak[0]:
+                        polyak_update(*self._shared_polyak, self.config.tau)
                 for target, stat in self._running_stats:
                     target.copy_(stat)
         for key, values in history.items():
@@ -953,7 +1064,8 @@ class SAC(BaseAgent):
             self._q_and_targets = []
         if self.config.use_sde:  # as SB3: the exploration's standard deviation, averaged
             with torch.no_grad():
-                self.logger.record("train/std", self.actor.head.std().mean().item())
+                std = self.actor.get_std() if self._sb3 is not None else self.actor.head.std()
+                self.logger.record("train/std", std.mean().item())
         super()._dump_logs(iteration, counter)
 
     def _gradient_step(self, batch: ReplayBatch) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -982,6 +1094,41 @@ class SAC(BaseAgent):
         if self.config.use_sde:  # the exploration matrix stays for acting, without the step's graph
             self.actor.head.exploration = self.actor.head.exploration.detach()
         return stats, q_and_target
+
+    def _sb3_gradient_step(
+        self, batch: ReplayBatch
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`_gradient_step` for a user's SB3 policy class, through SB3's calls (``actor.action_log_prob``,
+        the critics' tuples of Q-values) and the policy's own optimizers, in SB3's order."""
+        stats: dict[str, torch.Tensor] = {}
+        if self.config.use_sde:
+            self.actor.reset_noise()
+        actions_pi, log_prob = self.actor.action_log_prob(batch.observations)
+        ent_coef = self._ent_coef()
+        stats["ent_coef"] = ent_coef.reshape(())
+        if self.log_ent_coef is not None:
+            loss = temperature_loss(self.log_ent_coef, log_prob, self.target_entropy)
+            self._step(self.ent_coef_optimizer, loss)
+            stats["ent_coef_loss"] = loss.detach()
+        with torch.no_grad():
+            next_actions, next_log_prob = self.actor.action_log_prob(batch.next_observations)
+            next_q = _stacked(self.critic_target(batch.next_observations, next_actions))
+            target = soft_q_target(
+                batch.rewards, batch.terminated, next_q, next_log_prob, ent_coef, discount(batch, self.config.gamma)
+            )
+        current_q = _stacked(self.critic(batch.observations, batch.actions))
+        loss = critic_loss(current_q, target)
+        _sb3_step(self.critic.optimizer, loss)
+        stats["critic_loss"] = loss.detach()
+        self.critic.requires_grad_(False)  # the actor's loss reaches the action only (SB3 zeroes the rest)
+        try:
+            q_pi = _stacked(self.critic(batch.observations, actions_pi))
+        finally:
+            self.critic.requires_grad_(True)
+        loss = actor_loss(q_pi, log_prob, ent_coef)
+        _sb3_step(self.actor.optimizer, loss)
+        stats["actor_loss"] = loss.detach()
+        return stats, (current_q.detach(), target)
 
     def _run(self, network: Any, *inputs: Any) -> torch.Tensor:
         """``network(*inputs)`` for a gradient step: as it is, or under bfloat16 autocast with a float32
@@ -1094,6 +1241,17 @@ class _Temperature:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
             self.log_ent_coef.copy_(state["log_ent_coef"])
+
+
+def _stacked(q_values: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """An SB3 critic's tuple of ``(B, 1)`` Q-values as ``(n_critics, B)``."""
+    return torch.stack([q.reshape(-1) for q in q_values])
+
+
+def _sb3_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
 
 
 def _copy_obs(obs):

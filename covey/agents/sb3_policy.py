@@ -1,12 +1,13 @@
-"""PPO with a user's own SB3 policy class: a subclass of SB3's ``ActorCriticPolicy`` (a custom
-``mlp_extractor``, an overridden ``forward`` or ``evaluate_actions``, ...), run through SB3's policy calls.
+"""PPO and SAC with a user's own SB3 policy class: a subclass of SB3's ``ActorCriticPolicy`` (PPO: a custom
+``mlp_extractor``, an overridden ``forward`` or ``evaluate_actions``, ...) or ``SACPolicy`` (SAC: custom actor or
+critics), run through SB3's policy calls.
 
 covey builds its own networks for SB3's policy names and SB3's own classes (``"MlpPolicy"``,
-``ActorCriticPolicy``, ...). A class of the user's is code covey cannot rebuild as its networks, so PPO trains
-it as SB3's PPO does: the class builds the policy and its optimizer as SB3 builds them, acting calls
-``policy(obs)``, the update ``policy.evaluate_actions``, and ``model.policy`` is the SB3 policy itself. covey's
-rollout buffer, loss, logging and files stay; its hand-written gradients, NumPy acting and ONNX export, which
-need covey's networks, do not apply.
+``ActorCriticPolicy``, ...). A class of the user's is code covey cannot rebuild as its networks, so the agent trains
+it as SB3's does: the class builds the policy and its optimizers as SB3 builds them, PPO acts with ``policy(obs)``
+and updates through ``policy.evaluate_actions``, SAC through the policy's ``actor``, ``critic`` and
+``critic_target``, and ``model.policy`` is the SB3 policy itself. covey's buffers, losses, logging and files stay;
+its hand-written gradients, NumPy acting and ONNX export, which need covey's networks, do not apply.
 """
 
 from __future__ import annotations
@@ -19,27 +20,67 @@ from gymnasium import spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.sac.policies import SACPolicy
 
 from covey.networks.obs import ObsTensor
 from covey.spaces import check_finite_bounds
 
 _OWN_PACKAGES = ("stable_baselines3", "sb3_contrib")
+POLICY_BASES = {"PPO": ActorCriticPolicy, "SAC": SACPolicy}
+"""The SB3 policy class whose subclasses each agent runs through SB3's calls."""
 
 
-def sb3_policy_class(policy: Any) -> type | None:
-    """``policy`` when it is a subclass of SB3's ``ActorCriticPolicy`` defined outside SB3 and sb3-contrib (a
-    user's class), else None (a policy name, or SB3's own class, which stands for covey's policy of its name)."""
-    if not (isinstance(policy, type) and issubclass(policy, ActorCriticPolicy)):
+def sb3_policy_class(policy: Any, agent: str = "PPO") -> type | None:
+    """``policy`` when it is a subclass of the SB3 policy class ``agent`` runs (:data:`POLICY_BASES`) defined
+    outside SB3 and sb3-contrib (a user's class), else None (a policy name, or SB3's own class, which stands for
+    covey's policy of its name)."""
+    base = POLICY_BASES.get(agent)
+    if base is None or not (isinstance(policy, type) and issubclass(policy, base)):
         return None
     if policy.__module__.split(".")[0] in _OWN_PACKAGES:
         return None
     if any(base.__module__.split(".")[0] == "sb3_contrib" for base in policy.__mro__):
         raise ValueError(
             f"{policy.__name__} subclasses an sb3-contrib policy ({', '.join(b.__name__ for b in policy.__mro__[1:3])}"
-            "), whose calls (recurrent states, action masks) covey's PPO does not make. Subclass SB3's "
-            "ActorCriticPolicy, or use a policy name: 'MlpLstmPolicy' gives covey's recurrent PPO."
+            f"), whose calls (recurrent states, action masks) covey's {agent} does not make. Subclass SB3's "
+            f"{base.__name__}, or use a policy name: 'MlpLstmPolicy' gives covey's recurrent PPO."
         )
     return policy
+
+
+def build_policy(
+    policy_class: type,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    lr_schedule: Any,
+    use_sde: bool,
+    policy_kwargs: dict,
+    device: torch.device | str,
+) -> Any:
+    """``policy_class(observation_space, action_space, lr_schedule, use_sde=..., **policy_kwargs)`` on ``device``,
+    as SB3's algorithms build it; a keyword the class does not take gets the fix."""
+    try:
+        policy = policy_class(observation_space, action_space, lr_schedule, use_sde=use_sde, **policy_kwargs)
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):  # a failure inside the class, not its arguments
+            raise
+        raise TypeError(
+            f"{policy_class.__name__}(observation_space, action_space, lr_schedule, use_sde=..., "
+            f"**policy_kwargs) failed: {err}. covey builds the policy class as SB3 does; pass only policy_kwargs "
+            "that the class takes."
+        ) from err
+    return policy.to(device)
+
+
+def optimizer_owners(policy: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The modules of an SB3 policy that hold an ``optimizer``, by path: ``""`` (the policy: PPO's), ``"actor"`` and
+    ``"critic"`` (SAC's)."""
+    owners = {"": policy, "actor": getattr(policy, "actor", None), "critic": getattr(policy, "critic", None)}
+    return {
+        path: owner
+        for path, owner in owners.items()
+        if isinstance(getattr(owner, "optimizer", None), torch.optim.Optimizer)
+    }
 
 
 def _discrete_keys(space: spaces.Space) -> bool | frozenset[str]:
@@ -89,17 +130,9 @@ class SB3PolicyTrainer:
         self.action_space = action_space
         # SB3's rollout buffer stores a Discrete observation as one entry: the update hands them over as (B, 1)
         self.discrete_obs = _discrete_keys(observation_space)
-        try:
-            policy = policy_class(observation_space, action_space, lr_schedule, use_sde=use_sde, **policy_kwargs)
-        except TypeError as err:
-            if "unexpected keyword argument" not in str(err):  # a failure inside the class, not its arguments
-                raise
-            raise TypeError(
-                f"{policy_class.__name__}(observation_space, action_space, lr_schedule, use_sde=..., "
-                f"**policy_kwargs) failed: {err}. covey builds the policy class as SB3's PPO does; pass only "
-                "policy_kwargs that the class takes."
-            ) from err
-        self.policy = policy.to(device)
+        self.policy = build_policy(
+            policy_class, observation_space, action_space, lr_schedule, use_sde, policy_kwargs, device
+        )
         if self.policy.squash_output:
             check_finite_bounds(action_space, f"{policy_class.__name__} with squash_output=True")
 

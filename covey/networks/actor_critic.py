@@ -86,7 +86,7 @@ def policy_name(policy: str | type, agent: str | None = None) -> str:
     raise ValueError(
         f"Unknown policy {policy!r}; use one of {names}. "
         "Customize the networks with policy_kwargs (net_arch, activation_fn, features_extractor_class, ...); "
-        "PPO also takes subclasses of SB3's ActorCriticPolicy, and trains them through SB3's policy calls."
+        "PPO and SAC also take subclasses of SB3's ActorCriticPolicy and SACPolicy, and train them through SB3's calls."
     )
 
 
