@@ -396,13 +396,7 @@ def test_sac_runs_and_files_a_users_policy_class(tmp_path):
     model.learn(64)
     changed = [k for k, v in model.policy.state_dict().items() if not torch.equal(v, before[k])]
     assert any(k.startswith("actor.") for k in changed) and any(".1.0." in k for k in changed)  # a LayerNorm moved
-    assert set(model.get_parameters()) == {
-        "policy",
-        "actor.optimizer",
-        "critic.optimizer",
-        "ent_coef_optimizer",
-        "ent_coef",
-    }
+    assert set(model.get_parameters()) == {"policy", "actor.optimizer", "critic.optimizer", "ent_coef_optimizer"}
     model.save(tmp_path / "m")
     with pytest.raises(ModelFileError, match=r"SAC.load\(path, custom_objects=\{'policy_class': LayerNormSACPolicy\}"):
         SAC.load(tmp_path / "m.zip")
@@ -412,6 +406,10 @@ def test_sac_runs_and_files_a_users_policy_class(tmp_path):
     for other in (loaded, copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert type(other.policy) is LayerNormSACPolicy
         np.testing.assert_array_equal(other.predict(obs, deterministic=True)[0], expected)
+        torch.testing.assert_close(other.log_ent_coef, model.log_ent_coef)  # the file keeps the temperature
+    sb3 = SB3SAC(LayerNormSACPolicy, "Pendulum-v1", learning_starts=32, batch_size=16, seed=5)
+    sb3.set_parameters(model.get_parameters())  # SB3's groups: the weights go either way
+    np.testing.assert_array_equal(sb3.predict(obs, deterministic=True)[0], expected)
     sb3 = SB3SAC(LayerNormSACPolicy, "Pendulum-v1", learning_starts=32, batch_size=16, seed=0).learn(64)
     sb3.save(tmp_path / "sb3")
     with pytest.raises(ModelFileError, match=r"a policy class of the module benchmarks.custom_policy.*<the class>"):

@@ -1084,7 +1084,7 @@ class BaseAgent:
                 "the model with model.save_replay_buffer(path) (model.load_replay_buffer(path) reads it back); pass "
                 "an env to load(path, env=...)."
             )
-        tensors = {k: v for k, v in self.get_parameters().items() if k not in exclude}
+        tensors = {name: group.state_dict() for name, group in groups.items() if name not in exclude}
         if place is not None:
             tensors[ENV_PLACE] = place
         settings = {

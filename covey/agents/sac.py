@@ -795,6 +795,14 @@ class SAC(BaseAgent):
             groups["critic_ema"] = self.critic_ema.model
         return groups
 
+    def get_parameters(self) -> dict[str, dict]:
+        params = super().get_parameters()
+        if self._sb3 is not None:
+            # SB3's groups only: its set_parameters would take "ent_coef" for its attribute of that name (the
+            # coefficient's setting). The file keeps the learned temperature, as SB3's keeps it apart.
+            params.pop("ent_coef", None)
+        return params
+
     def _translate_parameter_names(self, params: dict) -> dict:
         if self._sb3 is not None:
             return params  # SB3's names are the model's own
