@@ -38,7 +38,7 @@ from torch.nn.modules import module as _module_module
 from torch.optim import optimizer as _optimizer_module
 
 from covey import sb3_files, serialization
-from covey.agents.sb3_policy import optimizer_owners, sb3_policy_class
+from covey.agents.sb3_policy import build_policy, optimizer_owners, sb3_policy_class
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
 from covey.networks.encoders import FlattenEncoder
@@ -1155,6 +1155,19 @@ class BaseAgent:
             self._last_episode_starts = place["episode_starts"].numpy()
         if "original_obs" in place:
             self._last_original_obs = _obs_arrays(place["original_obs"])
+
+    def _build_sb3_policy(self) -> Any:
+        """The user's SB3 policy class (``_sb3_policy_class``) built as SB3's algorithms build it
+        (:func:`covey.agents.sb3_policy.build_policy`)."""
+        return build_policy(
+            self._sb3_policy_class,
+            self.observation_space,
+            self.action_space,
+            self.lr_schedule,
+            self.config.use_sde,
+            self.policy_kwargs,
+            self.device,
+        )
 
     def _restore_settings(self, settings: dict[str, Any]) -> None:
         """Read back what :meth:`_extra_settings` saved, before the networks are built."""

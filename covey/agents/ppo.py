@@ -797,15 +797,7 @@ class PPO(BaseAgent):
     def _setup_sb3_policy(self) -> None:
         """A user's SB3 policy class (:mod:`covey.agents.sb3_policy`): ``model.policy`` is the SB3 policy, built
         and trained through SB3's calls, in covey's rollout buffer and loop."""
-        self._sb3 = SB3PolicyTrainer(
-            self._sb3_policy_class,
-            self.observation_space,
-            self.action_space,
-            self.lr_schedule,
-            self.config.use_sde,
-            self.policy_kwargs,
-            self.device,
-        )
+        self._sb3 = SB3PolicyTrainer(self._build_sb3_policy(), self.observation_space, self.action_space)
         self.policy = self._sb3.policy
         self.actor = self.critic = self.critic_ema = None
         self._manual, self._numpy_acting, self.recurrent = None, None, None

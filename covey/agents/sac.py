@@ -29,7 +29,7 @@ from covey.agents.base import (
     require_numbers,
     set_train_mode,
 )
-from covey.agents.sb3_policy import build_policy, class_path, sb3_policy_class
+from covey.agents.sb3_policy import class_path, sb3_policy_class
 from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.her import HerReplayBuffer, goal_strategy
@@ -671,15 +671,7 @@ class SAC(BaseAgent):
     def _setup_sb3_policy(self) -> None:
         """A user's SB3 policy class (:mod:`covey.agents.sb3_policy`): ``model.policy`` is the SB3 policy, its
         ``actor``, ``critic`` and ``critic_target`` the model's, trained as SB3's SAC trains them."""
-        self.policy = self._sb3 = build_policy(
-            self._sb3_policy_class,
-            self.observation_space,
-            self.action_space,
-            self.lr_schedule,
-            self.config.use_sde,
-            self.policy_kwargs,
-            self.device,
-        )
+        self.policy = self._sb3 = self._build_sb3_policy()
         self.actor, self.critic, self.critic_target = self.policy.actor, self.policy.critic, self.policy.critic_target
         self.critic_ema, self._manual = None, None
         target_buffers = dict(self.critic_target.named_buffers())

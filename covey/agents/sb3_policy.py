@@ -111,30 +111,19 @@ class SB3PolicyTrainer:
     >>> class MyPolicy(ActorCriticPolicy):
     ...     pass
     >>> env = gym.make("CartPole-v1")
-    >>> trainer = SB3PolicyTrainer(MyPolicy, env.observation_space, env.action_space, lambda _: 3e-4, False, {})
+    >>> policy = MyPolicy(env.observation_space, env.action_space, lambda _: 3e-4)
+    >>> trainer = SB3PolicyTrainer(policy, env.observation_space, env.action_space)
     >>> actions, values, log_probs = trainer.act(torch.zeros(2, 4))
     >>> actions.shape, values.shape, log_probs.shape
     (torch.Size([2]), torch.Size([2]), torch.Size([2]))
     """
 
-    def __init__(
-        self,
-        policy_class: type,
-        observation_space: spaces.Space,
-        action_space: spaces.Space,
-        lr_schedule: Any,
-        use_sde: bool,
-        policy_kwargs: dict,
-        device: torch.device | str = "cpu",
-    ) -> None:
-        self.action_space = action_space
+    def __init__(self, policy: ActorCriticPolicy, observation_space: spaces.Space, action_space: spaces.Space) -> None:
+        self.policy, self.action_space = policy, action_space
         # SB3's rollout buffer stores a Discrete observation as one entry: the update hands them over as (B, 1)
         self.discrete_obs = _discrete_keys(observation_space)
-        self.policy = build_policy(
-            policy_class, observation_space, action_space, lr_schedule, use_sde, policy_kwargs, device
-        )
-        if self.policy.squash_output:
-            check_finite_bounds(action_space, f"{policy_class.__name__} with squash_output=True")
+        if policy.squash_output:
+            check_finite_bounds(action_space, f"{type(policy).__name__} with squash_output=True")
 
     def act(self, obs: ObsTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(actions, values (N,), log-probs (N,))`` of a step's observations: ``policy(obs)``."""
