@@ -422,7 +422,7 @@ def export_onnx(
         raise ValueError(f"n_samples={n_samples!r} is invalid: it must be a positive integer.")
     agent = _resolve_agent(model)
     trained = getattr(agent, "actor", None)
-    if getattr(agent, "_sb3_policy_class", None) is not None:
+    if agent._sb3_policy_class is not None:
         raise ValueError(
             f"This {type(agent).__name__} trains a policy class of the user's ({agent.policy_name}), whose code covey "
             "cannot export as "

@@ -39,6 +39,7 @@ from torch.optim import optimizer as _optimizer_module
 
 from covey import sb3_files, serialization
 from covey.agents.sb3_policy import build_policy, optimizer_owners, sb3_policy_class
+from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
 from covey.networks.encoders import FlattenEncoder
@@ -481,6 +482,8 @@ class BaseAgent:
     schedule built from the setting (PPO's ``clip_range``): an assignment, a number or a schedule, is checked
     as the constructor checks it and kept in the config. The agent keeps the others itself (SAC's
     ``target_entropy``, the number in force)."""
+    _sb3_policy_class: type | None = None
+    """A user's SB3 policy class that PPO or SAC runs through SB3's calls (:mod:`covey.agents.sb3_policy`)."""
     built_from: ClassVar[dict[str, str]] = {}
     """Config fields read only when the networks and buffers are built, and what they shape: once the model is
     set up they are fixed (an assignment is refused with the fix, instead of being ignored or breaking
@@ -574,8 +577,10 @@ class BaseAgent:
         return None
 
     def _wrap_env(self, env: Any) -> Any:
-        """What the user passed as ``env``, as the kind of env this agent steps (an SB3 VecEnv here)."""
-        return as_vec_env(env)
+        """What the user passed as ``env``, as the kind of env this agent steps (an SB3 VecEnv here); for a user's
+        SB3 policy class, wrapped as SB3 wraps it (channel-last images moved to channels first)."""
+        venv = as_vec_env(env)
+        return venv if self._sb3_policy_class is None else sb3_wrap_env(venv, self.verbose)
 
     def _reset_env(self) -> None:
         """Start fresh episodes in every env copy (seeded as asked) and keep the first observations."""
@@ -739,7 +744,7 @@ class BaseAgent:
         """What :func:`_rebuild_agent` makes an equal model of: the model file (networks, optimizer states,
         hyperparameters, counters), schedules as given, the env and the runtime state."""
         file = io.BytesIO()
-        policy_class = getattr(self, "_sb3_policy_class", None)
+        policy_class = self._sb3_policy_class
         with warnings.catch_warnings():  # policy_kwargs the file cannot hold travel beside it
             warnings.simplefilter("ignore")
             self.save(file)
@@ -1115,8 +1120,9 @@ class BaseAgent:
         serialization.save_model_file(path, settings, tensors)
 
     def _extra_settings(self) -> dict[str, Any]:
-        """Agent-specific settings to keep in the model file (JSON)."""
-        return {}
+        """Agent-specific settings to keep in the model file (JSON): here, whether ``policy`` names a user's SB3
+        policy class (which load takes from ``custom_objects``)."""
+        return {"sb3_policy_class": True} if self._sb3_policy_class is not None else {}
 
     def _env_place(self) -> dict[str, Any] | None:
         """Where training left its env, as tensors: the last observations (SAC's originals too, behind a
@@ -1173,7 +1179,10 @@ class BaseAgent:
         """Read back what :meth:`_extra_settings` saved, before the networks are built."""
 
     def _loaded(self) -> None:
-        """The last step of :meth:`load`, once the model is restored."""
+        """The last step of :meth:`load`, once the model is restored: a user's SB3 policy class draws its gSDE
+        exploration matrices, as SB3's load ends (the same random draws as SB3's after it)."""
+        if self._sb3_policy_class is not None and self.config.use_sde:
+            self.policy.reset_noise()
 
     def _hyperparameters_json(self) -> dict[str, Any]:
         params = self._hyperparameters()

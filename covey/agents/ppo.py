@@ -23,7 +23,6 @@ from covey.agents.base import (
 )
 from covey.agents.recurrent import RecurrentRollout, RNNStates
 from covey.agents.sb3_policy import SB3PolicyTrainer, class_path, sb3_policy_class
-from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import (
@@ -713,12 +712,6 @@ class PPO(BaseAgent):
         if _init_setup_model:
             self._setup_model()
 
-    def _wrap_env(self, env: Any) -> Any:
-        venv = super()._wrap_env(env)
-        if getattr(self, "_sb3_policy_class", None) is not None:
-            return sb3_wrap_env(venv, self.verbose)
-        return venv
-
     def _attach_env(self, env) -> None:
         if self.policy_config.squash_output:
             check_finite_bounds(env.action_space, "PPO with squash_output=True")
@@ -819,13 +812,6 @@ class PPO(BaseAgent):
             self.policy.optimizer = value
         else:
             self._optimizer = value
-
-    def _extra_settings(self) -> dict[str, Any]:
-        return {"sb3_policy_class": True} if self._sb3_policy_class is not None else {}
-
-    def _loaded(self) -> None:
-        if self._sb3 is not None and self.config.use_sde:
-            self.policy.reset_noise()  # as SB3's load ends: a user's class takes SB3's random draws
 
     def _networks(self) -> dict[str, torch.nn.Module]:
         if self._sb3_policy_class is not None:

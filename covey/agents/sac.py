@@ -30,7 +30,6 @@ from covey.agents.base import (
     set_train_mode,
 )
 from covey.agents.sb3_policy import class_path, sb3_policy_class
-from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.her import HerReplayBuffer, goal_strategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
@@ -571,14 +570,8 @@ class SAC(BaseAgent):
         if _init_setup_model:
             self._setup_model()
 
-    def _wrap_env(self, env: Any) -> Any:
-        venv = super()._wrap_env(env)
-        if getattr(self, "_sb3_policy_class", None) is not None:
-            return sb3_wrap_env(venv, self.verbose)
-        return venv
-
     def _attach_env(self, env) -> None:
-        if getattr(self, "_sb3_policy_class", None) is not None and not isinstance(env.action_space, spaces.Box):
+        if self._sb3_policy_class is not None and not isinstance(env.action_space, spaces.Box):
             raise ValueError(
                 f"{self._sb3_policy_class.__name__} is an SB3 SACPolicy, which acts in Box spaces only (SB3's SAC has "
                 f"no discrete actions); the env's are {env.action_space}. Use a policy name for covey's discrete SAC."
@@ -741,13 +734,6 @@ class SAC(BaseAgent):
                 gamma=cfg.gamma,
                 handle_timeout_termination=self._handle_timeouts,
             )
-
-    def _extra_settings(self) -> dict[str, Any]:
-        return {"sb3_policy_class": True} if self._sb3_policy_class is not None else {}
-
-    def _loaded(self) -> None:
-        if self._sb3 is not None and self.config.use_sde:
-            self.policy.reset_noise()  # as SB3's load ends: a user's class takes SB3's random draws
 
     def _networks(self) -> dict[str, torch.nn.Module]:
         if self._sb3 is not None:
