@@ -258,6 +258,7 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         "n_envs": int(data.get("n_envs") or 1),
         "num_timesteps": int(data.get("num_timesteps") or 0),
         "n_updates": int(data.get("_n_updates") or 0),
+        "current_progress_remaining": _plain(data.get("_current_progress_remaining"), float, 1.0),
         "seed": data.get("seed"),
         # plain JSON in SB3's file, kept as SB3's load keeps them (learn(reset_num_timesteps=False) goes on)
         "verbose": _plain(data.get("verbose"), int, 0),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -1552,6 +1553,111 @@ def test_a_setting_the_networks_or_buffers_are_built_from_is_refused_after_setup
     setattr(unbuilt, name, value)  # before the model is set up it is a setting like any other
     unbuilt._setup_model()
     assert getattr(unbuilt, name) == value
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_sb3_linear_schedules_go_on_after_save_and_load_as_in_sb3(name, tmp_path):
+    """SB3's ``LinearSchedule`` is kept whole in the file: ``learn(n, reset_num_timesteps=False)`` after ``load``
+    goes on with it where it stood, with the rates SB3's load of its own file trains at (before, the file kept the
+    rate at save time, and training went on at it, constant)."""
+    import stable_baselines3
+    from stable_baselines3.common.utils import LinearSchedule
+
+    import covey
+
+    def rates_after_load(cls) -> tuple[list[tuple[int, float]], float | None]:
+        seen: list[tuple[int, float]] = []
+
+        class Record(BaseCallback):
+            def _on_rollout_start(self) -> None:  # after the previous update, which set the rate
+                optimizer = self.model.policy.optimizer if name == "PPO" else self.model.actor.optimizer
+                seen.append((self.num_timesteps, optimizer.param_groups[0]["lr"]))
+
+            def _on_step(self) -> bool:
+                return True
+
+        learning_rate = LinearSchedule(1e-3, 1e-4, 0.8)
+        if name == "PPO":
+            env_id, extra = "CartPole-v1", dict(clip_range=LinearSchedule(0.3, 0.1, 1.0), **FAST)
+        else:
+            env_id, extra = "Pendulum-v1", dict(learning_starts=0, train_freq=32, seed=0)
+        path = tmp_path / f"{cls.__module__.split('.')[0]}.zip"
+        cls("MlpPolicy", env_id, learning_rate=learning_rate, **extra).learn(128).save(path)
+        model = cls.load(path, env=gym.make(env_id))
+        assert isinstance(model.learning_rate, LinearSchedule) and model._current_progress_remaining <= 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing stood in for a schedule, so nothing to warn of
+            model.learn(128, callback=Record(), reset_num_timesteps=False)
+        return seen, model.logger.name_to_value.get("train/clip_range")
+
+    (ours, our_clip), (sb3, sb3_clip) = (
+        rates_after_load(getattr(covey, name)),
+        rates_after_load(getattr(stable_baselines3, name)),
+    )
+    assert [step for step, _ in ours] == [step for step, _ in sb3]
+    np.testing.assert_allclose([lr for _, lr in ours], [lr for _, lr in sb3], rtol=1e-6)
+    assert len({lr for _, lr in ours}) > 2  # the rate moved: the schedule went on
+    if name == "PPO":
+        assert our_clip == pytest.approx(sb3_clip) and our_clip < 0.3
+
+
+def test_a_schedule_the_file_kept_as_a_number_is_named_at_the_next_learn(tmp_path):
+    """A schedule written as a function is code, which a covey file does not keep: the first ``learn`` after
+    ``load`` warns, once, that it trains at a constant rate, and names the ``custom_objects`` fix, at the user's
+    line. ``load`` alone (an evaluation loop over checkpoints) stays quiet, and so does a schedule given again."""
+    from covey import PPO
+
+    model = PPO("MlpPolicy", "CartPole-v1", learning_rate=lambda p: 1e-3 * p, clip_range=lambda p: 0.2 * p, **FAST)
+    model.learn(64).save(tmp_path / "m.zip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = PPO.load(tmp_path / "m.zip", env=gym.make("CartPole-v1"))
+    with pytest.warns(UserWarning, match="schedules that are functions") as caught:
+        loaded.learn(64, reset_num_timesteps=False)
+    (warning,) = [w for w in caught if "schedules" in str(w.message)]
+    message = str(warning.message)
+    assert "learning_rate=0.001" in message and "clip_range=0.2" in message and "custom_objects" in message
+    assert warning.filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded.learn(64, reset_num_timesteps=False)  # said once
+        given = PPO.load(
+            tmp_path / "m.zip",
+            env=gym.make("CartPole-v1"),
+            custom_objects={"learning_rate": lambda p: 1e-3 * p, "clip_range": lambda p: 0.2 * p},
+        )
+        given.learn(64, reset_num_timesteps=False)
+
+
+@pytest.mark.parametrize("schedule", ["sb3", "covey"])
+def test_constant_schedule_objects_are_saved_as_their_number(schedule, tmp_path):
+    from stable_baselines3.common.utils import ConstantSchedule as SB3ConstantSchedule
+    from stable_baselines3.common.utils import FloatSchedule
+
+    from covey import PPO
+    from covey.agents.base import ConstantSchedule
+
+    rate = FloatSchedule(SB3ConstantSchedule(3e-4)) if schedule == "sb3" else ConstantSchedule(3e-4)
+    PPO("MlpPolicy", "CartPole-v1", learning_rate=rate, **FAST).learn(64).save(tmp_path / "m.zip")
+    loaded = PPO.load(tmp_path / "m.zip", env=gym.make("CartPole-v1"))
+    assert loaded.learning_rate == pytest.approx(3e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded.learn(64, reset_num_timesteps=False)
+
+
+def test_progress_remaining_is_restored_at_load_as_in_sb3(tmp_path):
+    """SB3's load restores ``_current_progress_remaining``, which a schedule read before the next ``learn`` and a
+    save straight after load see: covey's load of its own file and of SB3's does too."""
+    import stable_baselines3
+
+    from covey import PPO
+
+    PPO("MlpPolicy", "CartPole-v1", **FAST).learn(48).save(tmp_path / "covey.zip")
+    stable_baselines3.PPO("MlpPolicy", "CartPole-v1", **FAST).learn(48).save(tmp_path / "sb3.zip")
+    for path in ("covey.zip", "sb3.zip"):
+        assert PPO.load(tmp_path / path)._current_progress_remaining == pytest.approx(1 - 64 / 48)  # 64 steps done
+    assert stable_baselines3.PPO.load(tmp_path / "sb3.zip")._current_progress_remaining == pytest.approx(1 - 64 / 48)
 
 
 def test_learning_rate_attribute_and_setup_lr_schedule_as_in_sb3():

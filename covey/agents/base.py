@@ -16,6 +16,7 @@ import numbers
 import os
 import platform
 import random
+import sys
 import time
 import warnings
 from collections import deque
@@ -32,7 +33,8 @@ from stable_baselines3.common.callbacks import (
     ProgressBarCallback,
 )
 from stable_baselines3.common.logger import Logger
-from stable_baselines3.common.utils import configure_logger, safe_mean
+from stable_baselines3.common.utils import ConstantSchedule as SB3ConstantSchedule
+from stable_baselines3.common.utils import FloatSchedule, LinearSchedule, configure_logger, safe_mean
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from torch.nn.modules import module as _module_module
 from torch.optim import optimizer as _optimizer_module
@@ -167,6 +169,39 @@ def as_schedule(value: float | Callable[[float], float]) -> Callable[[float], fl
     if callable(value):
         return value
     return ConstantSchedule(value)
+
+
+def schedule_to_json(schedule: Callable[[float], float], progress: float) -> float | dict[str, Any]:
+    """A schedule as a model file keeps it: a constant schedule (SB3's or covey's) as its number; SB3's
+    ``LinearSchedule`` (inside SB3's ``FloatSchedule`` too) whole; any other function, which is code, as its
+    value at ``progress`` and its first value (load stands them in: :func:`schedule_from_json`)."""
+    inner = schedule.value_schedule if isinstance(schedule, FloatSchedule) else schedule
+    if isinstance(inner, (ConstantSchedule, SB3ConstantSchedule)):
+        return float(inner(1.0))
+    entry = {"schedule_value": float(schedule(progress)), "schedule_initial": float(schedule(1.0))}
+    if type(inner) is LinearSchedule:
+        entry["linear"] = {"start": inner.start, "end": inner.end, "end_fraction": inner.end_fraction}
+    return entry
+
+
+def schedule_from_json(entry: dict[str, Any]) -> float | LinearSchedule:
+    """A schedule kept by :func:`schedule_to_json`: SB3's ``LinearSchedule`` as it was, or the number kept of a
+    function. A function that had fallen to 0 by the end of training would leave nothing to train with: its first
+    value stands in then (as SB3 restarts a schedule from its start when training starts over)."""
+    if "linear" in entry:
+        return LinearSchedule(**{key: float(value) for key, value in entry["linear"].items()})
+    current = entry["schedule_value"]
+    return current if current > 0 else entry.get("schedule_initial", current)
+
+
+def _stacklevel_outside_covey() -> int:
+    """The ``stacklevel`` at which ``warnings.warn``, called by the caller of this function, names the first frame
+    outside covey's package: the user's line that reached covey."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_seed(seed: Any) -> int | None:
@@ -557,6 +592,7 @@ class BaseAgent:
         self._n_updates = 0
         self._episode_num = 0
         self._current_progress_remaining = 1.0
+        self._schedule_stand_ins: dict[str, float] = {}  # see _warn_schedule_stand_ins
         self.ep_info_buffer: deque = deque(maxlen=stats_window_size)
         self.ep_success_buffer: deque = deque(maxlen=stats_window_size)
         self._last_obs: Any = None
@@ -799,6 +835,23 @@ class BaseAgent:
         """``(SB3's name, the object there now, the optimizer covey steps)`` for each place SB3 keeps one."""
         return []
 
+    def _warn_schedule_stand_ins(self) -> None:
+        """Once, at the first ``learn`` after :meth:`load`: which schedules the file held as a number only (a
+        function is code, which a covey file never keeps), so training goes on at a constant rate where SB3's,
+        holding the function, goes on with the schedule."""
+        stand_ins, self._schedule_stand_ins = self._schedule_stand_ins, {}
+        if stand_ins:
+            names = ", ".join(f"{key}={value:g}" for key, value in stand_ins.items())
+            given = ", ".join(f"{key!r}: <your schedule>" for key in stand_ins)
+            warnings.warn(
+                f"This model was saved with schedules that are functions, which a covey file keeps as their value "
+                f"at save time only (their first value where they had fallen to 0): it trains at {names}, constant. "
+                f"To go on with the schedules, pass them at load: {type(self).__name__}.load(path, "
+                f"custom_objects={{{given}}}). SB3's LinearSchedule is kept in the file whole.",
+                UserWarning,
+                stacklevel=_stacklevel_outside_covey(),
+            )
+
     def _check_optimizers(self) -> None:
         for name, found, own in self._optimizer_slots():
             if found is not own:
@@ -833,6 +886,7 @@ class BaseAgent:
             raise ValueError(
                 f"total_timesteps must be a finite number >= 0 (the env steps to train for), got {total_timesteps!r}."
             )
+        self._warn_schedule_stand_ins()
         raise_heap_thresholds()
         self.start_time = time.time_ns()
         if self.ep_info_buffer.maxlen != self.stats_window_size or reset_num_timesteps:
@@ -1104,6 +1158,7 @@ class BaseAgent:
             "n_envs": self.n_envs,
             "num_timesteps": self.num_timesteps,
             "n_updates": self._n_updates,
+            "current_progress_remaining": float(self._current_progress_remaining),
             "seed": self.seed,
             "verbose": self.verbose,
             "tensorboard_log": None if self.tensorboard_log is None else os.fspath(self.tensorboard_log),
@@ -1186,13 +1241,11 @@ class BaseAgent:
 
     def _hyperparameters_json(self) -> dict[str, Any]:
         params = self._hyperparameters()
+        progress = min(max(self._current_progress_remaining, 0.0), 1.0)
         for key in self.schedule_keys:
             value = params.get(key)
             if callable(value):
-                # Callables are code: keep the value in force now (and the first one); pass the schedule
-                # again at load to go on with it.
-                progress = min(max(self._current_progress_remaining, 0.0), 1.0)
-                params[key] = {"schedule_value": float(value(progress)), "schedule_initial": float(value(1.0))}
+                params[key] = schedule_to_json(value, progress)
         return params
 
     @classmethod
@@ -1245,12 +1298,12 @@ class BaseAgent:
                 stacklevel=2,
             )
         hyper = dict(settings["hyperparameters"])
+        stand_ins = {}  # schedules the file kept as a number only, and not given again
         for key, value in hyper.items():
             if isinstance(value, dict) and "schedule_value" in value:
-                # A schedule that decayed to 0 by the end of training leaves nothing to train with: its
-                # initial value stands in (as SB3 restarts a loaded schedule from its start).
-                current = value["schedule_value"]
-                hyper[key] = current if current > 0 else value.get("schedule_initial", current)
+                hyper[key] = schedule_from_json(value)
+                if not callable(hyper[key]) and key not in custom_objects and key not in kwargs:
+                    stand_ins[key] = hyper[key]
         # custom_objects' policy_kwargs go over the file's, key by key: an activation class the file could not
         # keep as code comes back beside the net_arch it kept.
         given = dict(custom_objects.pop("policy_kwargs", None) or {})
@@ -1335,6 +1388,8 @@ class BaseAgent:
         model.num_timesteps = int(settings.get("num_timesteps", 0))
         model._n_updates = int(settings.get("n_updates", 0))
         model._episode_num = int(settings.get("episode_num", 0))
+        model._current_progress_remaining = float(settings.get("current_progress_remaining", 1.0))
+        model._schedule_stand_ins = stand_ins
         model.ep_info_buffer.extend(settings.get("ep_info_buffer", []))
         model.ep_success_buffer.extend(settings.get("ep_success_buffer", []))
         if env is not None and not force_reset:
