@@ -1392,6 +1392,20 @@ def test_tensorboard_log(tmp_path):
     assert glob.glob(str(tmp_path / "first_run_2" / "events.out.tfevents.*"))
 
 
+def test_each_learn_closes_the_last_learns_tensorboard_writer(tmp_path):
+    """A script that calls learn in a loop (to save between calls) with tensorboard_log set keeps one TensorBoard
+    writer, and its thread, open at a time; SB3's loop leaves one more open per call."""
+    import threading
+
+    model = PPO("MlpPolicy", "CartPole-v1", tensorboard_log=str(tmp_path), **FAST)
+    model.learn(32)
+    threads = threading.active_count()
+    for _ in range(4):
+        model.learn(32, reset_num_timesteps=False)
+    assert threading.active_count() == threads
+    assert len(glob.glob(str(tmp_path / "PPO_1" / "events.out.tfevents.*"))) == 5  # the run goes on in its folder
+
+
 # ---------------------------------------------------------------------------- 6. SB3 policy classes
 def test_sb3_policy_classes(tmp_path):
     from stable_baselines3.common.policies import ActorCriticPolicy

@@ -904,6 +904,10 @@ class BaseAgent:
         self._check_optimizers()
         self._relink_parameters()
         if not self._custom_logger:
+            if self._logger is not None:
+                # the last learn's outputs: each TensorBoard writer holds a thread and a file, and SB3's loop
+                # leaves one more of them open per learn call
+                self._logger.close()
             self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
         return self._total_timesteps, self._init_callback(callback, progress_bar)
 
