@@ -162,6 +162,21 @@ def test_train_short_form_for_poca(poca_run):
     assert_png(poca_run / "curve.png")
 
 
+def test_a_run_in_process_closes_its_logs(tmp_path):
+    """covey.cli.main run in a Python process (covey demo trains twice in one) leaves no TensorBoard writer thread
+    behind and progress.csv closed."""
+    import threading
+
+    from covey.cli import main
+
+    args = ["train", str(CONFIGS / "ppo_cartpole.yaml"), "--set", "timesteps=512", "eval_episodes=0"]
+    assert main([*args, "--run-dir", str(tmp_path / "first")]) == 0  # imports and first-use threads settle here
+    threads = threading.active_count()
+    assert main([*args, "--run-dir", str(tmp_path / "second")]) == 0
+    assert threading.active_count() == threads
+    assert read_rows(tmp_path / "second" / "progress.csv")
+
+
 @pytest.mark.parametrize(
     "config_text, sets, named",
     [

@@ -587,6 +587,7 @@ def _train(
                         callback.bar.close()
     elif not quiet:
         print(f"covey: the run is already at {int(model.num_timesteps):,} of {cfg.timesteps:,} steps.", file=sys.stderr)
+    model.logger.close()  # progress.csv and the TensorBoard writer, whose thread would outlive the run in-process
     if evaluator is not None:
         evaluator.close()
     model.env.close()
