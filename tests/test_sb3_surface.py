@@ -1641,6 +1641,12 @@ def test_a_schedule_the_file_kept_as_a_number_is_named_at_the_next_learn(tmp_pat
             custom_objects={"learning_rate": lambda p: 1e-3 * p, "clip_range": lambda p: 0.2 * p},
         )
         given.learn(64, reset_num_timesteps=False)
+    set_again = PPO.load(tmp_path / "m.zip", env=gym.make("CartPole-v1"))
+    set_again.clip_range = lambda p: 0.2 * p  # a schedule set on the model before learn is not named
+    with pytest.warns(UserWarning, match="schedules that are functions") as caught:
+        set_again.learn(64, reset_num_timesteps=False)
+    (message,) = [str(w.message) for w in caught if "schedules" in str(w.message)]
+    assert "learning_rate=0.001" in message and "clip_range" not in message
 
 
 @pytest.mark.parametrize("schedule", ["sb3", "covey"])
