@@ -1021,8 +1021,8 @@ class BaseAgent:
             flat.relink()
 
     def _optimizer_step(self, loss: torch.Tensor, max_grad_norm: float) -> None:
-        """One step of the single optimizer over ``self._params``: clip the global gradient norm, step, and
-        move the critic's EMA copy (if any) after it."""
+        """One step of the single optimizer over its flat buffer of the parameters (``optimizer.flat_parameters``):
+        clip the global gradient norm, step, and move the critic's EMA copy (if any) after it."""
         flat = self.optimizer.flat_parameters
         flat.zero_grad()
         loss.backward()
@@ -1189,7 +1189,7 @@ class BaseAgent:
         VecNormalize) and episode starts, which SB3 keeps in its file and ``load(..., force_reset=False)`` goes on
         from. None where there is none, or where going on needs more than them (recurrent memories, POCA's group
         env): those models start with a reset."""
-        if self._last_obs is None or getattr(self, "recurrent", None) is not None or self.agent_name == "POCA":
+        if self._last_obs is None or getattr(self, "recurrent", None) is not None:
             return None
         place = {"obs": _obs_tensors(self._last_obs)}
         if self._last_episode_starts is not None:

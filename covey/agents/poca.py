@@ -202,6 +202,11 @@ class POCA(BaseAgent):
         params["n_envs"] = self.n_envs
         return params
 
+    def _env_place(self) -> None:
+        """None: going on from where training left its group env takes more than its last observations, so a
+        loaded POCA model starts with a reset."""
+        return None
+
     def _extra_settings(self) -> dict[str, Any]:
         # predict() maps agent ids to slots; agent_steps keeps counting across save/load; the critic's shape.
         return {
@@ -664,7 +669,9 @@ def poca_objective(
     training): ``(loss, detached stats)``.
 
     ``loss = policy + vf_coef * (value + baseline_coef * baseline) - ent_coef * entropy``; the value is
-    trained toward every present agent's lambda-return, the baselines toward their own agent's.
+    trained toward every present agent's lambda-return, the baselines toward their own agent's. A scalar head's
+    value and baseline losses are clipped around the rollout's estimates by ``clip_range`` too, the ratio's
+    (ML-Agents' POCA clips them by its epsilon); PPO's ``clip_range_vf`` has no counterpart here.
     ``log_prob``/``entropy`` are over the present agent-steps (``batch.present`` order).
     """
     present = batch.present  # (B, S)

@@ -795,7 +795,6 @@ class PPO(BaseAgent):
         self.actor = self.critic = self.critic_ema = None
         self._manual, self._numpy_acting, self.recurrent = None, None, None
         self._hooked = False
-        self._evaluate_while_acting = True  # values and log-probs come with the actions, as in SB3
         self._params = list(self.policy.parameters())
         self.rollout_buffer = RolloutBuffer(
             self.config.n_steps, self.n_envs, self.observation_space, self.action_space, self.device

@@ -693,8 +693,8 @@ class SAC(BaseAgent):
         cfg = self.config
         if cfg.target_entropy == "auto":
             n = int(self.action_space.n) if self.discrete else int(np.prod(self.action_space.shape))
-            # Box: -dim(A). Discrete: half the maximum entropy log|A| (0.98 * log|A| keeps the policy near
-            # uniform on small action sets, e.g. CartPole's 2 actions).
+            # Box: -dim(A). Discrete: half the maximum entropy log|A|, not the 0.98 * log|A| often used, which
+            # keeps the policy near uniform on small action sets (e.g. CartPole's 2 actions).
             self.target_entropy = 0.5 * math.log(n) if self.discrete else -float(n)
         else:
             self.target_entropy = float(cfg.target_entropy)
