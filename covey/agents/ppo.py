@@ -737,7 +737,7 @@ class PPO(BaseAgent):
         if self._sb3_policy_class is not None:
             self._setup_sb3_policy()
             return
-        self._sb3 = None
+        self._sb3_trainer = None
         self.actor, self.critic = build_actor_critic(
             self.policy_name, self.observation_space, self.action_space, self.policy_config
         )
@@ -790,8 +790,8 @@ class PPO(BaseAgent):
     def _setup_sb3_policy(self) -> None:
         """A user's SB3 policy class (:mod:`covey.agents.sb3_policy`): ``model.policy`` is the SB3 policy, built
         and trained through SB3's calls, in covey's rollout buffer and loop."""
-        self._sb3 = SB3PolicyTrainer(self._build_sb3_policy(), self.observation_space, self.action_space)
-        self.policy = self._sb3.policy
+        self._sb3_trainer = SB3PolicyTrainer(self._build_sb3_policy(), self.observation_space, self.action_space)
+        self.policy = self._sb3_trainer.policy
         self.actor = self.critic = self.critic_ema = None
         self._manual, self._numpy_acting, self.recurrent = None, None, None
         self._hooked = False
@@ -870,7 +870,7 @@ class PPO(BaseAgent):
         truncations: list[tuple[int, int, Any]] = []
         acted: list[tuple[torch.Tensor, torch.Tensor]] = []  # (critic's raw output, log-prob) per step
         new_obs = self._last_obs
-        self._hooked = self._sb3 is None and has_module_hooks(actor, self.critic)
+        self._hooked = self._sb3_trainer is None and has_module_hooks(actor, self.critic)
         numpy_acting = None if self._hooked else self._numpy_acting
         for n_steps in range(n_rollout_steps):
             if use_sde and sde_sample_freq > 0 and n_steps % sde_sample_freq == 0:
@@ -884,11 +884,12 @@ class PPO(BaseAgent):
             else:
                 stored_obs = obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
                 stored_actions = self._act(obs_tensor, n_steps, acted)
-                if self._sb3 is not None:  # SB3's locals: the step's values (n_envs, 1) and log-probs
+                if self._sb3_trainer is not None:  # SB3's locals: the step's values (n_envs, 1) and log-probs
                     values, log_probs = acted[-1][0].reshape(-1, 1), acted[-1][1]
                 actions = stored_actions.cpu().numpy()  # numpy in callbacks' locals, as in SB3
             actions = actions.reshape((-1, *self.action_space.shape))  # callbacks see SB3's shape (a view)
-            clipped_actions = actor.to_env_actions(actions) if self._sb3 is None else self._sb3.env_actions(actions)
+            trainer = self._sb3_trainer
+            clipped_actions = actor.to_env_actions(actions) if trainer is None else trainer.env_actions(actions)
             stopped = True
             try:
                 new_obs, rewards, dones, infos = env.step(clipped_actions)
@@ -931,7 +932,7 @@ class PPO(BaseAgent):
         return True
 
     def _set_training_mode(self, mode: bool) -> None:
-        if self._sb3 is not None:
+        if self._sb3_trainer is not None:
             self.policy.set_training_mode(mode)
         else:
             set_train_mode(self.actor, mode)
@@ -939,7 +940,7 @@ class PPO(BaseAgent):
 
     def _reset_noise(self, n_envs: int) -> None:
         """New gSDE exploration matrices, one per env."""
-        if self._sb3 is not None:
+        if self._sb3_trainer is not None:
             self.policy.reset_noise(n_envs)
         else:
             self.actor.head.reset_noise(n_envs)
@@ -948,8 +949,8 @@ class PPO(BaseAgent):
         """Actions for a step's observations in PyTorch. Acting needs only the actor; values and log-probs come
         in one pass after the rollout, or with the action for encoders with weights (appended to ``acted``)."""
         actor = self.actor
-        if self._sb3 is not None:
-            actions, values, log_probs = self._sb3.act(obs_tensor)
+        if self._sb3_trainer is not None:
+            actions, values, log_probs = self._sb3_trainer.act(obs_tensor)
             acted.append((values, log_probs))
             return actions
         if self.recurrent is not None:
@@ -986,10 +987,11 @@ class PPO(BaseAgent):
                 self.observation_space,
             )
             return last_values
-        head = self.critic.value_head if self._sb3 is None else None  # an SB3 policy gives values
+        head = self.critic.value_head if self._sb3_trainer is None else None  # an SB3 policy gives values
         manual = None if self._hooked else self._manual
         # The hand-differentiated update evaluates with its own arithmetic, so that both agree exactly.
-        critic = manual.value if manual is not None else self.critic if self._sb3 is None else self._sb3.values
+        trainer = self._sb3_trainer
+        critic = manual.value if manual is not None else self.critic if trainer is None else trainer.values
         values, log_probs, raws = [], [], []
         if acted:
             raws = [raw for raw, _ in acted]
@@ -1060,8 +1062,8 @@ class PPO(BaseAgent):
                         ema_raw,
                         self.policy_config.critic_ema_coef,
                     )
-                elif self._sb3 is not None:
-                    values, log_prob, entropy = self._sb3.evaluate(batch.observations, batch.actions)
+                elif self._sb3_trainer is not None:
+                    values, log_prob, entropy = self._sb3_trainer.evaluate(batch.observations, batch.actions)
                     loss, stats = ppo_objective(
                         log_prob,
                         entropy,
@@ -1093,8 +1095,8 @@ class PPO(BaseAgent):
                     if self.verbose >= 1:
                         _print_early_stop(epoch, stats["approx_kl"].item())
                     break
-                if self._sb3 is not None:
-                    self._sb3.step(loss, cfg.max_grad_norm)
+                if self._sb3_trainer is not None:
+                    self._sb3_trainer.step(loss, cfg.max_grad_norm)
                 else:
                     self._optimizer_step(loss, cfg.max_grad_norm)
             self._n_updates += 1
@@ -1128,7 +1130,8 @@ class PPO(BaseAgent):
         self.logger.record("train/td_error_abs", buffer.td_error_abs)
         if self._value_entropy is not None:
             self.logger.record("train/value_entropy", self._value_entropy)
-        log_std = getattr(self.actor.head, "log_std", None) if self._sb3 is None else self._sb3.log_std()
+        trainer = self._sb3_trainer
+        log_std = getattr(self.actor.head, "log_std", None) if trainer is None else trainer.log_std()
         if log_std is not None:
             self.logger.record("train/std", log_std.detach().exp().mean().item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")

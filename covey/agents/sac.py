@@ -611,7 +611,6 @@ class SAC(BaseAgent):
         self._require_spaces()
         self.set_random_seed(self.seed)
         self.discrete = isinstance(self.action_space, spaces.Discrete)
-        self._sb3 = None
         if self._sb3_policy_class is not None:
             self._setup_sb3_policy()
             self._setup_temperature()
@@ -664,7 +663,7 @@ class SAC(BaseAgent):
     def _setup_sb3_policy(self) -> None:
         """A user's SB3 policy class (:mod:`covey.agents.sb3_policy`): ``model.policy`` is the SB3 policy, its
         ``actor``, ``critic`` and ``critic_target`` the model's, trained as SB3's SAC trains them."""
-        self.policy = self._sb3 = self._build_sb3_policy()
+        self.policy = self._build_sb3_policy()
         self.actor, self.critic, self.critic_target = self.policy.actor, self.policy.critic, self.policy.critic_target
         self.critic_ema, self._manual = None, None
         target_buffers = dict(self.critic_target.named_buffers())
@@ -674,7 +673,7 @@ class SAC(BaseAgent):
 
     @property
     def actor_optimizer(self) -> torch.optim.Optimizer:
-        return self.actor.optimizer if self._sb3 is not None else self._actor_optimizer
+        return self.actor.optimizer if self._sb3_policy_class is not None else self._actor_optimizer
 
     @actor_optimizer.setter
     def actor_optimizer(self, value: torch.optim.Optimizer) -> None:
@@ -682,7 +681,7 @@ class SAC(BaseAgent):
 
     @property
     def critic_optimizer(self) -> torch.optim.Optimizer:
-        return self.critic.optimizer if self._sb3 is not None else self._critic_optimizer
+        return self.critic.optimizer if self._sb3_policy_class is not None else self._critic_optimizer
 
     @critic_optimizer.setter
     def critic_optimizer(self, value: torch.optim.Optimizer) -> None:
@@ -736,7 +735,7 @@ class SAC(BaseAgent):
             )
 
     def _networks(self) -> dict[str, torch.nn.Module]:
-        if self._sb3 is not None:
+        if self._sb3_policy_class is not None:
             return {"policy": self.policy}
         networks = {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target}
         if self.critic_ema is not None:
@@ -750,12 +749,12 @@ class SAC(BaseAgent):
         return opts
 
     def _flat_parameters(self) -> list[FlatParameters]:
-        if self._sb3 is not None:
+        if self._sb3_policy_class is not None:
             return super()._flat_parameters()
         return [*super()._flat_parameters(), self._target_flat]
 
     def _optimizer_slots(self) -> list[tuple[str, Any, Any]]:
-        if self._sb3 is not None:
+        if self._sb3_policy_class is not None:
             return []  # the SB3 policy's optimizers are stepped wherever they are, as SB3 steps them
         return [
             ("actor.optimizer", self.actor.optimizer, self.actor_optimizer),
@@ -775,14 +774,14 @@ class SAC(BaseAgent):
 
     def get_parameters(self) -> dict[str, dict]:
         params = super().get_parameters()
-        if self._sb3 is not None:
+        if self._sb3_policy_class is not None:
             # SB3's groups only: its set_parameters would take "ent_coef" for its attribute of that name (the
             # coefficient's setting). The file keeps the learned temperature, as SB3's keeps it apart.
             params.pop("ent_coef", None)
         return params
 
     def _translate_parameter_names(self, params: dict) -> dict:
-        if self._sb3 is not None:
+        if self._sb3_policy_class is not None:
             return params  # SB3's names are the model's own
         renames = {"actor_optimizer": "actor.optimizer", "critic_optimizer": "critic.optimizer"}
         params = merge_parameter_groups(params, "policy", ("actor", "critic", "critic_target"), renames)
@@ -903,7 +902,8 @@ class SAC(BaseAgent):
             if self.num_timesteps < learning_starts and not (use_sde and cfg.use_sde_at_warmup):
                 actions = np.array([self.action_space.sample() for _ in range(env.num_envs)])
                 buffer_actions = self._to_buffer_actions(actions)
-            elif self._sb3 is not None:  # as SB3's SAC: the policy's actions for the env, scaled to [-1, 1]
+            elif self._sb3_policy_class is not None:
+                # as SB3's SAC: the policy's actions for the env, scaled to [-1, 1]
                 buffer_actions = self.policy.scale_action(self.policy.predict(self._last_obs)[0])
                 actions = self.policy.unscale_action(buffer_actions)
             else:
@@ -915,7 +915,7 @@ class SAC(BaseAgent):
                 buffer_actions = np.clip(buffer_actions + action_noise(), -1.0, 1.0).astype(buffer_actions.dtype)
                 actions = (
                     actor.to_env_actions(buffer_actions)
-                    if self._sb3 is None
+                    if self._sb3_policy_class is None
                     else self.policy.unscale_action(buffer_actions)
                 )
             new_obs, rewards, dones, infos = env.step(actions)
@@ -1006,7 +1006,7 @@ class SAC(BaseAgent):
         vec_normalize = self.get_vec_normalize_env()
         for _ in range(gradient_steps):
             batch = self.replay_buffer.sample_batch(batch_size, env=vec_normalize)
-            if self._sb3 is not None:
+            if self._sb3_policy_class is not None:
                 stats, q_and_target = self._sb3_gradient_step(batch)
             elif manual is None:
                 stats, q_and_target = self._gradient_step(batch)
@@ -1018,7 +1018,8 @@ class SAC(BaseAgent):
             self._n_updates += 1
             # The interval counts gradient steps over the whole run, not within one train() call.
             if self._n_updates % self.config.target_update_interval == 0:
-                if self._sb3 is not None:  # every critic parameter, as SB3's SAC (a shared extractor's too)
+                if self._sb3_policy_class is not None:
+                    # every critic parameter, as SB3's SAC (a shared extractor's too)
                     polyak_update(
                         list(self.critic_target.parameters()), list(self.critic.parameters()), self.config.tau
                     )
@@ -1050,7 +1051,7 @@ class SAC(BaseAgent):
             self._q_and_targets = []
         if self.config.use_sde:  # as SB3: the exploration's standard deviation, averaged
             with torch.no_grad():
-                std = self.actor.get_std() if self._sb3 is not None else self.actor.head.std()
+                std = self.actor.get_std() if self._sb3_policy_class is not None else self.actor.head.std()
                 self.logger.record("train/std", std.mean().item())
         super()._dump_logs(iteration, counter)
 
