@@ -40,7 +40,7 @@ from torch.nn.modules import module as _module_module
 from torch.optim import optimizer as _optimizer_module
 
 from covey import sb3_files, serialization
-from covey.agents.sb3_policy import build_policy, optimizer_owners, sb3_policy_class
+from covey.agents.sb3_policy import build_policy, class_path, optimizer_owners, sb3_policy_class
 from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
@@ -565,7 +565,11 @@ class BaseAgent:
         device: torch.device | str,
         seed: int | None,
     ) -> None:
-        self.policy_name = policy_name(policy, None if self.has_memory else self.agent_name)
+        self.policy_name = (
+            policy_name(policy, None if self.has_memory else self.agent_name)
+            if self._sb3_policy_class is None
+            else class_path(self._sb3_policy_class)  # what the file names, and load asks for in custom_objects
+        )
         self.policy_kwargs = policy_kwargs_dict(policy_kwargs)
         self.learning_rate = learning_rate
         self.lr_schedule = as_schedule(learning_rate)
@@ -1476,7 +1480,7 @@ def _class_name(cls: type) -> str:
     for name, allowed in _ALLOWED_CLASSES.items():
         if allowed is cls:
             return name
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return class_path(cls)
 
 
 def _policy_kwargs_to_json(policy_kwargs: dict) -> dict:

@@ -22,7 +22,7 @@ from covey.agents.base import (
     warn_batch_size,
 )
 from covey.agents.recurrent import RecurrentRollout, RNNStates
-from covey.agents.sb3_policy import SB3PolicyTrainer, class_path, sb3_policy_class
+from covey.agents.sb3_policy import SB3PolicyTrainer, sb3_policy_class
 from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import (
@@ -698,9 +698,7 @@ class PPO(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
-        if self._sb3_policy_class is not None:
-            self.policy_name = class_path(self._sb3_policy_class)
-        elif self.device.type != "cpu" and self.policy_name == "MlpPolicy":
+        if self.device.type != "cpu" and self.policy_name == "MlpPolicy":
             # as SB3 recommends for its PPO; covey's CPU paths (NumPy acting, hand-written gradients) widen the gap
             warnings.warn(
                 f"PPO with an MlpPolicy on {self.device}: small MLPs train faster on the CPU, where covey acts in "

@@ -29,7 +29,7 @@ from covey.agents.base import (
     require_numbers,
     set_train_mode,
 )
-from covey.agents.sb3_policy import class_path, sb3_policy_class
+from covey.agents.sb3_policy import sb3_policy_class
 from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.her import HerReplayBuffer, goal_strategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer
@@ -564,8 +564,6 @@ class SAC(BaseAgent):
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
         )
-        if self._sb3_policy_class is not None:
-            self.policy_name = class_path(self._sb3_policy_class)
         self.replay_buffer: ReplayBuffer | None = None
         if _init_setup_model:
             self._setup_model()
