@@ -39,3 +39,26 @@ def test_entities_change_the_output(encoder):
 def test_wrong_space_is_refused():
     with pytest.raises(ValueError, match="2-D Box"):
         EntityEncoder(spaces.Box(-1, 1, (6,), np.float32))
+
+
+def test_wrong_space_error_says_what_to_do():
+    with pytest.raises(ValueError, match="remove entity_encoder=True"):
+        EntityEncoder(spaces.Dict({"entities": spaces.Box(-1, 1, (4, 3), np.float32)}))
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC"])
+def test_entity_encoder_and_a_features_extractor_class_are_not_taken_together(agent):
+    """Both choose the observation encoder: the extractor was dropped silently for the entity encoder."""
+    import gymnasium as gym
+    from envs import NormExtractor
+
+    import covey
+
+    env = gym.make("Pendulum-v1")
+    env = gym.wrappers.TransformObservation(
+        env, lambda o: o.reshape(3, 1), spaces.Box(-8, 8, (3, 1), np.float32)
+    )  # 3 entities of 1 feature
+    kwargs = dict(entity_encoder=True, features_extractor_class=NormExtractor)
+    with pytest.raises(ValueError, match="entity_encoder=True and features_extractor_class=NormExtractor"):
+        getattr(covey, agent)("MlpPolicy", env, policy_kwargs=kwargs)
+    getattr(covey, agent)("MlpPolicy", env, policy_kwargs=dict(entity_encoder=True))  # each alone is taken

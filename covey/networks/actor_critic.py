@@ -207,6 +207,12 @@ class PolicyConfig:
             )
         if not isinstance(self.entity_encoder, (bool, np.bool_)):
             raise ValueError(f"policy_kwargs entity_encoder={self.entity_encoder!r} is invalid: use True or False.")
+        if self.entity_encoder and self.features_extractor_class is not None:
+            extractor = getattr(self.features_extractor_class, "__name__", self.features_extractor_class)
+            raise ValueError(
+                f"policy_kwargs entity_encoder=True and features_extractor_class={extractor} both choose the "
+                "observation encoder: keep one of them."
+            )
 
     def optimizer_arguments(self, adam_eps: float | None = None) -> dict:
         """The keyword arguments ``optimizer_class`` gets: ``optimizer_kwargs``; without them, Adam's ``eps`` is

@@ -174,7 +174,8 @@ class EntityEncoder(Encoder):
         super().__init__()
         if not isinstance(space, spaces.Box) or len(space.shape) != 2:
             raise ValueError(
-                f"entity_encoder needs observations that are a 2-D Box (n_entities, n_features), got {space}."
+                f"entity_encoder needs observations that are a 2-D Box (n_entities, n_features), got {space}: remove "
+                "entity_encoder=True from policy_kwargs, or give the env such an observation space."
             )
         self.embedding = nn.Sequential(Linear(space.shape[1], width), nn.ReLU())
         self.attention = ResidualSelfAttention(width, n_heads)
