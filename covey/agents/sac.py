@@ -640,13 +640,7 @@ class SAC(BaseAgent):
             [targets[name] for name, p in self.critic.named_parameters() if id(p) in shared],
             [p for p in self.critic.parameters() if id(p) in shared],
         ]
-        # Batch norm's running statistics (a custom features extractor's) are copied to the target critics at
-        # each target update, as SB3 copies them: the targets run in evaluation mode and never update their own.
-        target_buffers = dict(self.critic_target.named_buffers())
-        self._running_stats = [
-            (target_buffers[name], b) for name, b in self.critic.named_buffers() if "running_" in name
-        ]
-
+        self._running_stats = self._target_running_stats()
         self._setup_temperature()
         self.actor.optimizer = self.actor_optimizer = self._make_optimizer(list(self.actor.parameters()))
         self.policy.optimizer = self.actor_optimizer
@@ -664,10 +658,13 @@ class SAC(BaseAgent):
         self.policy = self._build_sb3_policy()
         self.actor, self.critic, self.critic_target = self.policy.actor, self.policy.critic, self.policy.critic_target
         self.critic_ema, self._manual = None, None
+        self._running_stats = self._target_running_stats()
+
+    def _target_running_stats(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(target's, critic's)`` batch-norm running statistics (a custom features extractor's), which each
+        target update copies, as SB3's does: the targets run in evaluation mode and never update their own."""
         target_buffers = dict(self.critic_target.named_buffers())
-        self._running_stats = [
-            (target_buffers[name], b) for name, b in self.critic.named_buffers() if "running_" in name
-        ]
+        return [(target_buffers[name], b) for name, b in self.critic.named_buffers() if "running_" in name]
 
     @property
     def actor_optimizer(self) -> torch.optim.Optimizer:
