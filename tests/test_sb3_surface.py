@@ -1209,6 +1209,22 @@ def test_get_and_set_parameters():
     )
 
 
+class RecordLearningRates(BaseCallback):
+    """Appends ``(num_timesteps, learning rate)`` to ``seen`` at each rollout's start, after the previous update set
+    the rate (PPO's policy optimizer, SAC's actor optimizer)."""
+
+    def __init__(self, name: str, seen: list[tuple[int, float]]) -> None:
+        super().__init__()
+        self.name, self.seen = name, seen
+
+    def _on_rollout_start(self) -> None:
+        optimizer = self.model.policy.optimizer if self.name == "PPO" else self.model.actor.optimizer
+        self.seen.append((self.num_timesteps, optimizer.param_groups[0]["lr"]))
+
+    def _on_step(self) -> bool:
+        return True
+
+
 @pytest.mark.parametrize("name", ["PPO", "SAC"])
 def test_schedules_continue_across_learn_calls_as_in_sb3(name):
     """``learn(n, reset_num_timesteps=False)`` continues a run: its schedules' progress counts from step 0 over
@@ -1220,22 +1236,14 @@ def test_schedules_continue_across_learn_calls_as_in_sb3(name):
     def learning_rates(cls) -> list[tuple[int, float]]:
         seen: list[tuple[int, float]] = []
 
-        class Record(BaseCallback):
-            def _on_rollout_start(self) -> None:  # after the previous update, which set the rate
-                optimizer = self.model.policy.optimizer if name == "PPO" else self.model.actor.optimizer
-                seen.append((self.num_timesteps, optimizer.param_groups[0]["lr"]))
-
-            def _on_step(self) -> bool:
-                return True
-
         if name == "PPO":
             model = cls("MlpPolicy", "CartPole-v1", learning_rate=lambda p: 1e-3 * p, **FAST)
         else:
             model = cls(
                 "MlpPolicy", "Pendulum-v1", learning_rate=lambda p: 1e-3 * p, learning_starts=0, train_freq=32, seed=0
             )
-        model.learn(64, callback=Record())
-        model.learn(128, callback=Record(), reset_num_timesteps=False)
+        model.learn(64, callback=RecordLearningRates(name, seen))
+        model.learn(128, callback=RecordLearningRates(name, seen), reset_num_timesteps=False)
         return seen
 
     ours, sb3 = learning_rates(getattr(covey, name)), learning_rates(getattr(stable_baselines3, name))
@@ -1582,14 +1590,6 @@ def test_sb3_linear_schedules_go_on_after_save_and_load_as_in_sb3(name, tmp_path
     def rates_after_load(cls) -> tuple[list[tuple[int, float]], float | None]:
         seen: list[tuple[int, float]] = []
 
-        class Record(BaseCallback):
-            def _on_rollout_start(self) -> None:  # after the previous update, which set the rate
-                optimizer = self.model.policy.optimizer if name == "PPO" else self.model.actor.optimizer
-                seen.append((self.num_timesteps, optimizer.param_groups[0]["lr"]))
-
-            def _on_step(self) -> bool:
-                return True
-
         learning_rate = LinearSchedule(1e-3, 1e-4, 0.8)
         if name == "PPO":
             env_id, extra = "CartPole-v1", dict(clip_range=LinearSchedule(0.3, 0.1, 1.0), **FAST)
@@ -1601,7 +1601,7 @@ def test_sb3_linear_schedules_go_on_after_save_and_load_as_in_sb3(name, tmp_path
         assert isinstance(model.learning_rate, LinearSchedule) and model._current_progress_remaining <= 0
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nothing stood in for a schedule, so nothing to warn of
-            model.learn(128, callback=Record(), reset_num_timesteps=False)
+            model.learn(128, callback=RecordLearningRates(name, seen), reset_num_timesteps=False)
         return seen, model.logger.name_to_value.get("train/clip_range")
 
     (ours, our_clip), (sb3, sb3_clip) = (
