@@ -844,8 +844,9 @@ class BaseAgent:
         function is code, which a covey file never keeps), so training goes on at a constant rate where SB3's,
         holding the function, goes on with the schedule."""
         stand_ins, self._schedule_stand_ins = self._schedule_stand_ins, {}
+        # less those the script set again since (model.clip_range = schedule)
         stand_ins = {key: value for key, value in stand_ins.items() if not callable(getattr(self.config, key, None))}
-        if stand_ins:  # and not set again since: model.clip_range = schedule
+        if stand_ins:
             names = ", ".join(f"{key}={value:g}" for key, value in stand_ins.items())
             given = ", ".join(f"{key!r}: <your schedule>" for key in stand_ins)
             warnings.warn(

@@ -868,7 +868,8 @@ class PPO(BaseAgent):
         truncations: list[tuple[int, int, Any]] = []
         acted: list[tuple[torch.Tensor, torch.Tensor]] = []  # (critic's raw output, log-prob) per step
         new_obs = self._last_obs
-        self._hooked = self._sb3_trainer is None and has_module_hooks(actor, self.critic)
+        trainer = self._sb3_trainer  # a user's SB3 policy class acts and gives values through it
+        self._hooked = trainer is None and has_module_hooks(actor, self.critic)
         numpy_acting = None if self._hooked else self._numpy_acting
         for n_steps in range(n_rollout_steps):
             if use_sde and sde_sample_freq > 0 and n_steps % sde_sample_freq == 0:
@@ -882,11 +883,10 @@ class PPO(BaseAgent):
             else:
                 stored_obs = obs_tensor = batch_to_tensor(self._last_obs, space, self.device)
                 stored_actions = self._act(obs_tensor, n_steps, acted)
-                if self._sb3_trainer is not None:  # SB3's locals: the step's values (n_envs, 1) and log-probs
+                if trainer is not None:  # SB3's locals: the step's values (n_envs, 1) and log-probs
                     values, log_probs = acted[-1][0].reshape(-1, 1), acted[-1][1]
                 actions = stored_actions.cpu().numpy()  # numpy in callbacks' locals, as in SB3
             actions = actions.reshape((-1, *self.action_space.shape))  # callbacks see SB3's shape (a view)
-            trainer = self._sb3_trainer
             clipped_actions = actor.to_env_actions(actions) if trainer is None else trainer.env_actions(actions)
             stopped = True
             try:
