@@ -46,6 +46,7 @@ from torch import nn
 from covey.files import final_path, temporary_file
 from covey.requirements import release
 from covey.version import __version__
+from covey.warning import warn_user
 
 OPSET = 18
 """ONNX opset of exported graphs: the one torch's torch.export-based exporter implements its operators in
@@ -472,11 +473,10 @@ def export_onnx(
             os.unlink(tmp)
         raise
     if verify and not verified:
-        warnings.warn(
+        warn_user(
             f"The ONNX export at {target} does not reproduce model.predict(deterministic=True) on {n_samples} "
             f"sampled observations (max abs difference {max_abs_diff:.3g}); check the file before using it.",
             RuntimeWarning,
-            stacklevel=2,
         )
     return {
         "path": str(target),

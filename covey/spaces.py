@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 from gymnasium import spaces
 from torch import nn
+
+from covey.warning import warn_user
 
 OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Dict)
 ACTION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -49,12 +49,10 @@ def warn_unmasked_actions(space: spaces.Space) -> None:
     """Warn where a Dict observation holds an ``action_mask`` (PettingZoo's and Gymnasium's name for the legal
     actions): covey's policies do not mask, so the key is one more input and masked actions can be drawn."""
     if isinstance(space, spaces.Dict) and "action_mask" in space.spaces:
-        warnings.warn(
+        warn_user(
             "The observations hold an 'action_mask', but covey's policies do not mask actions: the mask is read as "
             "one more input and actions it forbids can be chosen. Make forbidden actions harmless in the env (e.g. "
-            "a no-op), or use a library with masked policies (sb3_contrib's MaskablePPO).",
-            UserWarning,
-            stacklevel=3,
+            "a no-op), or use a library with masked policies (sb3_contrib's MaskablePPO)."
         )
 
 

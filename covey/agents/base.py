@@ -16,7 +16,6 @@ import numbers
 import os
 import platform
 import random
-import sys
 import time
 import warnings
 from collections import deque
@@ -53,6 +52,7 @@ from covey.spaces import (
     warn_unmasked_actions,
 )
 from covey.version import __version__
+from covey.warning import warn_user
 from covey.wrappers.vec_env import VecImageLayout, as_vec_env, image_layout_moves
 
 # Classes a model file may name in policy_kwargs; anything else needs ``custom_objects`` at load.
@@ -145,8 +145,7 @@ def get_device(device: torch.device | str = "auto") -> torch.device:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        # stacklevel: get_device <- BaseAgent.__init__ <- the agent's __init__ <- the user's call
-        warnings.warn(f"device={str(device)!r} was asked for, but CUDA is not available: using the CPU.", stacklevel=4)
+        warn_user(f"device={str(device)!r} was asked for, but CUDA is not available: using the CPU.")
         return torch.device("cpu")
     return device
 
@@ -192,16 +191,6 @@ def schedule_from_json(entry: dict[str, Any]) -> float | LinearSchedule:
         return LinearSchedule(**{key: float(value) for key, value in entry["linear"].items()})
     current = entry["schedule_value"]
     return current if current > 0 else entry.get("schedule_initial", current)
-
-
-def _stacklevel_outside_covey() -> int:
-    """The ``stacklevel`` at which ``warnings.warn``, called by the caller of this function, names the first frame
-    outside covey's package: the user's line that reached covey."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def check_seed(seed: Any) -> int | None:
@@ -634,10 +623,9 @@ class BaseAgent:
             while isinstance(inner, VecEnv):
                 holder, inner = inner, getattr(inner, "venv", None)
             if inner is None:
-                warnings.warn(
+                warn_user(
                     f"seed={pending} was not applied to the env: {type(self.env).__name__}.seed() failed and no "
-                    "vector env below it takes reset(seed=...). Seed the env yourself before training.",
-                    stacklevel=3,
+                    "vector env below it takes reset(seed=...). Seed the env yourself before training."
                 )
             elif holder is self.env:
                 self._last_obs, self.env.reset_infos = inner.reset(seed=pending)
@@ -849,13 +837,11 @@ class BaseAgent:
         if stand_ins:
             names = ", ".join(f"{key}={value:g}" for key, value in stand_ins.items())
             given = ", ".join(f"{key!r}: <your schedule>" for key in stand_ins)
-            warnings.warn(
+            warn_user(
                 f"This model was saved with schedules that are functions, which a covey file keeps as their value "
                 f"at save time only (their first value where they had fallen to 0): it trains at {names}, constant. "
                 f"To go on with the schedules, pass them at load: {type(self).__name__}.load(path, "
-                f"custom_objects={{{given}}}). SB3's LinearSchedule is kept in the file whole.",
-                UserWarning,
-                stacklevel=_stacklevel_outside_covey(),
+                f"custom_objects={{{given}}}). SB3's LinearSchedule is kept in the file whole."
             )
 
     def _check_optimizers(self) -> None:
@@ -1207,7 +1193,7 @@ class BaseAgent:
     def _go_on_from(self, place: dict[str, Any] | None) -> None:
         """Take up :meth:`_env_place`'s ``place`` with the env attached at load (``force_reset=False``)."""
         if place is None or self.env is None or self.env.num_envs != self.n_envs:
-            warnings.warn(
+            warn_user(
                 "load(..., force_reset=False): "
                 + (
                     "the file holds no last observations to go on from (a recurrent or POCA model, or one saved "
@@ -1216,9 +1202,7 @@ class BaseAgent:
                     else f"the env has {getattr(self.env, 'num_envs', 0)} copies, the file's observations are of "
                     f"{self.n_envs}"
                 )
-                + ", so training starts with a reset of the env.",
-                UserWarning,
-                stacklevel=3,
+                + ", so training starts with a reset of the env."
             )
             return
         self._last_obs = _obs_arrays(place["obs"])
@@ -1301,11 +1285,9 @@ class BaseAgent:
         custom_objects = dict(custom_objects or {})
         unread = [key for key in settings.get("unread", []) if key not in custom_objects]
         if unread:
-            warnings.warn(
+            warn_user(
                 f"The Stable-Baselines3 file pickled {', '.join(unread)} (a function or a class), which covey never "
-                "unpickles: the model takes covey's defaults for them. Pass them in custom_objects to set them.",
-                UserWarning,
-                stacklevel=2,
+                "unpickles: the model takes covey's defaults for them. Pass them in custom_objects to set them."
             )
         hyper = dict(settings["hyperparameters"])
         stand_ins = {}  # schedules the file kept as a number only, and not given again
@@ -1496,12 +1478,10 @@ def _policy_kwargs_to_json(policy_kwargs: dict) -> dict:
             json.dumps(value)
         except (TypeError, ValueError):
             out[key] = {"unsaved": type(value).__name__}
-            warnings.warn(
+            warn_user(
                 f"policy_kwargs[{key!r}] (a {type(value).__name__}) is not in the model file, which holds JSON and "
                 "never pickles: pass it again at load, custom_objects={'policy_kwargs': {"
-                f"{key!r}: ...}}}} (the file's other policy_kwargs are kept).",
-                UserWarning,
-                stacklevel=3,
+                f"{key!r}: ...}}}} (the file's other policy_kwargs are kept)."
             )
         else:
             out[key] = value
@@ -1611,17 +1591,13 @@ def config_dict(config: Any) -> dict[str, Any]:
 def warn_batch_size(batch_size: int, buffer_size: int) -> None:
     """SB3's warning when minibatches do not tile the rollout."""
     if batch_size > buffer_size:
-        warnings.warn(
+        warn_user(
             f"batch_size={batch_size} is larger than the rollout (n_steps * n_envs = {buffer_size}); "
-            f"each epoch uses one minibatch of {buffer_size}. Lower batch_size or raise n_steps.",
-            UserWarning,
-            stacklevel=3,
+            f"each epoch uses one minibatch of {buffer_size}. Lower batch_size or raise n_steps."
         )
     elif buffer_size % batch_size > 0:
-        warnings.warn(
+        warn_user(
             f"batch_size={batch_size} does not divide the rollout (n_steps * n_envs = {buffer_size}): every "
             f"epoch ends with a truncated minibatch of {buffer_size % batch_size}. "
-            f"Pick n_steps so that n_steps * n_envs is a multiple of batch_size.",
-            UserWarning,
-            stacklevel=3,
+            f"Pick n_steps so that n_steps * n_envs is a multiple of batch_size."
         )

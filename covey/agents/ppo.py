@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -44,6 +43,7 @@ from covey.networks.policies import ActorCriticPolicy
 from covey.networks.sb3_names import translate_groups
 from covey.networks.twohot import ScalarHead
 from covey.spaces import check_finite_bounds
+from covey.warning import warn_user
 
 # Observations per forward pass when values and log-probs are computed for a whole rollout.
 _EVAL_CHUNK = 4096
@@ -700,12 +700,10 @@ class PPO(BaseAgent):
         )
         if self.device.type != "cpu" and self.policy_name == "MlpPolicy":
             # as SB3 recommends for its PPO; covey's CPU paths (NumPy acting, hand-written gradients) widen the gap
-            warnings.warn(
+            warn_user(
                 f"PPO with an MlpPolicy on {self.device}: small MLPs train faster on the CPU, where covey acts in "
                 "NumPy and computes the update's gradients by hand, than on a GPU, where every env step waits on "
-                "a device round trip. Pass device='cpu' (the model trains on the GPU too, slowly).",
-                UserWarning,
-                stacklevel=2,
+                "a device round trip. Pass device='cpu' (the model trains on the GPU too, slowly)."
             )
         if _init_setup_model:
             self._setup_model()

@@ -4,7 +4,6 @@ SAC for Discrete actions (Christodoulou 2019, https://arxiv.org/abs/1910.07207),
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -43,6 +42,7 @@ from covey.networks.policies import SACPolicy
 from covey.networks.sb3_names import translate_groups
 from covey.networks.twohot import ScalarHead
 from covey.spaces import check_finite_bounds
+from covey.warning import warn_user
 from covey.wrappers.vec_env import VecImageLayout
 
 
@@ -389,11 +389,9 @@ def check_replay_buffer_args(
         )
     if replay_buffer_class is not None:
         if n_steps != 1:  # as SB3 warns: a replay buffer class given sets the returns itself
-            warnings.warn(
+            warn_user(
                 f"n_steps={n_steps} is ignored because replay_buffer_class={replay_buffer_class.__name__} was "
-                "given; pass n_steps alone (without replay_buffer_class) for n-step returns.",
-                UserWarning,
-                stacklevel=3,
+                "given; pass n_steps alone (without replay_buffer_class) for n-step returns."
             )
         n_steps = 1
     her = None
@@ -783,10 +781,9 @@ class SAC(BaseAgent):
         temperature = params.get("ent_coef_optimizer")
         if isinstance(temperature, dict) and not all("betas" in g for g in temperature.get("param_groups", [{}])):
             # Earlier covey files hold the temperature's state in policy_kwargs' optimizer class; it is Adam's now
-            warnings.warn(
+            warn_user(
                 "The learned temperature's optimizer state (ent_coef_optimizer) in these parameters is not an Adam "
-                "state; SAC steps the temperature with Adam, as SB3 does, so it starts from a fresh Adam state.",
-                stacklevel=3,
+                "state; SAC steps the temperature with Adam, as SB3 does, so it starts from a fresh Adam state."
             )
             params = {name: state for name, state in params.items() if name != "ent_coef_optimizer"}
         optimizers = ("actor.optimizer", "critic.optimizer", "ent_coef_optimizer")
@@ -824,12 +821,10 @@ class SAC(BaseAgent):
         self.replay_buffer.load(path)
         if truncate_last_traj and isinstance(self.replay_buffer, HerReplayBuffer):
             if self.replay_buffer.truncate_last_trajectory():
-                warnings.warn(
+                warn_user(
                     "The replay buffer file ends in running episodes, which loading ends (truncate_last_traj=True). "
                     "If training goes on in those same episodes (the env was not reset since the save), load with "
-                    "truncate_last_traj=False.",
-                    UserWarning,
-                    stacklevel=2,
+                    "truncate_last_traj=False."
                 )
 
     # ------------------------------------------------------------------ training loop
@@ -844,13 +839,11 @@ class SAC(BaseAgent):
     ) -> SAC:
         """Collect and train until ``total_timesteps`` env steps (over all envs); returns self."""
         if self.config.bf16_matmuls and self.device.type == "cpu" and not linear.fast_bfloat16_products():
-            warnings.warn(
+            warn_user(
                 "SAC(bf16_matmuls=True): this CPU has no fast bfloat16 matrix products (PyTorch multiplies "
                 "bfloat16 in oneDNN only with AVX-512 or Arm's bfloat16 instructions; its CPU capability here is "
                 f"{torch.backends.cpu.get_cpu_capability()}), so each gradient step's bfloat16 products run in a "
-                "fallback loop, tens of times slower than in float32. Use bf16_matmuls=False on this machine.",
-                UserWarning,
-                stacklevel=2,
+                "fallback loop, tens of times slower than in float32. Use bf16_matmuls=False on this machine."
             )
         noise = self.action_noise
         if noise is not None:  # as SB3: one noise process per env, each started afresh

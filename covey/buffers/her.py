@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from typing import Any
 
 import numpy as np
@@ -12,6 +11,7 @@ from gymnasium import spaces
 from stable_baselines3.her.goal_selection_strategy import GoalSelectionStrategy
 
 from covey.buffers.replay import ReplayBatch, ReplayBuffer, fill_rows
+from covey.warning import warn_user
 
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 _TAG = "__covey__"
@@ -194,12 +194,10 @@ class HerReplayBuffer(ReplayBuffer):
             rows = [[_plain_info(info, dropped) for info in row] for row in self.infos[:stored]]
             if dropped:
                 held = ", ".join(f"{key} ({what})" for key, what in dropped.items())
-                warnings.warn(
+                warn_user(
                     f"The replay buffer's infos (copy_info_dict=True) hold values its file keeps only as plain data "
                     f"(numbers, strings, NumPy arrays, lists, tuples and dicts of them): {held}. Those entries are "
-                    "left out, and after loading compute_reward gets each step's info without them.",
-                    UserWarning,
-                    stacklevel=4,
+                    "left out, and after loading compute_reward gets each step's info without them."
                 )
             arrays["her/infos"] = np.frombuffer(json.dumps(rows).encode(), dtype=np.uint8)
         return arrays
@@ -220,11 +218,9 @@ class HerReplayBuffer(ReplayBuffer):
                 rows = json.loads(data["her/infos"].tobytes())
             else:
                 rows = []
-                warnings.warn(
+                warn_user(
                     "The replay buffer file holds no infos (it was saved without copy_info_dict, or its infos "
-                    "were not plain data): compute_reward gets empty infos for its steps.",
-                    UserWarning,
-                    stacklevel=4,
+                    "were not plain data): compute_reward gets empty infos for its steps."
                 )
             for row in range(self.capacity):
                 decoded = rows[row] if row < len(rows) else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -10,6 +9,7 @@ from torch import nn
 
 from covey.networks import linear as linear_module
 from covey.networks.linear import ONEDNN_MIN_ROWS, Linear, in_onednn, onednn_linear, onednn_weight_grad
+from covey.warning import warn_user
 
 
 def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
@@ -425,11 +425,10 @@ def parse_net_arch(net_arch: Sequence[int] | dict | None, keys: tuple[str, ...],
     if net_arch is None:
         return {key: list(default) for key in keys}
     if isinstance(net_arch, (list, tuple)) and len(net_arch) == 1 and isinstance(net_arch[0], dict):
-        warnings.warn(
+        warn_user(
             "net_arch=[dict(...)] is SB3's form from before version 1.8 (shared layers went then); "
             f"write net_arch=dict(...) instead. Reading it as net_arch={net_arch[0]!r}.",
             FutureWarning,
-            stacklevel=2,
         )
         net_arch = net_arch[0]
     if isinstance(net_arch, dict):

@@ -15,9 +15,10 @@ custom classes) have no counterpart here.
 from __future__ import annotations
 
 import re
-import warnings
 
 import torch
+
+from covey.warning import warn_user
 
 # PPO: SB3 prefix -> covey prefix (the first that matches a key's start).
 _PPO = (
@@ -47,11 +48,9 @@ def translate_groups(
         return params
     dropped = [name for name in optimizers if name in params]
     if dropped:
-        warnings.warn(
+        warn_user(
             f"Copied SB3's {agent} weights; its optimizer states ({', '.join(dropped)}) follow SB3's parameter "
-            "order and are not copied: covey's optimizers start from their current state.",
-            UserWarning,
-            stacklevel=4,
+            "order and are not copied: covey's optimizers start from their current state."
         )
     rest = {name: group for name, group in params.items() if name not in optimizers and name != "policy"}
     policy = from_sb3(agent, policy)
