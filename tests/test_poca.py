@@ -1386,3 +1386,10 @@ def test_a_tuple_observation_gets_advice_that_works_for_a_pettingzoo_env():
     flatten = eval(advice.group(1), {"gymnasium": gymnasium})  # noqa: S307 - the message's own code
     fixed = lambda: supersuit.observation_lambda_v0(team(), flatten, gymnasium.spaces.flatten_space)  # noqa: E731
     assert POCA("MlpPolicy", fixed, n_steps=8, batch_size=8, seed=0).learn(8).num_timesteps == 8
+
+
+def test_use_sde_in_policy_kwargs_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="POCA has no state-dependent exploration.*Remove use_sde"):
+        POCA("MlpPolicy", EarlyExitEnv(), n_envs=1, n_steps=8, batch_size=8, policy_kwargs=dict(use_sde=True))
+    model = POCA("MlpPolicy", EarlyExitEnv(), n_envs=1, n_steps=8, batch_size=8, policy_kwargs=dict(use_sde=False))
+    assert model.policy_config.use_sde is False  # use_sde=False is taken, as it changes nothing

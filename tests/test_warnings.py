@@ -51,6 +51,11 @@ def sac_n_steps_beside_a_buffer_class(tmp_path):
     SAC("MlpPolicy", "Pendulum-v1", n_steps=3, replay_buffer_class=ReplayBuffer)
 
 
+def sac_use_sde_in_policy_kwargs(tmp_path):
+    model = SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(use_sde=True))
+    assert not model.use_sde  # as SB3: the agent's argument decides
+
+
 def cuda_asked_for(tmp_path):
     PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, device="cuda:0")
 
@@ -148,6 +153,7 @@ CASES = {
     old_net_arch_ppo: "SB3's form from before version 1.8",
     old_net_arch_sac: "SB3's form from before version 1.8",
     sac_n_steps_beside_a_buffer_class: "n_steps=3 is ignored",
+    sac_use_sde_in_policy_kwargs: "policy_kwargs use_sde=True is not read",
     cuda_asked_for: "CUDA is not available",
     cuda_asked_for_at_load: "CUDA is not available",
     go_on_without_a_place: "force_reset=False",
@@ -174,3 +180,12 @@ def test_a_warning_names_the_users_line(case, tmp_path):
     for warning in raised:
         assert (warning.filename, warning.lineno) != ("", 0)
         assert warning.filename == __file__, f"attributed to {warning.filename}:{warning.lineno}"
+
+
+def test_sac_reads_use_sde_from_its_own_argument_and_warns_only_where_policy_kwargs_says_otherwise():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        on = SAC("MlpPolicy", "Pendulum-v1", use_sde=True, policy_kwargs=dict(use_sde=True))
+        off = SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(use_sde=False))
+    assert on.use_sde and not off.use_sde
+    assert type(on.actor.head).__name__ != type(off.actor.head).__name__  # gSDE's head against the Gaussian

@@ -525,7 +525,12 @@ class SAC(BaseAgent):
             n_steps=n_steps,
         )
         kwargs = policy_kwargs_dict(policy_kwargs)
-        kwargs.pop("use_sde", None)  # SB3's off-policy agents set the policy's use_sde from their own argument
+        # SB3's off-policy agents set the policy's use_sde from their own argument, silently
+        if kwargs.pop("use_sde", False) and not use_sde:
+            warn_user(
+                "policy_kwargs use_sde=True is not read: SAC's own use_sde argument decides (False here), as in SB3. "
+                "Pass use_sde=True to SAC for state-dependent exploration."
+            )
         self._sb3_policy_class = sb3_policy_class(policy, "SAC")
         if self._sb3_policy_class is not None:
             # the class takes policy_kwargs itself; covey's own networks and their settings are not built

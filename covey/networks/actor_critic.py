@@ -90,7 +90,8 @@ def policy_name(policy: str | type, agent: str | None = None) -> str:
     )
 
 
-# SB3 options covey does not implement; they are refused by name rather than silently ignored.
+# Refused by name in policy_kwargs rather than silently ignored: use_sde is PPO's own argument there (SAC takes it
+# out of policy_kwargs before, as SB3's off-policy agents do, and POCA has none); sde_net_arch covey does not implement.
 _UNSUPPORTED = ("use_sde", "sde_net_arch")
 
 # sb3-contrib's RecurrentPPO policy_kwargs: (the values that are covey's behaviour, taken and dropped; what to do
