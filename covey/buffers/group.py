@@ -119,14 +119,14 @@ class GroupRolloutBuffer:
         """``(n_steps, n_envs, ...)`` -> ``(n_steps * n_envs, ...)``: one row per group-step."""
         return x.reshape(self.n_steps * self.n_envs, *x.shape[2:])
 
-    def compute_returns(self, last_values: np.ndarray, gamma: float, lam: float) -> None:
+    def compute_returns(self, last_values: np.ndarray, gamma: float, gae_lambda: float) -> None:
         """Lambda-returns from the centralized value and advantages against the per-agent baselines."""
         # A true terminal of the whole group has no future; any other end of an agent's trajectory
         # (leaving early while the group goes on, or a time limit) bootstraps from the group it leaves.
         bootstrap = np.where(self.group_terminal[..., None], 0.0, self.continuing_values.numpy()[..., None])
         bootstrap = np.broadcast_to(bootstrap, self.rewards.shape)
-        self.gamma, self.gae_lambda = gamma, lam
-        returns = group_lambda_returns(self.rewards, self.values, last_values, self.ended, bootstrap, gamma, lam)
+        self.gamma, self.gae_lambda = gamma, gae_lambda
+        returns = group_lambda_returns(self.rewards, self.values, last_values, self.ended, bootstrap, gamma, gae_lambda)
         self.returns_tensor = torch.as_tensor(returns, dtype=torch.float32)
         # Diagnostic: mean absolute one-step TD error of the group value over present agent-steps.
         values = self.values

@@ -42,7 +42,7 @@ def fill_rows(target: np.ndarray, rows: np.ndarray) -> None:
     target[len(rows) :] = 0
 
 
-def _obs_keys(space: spaces.Space) -> dict[str | None, spaces.Space]:
+def _obs_spaces(space: spaces.Space) -> dict[str | None, spaces.Space]:
     return dict(space.spaces) if isinstance(space, spaces.Dict) else {None: space}
 
 
@@ -93,7 +93,7 @@ class ReplayBuffer:
         self.observation_space, self.action_space = observation_space, action_space
         self.optimize_memory_usage = optimize_memory_usage
         self.device = torch.device(device)
-        self.spaces = _obs_keys(observation_space)
+        self.spaces = _obs_spaces(observation_space)
         lead = (self.capacity, n_envs)
         self._obs = {k: np.zeros((*lead, *s.shape), dtype=s.dtype) for k, s in self.spaces.items()}
         self._next_obs = None if optimize_memory_usage else {k: np.zeros_like(v) for k, v in self._obs.items()}

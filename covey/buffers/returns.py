@@ -48,7 +48,7 @@ def group_lambda_returns(
     ended: np.ndarray,
     bootstrap: np.ndarray,
     gamma: float,
-    lam: float,
+    gae_lambda: float,
 ) -> np.ndarray:
     """MA-POCA's lambda-returns for every agent slot, from the group's centralized value.
 
@@ -60,7 +60,7 @@ def group_lambda_returns(
     the whole group, and otherwise the value of the group state that continues (posthumous credit for an
     agent that left early) or of the final state (truncation). Elsewhere::
 
-        G_t = r_t + gamma * (lam * G_{t+1} + (1 - lam) * V_{t+1})
+        G_t = r_t + gamma * (gae_lambda * G_{t+1} + (1 - gae_lambda) * V_{t+1})
 
     and the rollout's last step uses ``G_T = V_T = last_values``. Entries of absent slots are meaningless.
 
@@ -74,7 +74,7 @@ def group_lambda_returns(
     next_return = np.broadcast_to(np.asarray(last_values, dtype=np.float64)[:, None], rewards.shape[1:])
     for t in reversed(range(n_steps)):
         next_value = (values[t + 1] if t + 1 < n_steps else last_values)[:, None]  # (N, 1)
-        continuing = rewards[t] + gamma * (lam * next_return + (1.0 - lam) * next_value)
+        continuing = rewards[t] + gamma * (gae_lambda * next_return + (1.0 - gae_lambda) * next_value)
         # An agent whose trajectory ends here bootstraps from the state it leaves (0 only at a group terminal).
         returns[t] = np.where(ended[t], rewards[t] + gamma * bootstrap[t], continuing)
         next_return = returns[t]

@@ -239,7 +239,7 @@ class RolloutBuffer:
             )
         return self.minibatches(batch_size if batch_size is not None else self.n_steps * self.n_envs)
 
-    def minibatches(self, batch_size: int, generator: torch.Generator | None = None) -> Iterator[RolloutBatch]:
+    def minibatches(self, batch_size: int) -> Iterator[RolloutBatch]:
         """Shuffled minibatches over all ``n_steps * n_envs`` samples (the last one may be smaller).
 
         When one minibatch holds the whole rollout, its order does not change the gradient: no shuffle.
@@ -256,7 +256,7 @@ class RolloutBuffer:
         if batch_size >= n:
             yield RolloutBatch(obs, *flat)
             return
-        perm = torch.randperm(n, generator=generator, device=self.device)
+        perm = torch.randperm(n, device=self.device)
         for start in range(0, n, batch_size):
             idx = perm[start : start + batch_size]
             yield RolloutBatch(_index(obs, idx), *(x[idx] for x in flat))

@@ -9,7 +9,7 @@ def cut_sequences(episode_starts: np.ndarray, sequence_length: int) -> tuple[np.
     """Split every env's trajectory segments of a ``(T, N)`` rollout into sequences of ``sequence_length``.
 
     A segment starts at ``t = 0`` and wherever ``episode_starts[t, n]`` is True; no sequence crosses a
-    segment boundary. A segment whose length does not divide ``sequence_length`` gets its *first*
+    segment boundary. A segment whose length is not a multiple of ``sequence_length`` gets its *first*
     sequence padded at the front. Returns ``index`` ``(n_sequences, L)``: positions in the time-major
     flattening ``t * N + n``, ``-1`` on padding; and ``valid`` ``(n_sequences, L)``.
 

@@ -124,13 +124,17 @@ class PolicyConfig:
     activation_fn: type[nn.Module] = nn.Tanh
     """Activation class used between hidden layers."""
     ortho_init: bool = True
-    """Orthogonal initialization (gains sqrt(2) hidden, 0.01 policy output, 1 value output)."""
+    """Orthogonal initialization. PPO: encoders and hidden layers with gain sqrt(2), the policy output 0.01, a
+    scalar value output 1 (a two-hot one keeps PyTorch's). POCA: the actor's hidden layers and policy output
+    alike; its critic keeps PyTorch's. SAC does not read it (SB3's SACPolicy has no such setting)."""
     log_std_init: float = 0.0
     """Initial log standard deviation of Gaussian (Box) policies."""
     normalize_images: bool = True
     """Scale uint8 image observations to [0, 1]."""
     share_features_extractor: bool = True
-    """Actor and critic share the observation encoder (for MlpPolicy the encoder has no weights)."""
+    """Actor and critic share the observation encoder (for MlpPolicy the encoder has no weights). PPO: True by
+    default; SAC: False by default, and with True its Q networks read the actor's encoder without a gradient, as
+    SB3's; POCA's actor and critic always have encoders of their own."""
     features_extractor_class: type[nn.Module] | None = None
     """An SB3 ``BaseFeaturesExtractor`` subclass to use as the observation encoder (None: covey's own)."""
     features_extractor_kwargs: dict = field(default_factory=dict)
@@ -315,7 +319,8 @@ class Actor(SB3FeatureNames, nn.Module):
         self.encoder = encoder
         self.memory = memory
         self.trunk = mlp(memory.out_dim if memory is not None else encoder.out_dim, hidden, activation)
-        # SAC squashes Box actions into [-1, 1] with tanh and rescales them to the bounds for the env.
+        # Squashed Box actions (SAC's, and PPO's with use_sde and squash_output) go into [-1, 1] with tanh and are
+        # rescaled to the bounds for the env.
         self.squashed = squashed and isinstance(action_space, spaces.Box)
         action_dim = int(np.prod(action_space.shape)) if self.squashed else 0
         if self.squashed and sde is not None:
@@ -335,7 +340,8 @@ class Actor(SB3FeatureNames, nn.Module):
         return getattr(self.head, "log_std", None)
 
     def distribution_params(self, obs: ObsTensor) -> torch.Tensor:
-        """Distribution parameters (logits, Gaussian means, or SAC's means and log-stds), ``(B, n_params)``."""
+        """Distribution parameters, ``(B, n_params)``: logits, Gaussian means, SAC's means and log-stds, or with
+        use_sde the means beside the latent features the noise multiplies."""
         return self.head(self.trunk(self.encoder(obs)))
 
     def forward(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
@@ -891,6 +897,13 @@ def build_poca_networks(
 
     critic_memory = None if memory is None else Memory(attention_width, int(memory["hidden_size"]), memory["kind"])
     critic = POCACritic(
-        encoder(), action_space, value_head, attention_width, arch["vf"], n_heads, config.activation_fn, critic_memory
+        encoder(),
+        action_space,
+        value_head_fn=value_head,
+        width=attention_width,
+        hidden=arch["vf"],
+        n_heads=n_heads,
+        activation=config.activation_fn,
+        memory=critic_memory,
     )
     return actor, critic

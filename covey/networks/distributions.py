@@ -1,8 +1,11 @@
 """Action heads: a linear layer to distribution parameters, plus sampling, log-probabilities and entropy.
 
 Written as plain tensor maths (no ``torch.distributions`` objects) because these run every step.
-Every head maps latent features ``(B, in_dim)`` to parameters with ``forward``; ``sample``,
-``log_prob`` and ``entropy`` take those parameters. ``log_prob`` and ``entropy`` return ``(B,)``.
+Every head maps latent features ``(B, in_dim)`` to parameters with ``forward``, and ``sample`` takes those
+parameters. The heads PPO and POCA train also take them in ``log_prob`` and ``entropy``, which return ``(B,)``;
+a squashed head has no closed-form entropy, so the caller asks ``log_prob_entropy`` of it (the entropy
+``SquashedStateDependentHead`` inherits is its Gaussian's before tanh). SAC's heads draw differentiable
+actions and their log-probabilities with ``rsample``; ``SquashedGaussianHead`` has no ``log_prob``.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ class Encoder(nn.Module):
 
 
 class FlattenEncoder(Encoder):
-    """Flattens a Box or MultiBinary observation to floats; uint8 images are scaled to [0, 1]."""
+    """Flattens a Box or MultiBinary observation to floats, times ``scale`` where given (:func:`make_encoder`
+    passes 1/255 for uint8 images with ``normalize_images``)."""
 
     def __init__(self, space: spaces.Box | spaces.MultiBinary, scale: float | None = None) -> None:
         super().__init__()
@@ -282,7 +283,14 @@ def make_encoder(
         sub_kind: EncoderKind = "mlp" if kind == "mlp" else "multi"
         return DictEncoder(
             {
-                key: make_encoder(sub, sub_kind, normalize_images, cnn_output_dim, cnn_output_dim, normalized_image)
+                key: make_encoder(
+                    sub,
+                    sub_kind,
+                    normalize_images,
+                    features_dim=cnn_output_dim,
+                    cnn_output_dim=cnn_output_dim,
+                    normalized_image=normalized_image,
+                )
                 for key, sub in space.spaces.items()
             }
         )

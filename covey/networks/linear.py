@@ -22,7 +22,8 @@ than their transposes, so that a 4 -> 256 layer's forward and backward on 256 sa
 against 140 us (``python -m benchmarks.fast_paths``). On float32 CPU tensors such layers (:func:`narrow`) take
 their gradients as those transposed products; the forward product is ``F.linear``'s.
 ``covey.networks.linear.NARROW`` is the switch, off on Intel CPUs (:data:`INTEL_MKL`), where MKL's own
-products are the fast ones.
+products are the fast ones. It governs autograd's layers only: the hand-written gradients of
+:class:`covey.networks.mlp.ManualMLP` pick their transposed weight gradients by a rule of their own.
 """
 
 from __future__ import annotations

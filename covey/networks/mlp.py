@@ -30,7 +30,9 @@ def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tan
 
 # The activations :class:`ManualMLP` differentiates by hand.
 _MANUAL_ACTIVATIONS = {nn.Tanh: "tanh", nn.ReLU: "relu"}
-_NARROW_INPUTS = 16  # layers with fewer inputs (and at least this many outputs) take the transposed weight gradient
+# Layers with fewer inputs (and at least this many outputs) take the transposed weight gradient in ManualMLP: a rule
+# of its own, for any batch size, which covey.networks.linear.NARROW (autograd's layers) does not switch.
+_NARROW_INPUTS = 16
 
 SIGMOID_TANH = not linear_module.INTEL_MKL
 """Whether :class:`ManualMLP` evaluates tanh as ``2 * sigmoid(2x) - 1`` in training: several times faster than

@@ -54,7 +54,8 @@ class ActionDistribution:
         return self.head.log_prob(self.params, _as_head_actions(actions, self.action_space, self.params))
 
     def entropy(self) -> torch.Tensor | None:
-        """Entropies ``(B,)``; None for SAC's squashed Gaussian, which has no closed form (SB3's too)."""
+        """Entropies ``(B,)``; None for a squashed Gaussian (SAC's, or PPO's with ``squash_output``), which has no
+        closed form (SB3's too)."""
         if isinstance(self.head, (SquashedGaussianHead, SquashedStateDependentHead)):
             return None
         return self.head.entropy(self.params)
@@ -66,7 +67,7 @@ class ActionDistribution:
         return self.get_actions(deterministic=True)
 
     def get_actions(self, deterministic: bool = False) -> torch.Tensor:
-        """Actions shaped as the action space, batched (squashed into [-1, 1] for SAC)."""
+        """Actions shaped as the action space, batched (in [-1, 1] where the actor squashes them)."""
         actions = self.head.sample(self.params, deterministic)
         return actions.reshape((-1, *self.action_space.shape))
 
@@ -223,7 +224,7 @@ class _PolicyBase(nn.Module):
 
     @property
     def squash_output(self) -> bool:
-        """Whether actions come squashed into [-1, 1] (SAC's Box actions)."""
+        """Whether actions come squashed into [-1, 1] (SAC's Box actions, PPO's with ``squash_output``)."""
         return bool(self.actor.squashed)
 
     def obs_to_tensor(self, observation) -> tuple[ObsTensor, bool]:

@@ -76,7 +76,8 @@ class TwoHotHead(nn.Module):
         return logits.reshape(*latent.shape[:-1], self.n_outputs, self.num_buckets)  # (..., n_outputs, K)
 
     def value(self, logits: torch.Tensor) -> torch.Tensor:
-        """Expected value in real units, ``(..., n_outputs)``."""
+        """Expected value in real units from :meth:`forward`'s logits: ``(...)`` for one output, else
+        ``(..., n_outputs)``."""
         return symexp((logits.softmax(-1) * self.bins).sum(-1))
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
