@@ -409,7 +409,7 @@ def export_onnx(
     :param path: the ``.onnx`` file to write (suffix added when missing), written atomically.
     :param verify: run the file with onnxruntime on ``n_samples`` observations sampled from the observation
         space and compare with ``model.predict(..., deterministic=True)``: discrete actions must be equal,
-        continuous ones within ``1e-5``. A mismatch warns and returns ``verified=False``.
+        continuous ones within ``1e-5`` (relative, for values above 1). A mismatch warns and returns ``verified=False``.
     :param n_samples: observations used for verification.
     :param seed: seed of the sampled observations.
     :return: ``{"path", "verified", "max_abs_diff", "n_samples", "inputs", "outputs"}``.

@@ -152,10 +152,7 @@ class _Run:
         return self.title or self.path.name
 
     def training_curve(self) -> tuple[np.ndarray, np.ndarray] | None:
-        if STEPS_KEY not in self.progress or RETURN_KEY not in self.progress:
-            return None
-        steps, values = _clean_curve(self.progress[STEPS_KEY], self.progress[RETURN_KEY])
-        return (steps, values) if len(steps) else None
+        return _finite_series(self, RETURN_KEY)
 
     def evaluation_curve(self) -> tuple[np.ndarray, np.ndarray] | None:
         return None if self.evaluations is None else (self.evaluations[0], self.evaluations[1])
@@ -321,7 +318,7 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
     if critic:
         _draw_critic(axes[1], run)
     seed = run.config.get("seed")
-    title = run.title or run.path.name
+    title = run.label
     fig.suptitle(f"{title} (seed {seed})" if seed is not None and run.title else title)
     return _save(fig, out if out is not None else run.path / CURVE_FILE)
 

@@ -52,7 +52,8 @@ def is_sb3_file(names: set[str]) -> bool:
 def parse_space(text: str) -> spaces.Space:
     """A Gymnasium space from its ``repr`` (``Box(-1.0, 1.0, (3,), float32)``, ``Discrete(3, start=1)``,
     ``MultiDiscrete([3 2])``, ``MultiBinary(4)``, ``Dict('a': ..., 'b': ...)``), nested Dicts included.
-    Raises ``ValueError`` for anything else, or for a repr whose arrays NumPy printed summarized (``...``)."""
+    Raises ``ValueError`` for anything else, or for a repr whose arrays NumPy printed summarized (``...``) unless
+    every value printed is the same (a Box of equal bounds)."""
     text = text.strip()
     match = re.fullmatch(r"(\w+)\((.*)\)", text, flags=re.DOTALL)
     if match is None:

@@ -90,7 +90,8 @@ def check_finite_bounds(space: spaces.Space, needs: str) -> None:
 
 
 def is_image_space(space: spaces.Space) -> bool:
-    """A uint8 Box with 3 dimensions and bounds [0, 255], with the smallest dimension first or last."""
+    """A uint8 Box with 3 dimensions and bounds [0, 255] (which dimension holds the channels is not checked, as
+    in SB3's default check)."""
     return (
         isinstance(space, spaces.Box)
         and len(space.shape) == 3

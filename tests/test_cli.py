@@ -201,7 +201,7 @@ def test_bad_config_fails_before_training(tmp_path, config_text, sets, named):
         ({"agent": "ppo", "env": "mpe2:simple_spread_v3"}, "PettingZoo"),
         ({"agent": "poca", "env": "CartPole-v1"}, "Gymnasium env id"),
         ({"agent": "poca", "env": "no_such_module_covey:thing_v0"}, "Cannot import module 'no_such_module_covey'"),
-        ({"agent": "sac", "env": "no_such_module_covey:Thing-v0"}, "Cannot import module 'no_such_module_covey'"),
+        ({"agent": "sac", "env": "no_such_module_covey:Thing-v0"}, "No module named 'no_such_module_covey'"),
     ],
 )
 def test_env_specs_that_do_not_fit_the_agent_are_refused(raw, problem):
@@ -562,3 +562,45 @@ def test_a_yaml_or_json_error_is_one_line():
         parse_yaml('{"N": 3', "--env-kwargs")
     assert "\n" not in str(info.value) and "--env-kwargs is not valid YAML" in str(info.value)
     assert "line 1, column" in str(info.value)
+
+
+def test_an_output_path_that_is_a_folder_is_a_cli_error_not_a_traceback(ppo_run, capsys):
+    from covey.cli import main
+
+    folder = ppo_run.parent / "a_folder"
+    folder.mkdir(exist_ok=True)
+    for argv, words in (
+        (["plot", str(ppo_run), "--out", str(folder)], "is a folder; pass the path of the image file"),
+        (["enjoy", str(ppo_run), "--gif", str(folder), "--max-frames", "5"], "is a folder"),
+        (["export", str(ppo_run), "--onnx", str(folder)], "is a folder; pass the path of the .onnx file"),
+    ):
+        if argv[0] == "export":
+            pytest.importorskip("onnxruntime")
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("covey: error:") and words in err, err
+    assert list(folder.iterdir()) == []
+
+
+def test_a_gymnasium_module_that_is_not_installed_is_named_without_pettingzoos_hint(tmp_path):
+    from covey.cli import main
+    from covey.cli.envs import check_gym_spec, gym_env_fn
+
+    assert main(["train", "ppo", "--env", "no_such_pkg:Thing-v0", "--run-dir", str(tmp_path / "r")]) == 2
+    assert not (tmp_path / "r").exists()
+    check_gym_spec("no_such_pkg:Thing-v0", "ppo")  # not taken for a PettingZoo env: gym.make names the module
+    with pytest.raises(CLIError, match="No module named 'no_such_pkg'") as caught:
+        gym_env_fn("no_such_pkg:Thing-v0", {}, [])()
+    assert "pettingzoo" not in str(caught.value)
+
+
+def test_a_folder_that_holds_a_model_but_no_resumable_run_is_not_sent_to_resume(tmp_path):
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "model.zip").write_bytes(b"a model saved from Python")
+    result = covey("train", CONFIGS / "ppo_cartpole.yaml", "--run-dir", "saved", cwd=tmp_path, check=False)
+    assert result.returncode == 2 and "a model.zip but no run (no config.yaml)" in result.stderr
+    assert "--resume" not in result.stderr
+    (tmp_path / "saved" / "config.yaml").write_text((CONFIGS / "ppo_cartpole.yaml").read_text())
+    result = covey("train", CONFIGS / "ppo_cartpole.yaml", "--run-dir", "saved", cwd=tmp_path, check=False)
+    assert result.returncode == 2 and "a run with no checkpoint to resume from" in result.stderr
+    assert "--resume" not in result.stderr

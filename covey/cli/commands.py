@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import sys
+import warnings
 from typing import Any
 
 from covey.cli.config import CLIError, RunConfig, apply_sets, load_yaml_file, parse_yaml
@@ -130,8 +131,8 @@ def cmd_enjoy(args: Any) -> int:
             fps=args.fps,
             max_frames=args.max_frames,
         )
-    except (ValueError, ImportError, gym.error.Error) as err:  # e.g. no RGB rendering, or pygame missing
-        raise CLIError(f"Cannot record {cfg.env}: {err}") from err
+    except (ValueError, ImportError, OSError, gym.error.Error) as err:  # e.g. no RGB rendering, pygame missing,
+        raise CLIError(f"Cannot record {cfg.env}: {err}") from err  # or --gif naming a folder
     shown = ", ".join(f"{r:.2f}" for r in returns)
     print(f"wrote {gif}: {len(returns)} episode(s), {n_frames} frames; returns: {shown}")
     if n_frames >= args.max_frames:
@@ -152,7 +153,7 @@ def cmd_plot(args: Any) -> int:
             raise CLIError(f"{run} is not a run folder with a progress.csv.")
     try:
         out = plot_runs([pathlib.Path(r) for r in args.runs], args.out)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # e.g. --out naming a folder
         raise CLIError(str(err)) from err
     print(f"wrote {out}")
     return 0
@@ -181,8 +182,10 @@ def cmd_export(args: Any) -> int:
     try:
         from covey.export import export_onnx
 
-        result = export_onnx(model, out)
-    except ImportError as err:
+        with warnings.catch_warnings():  # a failed verification is reported below, once
+            warnings.filterwarnings("ignore", message="The ONNX export at", category=RuntimeWarning)
+            result = export_onnx(model, out)
+    except (ImportError, ValueError, RuntimeError, OSError) as err:  # export_onnx's errors say what to do
         raise CLIError(str(err)) from err
     verified = bool(result.get("verified"))
     print(f"wrote {result.get('path', out)} from {model_path}")

@@ -313,7 +313,7 @@ _FIELD_DOCS: dict[str, str] = {}
 
 
 def _read_field_docs() -> None:
-    """The attribute docstrings of RunConfig (the line under each field), for error messages and --help."""
+    """The attribute docstrings of RunConfig (the line under each field), for error messages."""
     source = inspect.getsource(RunConfig)
     for match in re.finditer(r"^    (\w+): [^\n]+\n    \"\"\"(.+?)\"\"\"", source, flags=re.M | re.S):
         _FIELD_DOCS[match.group(1)] = " ".join(match.group(2).replace("``", "").split())  # one line, no markup

@@ -28,6 +28,14 @@ def _import(module: str, spec: str) -> Any:
         ) from err
 
 
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
 def _pettingzoo_module(spec: str) -> Any | None:
     """The object named by ``module:name`` when it makes PettingZoo envs (has ``parallel_env``), else None."""
     module_name, _, name = spec.partition(":")
@@ -72,7 +80,8 @@ def _is_gym_id(spec: str) -> bool:
 
 def check_gym_spec(spec: str, agent: str) -> None:
     """Refuse a PettingZoo env given to a single-agent algorithm (other problems surface in gym.make)."""
-    if ":" in spec and _pettingzoo_module(spec) is not None:
+    # A module that does not import is left to gym.make, whose error names it (the hint above is PettingZoo's)
+    if ":" in spec and _importable(spec.partition(":")[0]) and _pettingzoo_module(spec) is not None:
         raise CLIError(
             f"{spec!r} is a PettingZoo multi-agent env, but {agent} trains one agent in a Gymnasium env. "
             f"Train the team with POCA (covey train poca --env {spec}), or give a Gymnasium id such as CartPole-v1."
@@ -105,6 +114,8 @@ def gym_env_fn(spec: str, env_kwargs: dict, wrappers: list[dict], render_mode: s
         try:
             env = gym.make(spec, **kwargs)
         except gym.error.Error as err:
+            raise CLIError(f"Cannot make the Gymnasium env {spec!r}: {err}") from err
+        except ModuleNotFoundError as err:  # module:EnvId whose module is not installed
             raise CLIError(f"Cannot make the Gymnasium env {spec!r}: {err}") from err
         except TypeError as err:
             raise CLIError(f"env_kwargs {env_kwargs} do not fit {spec!r}: {err}") from err

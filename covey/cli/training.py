@@ -15,7 +15,8 @@ the random number generator states (Python, NumPy, torch, the action space's), t
 statistics, the best evaluation so far and the episode counter; SAC adds its replay buffer (plain arrays;
 kept for the latest checkpoint only). Nothing is pickled: loading a checkpoint never runs code.
 Not restored: the envs' internal state (episodes restart from a reset, seeded from the step count) and
-an on-policy rollout in progress (checkpoints are taken between updates, so none is ever half-used).
+an on-policy rollout in progress (checkpoints are taken between updates, so none is ever half-used; only a
+second Ctrl-C saves the model wherever it stopped, its unfinished rollout's steps counted but not trained on).
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def set_rng_state(model: Any, state: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------- Ctrl-C
 class Interrupt:
     """The first Ctrl-C asks training to stop at the next consistent point (between updates, where a
-    checkpoint is saved); a second one stops at once (KeyboardInterrupt)."""
+    checkpoint is saved); a second one stops at once (KeyboardInterrupt), and the model is saved as it stands."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -206,7 +207,8 @@ class Interrupt:
             raise KeyboardInterrupt
         self.requested = True
         print(
-            "\ncovey: Ctrl-C: saving a checkpoint after the current update (Ctrl-C again to stop at once)...",
+            "\ncovey: Ctrl-C: saving a checkpoint after the current update (Ctrl-C again to stop at once and save the "
+            "model as it stands)...",
             file=sys.stderr,
             flush=True,
         )
@@ -470,13 +472,20 @@ def start(cfg: RunConfig, run_dir: str | os.PathLike | None = None, desc: str = 
         raise CLIError(f"--run-dir {path} is a file, not a folder: choose a folder for the run (it is created).")
     folder = RunFolder(path)
     if folder.is_run() or folder.model.exists():
-        if not folder.checkpoint_steps() and not folder.model.exists():
+        if folder.is_run() and folder.checkpoint_steps():  # what resume() continues from
             raise CLIError(
-                f"{path} already holds a run that stopped before its first checkpoint, so it cannot be resumed. "
-                f"Remove the folder to start it over, or choose another --run-dir."
+                f"{path} already holds a run. Continue it with `covey train --resume {path}`, or choose another "
+                "--run-dir."
             )
+        if not folder.is_run():
+            held = "a model.zip but no run (no config.yaml)"
+        elif folder.model.exists():
+            held = "a run with no checkpoint to resume from"
+        else:
+            held = "a run that stopped before its first checkpoint"
         raise CLIError(
-            f"{path} already holds a run. Continue it with `covey train --resume {path}`, or choose another --run-dir."
+            f"{path} already holds {held}, so it cannot be resumed. Remove the folder to start it over, or choose "
+            "another --run-dir."
         )
     path.mkdir(parents=True, exist_ok=True)
     folder.config.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
