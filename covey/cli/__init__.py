@@ -17,7 +17,15 @@ import pathlib
 import sys
 from typing import Any
 
-from covey.cli.config import AGENTS, RESUME_OVERRIDABLE, CLIError, apply_sets, load_yaml_file, parse_yaml
+from covey.cli.config import (
+    AGENTS,
+    RESUME_OVERRIDABLE,
+    CLIError,
+    apply_sets,
+    load_yaml_file,
+    parse_env_kwargs,
+    parse_yaml,
+)
 from covey.version import __version__
 
 __all__ = ["CLIError", "main"]
@@ -73,10 +81,7 @@ def _cmd_train(args: Any) -> int:
         if text is not None:
             raw[key] = parse_yaml(text, f"--{key.replace('_', '-')}")  # 1e6 is a number, null a random seed
     if args.env_kwargs is not None:
-        env_kwargs = parse_yaml(args.env_kwargs, "--env-kwargs")
-        if not isinstance(env_kwargs, dict):
-            raise CLIError(f"--env-kwargs must be a mapping such as '{{\"N\": 3}}', got {args.env_kwargs!r}.")
-        raw["env_kwargs"] = env_kwargs
+        raw["env_kwargs"] = parse_env_kwargs(args.env_kwargs)
     cfg = RunConfig.from_dict(apply_sets(raw, args.set or []))
     from covey.cli.training import start
 

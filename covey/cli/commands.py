@@ -7,18 +7,8 @@ import sys
 import warnings
 from typing import Any
 
-from covey.cli.config import CLIError, RunConfig, apply_sets, load_yaml_file, parse_yaml
+from covey.cli.config import CLIError, RunConfig, apply_sets, load_yaml_file, parse_env_kwargs
 from covey.cli.training import RunFolder
-
-
-def parse_env_kwargs(text: str | None) -> dict[str, Any] | None:
-    """``--env-kwargs '{"N": 3}'`` (JSON or YAML) as a dict."""
-    if text is None:
-        return None
-    value = parse_yaml(text, "--env-kwargs")
-    if not isinstance(value, dict):
-        raise CLIError(f"--env-kwargs must be a mapping such as '{{\"N\": 3}}', got {text!r}.")
-    return value
 
 
 def resolve_model(

@@ -44,6 +44,16 @@ def parse_yaml(text: str, what: str) -> Any:
         raise CLIError(f"{what} is not valid YAML: {_one_line(err)}") from err
 
 
+def parse_env_kwargs(text: str | None) -> dict[str, Any] | None:
+    """``--env-kwargs '{"N": 3}'`` (JSON or YAML) as a dict."""
+    if text is None:
+        return None
+    value = parse_yaml(text, "--env-kwargs")
+    if not isinstance(value, dict):
+        raise CLIError(f"--env-kwargs must be a mapping such as '{{\"N\": 3}}', got {text!r}.")
+    return value
+
+
 def _one_line(err: yaml.YAMLError) -> str:
     """A YAML error as one line: its problem and where (PyYAML draws the spot over several lines)."""
     problem = getattr(err, "problem", None)
