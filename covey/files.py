@@ -59,3 +59,8 @@ def write_atomically(target: pathlib.Path, write: Callable[[Any], None]) -> None
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_text_atomically(target: pathlib.Path, text: str) -> None:
+    """A text file written as :func:`write_atomically` writes: never half-written."""
+    write_atomically(target, lambda f: f.write(text.encode()))

@@ -288,13 +288,13 @@ def test_files_written_through_a_temporary_file_get_the_usual_permissions(tmp_pa
     has the mode a plain open() would give it under the umask, for model files, replay buffers, text, images."""
     from covey import SAC
     from covey.cli.evaluation import _write_gif
-    from covey.cli.training import write_atomic
+    from covey.files import write_text_atomically
 
     old = os.umask(0o027)
     try:
         PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(tmp_path / "model.zip")
         SAC("MlpPolicy", "Pendulum-v1", buffer_size=100).save_replay_buffer(tmp_path / "replay.npz")
-        write_atomic(tmp_path / "state.json", "{}")
+        write_text_atomically(tmp_path / "state.json", "{}")
         _write_gif([np.zeros((4, 4, 3), np.uint8)] * 2, tmp_path / "episode.gif", fps=10)
         with open(tmp_path / "plain.txt", "w") as f:
             f.write("")

@@ -52,7 +52,7 @@ from covey.cli.config import (
 )
 from covey.cli.envs import build_env
 from covey.cli.evaluation import Evaluator
-from covey.files import write_atomically
+from covey.files import write_text_atomically
 
 STATE_FORMAT = 1
 EVALUATIONS_HEADER = "timesteps,mean_return,std_return\n"
@@ -124,11 +124,6 @@ def new_run_dir(cfg: RunConfig, root: str | os.PathLike = "runs") -> pathlib.Pat
     return path
 
 
-def write_atomic(path: pathlib.Path, text: str) -> None:
-    """Write a text file through a temporary file and a rename: never half-written."""
-    write_atomically(path, lambda f: f.write(text.encode()))
-
-
 def truncate_csv(path: pathlib.Path, key: str, last_step: int) -> None:
     """Drop the rows of a CSV log written after ``last_step`` (a run resumed from an older checkpoint)."""
     if not path.is_file():
@@ -149,7 +144,7 @@ def truncate_csv(path: pathlib.Path, key: str, last_step: int) -> None:
     if len(kept) < len(rows):
         buffer = io.StringIO()
         csv.writer(buffer, lineterminator="\n").writerows(kept)
-        write_atomic(path, buffer.getvalue())
+        write_text_atomically(path, buffer.getvalue())
 
 
 # ---------------------------------------------------------------------------- RNG states (JSON, no pickle)
@@ -259,7 +254,7 @@ class Run:
             "replay_buffer": replay.name if replay is not None else None,
             "rng": rng_state(model),
         }
-        write_atomic(state_path, json.dumps(state))
+        write_text_atomically(state_path, json.dumps(state))
         if replay is not None:
             # Only the latest checkpoint keeps the (possibly large) replay buffer.
             for old in self.folder.checkpoints.glob("step_*.replay.npz"):

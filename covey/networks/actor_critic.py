@@ -20,7 +20,6 @@ from torch import nn
 
 from covey.networks.attention import EntityEncoder, POCACritic
 from covey.networks.distributions import (
-    SquashedGaussianHead,
     SquashedStateDependentHead,
     StateDependentGaussianHead,
     make_action_head,
@@ -322,13 +321,7 @@ class Actor(SB3FeatureNames, nn.Module):
         # Squashed Box actions (SAC's, and PPO's with use_sde and squash_output) go into [-1, 1] with tanh and are
         # rescaled to the bounds for the env.
         self.squashed = squashed and isinstance(action_space, spaces.Box)
-        action_dim = int(np.prod(action_space.shape)) if self.squashed else 0
-        if self.squashed and sde is not None:
-            self.head = SquashedStateDependentHead(self.trunk.out_dim, action_dim, log_std_init, **sde)
-        elif self.squashed:
-            self.head = SquashedGaussianHead(self.trunk.out_dim, action_dim)
-        else:
-            self.head = make_action_head(action_space, self.trunk.out_dim, log_std_init, sde)
+        self.head = make_action_head(action_space, self.trunk.out_dim, log_std_init, sde, squashed=self.squashed)
 
     @property
     def device(self) -> torch.device:

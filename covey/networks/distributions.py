@@ -412,9 +412,18 @@ class SquashedStateDependentHead(StateDependentGaussianHead):
         return grad_mean, grad_latent
 
 
-def make_action_head(space: spaces.Space, in_dim: int, log_std_init: float = 0.0, sde: dict | None = None) -> nn.Module:
+def make_action_head(
+    space: spaces.Space, in_dim: int, log_std_init: float = 0.0, sde: dict | None = None, squashed: bool = False
+) -> nn.Module:
     """The head for ``space`` (Discrete, MultiDiscrete, MultiBinary or Box); ``sde`` (``full_std``,
-    ``use_expln``): Box actions with state-dependent exploration (:class:`StateDependentGaussianHead`)."""
+    ``use_expln``, and ``clip_mean`` when squashed): Box actions with state-dependent exploration
+    (:class:`StateDependentGaussianHead`). ``squashed`` Box actions go through tanh into [-1, 1]: SAC's
+    (:class:`SquashedGaussianHead`, or :class:`SquashedStateDependentHead` with ``sde``), and PPO's with
+    ``use_sde`` and ``squash_output``."""
+    if squashed and isinstance(space, spaces.Box):
+        if sde is not None:
+            return SquashedStateDependentHead(in_dim, int(np.prod(space.shape)), log_std_init, **sde)
+        return SquashedGaussianHead(in_dim, int(np.prod(space.shape)))
     if sde is not None:
         if not isinstance(space, spaces.Box):
             raise ValueError(f"use_sde=True applies to Box actions, not {space}: remove use_sde.")
