@@ -70,8 +70,8 @@ class HerReplayBuffer(ReplayBuffer):
             observation_space,
             action_space,
             n_envs,
-            False,
-            device,
+            optimize_memory_usage=False,
+            device=device,
             handle_timeout_termination=handle_timeout_termination,
         )
         self.env = env
@@ -155,7 +155,8 @@ class HerReplayBuffer(ReplayBuffer):
             rewards[n_real:] = self._relabeled_rewards(next_obs["achieved_goal"][n_real:], goals, v_rows, v_envs)
         if env is not None:
             rewards = np.asarray(env.normalize_reward(rewards), dtype=np.float32)
-        return self._batch(rows, envs, obs, next_obs, rewards, self.terminated[rows, envs], env, as_stored)
+        terminated = self.terminated[rows, envs]
+        return self._batch(rows, envs, obs, next_obs, rewards, terminated, env=env, as_stored=as_stored)
 
     def _sample_goals(self, rows: np.ndarray, envs: np.ndarray) -> np.ndarray:
         """The achieved goal after a step of each sample's episode, chosen by the strategy."""

@@ -193,9 +193,7 @@ class ReplayBuffer:
             for env in range(self.n_envs):
                 self.final_observations.pop((row, env), None)
             for env in np.flatnonzero(dones):
-                self.final_observations[(row, int(env))] = {
-                    k: np.array((next_obs if k is None else next_obs[k])[env]) for k in self.spaces
-                }
+                self.final_observations[(row, int(env))] = self._one_env(next_obs, env)
         self.actions[row] = np.asarray(actions).reshape(self.actions.shape[1:])
         self.rewards[row] = rewards
         self.terminated[row] = terminated
@@ -219,10 +217,12 @@ class ReplayBuffer:
                 if next_obs is None:
                     self.terminated[row, env] = 1.0
                 else:
-                    self.final_observations[(row, int(env))] = {
-                        k: np.array((next_obs if k is None else next_obs[k])[env]) for k in self.spaces
-                    }
+                    self.final_observations[(row, int(env))] = self._one_env(next_obs, env)
         self.dones[row, running] = True
+
+    def _one_env(self, next_obs: Any, env: int) -> dict[str | None, np.ndarray]:
+        """Env ``env``'s observation in a batch of them, a copy per key (key None: a non-Dict space)."""
+        return {k: np.array((next_obs if k is None else next_obs[k])[env]) for k in self.spaces}
 
     def sample(self, batch_size: int, env: Any = None) -> ReplayBufferSamples | DictReplayBufferSamples:
         """SB3's ``sample``: a uniform minibatch (with replacement) as SB3's ``ReplayBufferSamples`` (its
@@ -264,9 +264,11 @@ class ReplayBuffer:
             if env is not None:
                 rewards = np.asarray(env.normalize_reward(rewards), dtype=np.float32)
             next_obs = self._next_observations(rows, envs)
-        return self._batch(rows, envs, obs, next_obs, rewards, terminated, env, as_stored, discounts)
+        return self._batch(
+            rows, envs, obs, next_obs, rewards, terminated, env=env, as_stored=as_stored, discounts=discounts
+        )
 
-    def _batch(self, rows, envs, obs, next_obs, rewards, terminated, env, as_stored, discounts=None) -> ReplayBatch:
+    def _batch(self, rows, envs, obs, next_obs, rewards, terminated, *, env, as_stored, discounts=None) -> ReplayBatch:
         """The sampled arrays (rewards already normalized) as a batch of tensors: observations normalized by
         ``env``, a ``VecNormalize``, when given, and taken with the actions of ``rows`` of ``envs``."""
         if env is not None:
