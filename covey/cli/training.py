@@ -178,6 +178,11 @@ def set_rng_state(model: Any, state: dict[str, Any]) -> None:
         space.np_random.bit_generator.state = state["action_space"]
 
 
+def _next_multiple(step: int, freq: int) -> int:
+    """The first multiple of ``freq`` after ``step``: when an evaluation or a checkpoint is next due."""
+    return (int(step) // freq + 1) * freq
+
+
 # ---------------------------------------------------------------------------- Ctrl-C
 class Interrupt:
     """The first Ctrl-C asks training to stop at the next consistent point (between updates, where a
@@ -328,13 +333,13 @@ class EvaluationCallback(BaseCallback):
     def _on_training_start(self) -> None:
         freq = self.run.cfg.eval_freq
         if freq > 0:
-            self.next = (int(self.model.num_timesteps) // freq + 1) * freq
+            self.next = _next_multiple(self.model.num_timesteps, freq)
 
     def _on_rollout_start(self) -> None:
         if self.model.num_timesteps >= self.next:
             self._evaluate()
             freq = self.run.cfg.eval_freq
-            self.next = (int(self.model.num_timesteps) // freq + 1) * freq
+            self.next = _next_multiple(self.model.num_timesteps, freq)
 
     def _on_step(self) -> bool:
         return True
@@ -378,7 +383,7 @@ class CheckpointCallback(BaseCallback):
     def _on_training_start(self) -> None:
         freq = self.run.cfg.checkpoint_freq
         if freq > 0:
-            self.next = (int(self.model.num_timesteps) // freq + 1) * freq
+            self.next = _next_multiple(self.model.num_timesteps, freq)
 
     def _on_rollout_start(self) -> None:
         step = int(self.model.num_timesteps)
@@ -389,7 +394,7 @@ class CheckpointCallback(BaseCallback):
         elif step >= self.next:
             self.run.save_checkpoint(self.model)
             freq = self.run.cfg.checkpoint_freq
-            self.next = (step // freq + 1) * freq
+            self.next = _next_multiple(step, freq)
 
     def _on_step(self) -> bool:
         return not self.stop
