@@ -43,7 +43,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from covey.files import final_path, temporary_file
+from covey.files import write_atomically
 from covey.requirements import release
 from covey.version import __version__
 from covey.warning import warn_user
@@ -448,30 +448,22 @@ def export_onnx(
     onnx_bytes = _add_metadata(_export_bytes(ExportedActor(actor, space), actor), agent)
     input_names, output_names = _names(actor, space)
 
-    written = final_path(target)  # a symbolic link stays, and its file is replaced
-    written.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temporary_file(written)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(onnx_bytes)
-            f.flush()
-            os.fsync(f.fileno())
+    verdict = (False, float("nan"))
+
+    def verify_file(tmp: str) -> None:
+        """Run the complete file before it takes the target's name: a crash leaves any previous file as it was."""
+        nonlocal verdict
         # predict, which verification calls, puts the policy in evaluation mode (as SB3's does): put back each
         # module's mode as the caller left it
         modes = [(m, m.training) for network in agent._networks().values() for m in network.modules()]
         try:
-            verified, max_abs_diff = (
-                _verify(agent, actor, space, tmp, int(n_samples), seed) if verify else (False, float("nan"))
-            )
+            verdict = _verify(agent, actor, space, tmp, int(n_samples), seed)
         finally:
             for module, mode in modes:
                 module.training = mode
-        os.replace(tmp, written)
-    except BaseException:
-        # A failed export or verification crash leaves any previous file as it was.
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    write_atomically(target, lambda f: f.write(onnx_bytes), before_replace=verify_file if verify else None)
+    verified, max_abs_diff = verdict
     if verify and not verified:
         warn_user(
             f"The ONNX export at {target} does not reproduce model.predict(deterministic=True) on {n_samples} "

@@ -32,10 +32,14 @@ def temporary_file(target: pathlib.Path) -> tuple[int, str]:
     return fd, tmp
 
 
-def write_atomically(target: pathlib.Path, write: Callable[[Any], None]) -> None:
+def write_atomically(
+    target: pathlib.Path, write: Callable[[Any], None], before_replace: Callable[[str], None] | None = None
+) -> None:
     """``write(file)`` into a temporary file next to ``target`` (folders made as needed), synced to disk, then
     renamed over ``target``: a crash or a full disk never leaves a half-written file under that name, and the
-    previous file (if any) stays untouched. A symbolic link at ``target`` stays, and its file is replaced."""
+    previous file (if any) stays untouched. A symbolic link at ``target`` stays, and its file is replaced.
+    ``before_replace(path)`` gets the temporary file, complete and closed, before the rename (an ONNX export
+    is verified there); an exception from it leaves the previous file as it was."""
     target = final_path(target)
     if target.is_dir():
         raise IsADirectoryError(f"Cannot write {target}: it is a folder. Name a file to write.")
@@ -54,6 +58,8 @@ def write_atomically(target: pathlib.Path, write: Callable[[Any], None]) -> None
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace(tmp)
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):

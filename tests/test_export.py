@@ -494,3 +494,13 @@ def test_a_dict_key_named_like_another_port_of_the_graph_is_named_in_the_error(t
     with pytest.raises(ValueError, match=rf"Dict observation keys \['{key}'\] are also names of the graph's other"):
         export_onnx(model, tmp_path / "clash.onnx")
     assert not (tmp_path / "clash.onnx").exists()
+
+
+def test_a_file_where_a_folder_of_the_path_should_be_is_named_as_save_names_it(tmp_path, cartpole):
+    (tmp_path / "blocker").write_text("mine")
+    with pytest.raises(NotADirectoryError, match=r"Cannot write .*policy\.onnx: .*blocker is a file, not a folder"):
+        export_onnx(cartpole, tmp_path / "blocker" / "policy.onnx")
+    with pytest.raises(NotADirectoryError, match=r"blocker is a file, not a folder"):
+        cartpole.save(tmp_path / "blocker" / "model.zip")
+    assert (tmp_path / "blocker").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]  # no temporary file left
