@@ -17,16 +17,13 @@ import ast
 import base64
 import binascii
 import dataclasses
-import io
 import json
-import pickle
 import pickletools
 import re
 import zipfile
 from typing import Any
 
 import numpy as np
-import torch
 from gymnasium import spaces
 
 from covey import serialization
@@ -308,16 +305,7 @@ def _not_covey(name: str, found: str) -> serialization.ModelFileError:
 
 
 def _load_tensors(zf: zipfile.ZipFile, entry: str, name: str) -> dict:
-    try:
-        tensors = torch.load(io.BytesIO(zf.read(entry)), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise serialization.ModelFileError(
-            f"Refusing to load {name}: its {entry} is not a plain tensor file (it names Python objects that could "
-            "run code when unpickled, which covey never does)."
-        ) from err
-    if not isinstance(tensors, dict):
-        raise serialization.ModelFileError(f"{name}'s {entry} holds a {type(tensors).__name__}, not a state dict.")
-    return tensors
+    return serialization.load_tensors(zf.read(entry), name, entry, "Stable-Baselines3 model file")
 
 
 def _policy_module(data: dict) -> str:

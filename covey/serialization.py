@@ -127,22 +127,29 @@ def load_model_file(
 ) -> tuple[dict, dict]:
     """Read ``(settings, tensors)`` from a covey model file, with clear errors for bad files."""
     name, settings, tensor_bytes = _read_entries(path)
+    return settings, load_tensors(tensor_bytes, name, TENSORS_ENTRY, "covey model file", device)
+
+
+def load_tensors(data: bytes, name: str, entry: str, kind: str, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """The dict of tensors in entry ``entry`` of the file ``name`` (a ``kind``: covey's or SB3's model file),
+    read with ``weights_only``, so that it never runs code; clear errors for a crafted or a corrupt entry."""
     try:
-        tensors = torch.load(io.BytesIO(tensor_bytes), map_location=device, weights_only=True)
+        tensors = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
     except pickle.UnpicklingError as err:
         # weights_only refuses every pickled object that is not tensors and plain data, so a crafted file
         # never runs code here; it is reported together with plain corruption, which looks the same to it.
         detail = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line or "operand" in line]
         raise ModelFileError(
-            f"Refusing to load {name}: its tensors entry is not a plain tensor file. It is corrupt, or it names "
-            "Python objects that could run code when unpickled, which covey never does. Re-save the model with "
-            f"covey from a trusted source.{f' ({detail[0]})' if detail else ''}"
+            f"Refusing to load {name}: its {entry} is not a plain tensor file. It is corrupt, or it names "
+            "Python objects that could run code when unpickled, which covey never does. Re-save the model from "
+            f"a trusted source.{f' ({detail[0]})' if detail else ''}"
         ) from err
     except (RuntimeError, EOFError, ValueError) as err:
-        raise ModelFileError(f"{name} has a corrupt tensors entry ({str(err).splitlines()[0]}).") from err
+        problem = str(err).strip().splitlines()[0] if str(err).strip() else "empty"
+        raise ModelFileError(f"{name} is a corrupt {kind}: its {entry} cannot be read ({problem}).") from err
     if not isinstance(tensors, dict):
-        raise ModelFileError(f"{name} has a tensors entry of type {type(tensors).__name__}; expected a dict.")
-    return settings, tensors
+        raise ModelFileError(f"{name}'s {entry} holds a {type(tensors).__name__}, not a dict of tensors.")
+    return tensors
 
 
 def space_to_json(space: spaces.Space) -> dict:

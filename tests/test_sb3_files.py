@@ -416,3 +416,19 @@ def test_a_space_the_file_does_not_tell_in_full_names_the_way_around(tmp_path):
     sb3.PPO("MlpPolicy", env, n_steps=16, batch_size=16, policy_kwargs=dict(net_arch=[8])).save(tmp_path / "m.zip")
     with pytest.raises(ModelFileError, match=r"observation space .*summarized.*set_parameters\(sb3_model"):
         PPO.load(tmp_path / "m.zip")
+
+
+def test_a_corrupt_tensor_entry_is_named_as_corrupt_in_covey_and_sb3_files_alike(tmp_path):
+    sb3.PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0).save(tmp_path / "m.zip")
+    _rewrite_zip(tmp_path / "m.zip", "policy.pth", b"not a tensor file")
+    with pytest.raises(ModelFileError, match=r"its policy\.pth is not a plain tensor file\. It is corrupt, or"):
+        PPO.load(tmp_path / "m.zip")
+    _rewrite_zip(tmp_path / "m.zip", "policy.pth", b"")
+    with pytest.raises(
+        ModelFileError, match=r"corrupt Stable-Baselines3 model file: its policy\.pth cannot be read \(empty\)"
+    ):
+        PPO.load(tmp_path / "m.zip")
+    PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(tmp_path / "ours.zip")
+    _rewrite_zip(tmp_path / "ours.zip", "tensors.pt", b"")
+    with pytest.raises(ModelFileError, match=r"corrupt covey model file: its tensors\.pt cannot be read \(empty\)"):
+        PPO.load(tmp_path / "ours.zip")
