@@ -142,12 +142,11 @@ class POCA(BaseAgent):
                 f"policy_kwargs attention_width={self.attention_width} must be a multiple of attention_heads="
                 f"{self.attention_heads} (each head takes an equal share of the width)."
             )
-        if kwargs.get("use_sde"):
+        if kwargs.pop("use_sde", False):
             raise ValueError(
                 "policy_kwargs use_sde=True: POCA has no state-dependent exploration (its Box actions are Gaussian, "
                 "clipped to the bounds). Remove use_sde."
             )
-        kwargs.pop("use_sde", None)
         self.policy_config = PolicyConfig.from_kwargs(kwargs, refused=SAC_ONLY_KWARGS, activation_fn=torch.nn.ReLU)
         if self.policy_config.squash_output:
             raise ValueError(
