@@ -28,14 +28,6 @@ def _import(module: str, spec: str) -> Any:
         ) from err
 
 
-def _importable(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
 def _pettingzoo_module(spec: str) -> Any | None:
     """The object named by ``module:name`` when it makes PettingZoo envs (has ``parallel_env``), else None."""
     module_name, _, name = spec.partition(":")
@@ -80,8 +72,13 @@ def _is_gym_id(spec: str) -> bool:
 
 def check_gym_spec(spec: str, agent: str) -> None:
     """Refuse a PettingZoo env given to a single-agent algorithm (other problems surface in gym.make)."""
-    # A module that does not import is left to gym.make, whose error names it (the hint above is PettingZoo's)
-    if ":" in spec and _importable(spec.partition(":")[0]) and _pettingzoo_module(spec) is not None:
+    if ":" not in spec:
+        return
+    try:
+        target = _pettingzoo_module(spec)
+    except CLIError:  # a module that does not import: gym.make's error names it (_import's hint is PettingZoo's)
+        return
+    if target is not None:
         raise CLIError(
             f"{spec!r} is a PettingZoo multi-agent env, but {agent} trains one agent in a Gymnasium env. "
             f"Train the team with POCA (covey train poca --env {spec}), or give a Gymnasium id such as CartPole-v1."
