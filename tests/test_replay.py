@@ -358,6 +358,32 @@ def test_a_damaged_or_truncated_file_leaves_the_buffer_as_it_was(tmp_path):
         assert buf.pos == pos
 
 
+def test_a_file_that_cannot_be_read_is_closed(tmp_path):
+    """The error leaves no file open: NumPy's np.load kept the file of a truncated archive open until the garbage
+    collector found it (a ResourceWarning, an error under ``-W error``)."""
+    import gc
+    import warnings
+
+    good = make_buffer(10, memory=False)
+    add_stream(good, 3)
+    good.save(tmp_path / "good.npz")
+    (tmp_path / "truncated.npz").write_bytes((tmp_path / "good.npz").read_bytes()[:200])
+    (tmp_path / "zip_header.npz").write_bytes(b"PK\x03\x04" + bytes(60))
+    np.save(tmp_path / "array.npy", np.zeros(3))
+    for name in ("truncated.npz", "zip_header.npz", "array.npy"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                make_buffer(10, memory=False).load(tmp_path / name)
+            except ValueError as error:
+                assert name in str(error)
+            else:
+                raise AssertionError(f"{name} was read as a replay buffer")
+            gc.collect()
+        unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert not unclosed, (name, unclosed)
+
+
 def test_sacs_buffer_takes_sb3s_add_for_prefilled_demonstrations():
     """An SB3 script that fills model.replay_buffer with add(obs, next_obs, action, reward, done, infos) before
     learning: a done its info marks as a time limit keeps its bootstrap (unless handle_timeout_termination=False),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import zipfile
@@ -390,70 +391,47 @@ class ReplayBuffer:
             path = pathlib.Path(path)
             if not path.exists() and path.suffix == "" and buffer_path(path).exists():
                 path = buffer_path(path)
-        try:
-            archive = np.load(path, allow_pickle=False)
-        except (zipfile.BadZipFile, EOFError) as error:  # a truncated or damaged file
-            raise _corrupt(path, error) from error
-        except ValueError as error:
-            if "pickle" not in str(error):
-                raise
+        data = _read_arrays(path)  # every array read (and its checksum checked) before any is written
+        capacity, n_envs, pos, full, optimize = (int(x) for x in data["meta"])
+        if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):
             raise ValueError(
-                f"{path} holds pickled data, as SB3's save_replay_buffer writes it. covey reads only its own replay "
-                "buffer files (an .npz archive of plain arrays, from covey's save_replay_buffer): unpickling could "
-                "run code from the file. Fill the buffer by training with covey, and save it with covey."
-            ) from None
-        if not isinstance(archive, np.lib.npyio.NpzFile) or "meta" not in archive.files:
-            if isinstance(archive, np.lib.npyio.NpzFile):
-                archive.close()
-            raise ValueError(
-                f"{path} is not a replay buffer file: covey's save_replay_buffer writes an .npz archive with the "
-                "buffer's arrays (a model's .zip file holds none)."
+                f"Replay buffer file has capacity {capacity} x {n_envs} envs (optimize_memory_usage="
+                f"{bool(optimize)}); this buffer has {self.capacity} x {self.n_envs} "
+                f"({self.optimize_memory_usage}). Build the model with the same buffer_size and n_envs."
             )
-        with archive:
-            try:  # every array read (and its checksum checked) before any is written into the buffer
-                data = {name: archive[name] for name in archive.files}
-            except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as error:
-                raise _corrupt(path, error) from error
-            capacity, n_envs, pos, full, optimize = (int(x) for x in data["meta"])
-            if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):
+        # Each array as this buffer stores it, but for its rows (the steps stored: a file of another env is
+        # named here, where NumPy would have broadcast a width of 1 or failed with its shapes).
+        expected = {"actions": self.actions, "rewards": self.rewards, "terminated": self.terminated}
+        expected.update({f"obs/{key}": value for key, value in self._obs.items()})
+        if self._next_obs is not None:
+            expected.update({f"next_obs/{key}": value for key, value in self._next_obs.items()})
+        for name, target in expected.items():
+            if name not in data:
+                raise ValueError(f"{path} holds no {name!r}: it is not a replay buffer of this model's spaces.")
+            stored = data[name]
+            if stored.shape[1:] != target.shape[1:] or len(stored) > len(target):
                 raise ValueError(
-                    f"Replay buffer file has capacity {capacity} x {n_envs} envs (optimize_memory_usage="
-                    f"{bool(optimize)}); this buffer has {self.capacity} x {self.n_envs} "
-                    f"({self.optimize_memory_usage}). Build the model with the same buffer_size and n_envs."
+                    f"{path} holds {name} of shape {stored.shape[1:]} per step (envs first); this buffer stores "
+                    f"{target.shape[1:]} ({self.observation_space} observations, {self.action_space} actions, "
+                    f"{self.n_envs} envs). Load it into a model of the env it was saved from."
                 )
-            # Each array as this buffer stores it, but for its rows (the steps stored: a file of another env is
-            # named here, where NumPy would have broadcast a width of 1 or failed with its shapes).
-            expected = {"actions": self.actions, "rewards": self.rewards, "terminated": self.terminated}
-            expected.update({f"obs/{key}": value for key, value in self._obs.items()})
+        self._check_extra(data)
+        # Files hold the rows written so far (older ones every row): the rows after them are zeros.
+        fill_rows(self.actions, data["actions"])
+        fill_rows(self.rewards, data["rewards"])
+        fill_rows(self.terminated, data["terminated"])
+        fill_rows(self.dones, data["dones"])
+        for key in self.spaces:
+            fill_rows(self._obs[key], data[f"obs/{key}"])
             if self._next_obs is not None:
-                expected.update({f"next_obs/{key}": value for key, value in self._next_obs.items()})
-            for name, target in expected.items():
-                if name not in data:
-                    raise ValueError(f"{path} holds no {name!r}: it is not a replay buffer of this model's spaces.")
-                stored = data[name]
-                if stored.shape[1:] != target.shape[1:] or len(stored) > len(target):
-                    raise ValueError(
-                        f"{path} holds {name} of shape {stored.shape[1:]} per step (envs first); this buffer stores "
-                        f"{target.shape[1:]} ({self.observation_space} observations, {self.action_space} actions, "
-                        f"{self.n_envs} envs). Load it into a model of the env it was saved from."
-                    )
-            self._check_extra(data)
-            # Files hold the rows written so far (older ones every row): the rows after them are zeros.
-            fill_rows(self.actions, data["actions"])
-            fill_rows(self.rewards, data["rewards"])
-            fill_rows(self.terminated, data["terminated"])
-            fill_rows(self.dones, data["dones"])
-            for key in self.spaces:
-                fill_rows(self._obs[key], data[f"obs/{key}"])
-                if self._next_obs is not None:
-                    fill_rows(self._next_obs[key], data[f"next_obs/{key}"])
-            finals = data["final_index"]
-            stacked = {key: data[f"final_obs/{key}"] for key in self.spaces}
-            self.final_observations = {
-                (int(r), int(e)): {key: stacked[key][i] for key in self.spaces} for i, (r, e) in enumerate(finals)
-            }
-            self._load_extra(data)
-            self.pos, self.full = pos, bool(full)
+                fill_rows(self._next_obs[key], data[f"next_obs/{key}"])
+        finals = data["final_index"]
+        stacked = {key: data[f"final_obs/{key}"] for key in self.spaces}
+        self.final_observations = {
+            (int(r), int(e)): {key: stacked[key][i] for key in self.spaces} for i, (r, e) in enumerate(finals)
+        }
+        self._load_extra(data)
+        self.pos, self.full = pos, bool(full)
 
     def _extra_arrays(self, stored: int) -> dict[str, np.ndarray]:
         """Arrays a subclass keeps beside the transitions, saved with them (of per-row arrays, the first
@@ -465,6 +443,37 @@ class ReplayBuffer:
 
     def _load_extra(self, data) -> None:
         """Read back what :meth:`_extra_arrays` saved."""
+
+
+def _read_arrays(path: Any) -> dict[str, np.ndarray]:
+    """Every array of the replay buffer file at ``path`` (a path, or an open binary file), or the error that says
+    why it cannot be read. A file opened here is closed either way: NumPy leaves open the file of an archive too
+    truncated to read."""
+    with contextlib.ExitStack() as stack:
+        source = stack.enter_context(open(path, "rb")) if isinstance(path, pathlib.Path) else path
+        try:
+            archive = np.load(source, allow_pickle=False)
+        except (zipfile.BadZipFile, EOFError) as error:  # a truncated or damaged file
+            raise _corrupt(path, error) from error
+        except ValueError as error:
+            if "pickle" not in str(error):
+                raise
+            raise ValueError(
+                f"{path} holds pickled data, as SB3's save_replay_buffer writes it. covey reads only its own replay "
+                "buffer files (an .npz archive of plain arrays, from covey's save_replay_buffer): unpickling could "
+                "run code from the file. Fill the buffer by training with covey, and save it with covey."
+            ) from None
+        if isinstance(archive, np.lib.npyio.NpzFile):
+            with archive:
+                if "meta" in archive.files:
+                    try:
+                        return {name: archive[name] for name in archive.files}
+                    except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as error:
+                        raise _corrupt(path, error) from error
+        raise ValueError(
+            f"{path} is not a replay buffer file: covey's save_replay_buffer writes an .npz archive with the "
+            "buffer's arrays (a model's .zip file holds none)."
+        )
 
 
 def _corrupt(path: Any, error: Exception) -> ValueError:
