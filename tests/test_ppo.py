@@ -311,7 +311,8 @@ def test_logger_writes_sb3_keys(tmp_path):
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, seed=0)
     model.set_logger(configure(str(tmp_path), ["csv"]))
     model.learn(64 * 3)
-    header = open(os.path.join(tmp_path, "progress.csv")).readline().strip().split(",")
+    with open(os.path.join(tmp_path, "progress.csv")) as f:
+        header = f.readline().strip().split(",")
     for key in (
         "rollout/ep_rew_mean",
         "time/fps",

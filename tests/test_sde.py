@@ -395,5 +395,5 @@ def test_sac_with_sde_logs_the_exploration_std_as_sb3(tmp_path):
     model.logger.close()
     import csv
 
-    (row,) = csv.DictReader(open(tmp_path / "progress.csv"))
+    (row,) = csv.DictReader((tmp_path / "progress.csv").read_text().splitlines())
     assert float(row["train/std"]) == pytest.approx(sb3.actor.get_std().mean().item(), rel=1e-6)

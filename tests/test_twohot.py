@@ -162,7 +162,7 @@ def test_diagnostics_are_logged(tmp_path):
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, seed=0, policy_kwargs=dict(value_head="twohot"))
     model.set_logger(configure(str(tmp_path), ["csv"]))
     model.learn(64 * 3)
-    header = open(tmp_path / "progress.csv").readline().strip().split(",")
+    header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
     for key in (
         "train/explained_variance",
         "train/td_error_abs",
@@ -196,7 +196,7 @@ def test_poca_uses_the_twohot_head_and_the_ema(tmp_path):
 
     model.set_logger(configure(str(tmp_path), ["csv"]))
     model.learn(64)
-    header = open(tmp_path / "progress.csv").readline().strip().split(",")
+    header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
     for key in ("train/explained_variance", "train/td_error_abs", "train/value_std", "train/value_entropy"):
         assert key in header
     model.save(tmp_path / "poca.zip")
