@@ -281,3 +281,157 @@ def test_multi_input_policy_weights_see_the_dict_keys_in_sb3s_order():
         torch.testing.assert_close(model.policy.predict_values(ours), sb3_model.policy.predict_values(sb3_obs))
         logits = model.policy.get_distribution(ours).distribution.logits
         torch.testing.assert_close(logits, sb3_model.policy.get_distribution(sb3_obs).distribution.logits)
+
+
+# ---------------------------------------------------------------------------- the way back: covey's weights into SB3
+def _perturbed(model):
+    """``model`` with every weight moved off its initialization (so that no copy can match by chance)."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    return model
+
+
+def _outputs(name: str, model, obs, actions) -> list[torch.Tensor]:
+    """What a trained model is used for, on SB3's calls: the deterministic actions, and PPO's values, log-probs and
+    entropies of ``actions``, or SAC's Q values of ``actions`` (critics and target critics)."""
+    with torch.no_grad():
+        out = [torch.as_tensor(model.predict(obs, deterministic=True)[0]).float()]
+        obs_t = model.policy.obs_to_tensor(obs)[0]
+        if name == "PPO":
+            return out + [t.reshape(-1) for t in model.policy.evaluate_actions(obs_t, actions)]
+        return out + [q for critic in (model.critic, model.critic_target) for q in critic(obs_t, actions)]
+
+
+WAY_BACK = [
+    ("PPO", "MlpPolicy", spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(3), {}),
+    ("PPO", "MlpPolicy", spaces.Box(-1, 1, (3,), np.float32), spaces.Box(-2, 2, (2,), np.float32), dict(use_sde=True)),
+    (
+        "PPO",
+        "MlpPolicy",
+        spaces.Box(-1, 1, (3,), np.float32),
+        spaces.Box(-1, 1, (1,), np.float32),
+        dict(policy_kwargs=dict(net_arch=dict(pi=[32], vf=[16, 16]), activation_fn=torch.nn.ReLU)),
+    ),
+    ("PPO", "CnnPolicy", image_space((36, 36, 3)), spaces.Discrete(3), {}),
+    (
+        "PPO",
+        "CnnPolicy",
+        image_space((36, 36, 3)),
+        spaces.Discrete(3),
+        dict(policy_kwargs=dict(share_features_extractor=False)),
+    ),
+    ("PPO", "MlpPolicy", image_space((6, 5, 3)), spaces.Discrete(3), {}),
+    (
+        "PPO",
+        "MultiInputPolicy",
+        spaces.Dict(
+            {
+                "b": spaces.Box(-1, 1, (3,), np.float32),
+                "a": spaces.Box(-1, 1, (2,), np.float32),
+                "c": spaces.Discrete(4),
+            }
+        ),
+        spaces.MultiDiscrete([2, 3]),
+        {},
+    ),
+    ("SAC", "MlpPolicy", spaces.Box(-1, 1, (3,), np.float32), spaces.Box(-2, 2, (2,), np.float32), {}),
+    ("SAC", "MlpPolicy", spaces.Box(-1, 1, (3,), np.float32), spaces.Box(-1, 1, (2,), np.float32), dict(use_sde=True)),
+    (
+        "SAC",
+        "MlpPolicy",
+        spaces.Box(-1, 1, (3,), np.float32),
+        spaces.Box(-1, 1, (1,), np.float32),
+        dict(policy_kwargs=dict(n_critics=3)),
+    ),
+    ("SAC", "CnnPolicy", image_space((36, 36, 1)), spaces.Box(-1, 1, (2,), np.float32), {}),
+    (
+        "SAC",
+        "CnnPolicy",
+        image_space((36, 36, 1)),
+        spaces.Box(-1, 1, (2,), np.float32),
+        dict(policy_kwargs=dict(share_features_extractor=False)),
+    ),
+    ("SAC", "MlpPolicy", image_space((6, 5, 3)), spaces.Box(-1, 1, (2,), np.float32), {}),
+]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize(
+    "name, policy, observation_space, action_space, kwargs",
+    WAY_BACK,
+    ids=[
+        "PPO",
+        "PPO gSDE",
+        "PPO net_arch dict ReLU",
+        "PPO CnnPolicy",
+        "PPO CnnPolicy separate extractors",
+        "PPO MlpPolicy on images",
+        "PPO MultiInputPolicy",
+        "SAC",
+        "SAC gSDE",
+        "SAC three critics",
+        "SAC CnnPolicy",
+        "SAC CnnPolicy separate extractors",
+        "SAC MlpPolicy on images",
+    ],
+)
+def test_covey_weights_go_into_an_sb3_model_that_then_acts_values_and_scores_as_covey(
+    name, policy, observation_space, action_space, kwargs
+):
+    """``sb3_model.set_parameters(model.get_sb3_parameters(), exact_match=False)``: SB3's model of the same settings
+    then gives covey's actions, values, log-probs and Q values; and copying back gives covey's weights exactly."""
+    env = SpaceEnv(observation_space, action_space)
+    kwargs = dict(kwargs, **(dict(n_steps=16, batch_size=16) if name == "PPO" else dict(buffer_size=100)))
+    model = _perturbed(getattr(covey, name)(policy, env, seed=0, **kwargs))
+    sb3_model = getattr(stable_baselines3, name)(policy, env, seed=1, **kwargs)
+    observation_space.seed(0)
+    raw = [observation_space.sample() for _ in range(16)]
+    obs = {k: np.stack([o[k] for o in raw]) for k in raw[0]} if isinstance(raw[0], dict) else np.stack(raw)
+    action_space.seed(1)
+    actions = torch.as_tensor(np.stack([action_space.sample() for _ in range(16)])).float()
+
+    ours = _outputs(name, model, obs, actions)
+    assert not all(torch.allclose(a, b, atol=1e-4) for a, b in zip(ours, _outputs(name, sb3_model, obs, actions)))
+    sb3_model.set_parameters(model.get_sb3_parameters(), exact_match=False)
+    for a, b in zip(ours, _outputs(name, sb3_model, obs, actions), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+    back = _perturbed(getattr(covey, name)(policy, env, seed=2, **kwargs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SB3's optimizer states are not copied
+        back.set_parameters(sb3_model.get_parameters())
+    expected = model.policy.state_dict()
+    assert back.policy.state_dict().keys() == expected.keys()
+    for key, value in back.policy.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+
+
+def test_an_sb3_policy_class_model_gives_its_own_weights_back():
+    """A covey model of the user's SB3 policy class has SB3's names already."""
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    class Mine(ActorCriticPolicy):
+        pass
+
+    model = _perturbed(covey.PPO(Mine, "CartPole-v1", n_steps=16, batch_size=16, seed=0))
+    sb3_model = stable_baselines3.PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, seed=1)
+    sb3_model.set_parameters(model.get_sb3_parameters(), exact_match=False)
+    for key, value in sb3_model.policy.state_dict().items():
+        assert torch.equal(value, model.policy.state_dict()[key]), key
+
+
+def test_networks_sb3_does_not_have_are_refused_with_the_reason():
+    from envs import EarlyExitEnv
+
+    cases = [
+        (covey.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(value_head="twohot")), r"\['value_head'\]"),
+        (covey.SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(value_head="twohot")), r"\['value_head'\]"),
+        (covey.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(memory=dict(kind="gru"))), r"\['memory'\]"),
+        (covey.PPO("MlpLstmPolicy", "CartPole-v1"), "SB3's PPO has no MlpLstmPolicy"),
+        (covey.POCA("MlpPolicy", EarlyExitEnv, n_steps=8, batch_size=8), "SB3 has no POCA"),
+    ]
+    for model, message in cases:
+        with pytest.raises(ValueError, match=message):
+            model.get_sb3_parameters()

@@ -23,8 +23,10 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
+import stable_baselines3
 import torch
 from gymnasium import spaces
+from stable_baselines3.common import preprocessing as sb3_preprocessing
 from stable_baselines3.common.callbacks import (
     BaseCallback,
     CallbackList,
@@ -34,7 +36,7 @@ from stable_baselines3.common.callbacks import (
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import ConstantSchedule as SB3ConstantSchedule
 from stable_baselines3.common.utils import FloatSchedule, LinearSchedule, configure_logger, safe_mean
-from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
+from stable_baselines3.common.vec_env import VecEnv, VecTransposeImage, unwrap_vec_normalize
 from torch.nn.modules import module as _module_module
 from torch.optim import optimizer as _optimizer_module
 
@@ -44,6 +46,7 @@ from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
 from covey.networks.encoders import FlattenEncoder
+from covey.networks.sb3_names import to_sb3
 from covey.spaces import (
     channels_last,
     check_action_space,
@@ -1075,6 +1078,43 @@ class BaseAgent:
     def get_parameters(self) -> dict[str, dict]:
         """State dicts of every parameter group, by name (SB3's ``get_parameters``)."""
         return {name: group.state_dict() for name, group in self._parameter_groups().items()}
+
+    def get_sb3_parameters(self) -> dict[str, dict]:
+        """The policy's weights under SB3's names, for an SB3 model built with this model's settings:
+        ``sb3_model.set_parameters(model.get_sb3_parameters(), exact_match=False)`` (``exact_match=False``: the
+        optimizer states are not included, as their order differs). The way back of
+        ``model.set_parameters(sb3_model.get_parameters())``, for PPO and SAC with ``MlpPolicy``, ``CnnPolicy``
+        (NatureCNN) and ``MultiInputPolicy`` on vectors; a network SB3 does not have (recurrent memory, a two-hot
+        critic) is refused. SAC's learned temperature is ``model.log_ent_coef``, which SB3 keeps outside its
+        parameters (``sb3_model.log_ent_coef.data.copy_(model.log_ent_coef.data)``)."""
+        sb3_class = getattr(stable_baselines3, self.agent_name, None)
+        if sb3_class is None:
+            raise ValueError(f"SB3 has no {self.agent_name}: weights go to SB3's PPO and SAC.")
+        if self._sb3_policy_class is not None:
+            return {"policy": self.policy.state_dict()}  # an SB3 policy class: SB3's names already
+        sb3_policy = sb3_class.policy_aliases.get(self.policy_name)
+        if sb3_policy is None:
+            raise ValueError(
+                f"SB3's {self.agent_name} has no {self.policy_name}: weights go to its MlpPolicy, CnnPolicy and "
+                "MultiInputPolicy."
+            )
+        space = self.observation_space
+        if (
+            isinstance(space, spaces.Box)
+            and sb3_preprocessing.is_image_space(space)
+            and not sb3_preprocessing.is_image_space_channels_first(space)
+        ):
+            space = VecTransposeImage.transpose_space(space)  # SB3 moves channels first before its networks
+        own = sorted(set(self.policy_kwargs) - set(inspect.signature(sb3_policy).parameters))
+        if own:
+            raise ValueError(
+                f"policy_kwargs {own} are covey's own settings, which SB3's {self.agent_name} {self.policy_name} does "
+                "not have: this model's networks have no SB3 counterpart."
+            )
+        template = build_policy(
+            sb3_policy, space, self.action_space, lambda _: 0.0, self.use_sde, self.policy_kwargs, "cpu"
+        ).state_dict()
+        return {"policy": to_sb3(self.agent_name, self.policy.state_dict(), template, self._flat_image())}
 
     def set_parameters(
         self,

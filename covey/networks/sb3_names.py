@@ -5,7 +5,7 @@ SAC (recognized by SB3's module names) through :func:`from_sb3`. The layers are 
 critic trunks are SB3's ``mlp_extractor``/``latent_pi``/``qf`` layers, index for index, and covey's
 ``NatureCNN`` is SB3's, ``convs`` for its ``cnn``); only the names differ, and SAC's mean and log-std layers
 are covey's one head layer. Other SB3 features extractors with weights (``CombinedExtractor`` on images,
-custom classes) have no counterpart here.
+custom classes) have no counterpart here. :func:`to_sb3` is the way back (``model.get_sb3_parameters()``).
 
 >>> sd = {"mlp_extractor.policy_net.0.weight": 1, "action_net.bias": 2, "log_std": 3}
 >>> sorted(from_sb3("PPO", sd))
@@ -150,4 +150,56 @@ def _sac(state_dict: dict) -> dict:
         if f"actor.mu.{kind}" in state_dict and "actor.log_std" not in state_dict:
             mean, log_std = state_dict[f"actor.mu.{kind}"], state_dict[f"actor.log_std.{kind}"]
             out[f"actor.head.proj.{kind}"] = torch.cat([mean, log_std])
+    return out
+
+
+def to_sb3(agent: str, state_dict: dict, template: dict, flat_image: tuple[int, ...] | None = None) -> dict:
+    """covey's ``model.policy`` state dict under SB3's names: the state dict that :func:`from_sb3` (with
+    :func:`image_inputs_to_covey` for ``flat_image``) turns into ``state_dict``. ``template`` is the state dict of
+    an SB3 policy of the same layout; its names, shapes and dtypes are kept.
+
+    The inverse is read off the forward map rather than written beside it: every element of the template gets its
+    index, the indices go through :func:`from_sb3`, and each of covey's elements lands where its index says.
+
+    >>> sd = {"actor.trunk.0.weight": torch.ones(2, 3), "actor.head.proj.weight": torch.zeros(1, 2)}
+    >>> like = {"mlp_extractor.policy_net.0.weight": torch.empty(2, 3), "action_net.weight": torch.empty(1, 2)}
+    >>> {key: value.sum().item() for key, value in to_sb3("PPO", sd, like).items()}
+    {'mlp_extractor.policy_net.0.weight': 6.0, 'action_net.weight': 0.0}
+    """
+    index, start = {}, 0
+    for key, value in template.items():
+        index[key] = torch.arange(start, start + value.numel(), dtype=torch.float64).reshape(value.shape)
+        start += value.numel()
+    ours = from_sb3(agent, index)
+    if flat_image is not None:
+        ours = image_inputs_to_covey(ours, flat_image)
+    unknown = sorted(set(state_dict) - set(ours))
+    if unknown:
+        raise ValueError(
+            f"covey's parameters {unknown} have no counterpart in SB3's {agent} policy of these settings: the model "
+            "uses a network SB3's policy does not have."
+        )
+    values = torch.zeros(start, dtype=torch.float64)
+    filled = torch.zeros(start, dtype=torch.bool)
+    for key, where in ours.items():
+        if key not in state_dict:
+            continue  # an SB3 copy of a shared network that covey keeps once (checked below)
+        value = state_dict[key]
+        if value.shape != where.shape:
+            raise ValueError(
+                f"covey's {key} has shape {tuple(value.shape)} where SB3's {agent} policy of these settings has "
+                f"{tuple(where.shape)}: the model's networks are not SB3's."
+            )
+        positions = where.long().reshape(-1)
+        values[positions] = value.detach().to("cpu", torch.float64).reshape(-1)
+        filled[positions] = True
+    out = {}
+    for key, value in template.items():
+        positions = index[key].long().reshape(-1)
+        if not filled[positions].all():
+            shared = "pi_" + key if key.startswith("features_extractor.") else None  # PPO: SB3 names it twice
+            if shared is None or shared not in template:
+                raise ValueError(f"SB3's {key} has no counterpart in covey's parameters: the networks differ.")
+            positions = index[shared].long().reshape(-1)
+        out[key] = values[positions].to(value.dtype).reshape(value.shape)
     return out
