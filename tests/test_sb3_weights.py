@@ -345,6 +345,13 @@ WAY_BACK = [
         spaces.Box(-1, 1, (1,), np.float32),
         dict(policy_kwargs=dict(n_critics=3)),
     ),
+    (
+        "SAC",
+        "MlpPolicy",
+        spaces.Box(-1, 1, (3,), np.float32),
+        spaces.Box(-1, 1, (1,), np.float32),
+        dict(policy_kwargs=dict(use_sde=False, net_arch=[32])),  # SB3's SAC writes use_sde into the user's dict
+    ),
     ("SAC", "CnnPolicy", image_space((36, 36, 1)), spaces.Box(-1, 1, (2,), np.float32), {}),
     (
         "SAC",
@@ -372,6 +379,7 @@ WAY_BACK = [
         "SAC",
         "SAC gSDE",
         "SAC three critics",
+        "SAC policy_kwargs use_sde",
         "SAC CnnPolicy",
         "SAC CnnPolicy separate extractors",
         "SAC MlpPolicy on images",

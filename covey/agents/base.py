@@ -1111,9 +1111,9 @@ class BaseAgent:
                 f"policy_kwargs {own} are covey's own settings, which SB3's {self.agent_name} {self.policy_name} does "
                 "not have: this model's networks have no SB3 counterpart."
             )
-        template = build_policy(
-            sb3_policy, space, self.action_space, lambda _: 0.0, self.use_sde, self.policy_kwargs, "cpu"
-        ).state_dict()
+        kwargs = {key: value for key, value in self.policy_kwargs.items() if key != "use_sde"}  # the model's decides
+        template = build_policy(sb3_policy, space, self.action_space, lambda _: 0.0, self.use_sde, kwargs, "cpu")
+        template = template.state_dict()
         return {"policy": to_sb3(self.agent_name, self.policy.state_dict(), template, self._flat_image())}
 
     def set_parameters(
