@@ -1,6 +1,7 @@
 """An SB3 user brings a trained model over: ``covey_model.set_parameters(sb3_model.get_parameters())`` copies
 SB3's PPO and SAC ``MlpPolicy`` weights, after which covey's model acts, values and scores actions exactly
-as SB3's; what cannot be copied (optimizer states, CNN extractors, other sizes) is said clearly."""
+as SB3's; what cannot be copied (optimizer states, CNN extractors, other sizes) is said clearly. The way back,
+``sb3_model.set_parameters(model.get_sb3_parameters(), exact_match=False)``, gives SB3's model covey's numbers."""
 
 from __future__ import annotations
 
