@@ -26,7 +26,6 @@ import numpy as np
 import stable_baselines3
 import torch
 from gymnasium import spaces
-from stable_baselines3.common import preprocessing as sb3_preprocessing
 from stable_baselines3.common.callbacks import (
     BaseCallback,
     CallbackList,
@@ -1099,11 +1098,7 @@ class BaseAgent:
                 "MultiInputPolicy."
             )
         space = self.observation_space
-        if (
-            isinstance(space, spaces.Box)
-            and sb3_preprocessing.is_image_space(space)
-            and not sb3_preprocessing.is_image_space_channels_first(space)
-        ):
+        if is_image_space(space) and channels_last(space.shape):  # the rule of _flat_image and covey's encoders
             space = VecTransposeImage.transpose_space(space)  # SB3 moves channels first before its networks
         own = sorted(set(self.policy_kwargs) - set(inspect.signature(sb3_policy).parameters))
         if own:
