@@ -8,12 +8,14 @@ episodes played by :func:`covey.evaluation.group_episodes`.
 from __future__ import annotations
 
 import os
+import pathlib
 from typing import Any
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, EventCallback
 
 from covey.evaluation import group_episodes
+from covey.files import write_atomically
 from covey.wrappers.group_env import is_env_maker, is_parallel_env, make_one_env
 
 
@@ -23,7 +25,8 @@ class GroupEvalCallback(EventCallback):
     one (then made here once and closed when training ends).
 
     As SB3's ``EvalCallback``: ``eval/mean_reward`` and ``eval/mean_ep_length`` are logged and written with the
-    step; ``log_path`` gets ``evaluations.npz`` (``timesteps``, ``results``, ``ep_lengths``);
+    step; ``log_path`` gets ``evaluations.npz`` (``timesteps``, ``results``, ``ep_lengths``; rewritten
+    atomically after each evaluation);
     ``best_model_save_path`` gets ``best_model.zip`` on each new best; ``callback_on_new_best`` (e.g.
     ``StopTrainingOnRewardThreshold``) and ``callback_after_eval`` (e.g. ``StopTrainingOnNoModelImprovement``)
     are called as there, and ``best_mean_reward`` / ``last_mean_reward`` are kept.
@@ -112,12 +115,13 @@ class GroupEvalCallback(EventCallback):
             self.evaluations_timesteps.append(self.num_timesteps)
             self.evaluations_results.append(rewards)
             self.evaluations_length.append(lengths)
-            np.savez(
-                self.log_path,
-                timesteps=self.evaluations_timesteps,
-                results=self.evaluations_results,
-                ep_lengths=self.evaluations_length,
-            )
+            arrays = {
+                "timesteps": self.evaluations_timesteps,
+                "results": self.evaluations_results,
+                "ep_lengths": self.evaluations_length,
+            }
+            # atomically: training stopped mid-write leaves the previous evaluations, not a truncated archive
+            write_atomically(pathlib.Path(self.log_path + ".npz"), lambda f: np.savez(f, **arrays))
         mean_reward, mean_length = float(np.mean(rewards)), float(np.mean(lengths))
         self.last_mean_reward = mean_reward
         if self.verbose >= 1:

@@ -57,6 +57,34 @@ def test_evaluations_files_logs_and_best_model_are_sb3s(tmp_path):
     np.testing.assert_array_equal(lengths, saved["ep_lengths"][best])
 
 
+def test_an_evaluations_file_is_never_left_half_written(tmp_path, monkeypatch):
+    """A write of evaluations.npz that fails part way (a full disk, training killed) leaves the previous
+    evaluations readable and no stray file beside them."""
+    callback = GroupEvalCallback(EarlyExitEnv, eval_freq=8, n_eval_episodes=1, log_path=str(tmp_path), verbose=0)
+    model = POCA("MlpPolicy", EarlyExitEnv, **SMALL).learn(32, callback=callback)  # one rollout of 2 x 16 steps
+
+    def saved_timesteps():
+        with np.load(tmp_path / "evaluations.npz") as saved:
+            return saved["timesteps"].tolist()
+
+    assert saved_timesteps() == [16, 32]
+    savez = np.savez
+
+    def savez_then_fail(file, **arrays):
+        if isinstance(file, str):  # a path, as np.savez takes one: the archive is opened there
+            file = open(file if file.endswith(".npz") else file + ".npz", "wb")
+        file.write(b"PK\x03\x04 half an archive")
+        file.flush()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", savez_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        model.learn(16, callback=callback, reset_num_timesteps=False)
+    monkeypatch.setattr(np, "savez", savez)
+    assert saved_timesteps() == [16, 32]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evaluations.npz"]
+
+
 def test_a_new_best_callback_stops_training_as_in_sb3():
     stop = StopTrainingOnRewardThreshold(reward_threshold=-1e9, verbose=0)
     callback = GroupEvalCallback(EarlyExitEnv, callback_on_new_best=stop, eval_freq=8, n_eval_episodes=1, verbose=0)
