@@ -35,6 +35,7 @@ OPTIMIZER_ENTRIES = {  # the policy's optimizers' states: PPO's, SAC's
     "policy.optimizer": "policy.optimizer.pth",
     "actor.optimizer": "actor.optimizer.pth",
     "critic.optimizer": "critic.optimizer.pth",
+    "ent_coef_optimizer": "ent_coef_optimizer.pth",
 }
 
 
@@ -219,11 +220,10 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
             policy = _load_tensors(zf, POLICY_ENTRY, name)
             names = set(zf.namelist())
             user_class = _user_policy_module(data, agent)
-            # a user's class trains its own parameters, in SB3's order: its optimizers' states fit as saved
+            # SB3's optimizers' states: a user's class trains its own parameters, in SB3's order, so they fit as
+            # saved; covey's networks take them moved to covey's order (the model's set_parameters)
             optimizers = {
-                group: _load_tensors(zf, entry, name)
-                for group, entry in OPTIMIZER_ENTRIES.items()
-                if user_class and entry in names
+                group: _load_tensors(zf, entry, name) for group, entry in OPTIMIZER_ENTRIES.items() if entry in names
             }
             variables = _load_tensors(zf, VARIABLES_ENTRY, name) if VARIABLES_ENTRY in names else {}
             version = zf.read("_stable_baselines3_version").decode() if "_stable_baselines3_version" in names else "?"
@@ -269,7 +269,7 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
     if user_class:  # SB3 pickled the class without its name: PPO builds it from the class given at load
         settings["policy"] = f"of the module {user_class}"
         settings["sb3_policy_class"] = True
-        tensors.update(optimizers)
+    tensors.update(optimizers)
     return settings, tensors
 
 

@@ -90,6 +90,19 @@ def assert_same_policy(ours, theirs, n: int = 16) -> None:
     )
 
 
+def assert_same_optimizer_states(ours, theirs) -> None:
+    """covey's model holds the optimizer states of SB3's: moved back to SB3's order (``get_sb3_parameters``) they
+    are SB3's ``get_parameters()`` ones, every tensor equal."""
+    back, original = ours.get_sb3_parameters(), theirs.get_parameters()
+    assert back.keys() == original.keys()
+    for name in set(original) - {"policy"}:
+        mine, expected = back[name]["state"], original[name]["state"]
+        assert mine.keys() == expected.keys() and expected, name
+        for i, entry in expected.items():
+            for key, value in entry.items():
+                assert torch.equal(mine[i][key], value), (name, i, key)
+
+
 # ============================================================================================ PPO
 
 
@@ -121,6 +134,7 @@ def test_ppo_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
     assert ours.num_timesteps == theirs.num_timesteps == 128
     assert ours.policy.activation_fn is torch.nn.ReLU and ours.policy.net_arch == dict(pi=[32], vf=[16])
     assert ours.observation_space == theirs.observation_space and ours.action_space == theirs.action_space
+    assert_same_optimizer_states(ours, theirs)  # training goes on with SB3's Adam moments
     ours.set_env(theirs.get_env())
     ours.learn(64, reset_num_timesteps=False)
     assert ours.num_timesteps == 192
@@ -201,6 +215,7 @@ def test_sac_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
         assert getattr(ours, name) == getattr(theirs, name), name
     assert tuple(ours.train_freq) == tuple(theirs.train_freq)
     assert ours.num_timesteps == theirs.num_timesteps
+    assert_same_optimizer_states(ours, theirs)  # actor's, critics' and temperature's
     ours.set_env(theirs.get_env())
     ours.learn(60, reset_num_timesteps=False)  # goes on training from the loaded networks
     assert ours.num_timesteps == theirs.num_timesteps + 60

@@ -5,6 +5,8 @@ parameter changes alike and the logged statistics are the same."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import stable_baselines3
@@ -80,15 +82,23 @@ def assert_same_changes(before, after_theirs, after_ours, tolerance: float) -> N
         assert (our_change - their_change).abs().max().item() < tolerance * scale, name
 
 
-def one_update_each(monkeypatch, manual: bool, env_id: str, **kwargs):
-    """The parameters before, after one ``train()`` of each (SB3's, covey's), both logs and update counts."""
+def one_update_each(monkeypatch, manual: bool, env_id: str, moments: str = "none yet", **kwargs):
+    """The parameters before, after one ``train()`` of each (SB3's, covey's), both logs and update counts.
+
+    ``moments``: "none yet" (both start), "SB3's" (SB3 trains one rollout first; covey takes its weights and
+    Adam's moments) or "fresh" (the same, then covey's moments are dropped)."""
     monkeypatch.setattr(covey.PPO, "manual_gradients", manual)
     kwargs = dict(n_steps=N_STEPS, **kwargs)
     theirs = stable_baselines3.PPO("MlpPolicy", make_vec_env(env_id, N_ENVS, seed=0), seed=0, **kwargs)
     ours = covey.PPO("MlpPolicy", make_vec_env(env_id, N_ENVS, seed=0), seed=1, **kwargs)
     assert (ours._manual is not None) == manual
-    with pytest.warns(UserWarning, match="not copied"):
+    if moments != "none yet":
+        theirs.learn(N_STEPS * N_ENVS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the optimizer's state is copied too
         ours.set_parameters(theirs.get_parameters())
+    if moments == "fresh":
+        ours.optimizer.state.clear()
     before = weights(theirs, sb3=True)
     _, callback = theirs._setup_learn(N_STEPS * N_ENVS, None)
     theirs.collect_rollouts(theirs.env, callback, theirs.rollout_buffer, n_rollout_steps=N_STEPS)
@@ -144,9 +154,26 @@ def test_one_ppo_update_is_sb3s(monkeypatch, case, manual):
         assert ours[key] == pytest.approx(theirs[key], rel=1e-3, abs=1e-6), key
 
 
-def sac_steps_each(monkeypatch, manual: bool, gradient_steps: int, **kwargs):
+@pytest.mark.parametrize("manual", [True, False], ids=["hand-written", "autograd"])
+@pytest.mark.parametrize("moments", ["SB3's", "fresh"])
+def test_a_ppo_update_goes_on_from_sb3s_adam_moments(monkeypatch, moments, manual):
+    """SB3 trains a rollout; covey takes its weights and its optimizer's state (Adam's moments and step count,
+    moved to covey's parameter order), and the next update moves every parameter as SB3's next one does. The
+    same with covey's moments dropped moves them otherwise: the moments are what the first case carries over."""
+    env_id, kwargs = CASES["discrete, 4 epochs of 8 minibatches"]
+    before, after, _, n_updates = one_update_each(monkeypatch, manual, env_id, moments=moments, **kwargs)
+    assert n_updates[0] == 2 * kwargs["n_epochs"] and n_updates[1] == kwargs["n_epochs"]
+    if moments == "SB3's":
+        assert_same_changes(before, *after, tolerance=1e-4)
+    else:
+        with pytest.raises(AssertionError):
+            assert_same_changes(before, *after, tolerance=0.1)
+
+
+def sac_steps_each(monkeypatch, manual: bool, gradient_steps: int, moments: str = "none yet", **kwargs):
     """Parameters (targets and log-temperature included) before and after ``train(gradient_steps)`` of SB3's SAC
-    and covey's, from the same weights, on one fixed batch, with the same noise; and both logs."""
+    and covey's, from the same weights, on one fixed batch, with the same noise; and both logs. ``moments`` as in
+    :func:`one_update_each` (SB3 takes 3 gradient steps on the batch first)."""
     monkeypatch.setattr(covey.SAC, "manual_gradients", manual)
     theirs = stable_baselines3.SAC("MlpPolicy", "Pendulum-v1", seed=0, learning_starts=0, **kwargs)
     ours = covey.SAC("MlpPolicy", "Pendulum-v1", seed=1, learning_starts=0, **kwargs)
@@ -157,13 +184,6 @@ def sac_steps_each(monkeypatch, manual: bool, gradient_steps: int, **kwargs):
             p.add_(0.05 * torch.randn(p.shape, generator=generator))
         if theirs.log_ent_coef is not None:
             theirs.log_ent_coef.sub_(0.3)
-    with pytest.warns(UserWarning, match="not copied"):
-        ours.set_parameters(theirs.get_parameters())
-    if theirs.log_ent_coef is not None:
-        with torch.no_grad():
-            ours.log_ent_coef.copy_(theirs.log_ent_coef.reshape(ours.log_ent_coef.shape))
-    before = weights(theirs, sb3=True)
-    assert all(torch.equal(value, before[name]) for name, value in weights(ours, sb3=False).items())
     n = 64
     obs, next_obs = (torch.rand(n, 3, generator=generator) * 2 - 1 for _ in range(2))
     actions = torch.rand(n, 1, generator=generator) * 2 - 1
@@ -174,6 +194,21 @@ def sac_steps_each(monkeypatch, manual: bool, gradient_steps: int, **kwargs):
     monkeypatch.setattr(theirs.replay_buffer, "sample", lambda *args, **kw: samples)
     monkeypatch.setattr(ours.replay_buffer, "sample_batch", lambda *args, **kw: batch)
     theirs._setup_learn(1000, None)
+    if moments != "none yet":
+        torch.manual_seed(5)
+        theirs.train(gradient_steps=3, batch_size=n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the optimizers' states are copied too
+        ours.set_parameters(theirs.get_parameters())
+    if theirs.log_ent_coef is not None:
+        with torch.no_grad():
+            ours.log_ent_coef.copy_(theirs.log_ent_coef.reshape(ours.log_ent_coef.shape))
+    if moments == "fresh":
+        for optimizer in (ours.actor_optimizer, ours.critic_optimizer, ours.ent_coef_optimizer):
+            if optimizer is not None:
+                optimizer.state.clear()
+    before = weights(theirs, sb3=True)
+    assert all(torch.equal(value, before[name]) for name, value in weights(ours, sb3=False).items())
     ours._setup_learn(1000, None, True, "test", False)
     for model in (theirs, ours):
         torch.manual_seed(7)  # the actor's noise: both draw it in the same order
@@ -213,3 +248,18 @@ def test_sac_gradient_steps_are_sb3s(monkeypatch, case, manual):
         assert (ours[key] is None) == (value is None), key
         if value is not None:
             assert ours[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize("manual", [True, False], ids=["hand-written", "autograd"])
+@pytest.mark.parametrize("moments", ["SB3's", "fresh"])
+def test_sac_gradient_steps_go_on_from_sb3s_adam_moments(monkeypatch, moments, manual):
+    """SB3's SAC takes three gradient steps; covey takes its weights and the states of its three Adams (actor,
+    critics, temperature), and the next two steps move every parameter as SB3's do; with covey's moments dropped
+    they move otherwise."""
+    before, after, _ = sac_steps_each(monkeypatch, manual, gradient_steps=2, moments=moments, learning_rate=3e-3)
+    assert "log_ent_coef" in before
+    if moments == "SB3's":
+        assert_same_changes(before, *after, tolerance=1e-3)
+    else:
+        with pytest.raises(AssertionError):
+            assert_same_changes(before, *after, tolerance=0.1)

@@ -1,7 +1,8 @@
 """An SB3 user brings a trained model over: ``covey_model.set_parameters(sb3_model.get_parameters())`` copies
-SB3's PPO and SAC ``MlpPolicy`` weights, after which covey's model acts, values and scores actions exactly
-as SB3's; what cannot be copied (optimizer states, CNN extractors, other sizes) is said clearly. The way back,
-``sb3_model.set_parameters(model.get_sb3_parameters(), exact_match=False)``, gives SB3's model covey's numbers."""
+SB3's PPO and SAC ``MlpPolicy`` weights and optimizer states, after which covey's model acts, values and scores
+actions exactly as SB3's; what cannot be copied (CNN extractors, other sizes, another optimizer's state) is said
+clearly. The way back, ``sb3_model.set_parameters(model.get_sb3_parameters())``, gives SB3's model covey's numbers
+and optimizer states."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def test_ppo_takes_sb3s_weights_and_acts_values_and_scores_as_sb3(env_id):
     sb3_model, model = trained_pair("PPO", env_id, n_steps=64, batch_size=64, n_epochs=2)
     obs = observations(model.observation_space)
     assert not np.allclose(model.predict(obs, deterministic=True)[0], sb3_model.predict(obs, deterministic=True)[0])
-    with pytest.warns(UserWarning, match=r"optimizer states \(policy.optimizer\) .* not copied"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         model.set_parameters(sb3_model.get_parameters())
     np.testing.assert_allclose(
         model.predict(obs, deterministic=True)[0], sb3_model.predict(obs, deterministic=True)[0], rtol=1e-5, atol=1e-6
@@ -54,7 +56,8 @@ def test_ppo_takes_sb3s_weights_and_acts_values_and_scores_as_sb3(env_id):
 def test_sac_takes_sb3s_weights_and_acts_and_values_as_sb3():
     sb3_model, model = trained_pair("SAC", "Pendulum-v1", learning_starts=64, batch_size=32)
     obs = observations(model.observation_space)
-    with pytest.warns(UserWarning, match=r"actor.optimizer, critic.optimizer, ent_coef_optimizer"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         model.set_parameters(sb3_model.get_parameters())
     np.testing.assert_allclose(
         model.predict(obs, deterministic=True)[0], sb3_model.predict(obs, deterministic=True)[0], rtol=1e-5, atol=1e-6
@@ -72,7 +75,8 @@ def test_sac_actor_and_critic_internals_answer_as_sb3s():
     """SB3 SAC's actor.get_action_dist_params, actor.latent_pi, critic.q_networks and critic.set_training_mode,
     which scripts probing a trained SAC use (AttributeErrors before), give SB3's numbers on SB3's weights."""
     sb3_model, model = trained_pair("SAC", "Pendulum-v1", learning_starts=64, batch_size=32)
-    with pytest.warns(UserWarning, match="not copied"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         model.set_parameters(sb3_model.get_parameters())
     obs = torch.as_tensor(observations(model.observation_space))
     with torch.no_grad():
@@ -294,6 +298,32 @@ def _perturbed(model):
     return model
 
 
+def _sb3_optimizers(model) -> dict[str, torch.optim.Optimizer]:
+    """The optimizers SB3's model of this kind saves, by SB3's names, in an SB3 model or a covey one."""
+    if isinstance(model, (stable_baselines3.PPO, covey.PPO)):
+        return {"policy.optimizer": model.policy.optimizer}
+    optimizers = {"actor.optimizer": model.actor.optimizer, "critic.optimizer": model.critic.optimizer}
+    if model.ent_coef_optimizer is not None:
+        optimizers["ent_coef_optimizer"] = model.ent_coef_optimizer
+    return optimizers
+
+
+def _moments_of_the_weights(optimizers: dict[str, torch.optim.Optimizer]) -> None:
+    """One Adam step of each optimizer with every parameter's own value for its gradient, the values then put
+    back: each parameter's moments are 0.1 and 0.001 times its value (squared), step 1."""
+    for optimizer in optimizers.values():
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        values = [p.detach().clone() for p in params]
+        for p, value in zip(params, values, strict=True):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad.copy_(value)
+        optimizer.step()
+        with torch.no_grad():
+            for p, value in zip(params, values, strict=True):
+                p.copy_(value)
+
+
 def _outputs(name: str, model, obs, actions) -> list[torch.Tensor]:
     """What a trained model is used for, on SB3's calls: the deterministic actions, and PPO's values, log-probs and
     entropies of ``actions``, or SAC's Q values of ``actions`` (critics and target critics)."""
@@ -389,8 +419,9 @@ WAY_BACK = [
 def test_covey_weights_go_into_an_sb3_model_that_then_acts_values_and_scores_as_covey(
     name, policy, observation_space, action_space, kwargs
 ):
-    """``sb3_model.set_parameters(model.get_sb3_parameters(), exact_match=False)``: SB3's model of the same settings
-    then gives covey's actions, values, log-probs and Q values; and copying back gives covey's weights exactly."""
+    """``sb3_model.set_parameters(model.get_sb3_parameters())``: SB3's model of the same settings then gives covey's
+    actions, values, log-probs and Q values, and its optimizers hold covey's Adam moments, each parameter's in SB3's
+    order; copying back gives covey's weights and optimizer states exactly."""
     env = SpaceEnv(observation_space, action_space)
     kwargs = dict(kwargs, **(dict(n_steps=16, batch_size=16) if name == "PPO" else dict(buffer_size=100)))
     model = _perturbed(getattr(covey, name)(policy, env, seed=0, **kwargs))
@@ -401,20 +432,39 @@ def test_covey_weights_go_into_an_sb3_model_that_then_acts_values_and_scores_as_
     action_space.seed(1)
     actions = torch.as_tensor(np.stack([action_space.sample() for _ in range(16)])).float()
 
+    _moments_of_the_weights(_sb3_optimizers(model))
     ours = _outputs(name, model, obs, actions)
     assert not all(torch.allclose(a, b, atol=1e-4) for a, b in zip(ours, _outputs(name, sb3_model, obs, actions)))
-    sb3_model.set_parameters(model.get_sb3_parameters(), exact_match=False)
+    sb3_model.set_parameters(model.get_sb3_parameters())  # every group SB3's model has: exact_match holds
     for a, b in zip(ours, _outputs(name, sb3_model, obs, actions), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    # Each of SB3's optimizers holds, for every parameter in its own order, the moments of that parameter
+    theirs = _sb3_optimizers(sb3_model)
+    assert theirs.keys() == _sb3_optimizers(model).keys()
+    for optimizer_name, optimizer in theirs.items():
+        params, state = optimizer.param_groups[0]["params"], optimizer.state_dict()["state"]
+        assert sorted(state) == list(range(len(params))), optimizer_name
+        for i, p in enumerate(params):
+            # SB3's temperature is apart from its parameters: its moments are covey's log_ent_coef's
+            weight = model.log_ent_coef if optimizer_name == "ent_coef_optimizer" else p
+            torch.testing.assert_close(state[i]["exp_avg"], 0.1 * weight.detach().reshape(p.shape))
+            torch.testing.assert_close(state[i]["exp_avg_sq"], 0.001 * weight.detach().reshape(p.shape) ** 2)
+            assert state[i]["step"] == 1
 
     back = _perturbed(getattr(covey, name)(policy, env, seed=2, **kwargs))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SB3's optimizer states are not copied
+        warnings.simplefilter("error")  # weights and optimizer states are copied
         back.set_parameters(sb3_model.get_parameters())
     expected = model.policy.state_dict()
     assert back.policy.state_dict().keys() == expected.keys()
     for key, value in back.policy.state_dict().items():
         assert torch.equal(value, expected[key]), key
+    for optimizer_name, optimizer in _sb3_optimizers(back).items():
+        mine, original = optimizer.state_dict()["state"], _sb3_optimizers(model)[optimizer_name].state_dict()["state"]
+        assert mine.keys() == original.keys(), optimizer_name
+        for i, entry in original.items():
+            for key, value in entry.items():
+                assert torch.equal(mine[i][key], value), (optimizer_name, i, key)
 
 
 def test_an_sb3_policy_class_model_gives_its_own_weights_back():

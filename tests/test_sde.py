@@ -370,7 +370,7 @@ def test_sac_with_sde_saves_loads_and_copies_sb3_weights(tmp_path):
     np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
     sb3 = stable_baselines3.SAC("MlpPolicy", "Pendulum-v1", **kwargs).learn(16)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # optimizer states are not copied
+        warnings.simplefilter("error")  # weights and optimizer states are copied
         model.set_parameters(sb3.get_parameters(), exact_match=False)
     np.testing.assert_allclose(
         model.predict(obs, deterministic=True)[0], sb3.predict(obs, deterministic=True)[0], rtol=0, atol=1e-6

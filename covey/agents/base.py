@@ -45,7 +45,7 @@ from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
 from covey.networks.encoders import FlattenEncoder
-from covey.networks.sb3_names import to_sb3
+from covey.networks.sb3_names import move_optimizer_state, to_sb3
 from covey.spaces import (
     channels_last,
     check_action_space,
@@ -483,6 +483,22 @@ class FlatParameters:
                     joined[key] = value.clone() if torch.is_tensor(value) else value  # never alias the source
             state[0] = joined
         return {"state": state, "param_groups": [{**groups[0], "params": [0]}]}
+
+
+def _optimizer_parameter_names(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
+    """Every parameter ``optimizer`` steps, in its order (covey's flat optimizers: their parameters' order), by
+    its names in ``module.state_dict()`` (a shared parameter has several)."""
+    names: dict[int, list[str]] = {}
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        names.setdefault(id(tensor), []).append(key)
+    flat = getattr(optimizer, "flat_parameters", None)
+    if flat is None and len(optimizer.param_groups) != 1:
+        raise ValueError(f"the optimizer has {len(optimizer.param_groups)} parameter groups, not one")
+    params = flat.params if flat is not None else optimizer.param_groups[0]["params"]
+    order = [names.get(id(p)) for p in params]
+    if any(found is None for found in order):
+        raise ValueError("the optimizer steps a parameter outside the policy")
+    return order
 
 
 class BaseAgent:
@@ -1078,20 +1094,47 @@ class BaseAgent:
         """State dicts of every parameter group, by name (SB3's ``get_parameters``)."""
         return {name: group.state_dict() for name, group in self._parameter_groups().items()}
 
+    _sb3_optimizers: ClassVar[tuple[str, ...]] = ()
+    """The optimizers SB3's model of this agent saves, by SB3's names (``policy.optimizer``, ...)."""
+
     def get_sb3_parameters(self) -> dict[str, dict]:
-        """The policy's weights under SB3's names, for an SB3 model built with this model's settings:
-        ``sb3_model.set_parameters(model.get_sb3_parameters(), exact_match=False)`` (``exact_match=False``: the
-        optimizer states are not included, as their order differs). The way back of
-        ``model.set_parameters(sb3_model.get_parameters())``, for PPO and SAC with ``MlpPolicy``, ``CnnPolicy``
-        (NatureCNN) and ``MultiInputPolicy`` on vectors; a network SB3 does not have (recurrent memory, a two-hot
-        critic) is refused. SAC's learned temperature is ``model.log_ent_coef``, which SB3 keeps outside its
-        parameters (``sb3_model.log_ent_coef.data.copy_(model.log_ent_coef.data)``)."""
-        sb3_class = getattr(stable_baselines3, self.agent_name, None)
-        if sb3_class is None:
+        """The policy's weights and its optimizers' states under SB3's names and in SB3's parameter order, for an
+        SB3 model built with this model's settings: ``sb3_model.set_parameters(model.get_sb3_parameters())``. The
+        way back of ``model.set_parameters(sb3_model.get_parameters())``, for PPO and SAC with ``MlpPolicy``,
+        ``CnnPolicy`` (NatureCNN) and ``MultiInputPolicy`` on vectors; a network SB3 does not have (recurrent
+        memory, a two-hot critic) is refused. SAC's learned temperature is ``model.log_ent_coef``, which SB3 keeps
+        outside its parameters (``sb3_model.log_ent_coef.data.copy_(model.log_ent_coef.data)``); its optimizer's
+        state is ``ent_coef_optimizer``, as in SB3."""
+        if getattr(stable_baselines3, self.agent_name, None) is None:
             raise ValueError(f"SB3 has no {self.agent_name}: weights go to SB3's PPO and SAC.")
-        if self._sb3_policy_class is not None:
-            return {"policy": self.policy.state_dict()}  # an SB3 policy class: SB3's names already
-        sb3_policy = sb3_class.policy_aliases.get(self.policy_name)
+        groups = self.get_parameters()
+        if self._sb3_policy_class is not None:  # an SB3 policy class: SB3's names and order already
+            return {name: groups[name] for name in ("policy", *self._sb3_optimizers) if name in groups}
+        template = self._sb3_template()
+        template_state = template.state_dict()
+        out = {"policy": to_sb3(self.agent_name, groups["policy"], template_state, self._flat_image())}
+        for name in self._sb3_optimizers:
+            if name not in groups:
+                continue  # SAC's ent_coef_optimizer with a fixed temperature
+            names, theirs = self._sb3_optimizer_names(template, name)
+            if name == "ent_coef_optimizer":  # one parameter, outside the policy, on either side
+                out[name] = {**groups[name], "param_groups": theirs.state_dict()["param_groups"]}
+                continue
+            out[name] = move_optimizer_state(
+                self.agent_name,
+                groups[name],
+                template_state,
+                self._flat_image(),
+                names,
+                theirs.state_dict()["param_groups"],
+                to_sb3=True,
+            )
+        return out
+
+    def _sb3_template(self) -> Any:
+        """SB3's policy (with its optimizers) of this model's settings, whose parameter names and order SB3's
+        model of them has; a ValueError names a setting SB3's policy does not have."""
+        sb3_policy = getattr(stable_baselines3, self.agent_name).policy_aliases.get(self.policy_name)
         if sb3_policy is None:
             raise ValueError(
                 f"SB3's {self.agent_name} has no {self.policy_name}: weights go to its MlpPolicy, CnnPolicy and "
@@ -1107,9 +1150,39 @@ class BaseAgent:
                 "not have: this model's networks have no SB3 counterpart."
             )
         kwargs = {key: value for key, value in self.policy_kwargs.items() if key != "use_sde"}  # the model's decides
-        template = build_policy(sb3_policy, space, self.action_space, lambda _: 0.0, self.use_sde, kwargs, "cpu")
-        template = template.state_dict()
-        return {"policy": to_sb3(self.agent_name, self.policy.state_dict(), template, self._flat_image())}
+        return build_policy(sb3_policy, space, self.action_space, lambda _: 0.0, self.use_sde, kwargs, "cpu")
+
+    def _sb3_optimizer_names(
+        self, template: Any, name: str
+    ) -> tuple[tuple[list[list[str]], list[list[str]]], torch.optim.Optimizer]:
+        """For the optimizer SB3 names ``name``: the names of the parameters it steps in SB3's policy
+        ``template`` and of those covey's steps in ``model.policy`` (each in its optimizer's order), and SB3's
+        optimizer (``ent_coef_optimizer``: a fresh Adam, as SB3's SAC makes it)."""
+        if name == "ent_coef_optimizer":
+            return ([], []), torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=self.lr_schedule(1.0))
+        ours = self._parameter_groups()[name]
+        theirs = template
+        for part in name.removeprefix("policy.").split("."):
+            theirs = getattr(theirs, part)
+        return (_optimizer_parameter_names(template, theirs), _optimizer_parameter_names(self.policy, ours)), theirs
+
+    def _sb3_optimizer_state(self, name: str, state: dict) -> dict:
+        """The state of SB3's optimizer ``name`` (as SB3's ``get_parameters`` gives it) for covey's optimizer of
+        that name: per-parameter tensors moved to covey's order and layout, covey's optimizer settings kept (the
+        schedule sets the learning rate). Raises ValueError where they do not fit."""
+        ours = self._parameter_groups().get(name)
+        if ours is None:
+            raise ValueError(f"this model has no {name} (SAC's, with a fixed ent_coef)")
+        groups = ours.state_dict()["param_groups"]
+        if name == "ent_coef_optimizer":  # one parameter, outside the policy, on either side
+            if len(state.get("param_groups", [])) != 1 or len(state["param_groups"][0]["params"]) != 1:
+                raise ValueError("the temperature's optimizer state is not of one parameter")
+            return {"state": state["state"], "param_groups": groups}
+        template = self._sb3_template()
+        names, _ = self._sb3_optimizer_names(template, name)
+        return move_optimizer_state(
+            self.agent_name, state, template.state_dict(), self._flat_image(), names, groups, to_sb3=False
+        )
 
     def set_parameters(
         self,

@@ -614,6 +614,7 @@ class PPO(BaseAgent):
     """
 
     agent_name = "PPO"
+    _sb3_optimizers = ("policy.optimizer",)
     schedule_keys = ("learning_rate", "clip_range", "clip_range_vf")
     config_class = PPOConfig
     policy_aliases = PolicyAliases("covey.ppo.policies")
@@ -834,7 +835,7 @@ class PPO(BaseAgent):
         if self._sb3_policy_class is not None:
             return params  # SB3's names are the model's own
         params = merge_parameter_groups(params, "policy", ("actor", "critic"), {"optimizer": "policy.optimizer"})
-        return translate_groups("PPO", params, ("policy.optimizer",), self._flat_image())
+        return translate_groups("PPO", params, self._sb3_optimizers, self._flat_image(), self._sb3_optimizer_state)
 
     # ------------------------------------------------------------------ training loop
     def learn(

@@ -444,6 +444,7 @@ class SAC(BaseAgent):
     """
 
     agent_name = "SAC"
+    _sb3_optimizers = ("actor.optimizer", "critic.optimizer", "ent_coef_optimizer")
     has_memory = False
     supported_action_spaces = (spaces.Box, spaces.Discrete)
     config_class = SACConfig
@@ -791,8 +792,7 @@ class SAC(BaseAgent):
                 "state; SAC steps the temperature with Adam, as SB3 does, so it starts from a fresh Adam state."
             )
             params = {name: state for name, state in params.items() if name != "ent_coef_optimizer"}
-        optimizers = ("actor.optimizer", "critic.optimizer", "ent_coef_optimizer")
-        return translate_groups("SAC", params, optimizers, self._flat_image())
+        return translate_groups("SAC", params, self._sb3_optimizers, self._flat_image(), self._sb3_optimizer_state)
 
     def _hyperparameters(self) -> dict[str, Any]:
         params = super()._hyperparameters()

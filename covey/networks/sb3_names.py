@@ -6,6 +6,8 @@ critic trunks are SB3's ``mlp_extractor``/``latent_pi``/``qf`` layers, index for
 ``NatureCNN`` is SB3's, ``convs`` for its ``cnn``); only the names differ, and SAC's mean and log-std layers
 are covey's one head layer. Other SB3 features extractors with weights (``CombinedExtractor`` on images,
 custom classes) have no counterpart here. :func:`to_sb3` is the way back (``model.get_sb3_parameters()``).
+The optimizers' states go both ways through :func:`move_optimizer_state`: each parameter's moments go where
+its weights go.
 
 >>> sd = {"mlp_extractor.policy_net.0.weight": 1, "action_net.bias": 2, "log_std": 3}
 >>> sorted(from_sb3("PPO", sd))
@@ -15,6 +17,7 @@ custom classes) have no counterpart here. :func:`to_sb3` is the way back (``mode
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -36,25 +39,40 @@ _PPO_ENCODERS = {"pi_": "actor.encoder", "vf_": "critic.encoder"}
 
 
 def translate_groups(
-    agent: str, params: dict, optimizers: tuple[str, ...], flat_image: tuple[int, ...] | None = None
+    agent: str,
+    params: dict,
+    optimizers: tuple[str, ...],
+    flat_image: tuple[int, ...] | None = None,
+    move_state: Callable[[str, dict], dict] | None = None,
 ) -> dict:
     """Parameter groups as SB3's ``get_parameters()`` returns them, for covey's ``set_parameters``: the
-    ``"policy"`` state dict renamed (:func:`from_sb3`), SB3's ``optimizers`` left out with a warning (their
-    states follow SB3's parameter order). Groups with covey's names pass through unchanged. ``flat_image``: the
-    shape of the channel-last image observations the model's networks read flattened (an ``MlpPolicy``), whose
-    first layers take SB3's columns reordered (:func:`image_inputs_to_covey`)."""
+    ``"policy"`` state dict renamed (:func:`from_sb3`), and the states of SB3's ``optimizers`` moved to covey's
+    parameter order by ``move_state(name, state)`` (the model's; a state it cannot move, or every state without
+    it, is left out with a warning, and that optimizer keeps its own). Groups with covey's names pass through
+    unchanged. ``flat_image``: the shape of the channel-last image observations the model's networks read
+    flattened (an ``MlpPolicy``), whose first layers take SB3's columns reordered (:func:`image_inputs_to_covey`)."""
     policy = params.get("policy")
     if not isinstance(policy, dict) or not is_sb3(agent, policy):
         return params
-    dropped = [name for name in optimizers if name in params]
+    moved, dropped = {}, []
+    for name in optimizers:
+        if name not in params:
+            continue
+        try:
+            if move_state is None:
+                raise ValueError("no way to move it")
+            moved[name] = move_state(name, params[name])
+        except ValueError as err:
+            dropped.append(f"{name}: {err}")
     if dropped:
         warn_user(
-            f"Copied SB3's {agent} weights; its optimizer states ({', '.join(dropped)}) follow SB3's parameter "
-            "order and are not copied: covey's optimizers start from their current state."
+            f"Copied SB3's {agent} weights; these optimizer states are not copied ({'; '.join(dropped)}): those "
+            "optimizers start from their current state."
         )
     rest = {name: group for name, group in params.items() if name not in optimizers and name != "policy"}
     policy = from_sb3(agent, policy)
-    return {**rest, "policy": image_inputs_to_covey(policy, flat_image) if flat_image is not None else policy}
+    policy = image_inputs_to_covey(policy, flat_image) if flat_image is not None else policy
+    return {**rest, **moved, "policy": policy}
 
 
 _FIRST_LAYERS = re.compile(
@@ -166,13 +184,7 @@ def to_sb3(agent: str, state_dict: dict, template: dict, flat_image: tuple[int, 
     >>> {key: value.sum().item() for key, value in to_sb3("PPO", sd, like).items()}
     {'mlp_extractor.policy_net.0.weight': 6.0, 'action_net.weight': 0.0}
     """
-    index, start = {}, 0
-    for key, value in template.items():
-        index[key] = torch.arange(start, start + value.numel(), dtype=torch.float64).reshape(value.shape)
-        start += value.numel()
-    ours = from_sb3(agent, index)
-    if flat_image is not None:
-        ours = image_inputs_to_covey(ours, flat_image)
+    index, ours, start = _positions(agent, template, flat_image)
     unknown = sorted(set(state_dict) - set(ours))
     if unknown:
         raise ValueError(
@@ -190,16 +202,96 @@ def to_sb3(agent: str, state_dict: dict, template: dict, flat_image: tuple[int, 
                 f"covey's {key} has shape {tuple(value.shape)} where SB3's {agent} policy of these settings has "
                 f"{tuple(where.shape)}: the model's networks are not SB3's."
             )
-        positions = where.long().reshape(-1)
+        positions = where.reshape(-1)
         values[positions] = value.detach().to("cpu", torch.float64).reshape(-1)
         filled[positions] = True
     out = {}
     for key, value in template.items():
-        positions = index[key].long().reshape(-1)
+        positions = index[key].reshape(-1)
         if not filled[positions].all():
             shared = "pi_" + key if key.startswith("features_extractor.") else None  # PPO: SB3 names it twice
             if shared is None or shared not in template:
                 raise ValueError(f"SB3's {key} has no counterpart in covey's parameters: the networks differ.")
-            positions = index[shared].long().reshape(-1)
+            positions = index[shared].reshape(-1)
         out[key] = values[positions].to(value.dtype).reshape(value.shape)
     return out
+
+
+def _positions(agent: str, template: dict, flat_image: tuple[int, ...] | None) -> tuple[dict, dict, int]:
+    """Every element of the SB3 state dict ``template`` numbered: ``(SB3 name -> its elements' numbers, covey
+    name -> the numbers of the SB3 elements it is made of, how many)``, the second read off :func:`from_sb3` (and
+    :func:`image_inputs_to_covey` for ``flat_image``)."""
+    index, start = {}, 0
+    for key, value in template.items():
+        index[key] = torch.arange(start, start + value.numel(), dtype=torch.float64).reshape(value.shape)
+        start += value.numel()
+    ours = from_sb3(agent, index)
+    if flat_image is not None:
+        ours = image_inputs_to_covey(ours, flat_image)
+    return {k: v.long() for k, v in index.items()}, {k: v.long() for k, v in ours.items()}, start
+
+
+# Settings that tell optimizer classes apart (Adam's betas, SGD's and RMSprop's momentum, ...): a state moves only
+# between optimizers that have the same ones.
+_OPTIMIZER_SETTINGS = frozenset(
+    {"betas", "momentum", "dampening", "nesterov", "alpha", "centered", "rho", "lr_decay", "etas", "step_sizes"}
+)
+
+
+def move_optimizer_state(
+    agent: str,
+    state: dict,
+    template: dict,
+    flat_image: tuple[int, ...] | None,
+    names: tuple[list[list[str]], list[list[str]]],
+    param_groups: list[dict],
+    to_sb3: bool,
+) -> dict:
+    """An optimizer's state dict moved between SB3's parameter order and covey's: per-parameter tensors (Adam's
+    moments) go element by element where the weights go (:func:`from_sb3`, or its inverse with ``to_sb3``), and
+    scalars (Adam's step count) stay as they are.
+
+    ``template`` is the state dict of SB3's policy of the model's settings; ``names`` holds, for SB3's optimizer
+    and then covey's, every parameter's names in its policy's state dict, in the optimizer's order (a parameter
+    may have several). ``param_groups`` (one group) are the receiving optimizer's own settings. Raises
+    ValueError where the two optimizers do not step the same parameters, or are of different kinds."""
+    index, ours, total = _positions(agent, template, flat_image)
+    sb3_names, covey_names = names
+    (source_names, source_at), (target_names, target_at) = (
+        ((covey_names, ours), (sb3_names, index)) if to_sb3 else ((sb3_names, index), (covey_names, ours))
+    )
+    groups = state.get("param_groups", [])
+    if len(groups) != 1 or len(param_groups) != 1 or len(groups[0]["params"]) != len(source_names):
+        raise ValueError(
+            f"the optimizer state has {[len(g['params']) for g in groups]} parameters per group where "
+            f"{len(source_names)} in one group were expected"
+        )
+    if _OPTIMIZER_SETTINGS & set(groups[0]) != _OPTIMIZER_SETTINGS & set(param_groups[0]):
+        raise ValueError("the optimizers are of different kinds")
+    entries = {slot: state["state"][i] for slot, i in enumerate(groups[0]["params"]) if i in state["state"]}
+    moved: dict[int, dict] = {}
+    if entries:
+        first = next(iter(entries.values()))
+        moved = {j: {} for j in range(len(target_names))}
+        for key, sample in first.items():
+            if not torch.is_tensor(sample) or sample.dim() == 0:  # the step count: one for every parameter
+                for entry in moved.values():
+                    entry[key] = sample.clone() if torch.is_tensor(sample) else sample
+                continue
+            values = torch.zeros(total, dtype=torch.float64)
+            filled = torch.zeros(total, dtype=torch.bool)
+            for slot, entry in entries.items():
+                for name in source_names[slot]:
+                    if name not in source_at:
+                        continue  # an SB3 name of a shared network that covey keeps once, or none
+                    where = source_at[name].reshape(-1)
+                    if entry[key].numel() != where.numel():
+                        raise ValueError(f"{key} of {name} has {entry[key].numel()} elements, not {where.numel()}")
+                    values[where] = entry[key].detach().to("cpu", torch.float64).reshape(-1)
+                    filled[where] = True
+            for j, aliases in enumerate(target_names):
+                where = next((target_at[a] for a in aliases if a in target_at and filled[target_at[a]].all()), None)
+                if where is None:
+                    raise ValueError(f"the other optimizer does not step {aliases[0]}")
+                moved[j][key] = values[where.reshape(-1)].to(sample.dtype).reshape(where.shape)
+    return {"state": moved, "param_groups": [{**param_groups[0], "params": list(range(len(target_names)))}]}
