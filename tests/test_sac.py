@@ -500,6 +500,18 @@ def test_save_load_keeps_a_fixed_ent_coef(tmp_path):
     assert loaded._ent_coef().item() == pytest.approx(0.2)
 
 
+def test_a_learned_temperature_loads_as_a_fixed_one_when_ent_coef_is_given(tmp_path):
+    """``load(path, ent_coef=0.1)`` of a model that learned its temperature: the given value holds (the file's
+    temperature and its optimizer are left out, with a warning) and training goes on with it."""
+    sac("Pendulum-v1", learning_starts=10).learn(20).save(tmp_path / "learned")
+    with pytest.warns(UserWarning, match=r"learned temperature \(ent_coef, ent_coef_optimizer\).*fixed at 0.1"):
+        loaded = SAC.load(tmp_path / "learned", env="Pendulum-v1", ent_coef=0.1)
+    assert loaded.log_ent_coef is None and loaded.ent_coef_optimizer is None
+    loaded.learn(20, reset_num_timesteps=False)
+    assert loaded._ent_coef().item() == pytest.approx(0.1)
+    assert loaded.logger.name_to_value["train/ent_coef"] == pytest.approx(0.1)
+
+
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
 def test_replay_buffer_round_trip_and_continued_training(tmp_path, env_id):
     model = sac(env_id, buffer_size=1000).learn(100)

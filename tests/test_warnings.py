@@ -96,6 +96,11 @@ def sb3_weights_copied(tmp_path):
     )
 
 
+def learned_temperature_loaded_fixed(tmp_path):
+    SAC("MlpPolicy", "Pendulum-v1", learning_starts=10).learn(20).save(tmp_path / "learned")
+    SAC.load(tmp_path / "learned", ent_coef=0.1)
+
+
 def sb3_file_with_a_function(tmp_path):
     stable_baselines3.PPO("MlpPolicy", "CartPole-v1", learning_rate=lambda p: 1e-3 * p).save(tmp_path / "sb3")
     PPO.load(tmp_path / "sb3.zip")
@@ -162,6 +167,7 @@ CASES = {
     go_on_without_a_place: "force_reset=False",
     action_mask_in_observations: "covey's policies do not mask actions",
     sb3_weights_copied: "policy.optimizer: the optimizers are of different kinds",
+    learned_temperature_loaded_fixed: "which this model does not use",
     sb3_file_with_a_function: "which covey never unpickles",
     policy_kwargs_the_file_cannot_hold: "is not in the model file",
     seed_not_applied: "was not applied to the env",

@@ -792,6 +792,13 @@ class SAC(BaseAgent):
                 "state; SAC steps the temperature with Adam, as SB3 does, so it starts from a fresh Adam state."
             )
             params = {name: state for name, state in params.items() if name != "ent_coef_optimizer"}
+        learned = sorted({"ent_coef", "ent_coef_optimizer"} & set(params))
+        if self.ent_coef_optimizer is None and learned:  # e.g. load(path, ent_coef=0.1) of a learned temperature
+            warn_user(
+                f"These parameters hold a learned temperature ({', '.join(learned)}), which this model does not use: "
+                f"its ent_coef is fixed at {self.ent_coef}. Pass ent_coef='auto' to go on learning it."
+            )
+            params = {name: state for name, state in params.items() if name not in learned}
         return translate_groups("SAC", params, self._sb3_optimizers, self._flat_image(), self._sb3_optimizer_state)
 
     def _hyperparameters(self) -> dict[str, Any]:
