@@ -178,9 +178,12 @@ def test_ppo_loads_sb3s_cnn_dict_and_box_action_files(tmp_path, kind, no_unpickl
         env, policy = SpaceEnv(spaces.Box(-1, 1, (3,)), box), "MlpPolicy"
     theirs = sb3.PPO(policy, env, n_steps=32, batch_size=16, n_epochs=1, seed=0).learn(32)
     theirs.save(tmp_path / "m.zip")
-    ours = PPO.load(tmp_path / "m.zip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is left out
+        ours = PPO.load(tmp_path / "m.zip")
     assert ours.policy_name == policy
     assert_same_policy(ours, theirs)
+    assert_same_optimizer_states(ours, theirs)
 
 
 # ============================================================================================ SAC
