@@ -490,6 +490,7 @@ def test_networks_sb3_does_not_have_are_refused_with_the_reason():
         (covey.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(memory=dict(kind="gru"))), r"\['memory'\]"),
         (covey.PPO("MlpLstmPolicy", "CartPole-v1"), "SB3's PPO has no MlpLstmPolicy"),
         (covey.POCA("MlpPolicy", EarlyExitEnv, n_steps=8, batch_size=8), "SB3 has no POCA"),
+        (covey.SAC("MlpPolicy", "CartPole-v1"), r"SB3's SAC has Box actions only; this model's are Discrete\(2\)"),
     ]
     for model, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -1134,6 +1134,11 @@ class BaseAgent:
     def _sb3_template(self) -> Any:
         """SB3's policy (with its optimizers) of this model's settings, whose parameter names and order SB3's
         model of them has; a ValueError names a setting SB3's policy does not have."""
+        if self.agent_name == "SAC" and not isinstance(self.action_space, spaces.Box):
+            raise ValueError(
+                f"SB3's SAC has Box actions only; this model's are {self.action_space} (covey's SAC for Discrete "
+                "actions has no SB3 counterpart)."
+            )
         sb3_policy = getattr(stable_baselines3, self.agent_name).policy_aliases.get(self.policy_name)
         if sb3_policy is None:
             raise ValueError(
