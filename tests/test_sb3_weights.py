@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import warnings
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import stable_baselines3
 import torch
 from envs import SpaceEnv, image_space
 from gymnasium import spaces
+from stable_baselines3 import HerReplayBuffer
+from stable_baselines3.common.envs import BitFlippingEnv
+from stable_baselines3.common.utils import LinearSchedule
 
 import covey
 
@@ -495,3 +499,121 @@ def test_networks_sb3_does_not_have_are_refused_with_the_reason():
     for model, message in cases:
         with pytest.raises(ValueError, match=message):
             model.get_sb3_parameters()
+
+
+# ============================================================================================ a whole SB3 model
+
+TO_SB3 = {
+    "PPO": (
+        "CartPole-v1",
+        dict(
+            n_steps=64,
+            batch_size=32,
+            n_epochs=3,
+            gamma=0.97,
+            gae_lambda=0.9,
+            clip_range=0.3,
+            ent_coef=0.01,
+            vf_coef=0.4,
+            max_grad_norm=0.7,
+            target_kl=0.5,
+            learning_rate=LinearSchedule(1e-3, 1e-4, 1.0),
+            policy_kwargs=dict(net_arch=[32, 32]),
+        ),
+        256,
+    ),
+    "SAC": (
+        "Pendulum-v1",
+        dict(
+            learning_starts=32,
+            batch_size=16,
+            buffer_size=1_000,
+            tau=0.02,
+            gamma=0.95,
+            train_freq=(2, "step"),
+            gradient_steps=2,
+            target_update_interval=2,
+            policy_kwargs=dict(net_arch=[32, 32], n_critics=3),
+        ),
+        220,  # an episode of Pendulum's 200 steps ended
+    ),
+}
+SAME_SETTINGS = {
+    "PPO": ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm"),
+    "SAC": ("learning_starts", "batch_size", "buffer_size", "tau", "gamma", "gradient_steps", "target_update_interval"),
+}
+
+
+@pytest.mark.parametrize("name", list(TO_SB3))
+def test_to_sb3_model_is_sb3s_model_of_the_same_settings_and_training_state(name, tmp_path):
+    """``model.to_sb3_model()``: an SB3 model of covey's settings, weights, optimizer states, temperature and
+    counters, which acts as covey's, saves SB3's own file, loads in SB3 and trains on there."""
+    env_id, kwargs, steps = TO_SB3[name]
+    model = getattr(covey, name)("MlpPolicy", env_id, seed=0, **kwargs).learn(steps)
+    sb3_model = model.to_sb3_model()
+    assert type(sb3_model) is getattr(stable_baselines3, name)
+    for key in SAME_SETTINGS[name]:
+        assert getattr(sb3_model, key) == getattr(model, key), key
+    assert sb3_model.policy_kwargs["net_arch"] == [32, 32] and sb3_model.seed == 0
+    assert (sb3_model.num_timesteps, sb3_model._n_updates) == (model.num_timesteps, model._n_updates) != (steps, 0)
+    assert sb3_model._current_progress_remaining == model._current_progress_remaining < 1
+    assert list(sb3_model.ep_info_buffer) == list(model.ep_info_buffer) != []
+    expected = model.get_sb3_parameters()
+    for group, state in sb3_model.get_parameters().items():
+        if group != "policy":  # the weights: below, by what they compute
+            assert state["state"].keys() == expected[group]["state"].keys() != set(), group
+    obs = observations(model.observation_space, 16)
+    if name == "PPO":
+        assert sb3_model.clip_range(0.5) == 0.3 and sb3_model.lr_schedule(0.5) == model.lr_schedule(0.5)
+        assert sb3_model.target_kl == 0.5
+        with torch.no_grad():
+            obs_t = torch.as_tensor(obs)
+            torch.testing.assert_close(sb3_model.policy.predict_values(obs_t), model.policy.predict_values(obs_t))
+    else:
+        assert (
+            sb3_model.train_freq.frequency == 2
+            and sb3_model.train_freq.unit.value == "step"
+            and sb3_model.target_entropy == model.target_entropy
+        )
+        torch.testing.assert_close(sb3_model.log_ent_coef.detach(), model.log_ent_coef.detach())
+    act = model.predict(obs, deterministic=True)[0]
+    np.testing.assert_allclose(sb3_model.predict(obs, deterministic=True)[0], act, rtol=1e-5, atol=1e-6)
+
+    sb3_model.save(tmp_path / "sb3")
+    loaded = getattr(stable_baselines3, name).load(tmp_path / "sb3.zip", env=gym.make(env_id))
+    np.testing.assert_allclose(loaded.predict(obs, deterministic=True)[0], act, rtol=1e-5, atol=1e-6)
+    loaded.learn(steps, reset_num_timesteps=False)
+    assert loaded.num_timesteps >= model.num_timesteps + steps and loaded._n_updates > model._n_updates
+
+
+def test_to_sb3_model_of_channel_last_images_with_and_without_an_env():
+    """SB3's model sees the images channels first, as SB3 moves them; both act as covey's on the env's frames."""
+    env = SpaceEnv(image_space((36, 36, 3)), spaces.Discrete(3))
+    model = covey.PPO("CnnPolicy", env, n_steps=16, batch_size=16, seed=0)
+    obs = np.stack([env.observation_space.sample() for _ in range(8)])
+    act = model.predict(obs, deterministic=True)[0]
+    for sb3_model in (model.to_sb3_model(), model.to_sb3_model(env)):
+        assert sb3_model.observation_space.shape == (3, 36, 36)
+        np.testing.assert_array_equal(sb3_model.predict(obs, deterministic=True)[0], act)
+
+
+def test_to_sb3_model_says_what_it_needs():
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    class Mine(ActorCriticPolicy):
+        pass
+
+    her = covey.SAC(
+        "MultiInputPolicy",
+        BitFlippingEnv(n_bits=4, continuous=True),
+        replay_buffer_class=HerReplayBuffer,
+        learning_starts=8,
+        buffer_size=100,
+    )
+    with pytest.raises(ValueError, match="pass env to to_sb3_model"):
+        her.to_sb3_model()
+    assert her.to_sb3_model(BitFlippingEnv(n_bits=4, continuous=True)).replay_buffer_class.__name__ == "HerReplayBuffer"
+    with pytest.raises(ValueError, match="a class of your own"):
+        covey.PPO(Mine, "CartPole-v1", n_steps=16, batch_size=16).to_sb3_model()
+    with pytest.raises(ValueError, match=r"\['memory'\]"):
+        covey.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(memory=dict(kind="gru"))).to_sb3_model()

@@ -1131,6 +1131,62 @@ class BaseAgent:
             )
         return out
 
+    def to_sb3_model(self, env: Any = None) -> Any:
+        """This model as SB3's model of its class (``stable_baselines3.PPO`` or ``SAC``): the same policy,
+        ``policy_kwargs`` and hyperparameters, the weights and optimizer states (:meth:`get_sb3_parameters`), SAC's
+        learned temperature, and where training stands (``num_timesteps``, the update count, the schedules'
+        progress, the episode statistics). On ``env`` when given; without one the model is built as SB3's ``load``
+        builds it without an env (``set_env`` before ``learn``). ``sb3_model.save(path)`` then writes SB3's own
+        file. What SB3's model does not have is refused as :meth:`get_sb3_parameters` refuses it."""
+        params = self.get_sb3_parameters()
+        if self._sb3_policy_class is not None:
+            raise ValueError(
+                f"This model's policy is a class of your own ({type(self.policy).__name__}): build SB3's model with it "
+                "and copy the parameters: sb3_model.set_parameters(model.get_sb3_parameters())."
+            )
+        sb3_class = getattr(stable_baselines3, self.agent_name)
+        kwargs = self._sb3_arguments()
+        if env is None and kwargs.get("replay_buffer_class") is stable_baselines3.HerReplayBuffer:
+            raise ValueError("SB3 builds a HerReplayBuffer from the env: pass env to to_sb3_model.")
+        common = dict(
+            policy_kwargs=copy.deepcopy(self.policy_kwargs),
+            seed=self.seed,
+            verbose=self.verbose,
+            tensorboard_log=self.tensorboard_log,
+            device=self.device,
+        )
+        if env is not None:
+            model = sb3_class(self.policy_name, env, **common, **kwargs)
+        else:  # as SB3's load: the spaces set before the networks are built
+            model = sb3_class(self.policy_name, None, **common, **kwargs, _init_setup_model=False)
+            model.observation_space, model.action_space = self._sb3_observation_space(), self.action_space
+            model.n_envs = self.n_envs
+            model._setup_model()
+        model.set_parameters(params)
+        if getattr(self, "log_ent_coef", None) is not None:
+            with torch.no_grad():
+                model.log_ent_coef.copy_(self.log_ent_coef.detach().reshape(model.log_ent_coef.shape))
+        model.num_timesteps, model._n_updates = self.num_timesteps, self._n_updates
+        model._current_progress_remaining, model._episode_num = self._current_progress_remaining, self._episode_num
+        model.ep_info_buffer = deque(copy.deepcopy(list(self.ep_info_buffer)), maxlen=self.ep_info_buffer.maxlen)
+        model.ep_success_buffer = deque(list(self.ep_success_buffer), maxlen=self.ep_success_buffer.maxlen)
+        return model
+
+    def _sb3_arguments(self) -> dict[str, Any]:
+        """SB3's constructor arguments for this model's hyperparameters (covey's own, such as ``bf16_matmuls``,
+        left out)."""
+        sb3_class = getattr(stable_baselines3, self.agent_name)
+        accepted = inspect.signature(sb3_class.__init__).parameters
+        return {key: value for key, value in self._hyperparameters().items() if key in accepted}
+
+    def _sb3_observation_space(self) -> spaces.Space:
+        """The observation space SB3's networks of this model see: channel-last images moved channels first, as
+        SB3's ``VecTransposeImage`` moves them (by covey's rule of what is an image, that of its encoders)."""
+        space = self.observation_space
+        if is_image_space(space) and channels_last(space.shape):
+            space = VecTransposeImage.transpose_space(space)
+        return space
+
     def _sb3_template(self) -> Any:
         """SB3's policy (with its optimizers) of this model's settings, whose parameter names and order SB3's
         model of them has; a ValueError names a setting SB3's policy does not have."""
@@ -1145,9 +1201,7 @@ class BaseAgent:
                 f"SB3's {self.agent_name} has no {self.policy_name}: weights go to its MlpPolicy, CnnPolicy and "
                 "MultiInputPolicy."
             )
-        space = self.observation_space
-        if is_image_space(space) and channels_last(space.shape):  # the rule of _flat_image and covey's encoders
-            space = VecTransposeImage.transpose_space(space)  # SB3 moves channels first before its networks
+        space = self._sb3_observation_space()
         own = sorted(set(self.policy_kwargs) - set(inspect.signature(sb3_policy).parameters))
         if own:
             raise ValueError(

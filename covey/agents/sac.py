@@ -3,6 +3,7 @@ SAC for Discrete actions (Christodoulou 2019, https://arxiv.org/abs/1910.07207),
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -814,6 +815,14 @@ class SAC(BaseAgent):
         if buffer_kwargs:
             params["replay_buffer_kwargs"] = buffer_kwargs
         return params
+
+    def _sb3_arguments(self) -> dict[str, Any]:
+        kwargs = super()._sb3_arguments()
+        kwargs["train_freq"] = tuple(kwargs["train_freq"])
+        if kwargs.get("replay_buffer_class") == "HerReplayBuffer":
+            kwargs["replay_buffer_class"] = SB3HerReplayBuffer
+        kwargs["action_noise"] = copy.deepcopy(self.action_noise)
+        return kwargs
 
     def set_env(self, env: Any, force_reset: bool = True) -> None:
         super().set_env(env, force_reset)
