@@ -428,6 +428,28 @@ def test_export_writes_a_verified_onnx(ppo_run):
     assert "verified: True" in result.stdout
 
 
+def test_export_sb3_writes_a_file_that_sb3s_own_load_reads(ppo_run, poca_run):
+    """``covey export RUN --sb3 FILE``: SB3's PPO file of the run's model, which ``stable_baselines3.PPO.load`` reads
+    and which acts as the covey model; a POCA team, which SB3 has no model of, is refused with the reason."""
+    import numpy as np
+    import stable_baselines3
+
+    from covey.agents import load
+    from covey.cli.training import RunFolder
+
+    out = ppo_run.parent / "sb3_policy.zip"
+    result = covey("export", ppo_run, "--sb3", out, cwd=ppo_run.parent)
+    assert "verified: True" in result.stdout
+    theirs = stable_baselines3.PPO.load(out)
+    ours = load(RunFolder(ppo_run).latest_model())
+    assert theirs.num_timesteps == ours.num_timesteps > 0
+    obs = np.random.default_rng(0).uniform(-0.2, 0.2, (64, 4)).astype(np.float32)
+    np.testing.assert_array_equal(theirs.predict(obs, deterministic=True)[0], ours.predict(obs, deterministic=True)[0])
+    refused = covey("export", poca_run, "--sb3", cwd=poca_run.parent, check=False)
+    assert refused.returncode == 2 and "SB3 has no POCA" in refused.stderr
+    assert not (poca_run / "model_sb3.zip").exists()
+
+
 def test_plot_overlays_two_runs(ppo_run, poca_run):
     out = ppo_run.parent / "both.png"
     covey("plot", ppo_run, poca_run, "--out", out, cwd=ppo_run.parent)

@@ -173,9 +173,19 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", default="curves.png", help="output PNG (default curves.png)")
     plot.set_defaults(func=_run("cmd_plot"))
 
-    export = sub.add_parser("export", help="export a model's policy to ONNX and verify it against torch")
+    export = sub.add_parser(
+        "export", help="export a model's policy to ONNX (or the model to SB3's file) and verify it against torch"
+    )
     export.add_argument("target", metavar="MODEL_OR_RUN_DIR")
     export.add_argument("--onnx", help="output file (default: <run folder>/model.onnx or <model>.onnx)")
+    export.add_argument(
+        "--sb3",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="write a Stable-Baselines3 model file instead, which stable_baselines3.PPO/SAC.load reads "
+        "(default file: <run folder>/model_sb3.zip or <model>_sb3.zip)",
+    )
     export.set_defaults(func=_run("cmd_export"))
 
     check = sub.add_parser("check", help="check configs: load them and build their agents, without training")
