@@ -42,13 +42,13 @@ def translate_groups(
     agent: str,
     params: dict,
     optimizers: tuple[str, ...],
-    flat_image: tuple[int, ...] | None = None,
-    move_state: Callable[[str, dict], dict] | None = None,
+    flat_image: tuple[int, ...] | None,
+    move_state: Callable[[str, dict], dict],
 ) -> dict:
     """Parameter groups as SB3's ``get_parameters()`` returns them, for covey's ``set_parameters``: the
     ``"policy"`` state dict renamed (:func:`from_sb3`), and the states of SB3's ``optimizers`` moved to covey's
-    parameter order by ``move_state(name, state)`` (the model's; a state it cannot move, or every state without
-    it, is left out with a warning, and that optimizer keeps its own). Groups with covey's names pass through
+    parameter order by ``move_state(name, state)`` (the model's; a state it cannot move, raising ValueError, is
+    left out with a warning, and that optimizer keeps its own). Groups with covey's names pass through
     unchanged. ``flat_image``: the shape of the channel-last image observations the model's networks read
     flattened (an ``MlpPolicy``), whose first layers take SB3's columns reordered (:func:`image_inputs_to_covey`)."""
     policy = params.get("policy")
@@ -59,8 +59,6 @@ def translate_groups(
         if name not in params:
             continue
         try:
-            if move_state is None:
-                raise ValueError("no way to move it")
             moved[name] = move_state(name, params[name])
         except ValueError as err:
             dropped.append(f"{name}: {err}")
