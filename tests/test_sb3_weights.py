@@ -562,6 +562,7 @@ def test_to_sb3_model_is_sb3s_model_of_the_same_settings_and_training_state(name
     for group, state in sb3_model.get_parameters().items():
         if group != "policy":  # the weights: below, by what they compute
             assert state["state"].keys() == expected[group]["state"].keys() != set(), group
+            assert state["param_groups"][0]["lr"] == pytest.approx(model.lr_schedule(model._current_progress_remaining))
     obs = observations(model.observation_space, 16)
     if name == "PPO":
         assert sb3_model.clip_range(0.5) == 0.3 and sb3_model.lr_schedule(0.5) == model.lr_schedule(0.5)

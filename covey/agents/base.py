@@ -1117,17 +1117,14 @@ class BaseAgent:
             if name not in groups:
                 continue  # SAC's ent_coef_optimizer with a fixed temperature
             names, theirs = self._sb3_optimizer_names(template, name)
+            # SB3's optimizer's settings, at the learning rate covey's stands at
+            (settings,) = theirs.state_dict()["param_groups"]
+            settings = [{**settings, "lr": groups[name]["param_groups"][0]["lr"]}]
             if name == "ent_coef_optimizer":  # one parameter, outside the policy, on either side
-                out[name] = {**groups[name], "param_groups": theirs.state_dict()["param_groups"]}
+                out[name] = {**groups[name], "param_groups": settings}
                 continue
             out[name] = move_optimizer_state(
-                self.agent_name,
-                groups[name],
-                template_state,
-                self._flat_image(),
-                names,
-                theirs.state_dict()["param_groups"],
-                to_sb3=True,
+                self.agent_name, groups[name], template_state, self._flat_image(), names, settings, to_sb3=True
             )
         return out
 
@@ -1218,7 +1215,7 @@ class BaseAgent:
         ``template`` and of those covey's steps in ``model.policy`` (each in its optimizer's order), and SB3's
         optimizer (``ent_coef_optimizer``: a fresh Adam, as SB3's SAC makes it)."""
         if name == "ent_coef_optimizer":
-            return ([], []), torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=self.lr_schedule(1.0))
+            return ([], []), torch.optim.Adam([torch.zeros(1, requires_grad=True)])
         ours = self._parameter_groups()[name]
         theirs = template
         for part in name.removeprefix("policy.").split("."):
