@@ -1229,7 +1229,8 @@ class BaseAgent:
         ours = self._parameter_groups().get(name)
         if ours is None:
             raise ValueError(f"this model has no {name} (SAC's, with a fixed ent_coef)")
-        groups = ours.state_dict()["param_groups"]
+        (settings,) = ours.param_groups  # covey's optimizers have one group (over one flat buffer)
+        groups = [{**{key: value for key, value in settings.items() if key != "params"}, "params": [0]}]
         if name == "ent_coef_optimizer":  # one parameter, outside the policy, on either side
             if len(state.get("param_groups", [])) != 1 or len(state["param_groups"][0]["params"]) != 1:
                 raise ValueError("the temperature's optimizer state is not of one parameter")
