@@ -472,7 +472,8 @@ def test_covey_weights_go_into_an_sb3_model_that_then_acts_values_and_scores_as_
 
 
 def test_an_sb3_policy_class_model_gives_its_own_weights_back():
-    """A covey model of the user's SB3 policy class has SB3's names already."""
+    """A covey model of the user's SB3 policy class has SB3's names and parameter order already: its weights and
+    its optimizer's state go over as they are."""
     from stable_baselines3.common.policies import ActorCriticPolicy
 
     class Mine(ActorCriticPolicy):
@@ -480,7 +481,9 @@ def test_an_sb3_policy_class_model_gives_its_own_weights_back():
 
     model = _perturbed(covey.PPO(Mine, "CartPole-v1", n_steps=16, batch_size=16, seed=0))
     sb3_model = stable_baselines3.PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, seed=1)
-    sb3_model.set_parameters(model.get_sb3_parameters(), exact_match=False)
+    params = model.get_sb3_parameters()
+    assert params.keys() == {"policy", "policy.optimizer"}
+    sb3_model.set_parameters(params)
     for key, value in sb3_model.policy.state_dict().items():
         assert torch.equal(value, model.policy.state_dict()[key]), key
 
