@@ -308,12 +308,11 @@ def _resolve_agent(model: Any) -> Any:
     )
 
 
-def _sample_observations(space: spaces.Space, n: int, seed: int = 0) -> np.ndarray | dict[str, np.ndarray]:
+def sample_observations(space: spaces.Space, n: int, seed: int = 0) -> np.ndarray | dict[str, np.ndarray]:
     """``n`` observations drawn from ``space`` (seeded) as one batch, in the dtypes of the graph's inputs."""
     if isinstance(space, spaces.Dict):
         return {
-            key: _sample_observations(sub, n, seed + 7919 * (i + 1))
-            for i, (key, sub) in enumerate(space.spaces.items())
+            key: sample_observations(sub, n, seed + 7919 * (i + 1)) for i, (key, sub) in enumerate(space.spaces.items())
         }
     sampler = copy.deepcopy(space)
     sampler.seed(int(seed))
@@ -325,7 +324,7 @@ def _as_feed(obs: np.ndarray | dict[str, np.ndarray], input_names: list[str]) ->
     return dict(obs) if isinstance(obs, dict) else {input_names[0]: obs}
 
 
-def _compare(expected: np.ndarray, got: np.ndarray, discrete: bool) -> tuple[bool, float]:
+def compare_actions(expected: np.ndarray, got: np.ndarray, discrete: bool) -> tuple[bool, float]:
     """(match, max abs difference) of two action batches; discrete actions must be equal."""
     expected = np.asarray(expected)
     got = np.asarray(got)
@@ -368,16 +367,16 @@ def _verify(
     action_space = actor.action_space
     discrete = isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
     rng = np.random.default_rng(seed)
-    obs = _sample_observations(space, n_samples, seed)
+    obs = sample_observations(space, n_samples, seed)
     if actor.memory is None:
         expected, _ = agent.predict(_as_actor_input(obs, actor), deterministic=True)
         (got,) = session.run(None, _as_feed(obs, input_names))
-        return _compare(expected, got, discrete)
+        return compare_actions(expected, got, discrete)
     # A recurrent actor: two steps, the second from the state the first returned, with some memories reset.
     ok, worst = True, 0.0
     state = tuple(np.zeros((1, n_samples, actor.memory.hidden_size), np.float32) for _ in range(actor.memory.n_state))
     for step in range(2):
-        obs_t = obs if step == 0 else _sample_observations(space, n_samples, seed + 1)
+        obs_t = obs if step == 0 else sample_observations(space, n_samples, seed + 1)
         starts = rng.random(n_samples) < 0.3
         expected, expected_state = agent.predict(
             _as_actor_input(obs_t, actor), state=state, episode_start=starts, deterministic=True
@@ -386,10 +385,10 @@ def _verify(
         feed.update(zip(input_names[-actor.memory.n_state - 1 : -1], state))
         feed["episode_start"] = starts
         got, *got_state = session.run(None, feed)
-        match, diff = _compare(expected, got, discrete)
+        match, diff = compare_actions(expected, got, discrete)
         ok, worst = ok and match, max(worst, diff)
         for e, g in zip(expected_state, got_state):
-            match, diff = _compare(e, g, discrete=False)
+            match, diff = compare_actions(e, g, discrete=False)
             ok, worst = ok and match, max(worst, diff)
         state = expected_state
     return ok, worst

@@ -183,14 +183,21 @@ def cmd_export(args: Any) -> int:
             result = export_onnx(model, out)
     except (ImportError, ValueError, RuntimeError, OSError) as err:  # export_onnx's errors say what to do
         raise CLIError(str(err)) from err
-    verified = bool(result.get("verified"))
-    print(f"wrote {result.get('path', out)} from {model_path}")
-    print(
-        f"verified: {verified} (onnxruntime against model.predict on {result.get('n_samples')} sampled observations, "
-        f"max abs difference {result.get('max_abs_diff')})"
+    return _report_export(
+        f"{result.get('path', out)} from {model_path}",
+        bool(result.get("verified")),
+        f"onnxruntime against model.predict on {result.get('n_samples')} sampled observations, max abs difference "
+        f"{result.get('max_abs_diff')}",
+        "the ONNX model's outputs do not match the torch model's.",
     )
+
+
+def _report_export(wrote: str, verified: bool, how: str, mismatch: str) -> int:
+    """What ``covey export`` wrote and how it was verified (stdout), the mismatch on stderr; the exit status."""
+    print(f"wrote {wrote}")
+    print(f"verified: {verified} ({how})")
     if not verified:
-        print("covey: the ONNX model's outputs do not match the torch model's.", file=sys.stderr)
+        print(f"covey: {mismatch}", file=sys.stderr)
         return 1
     return 0
 
@@ -200,9 +207,10 @@ def _export_sb3(model: Any, model_path: pathlib.Path, out: pathlib.Path) -> int:
     atomically; its bytes, read back by SB3's own ``load``, are checked to act as covey's model."""
     import io
 
-    import numpy as np
     import stable_baselines3
+    from gymnasium import spaces
 
+    from covey.export import compare_actions, sample_observations
     from covey.files import write_atomically
 
     out = out if out.suffix == ".zip" else out.with_name(out.name + ".zip")  # as SB3's save names it
@@ -217,25 +225,16 @@ def _export_sb3(model: Any, model_path: pathlib.Path, out: pathlib.Path) -> int:
     except OSError as err:
         raise CLIError(str(err)) from err
     loaded = getattr(stable_baselines3, model.agent_name).load(io.BytesIO(data.getvalue()), device="cpu")  # as written
-    space = model.observation_space
-    space.seed(0)
-    samples = [space.sample() for _ in range(32)]
-    if isinstance(samples[0], dict):
-        obs = {key: np.stack([sample[key] for sample in samples]) for key in samples[0]}
-    else:
-        obs = np.stack(samples)
+    obs = sample_observations(model.observation_space, 32)
     ours, theirs = model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0]
-    difference = float(np.max(np.abs(np.asarray(ours, np.float64) - np.asarray(theirs, np.float64))))
-    verified = difference <= 1e-5
-    print(f"wrote {out} (Stable-Baselines3 {model.agent_name}) from {model_path}")
-    print(
-        f"verified: {verified} (stable_baselines3.{model.agent_name}.load of it against model.predict on 32 sampled "
-        f"observations, max abs difference {difference:.3g})"
+    verified, difference = compare_actions(ours, theirs, discrete=not isinstance(model.action_space, spaces.Box))
+    return _report_export(
+        f"{out} (Stable-Baselines3 {model.agent_name}) from {model_path}",
+        verified,
+        f"stable_baselines3.{model.agent_name}.load of it against model.predict on 32 sampled observations, max abs "
+        f"difference {difference:.3g}",
+        "SB3's model of the file does not act as the covey model.",
     )
-    if not verified:
-        print("covey: SB3's model of the file does not act as the covey model.", file=sys.stderr)
-        return 1
-    return 0
 
 
 def cmd_check(args: Any) -> int:
