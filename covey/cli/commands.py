@@ -151,7 +151,7 @@ def cmd_plot(args: Any) -> int:
 
 def cmd_export(args: Any) -> int:
     path = pathlib.Path(args.target)
-    sb3 = getattr(args, "sb3", None)
+    sb3 = args.sb3
     if sb3 is not None and args.onnx:
         raise CLIError("--onnx and --sb3 write different files; give one of them.")
     if path.is_dir():
