@@ -7,6 +7,11 @@ and leave at known steps exactly.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import supersuit
@@ -824,6 +829,52 @@ def test_an_env_off_the_api_in_a_worker_is_named_in_this_process():
             venv.step(np.zeros((2, 3), np.int64))
     finally:
         venv.close()
+
+
+class DiesAtStepEnv(EarlyExitEnv):
+    """EarlyExitEnv whose process is killed (as the system kills one out of memory) at a step once ``die`` is set."""
+
+    die = False
+
+    def step(self, actions):
+        if self.die:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(actions)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
+def test_a_worker_killed_mid_run_is_named_with_its_signal_and_the_env_is_closed():
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    venv = SubprocGroupVecEnv([DiesAtStepEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
+    try:
+        venv.reset(seed=0)
+        venv.set_attr("die", True, indices=2)
+        actions = np.zeros((3, 3), np.int64)
+        with pytest.raises(RuntimeError, match=r"\(env copy 2\) ended without answering \(killed by signal SIGKILL\)"):
+            venv.step(actions)
+        assert venv.closed and not venv.processes[0].is_alive()
+        with pytest.raises(RuntimeError, match="This SubprocGroupVecEnv is closed"):
+            venv.step(actions)
+    finally:
+        venv.close()
+
+
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    """Worker processes start with forkserver, which runs the script's top level again in each worker; there it
+    cannot start processes of its own, and the worker exits. The script's error says what to change."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from covey.envs import EarlyExitEnv\n"
+        "from covey.wrappers.group_env import SubprocGroupVecEnv\n"
+        "SubprocGroupVecEnv([EarlyExitEnv] * 2, n_processes=2)\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("RuntimeError: An env worker process of SubprocGroupVecEnv (env copy 1) ended ")
+    assert "before it answered (exit code 1)" in last_line
+    assert 'under `if __name__ == "__main__":`' in last_line and 'start_method="fork"' in last_line
 
 
 @pytest.mark.parametrize("n_processes", [0, 4, 1.5, "2"])

@@ -558,6 +558,8 @@ class SubprocGroupVecEnv(GroupVecEnv):
         self.obs_shape, self.obs_dtype = tuple(stored.shape), _storage_dtype(stored)
         self._seed = None
         ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"))
+        self.start_method = ctx.get_start_method()
+        self._started = False  # whether every worker has answered once (a worker lost before that: see _lost)
         first_remote = 0 if self.local is None else 1  # the block of remotes[0]
         self.remotes: list[Any] = []
         self.processes = []
@@ -582,14 +584,55 @@ class SubprocGroupVecEnv(GroupVecEnv):
         except Exception:
             self.close()
             raise
+        self._started = True
 
     def _gather(self, remotes: Sequence[Any]) -> list[Any]:
         """Every worker's answer, in order; a worker's exception raised here, once all have answered."""
-        answers = [remote.recv() for remote in remotes]
+        answers = []
+        for remote in remotes:
+            try:
+                answers.append(remote.recv())
+            except (EOFError, ConnectionError) as exc:  # the worker ended without answering
+                raise RuntimeError(self._lost(remote)) from exc
         for ok, result in answers:
             if not ok:
                 raise result
         return [result for _, result in answers]
+
+    def _lost(self, remote: Any) -> str:
+        """Closes this env, whose worker at ``remote`` has ended, and says how it ended and what to do."""
+        import signal
+
+        index = self.remotes.index(remote)
+        process = self.processes[index]
+        process.join(timeout=5)
+        block = index + (self.local is not None)
+        first, last = self.starts[block], self.starts[block + 1] - 1
+        copies = f"copy {first}" if first == last else f"copies {first}-{last}"
+        code = process.exitcode
+        if code is None:
+            how = "it closed its end of the pipe"
+        elif code < 0:
+            try:
+                how = f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exit code {code}"
+        self.close()
+        if not self._started and self.start_method != "fork":
+            return (
+                f"An env worker process of SubprocGroupVecEnv (env {copies}) ended before it answered ({how}). "
+                f"Worker processes start with {self.start_method!r}, which runs the main script's top level again "
+                'in each worker: put the code that makes the env and trains under `if __name__ == "__main__":` '
+                '(or, on Linux, pass start_method="fork"). A traceback the worker printed, if any, is above.'
+            )
+        return (
+            f"An env worker process of SubprocGroupVecEnv (env {copies}) ended without answering ({how}): its env "
+            "copies are lost, and this SubprocGroupVecEnv is closed. A crash in an env's compiled code, or the "
+            "system running out of memory (SIGKILL), ends a process so. Make a new SubprocGroupVecEnv to go on "
+            "(model.set_env(env))."
+        )
 
     def _open(self) -> None:
         if self.closed:
