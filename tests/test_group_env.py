@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -806,6 +807,58 @@ def test_an_env_error_in_any_block_is_raised_here_and_the_copies_stay_usable(fai
         venv.close()
 
 
+class InterruptedAtStepEnv(EarlyExitEnv):
+    """EarlyExitEnv counting its steps, interrupted (Ctrl-C in this process) at a step where ``interrupt`` is set."""
+
+    interrupt = False
+    steps = 0
+
+    def step(self, actions):
+        if self.interrupt:
+            raise KeyboardInterrupt
+        self.steps += 1
+        return super().step(actions)
+
+
+def test_ctrl_c_while_this_process_steps_its_block_leaves_no_answer_behind():
+    """A KeyboardInterrupt while this process steps its own block (where it spends a step's time) cuts the step
+    short before the worker's answer is read. The next calls read their own answers, not that one."""
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    venv = SubprocGroupVecEnv([InterruptedAtStepEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
+    try:
+        venv.reset(seed=0)
+        actions = np.zeros((3, 3), np.int64)
+        venv.set_attr("interrupt", True, indices=0)
+        with pytest.raises(KeyboardInterrupt):
+            venv.step(actions)
+        assert venv.get_attr("steps") == [0, 0, 1]  # the worker's copy stepped; this process's did not
+        venv.set_attr("interrupt", False, indices=0)
+        step = venv.step(actions)
+        # copy 0, cut short, ends its episode and resets without stepping (as GroupVecEnv settles one); the others step
+        assert step.env_done.tolist() == [True, False, False] and venv.get_attr("steps") == [0, 1, 2]
+    finally:
+        venv.close()
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGINT"), reason="POSIX signals")
+def test_ctrl_c_reaching_a_worker_leaves_its_copies_running():
+    """Ctrl-C in a terminal reaches every process of the group: the workers let the training process decide,
+    so a run that catches the KeyboardInterrupt can go on with the same env."""
+    from covey.wrappers.group_env import SubprocGroupVecEnv
+
+    venv = SubprocGroupVecEnv([InterruptedAtStepEnv] * 3, n_processes=2)
+    try:
+        venv.reset(seed=0)
+        os.kill(venv.processes[0].pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert venv.processes[0].is_alive()
+        venv.step(np.zeros((3, 3), np.int64))
+        assert venv.get_attr("steps") == [1, 1, 1]
+    finally:
+        venv.close()
+
+
 class BrokenEnv(EarlyExitEnv):
     def __init__(self):
         raise FileNotFoundError("no map named 'arena_7'")
@@ -843,13 +896,19 @@ class DiesAtStepEnv(EarlyExitEnv):
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
-def test_a_worker_killed_mid_run_is_named_with_its_signal_and_the_env_is_closed():
+@pytest.mark.parametrize("when", ["in-a-step", "between-calls"])
+def test_a_worker_killed_mid_run_is_named_with_its_signal_and_the_env_is_closed(when):
+    """Killed while it steps (this process waits for its answer) or between calls (this process writes to it)."""
     from covey.wrappers.group_env import SubprocGroupVecEnv
 
     venv = SubprocGroupVecEnv([DiesAtStepEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
     try:
         venv.reset(seed=0)
-        venv.set_attr("die", True, indices=2)
+        if when == "in-a-step":
+            venv.set_attr("die", True, indices=2)
+        else:
+            os.kill(venv.processes[0].pid, signal.SIGKILL)
+            venv.processes[0].join(timeout=10)
         actions = np.zeros((3, 3), np.int64)
         with pytest.raises(RuntimeError, match=r"\(env copy 2\) ended without answering \(killed by signal SIGKILL\)"):
             venv.step(actions)

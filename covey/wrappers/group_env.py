@@ -465,8 +465,12 @@ def _worker(remote, parent_remote, env_fns_wrapper) -> None:
     """Runs a block of env copies in a worker process, answering ("reset", seed), ("step", actions),
     ("call", (method, args, kwargs, indices)) and ("close", None) with (True, result), or (False, the exception,
     its traceback in a note) where the copies raised one."""
+    import signal
     import traceback
 
+    # Ctrl-C in a terminal reaches every process of the group: the training process decides (a run that catches
+    # the KeyboardInterrupt goes on with these copies; one that ends takes its daemon workers with it)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent_remote.close()
 
     def fail(exc: Exception) -> None:
@@ -563,12 +567,14 @@ class SubprocGroupVecEnv(GroupVecEnv):
         first_remote = 0 if self.local is None else 1  # the block of remotes[0]
         self.remotes: list[Any] = []
         self.processes = []
+        self._owed: dict[Any, int] = {}  # per worker, the answers not yet read (a worker first sends its agent ids)
         for b in range(first_remote, len(sizes)):
             remote, work_remote = ctx.Pipe()
             fns = CloudpickleWrapper(list(env_fns[self.starts[b] : self.starts[b + 1]]))
             process = ctx.Process(target=_worker, args=(work_remote, remote, fns), daemon=True)
             process.start()
             work_remote.close()
+            self._owed[remote] = 1
             self.remotes.append(remote)
             self.processes.append(process)
         # Per block: None for the one stepped here, else its worker's end of the pipe
@@ -594,10 +600,23 @@ class SubprocGroupVecEnv(GroupVecEnv):
                 answers.append(remote.recv())
             except (EOFError, ConnectionError) as exc:  # the worker ended without answering
                 raise RuntimeError(self._lost(remote)) from exc
+            self._owed[remote] -= 1
         for ok, result in answers:
             if not ok:
                 raise result
         return [result for _, result in answers]
+
+    def _send(self, remote: Any, message: tuple[str, Any]) -> None:
+        """Sends a command to the worker at ``remote``, once the answers of a command cut short have been read
+        and dropped (a KeyboardInterrupt here between sending and reading), so that its answer is the next read."""
+        try:
+            while self._owed[remote]:
+                remote.recv()
+                self._owed[remote] -= 1
+            remote.send(message)
+        except (EOFError, ConnectionError) as exc:  # the worker has ended
+            raise RuntimeError(self._lost(remote)) from exc
+        self._owed[remote] += 1
 
     def _lost(self, remote: Any) -> str:
         """Closes this env, whose worker at ``remote`` has ended, and says how it ended and what to do."""
@@ -629,9 +648,9 @@ class SubprocGroupVecEnv(GroupVecEnv):
             )
         return (
             f"An env worker process of SubprocGroupVecEnv (env {copies}) ended without answering ({how}): its env "
-            "copies are lost, and this SubprocGroupVecEnv is closed. A crash in an env's compiled code, or the "
-            "system running out of memory (SIGKILL), ends a process so. Make a new SubprocGroupVecEnv to go on "
-            "(model.set_env(env))."
+            "copies are lost, and this SubprocGroupVecEnv is closed. A crash in an env's compiled code, the system "
+            "running out of memory (SIGKILL) or an env calling sys.exit ends a process so. Make a new "
+            "SubprocGroupVecEnv to go on (model.set_env(env))."
         )
 
     def _open(self) -> None:
@@ -654,7 +673,7 @@ class SubprocGroupVecEnv(GroupVecEnv):
         self._open()
         for b, remote in enumerate(self.handlers):
             if remote is not None:
-                remote.send((command, data_of_block(b)))
+                self._send(remote, (command, data_of_block(b)))
         return self._here_and_gathered(lambda: [] if self.local is None else [here(data_of_block(0))], self.remotes)
 
     def _here_and_gathered(self, here: Callable[[], list[Any]], remotes: Sequence[Any]) -> list[Any]:
@@ -689,7 +708,7 @@ class SubprocGroupVecEnv(GroupVecEnv):
             blocks.setdefault(int(np.searchsorted(self.starts, i, side="right")) - 1, []).append(i)
         for b, copies in blocks.items():
             if self.handlers[b] is not None:
-                self.handlers[b].send(("call", (method, args, kwargs, [i - self.starts[b] for i in copies])))
+                self._send(self.handlers[b], ("call", (method, args, kwargs, [i - self.starts[b] for i in copies])))
         here = [b for b in blocks if self.handlers[b] is None]  # the local block, if asked
         there = [b for b in blocks if self.handlers[b] is not None]
 
