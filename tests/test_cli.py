@@ -5,6 +5,7 @@ Every run folder lives in pytest's tmp_path; nothing is written into the reposit
 
 import csv
 import json
+import os
 import pathlib
 import re
 import signal
@@ -348,6 +349,33 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_budget(tmp_path):
     # and the step count went on where it stopped (a row per rollout, and one per evaluation)
     assert after == sorted([*range(256, budget + 1, 256), 4096, 8192, budget])
     assert int(read_rows(run / "evaluations.csv")[-1]["timesteps"]) == budget
+
+
+def test_ctrl_c_in_a_terminal_saves_a_checkpoint_with_the_copies_in_worker_processes(tmp_path):
+    """A terminal's Ctrl-C signals every process of the group, the env's worker processes too (n_processes=2):
+    they leave it to the training process, which finishes its update on the same copies and saves a checkpoint."""
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "covey", "train", "poca", "--env", "mpe2:simple_spread_v3", "--n-envs", "4"]
+        + ["--run-dir", "run", "--quiet", "--set", "n_processes=2", "timesteps=1000000", "eval_freq=0"]
+        + ["checkpoint_freq=0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal gives a command
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        progress = run / "progress.csv"
+        if progress.is_file() and len(progress.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "checkpoint saved at step" in stderr and "covey train --resume run" in stderr
+    assert len(list((run / "checkpoints").glob("step_*.zip"))) == 1
 
 
 def test_a_run_that_stopped_before_its_first_checkpoint_is_named_so_with_the_way_out(tmp_path):
