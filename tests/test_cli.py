@@ -312,18 +312,17 @@ def test_a_resumed_run_continues_its_learning_rate_schedule(tmp_path):
 
 
 # ---------------------------------------------------------------------------- resume and Ctrl-C
-def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_budget(tmp_path):
-    from covey.agents import load
-
-    budget = 48 * 256  # 48 rollouts of 8 envs x 32 steps
-    run = tmp_path / "run"
+def interrupt_after_the_first_log_row(args: list[str], run: pathlib.Path, whole_group: bool = False) -> str:
+    """Runs ``covey train *args`` in ``run``'s parent, Ctrl-Cs it once ``run`` has its first progress row, and
+    returns its stderr once it has exited as an interrupted run exits. ``whole_group``: the signal goes to every
+    process of the command's group, as a terminal sends it, else to the training process alone."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "covey", "train", str(CONFIGS / "ppo_cartpole.yaml"), "--run-dir", "run"]
-        + ["--set", f"timesteps={budget}", "eval_freq=4096", "eval_episodes=2", "checkpoint_freq=0"],
-        cwd=tmp_path,
+        [sys.executable, "-m", "covey", "train", *args],
+        cwd=run.parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=whole_group,  # a process group of its own, as a terminal gives a command
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
@@ -331,9 +330,25 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_budget(tmp_path):
         if progress.is_file() and len(progress.read_text().splitlines()) >= 2:
             break
         time.sleep(0.02)
-    process.send_signal(signal.SIGINT)
+    if whole_group:
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr[-3000:]
+    return stderr
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_budget(tmp_path):
+    from covey.agents import load
+
+    budget = 48 * 256  # 48 rollouts of 8 envs x 32 steps
+    run = tmp_path / "run"
+    stderr = interrupt_after_the_first_log_row(
+        [str(CONFIGS / "ppo_cartpole.yaml"), "--run-dir", "run"]
+        + ["--set", f"timesteps={budget}", "eval_freq=4096", "eval_episodes=2", "checkpoint_freq=0"],
+        run,
+    )
     assert f"covey train --resume {pathlib.Path('run')}" in stderr
     steps = [int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.zip")]
     assert len(steps) == 1 and 0 < steps[0] < budget
@@ -355,25 +370,12 @@ def test_ctrl_c_in_a_terminal_saves_a_checkpoint_with_the_copies_in_worker_proce
     """A terminal's Ctrl-C signals every process of the group, the env's worker processes too (n_processes=2):
     they leave it to the training process, which finishes its update on the same copies and saves a checkpoint."""
     run = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "covey", "train", "poca", "--env", "mpe2:simple_spread_v3", "--n-envs", "4"]
-        + ["--run-dir", "run", "--quiet", "--set", "n_processes=2", "timesteps=1000000", "eval_freq=0"]
-        + ["checkpoint_freq=0"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a process group of its own, as a terminal gives a command
+    stderr = interrupt_after_the_first_log_row(
+        ["poca", "--env", "mpe2:simple_spread_v3", "--n-envs", "4", "--run-dir", "run", "--quiet"]
+        + ["--set", "n_processes=2", "timesteps=1000000", "eval_freq=0", "checkpoint_freq=0"],
+        run,
+        whole_group=True,
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        progress = run / "progress.csv"
-        if progress.is_file() and len(progress.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr[-3000:]
     assert "checkpoint saved at step" in stderr and "covey train --resume run" in stderr
     assert len(list((run / "checkpoints").glob("step_*.zip"))) == 1
 
