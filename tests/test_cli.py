@@ -312,10 +312,13 @@ def test_a_resumed_run_continues_its_learning_rate_schedule(tmp_path):
 
 
 # ---------------------------------------------------------------------------- resume and Ctrl-C
-def interrupt_after_the_first_log_row(args: list[str], run: pathlib.Path, whole_group: bool = False) -> str:
-    """Runs ``covey train *args`` in ``run``'s parent, Ctrl-Cs it once ``run`` has its first progress row, and
-    returns its stderr once it has exited as an interrupted run exits. ``whole_group``: the signal goes to every
-    process of the command's group, as a terminal sends it, else to the training process alone."""
+def interrupt_after_the_first_log_row(
+    args: list[str], run: pathlib.Path, whole_group: bool = False, signum: int = signal.SIGINT
+) -> str:
+    """Runs ``covey train *args`` in ``run``'s parent, Ctrl-Cs it (or sends ``signum``) once ``run`` has its first
+    progress row, and returns its stderr once it has exited as an interrupted run exits (130 after Ctrl-C, 143 after
+    SIGTERM). ``whole_group``: the signal goes to every process of the command's group, as a terminal sends it,
+    else to the training process alone."""
     process = subprocess.Popen(
         [sys.executable, "-m", "covey", "train", *args],
         cwd=run.parent,
@@ -331,11 +334,11 @@ def interrupt_after_the_first_log_row(args: list[str], run: pathlib.Path, whole_
             break
         time.sleep(0.02)
     if whole_group:
-        os.killpg(process.pid, signal.SIGINT)
+        os.killpg(process.pid, signum)
     else:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr[-3000:]
+    assert process.returncode == (143 if signum == signal.SIGTERM else 130), stderr[-3000:]
     return stderr
 
 
@@ -366,18 +369,43 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_budget(tmp_path):
     assert int(read_rows(run / "evaluations.csv")[-1]["timesteps"]) == budget
 
 
-def test_ctrl_c_in_a_terminal_saves_a_checkpoint_with_the_copies_in_worker_processes(tmp_path):
-    """A terminal's Ctrl-C signals every process of the group, the env's worker processes too (n_processes=2):
-    they leave it to the training process, which finishes its update on the same copies and saves a checkpoint."""
+def test_sigterm_saves_a_checkpoint_to_resume_from(tmp_path):
+    """A cluster's scheduler stops a job with SIGTERM: the run saves a checkpoint as on Ctrl-C, and resumes."""
+    from covey.agents import load
+
+    budget = 24 * 256
+    run = tmp_path / "run"
+    stderr = interrupt_after_the_first_log_row(
+        [str(CONFIGS / "ppo_cartpole.yaml"), "--run-dir", "run", "--quiet"]
+        + ["--set", f"timesteps={budget}", "eval_freq=0", "checkpoint_freq=0"],
+        run,
+        signum=signal.SIGTERM,
+    )
+    assert "covey: SIGTERM: saving a checkpoint after the current update" in stderr
+    assert f"covey train --resume {pathlib.Path('run')}" in stderr
+    steps = [int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.zip")]
+    assert len(steps) == 1 and 0 < steps[0] < budget
+    covey("train", "--resume", "run", cwd=tmp_path)
+    assert load(run / "model.zip").num_timesteps == budget
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_to_the_whole_group_saves_a_checkpoint_with_the_copies_in_worker_processes(tmp_path, signum):
+    """A terminal's Ctrl-C, or a cluster scheduler's SIGTERM, signals every process of the group, the env's worker
+    processes too (n_processes=2). Ctrl-C they leave to the training process, which finishes its update on the same
+    copies and saves a checkpoint; SIGTERM ends them, and the training process saves the model as it stands."""
     run = tmp_path / "run"
     stderr = interrupt_after_the_first_log_row(
         ["poca", "--env", "mpe2:simple_spread_v3", "--n-envs", "4", "--run-dir", "run", "--quiet"]
         + ["--set", "n_processes=2", "timesteps=1000000", "eval_freq=0", "checkpoint_freq=0"],
         run,
         whole_group=True,
+        signum=signum,
     )
     assert "checkpoint saved at step" in stderr and "covey train --resume run" in stderr
     assert len(list((run / "checkpoints").glob("step_*.zip"))) == 1
+    # (how it ended, forkserver, itself signalled, cannot always tell)
+    assert ("the worker process stepping env copies 2-3 ended too (" in stderr) == (signum == signal.SIGTERM)
 
 
 def test_a_run_that_stopped_before_its_first_checkpoint_is_named_so_with_the_way_out(tmp_path):

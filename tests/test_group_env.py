@@ -899,7 +899,7 @@ class DiesAtStepEnv(EarlyExitEnv):
 @pytest.mark.parametrize("when", ["in-a-step", "between-calls"])
 def test_a_worker_killed_mid_run_is_named_with_its_signal_and_the_env_is_closed(when):
     """Killed while it steps (this process waits for its answer) or between calls (this process writes to it)."""
-    from covey.wrappers.group_env import SubprocGroupVecEnv
+    from covey.wrappers.group_env import SubprocGroupVecEnv, WorkerLost
 
     venv = SubprocGroupVecEnv([DiesAtStepEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
     try:
@@ -910,8 +910,11 @@ def test_a_worker_killed_mid_run_is_named_with_its_signal_and_the_env_is_closed(
             os.kill(venv.processes[0].pid, signal.SIGKILL)
             venv.processes[0].join(timeout=10)
         actions = np.zeros((3, 3), np.int64)
-        with pytest.raises(RuntimeError, match=r"\(env copy 2\) ended without answering \(killed by signal SIGKILL\)"):
+        with pytest.raises(
+            WorkerLost, match=r"\(env copy 2\) ended without answering \(killed by signal SIGKILL\)"
+        ) as lost:
             venv.step(actions)
+        assert (lost.value.copies, lost.value.how) == ("copy 2", "killed by signal SIGKILL")
         assert venv.closed and not venv.processes[0].is_alive()
         with pytest.raises(RuntimeError, match="This SubprocGroupVecEnv is closed"):
             venv.step(actions)
@@ -931,7 +934,9 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode != 0
     last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("RuntimeError: An env worker process of SubprocGroupVecEnv (env copy 1) ended ")
+    assert last_line.startswith(
+        "covey.wrappers.group_env.WorkerLost: An env worker process of SubprocGroupVecEnv (env copy 1) "
+    )
     assert "before it answered (exit code 1)" in last_line
     assert 'under `if __name__ == "__main__":`' in last_line and 'start_method="fork"' in last_line
 

@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="train from a YAML config or an agent name",
         description="Train from a YAML config (covey train CONFIG.yaml) or from flags (covey train poca --env "
         "mpe2:simple_spread_v3 ...). Writes one run folder: config.yaml, progress.csv, TensorBoard events, "
-        "evaluations.csv, checkpoints/, model.zip, curve.png. Ctrl-C saves a checkpoint; --resume continues.",
+        "evaluations.csv, checkpoints/, model.zip, curve.png. Ctrl-C (or SIGTERM) saves a checkpoint; --resume "
+        "continues.",
     )
     train.add_argument("target", nargs="?", help="a config file (.yaml) or an agent: ppo, sac, poca")
     train.add_argument("--env", help="Gymnasium id (ppo, sac) or PettingZoo module:name (poca)")
@@ -218,7 +219,7 @@ def _add_set(parser: argparse.ArgumentParser, note: str = "") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit code (2: bad input, 130: interrupted)."""
+    """Run the command line; returns the exit code (2: bad input, 130: interrupted, 143: stopped by SIGTERM)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -1,4 +1,4 @@
-"""``covey train``: one run folder per run, with logs, evaluations, checkpoints, resume and Ctrl-C.
+"""``covey train``: one run folder per run, with logs, evaluations, checkpoints, resume, Ctrl-C and SIGTERM.
 
 A run folder::
 
@@ -53,6 +53,7 @@ from covey.cli.config import (
 from covey.cli.envs import build_env
 from covey.cli.evaluation import Evaluator
 from covey.files import write_text_atomically
+from covey.wrappers.group_env import WorkerLost
 
 STATE_FORMAT = 1
 EVALUATIONS_HEADER = "timesteps,mean_return,std_return\n"
@@ -183,32 +184,37 @@ def _next_multiple(step: int, freq: int) -> int:
     return (int(step) // freq + 1) * freq
 
 
-# ---------------------------------------------------------------------------- Ctrl-C
+# ---------------------------------------------------------------------------- Ctrl-C and SIGTERM
 class Interrupt:
-    """The first Ctrl-C asks training to stop at the next consistent point (between updates, where a
-    checkpoint is saved); a second one stops at once (KeyboardInterrupt), and the model is saved as it stands."""
+    """The first Ctrl-C (or SIGTERM, as a cluster's scheduler sends before it stops a job) asks training to stop at
+    the next consistent point (between updates, where a checkpoint is saved); a second one stops at once
+    (KeyboardInterrupt), and the model is saved as it stands. ``exit_code``: 130 after Ctrl-C, 143 after SIGTERM."""
+
+    SIGNALS = {signal.SIGINT: ("Ctrl-C", 130), signal.SIGTERM: ("SIGTERM", 143)}
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous: Any = None
+        self.exit_code = 130
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Interrupt:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        name, self.exit_code = self.SIGNALS[signum]
         print(
-            "\ncovey: Ctrl-C: saving a checkpoint after the current update (Ctrl-C again to stop at once and save the "
-            "model as it stands)...",
+            f"\ncovey: {name}: saving a checkpoint after the current update (Ctrl-C or SIGTERM again to stop at once "
+            "and save the model as it stands)...",
             file=sys.stderr,
             flush=True,
         )
@@ -589,7 +595,14 @@ def _train(
         with run.interrupt:
             try:
                 model.learn(remaining, callback=callbacks, reset_num_timesteps=not resumed)
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, WorkerLost) as stop:
+                # SIGTERM for the whole process group (a cluster's scheduler) also ends the env's worker processes
+                if isinstance(stop, WorkerLost):
+                    if not run.interrupt.requested:
+                        raise
+                    print(
+                        f"covey: the worker process stepping env {stop.copies} ended too ({stop.how}).", file=sys.stderr
+                    )
                 hard_stop = True
                 for callback in callbacks:
                     if isinstance(callback, ProgressCallback) and callback.bar is not None:
@@ -613,7 +626,7 @@ def _train(
             f"Resume with: covey train --resume {folder.path}",
             file=sys.stderr,
         )
-        return 130
+        return run.interrupt.exit_code
     if run.last_checkpoint_step != step:
         run.save_checkpoint(model)
     if remaining > 0 or not folder.model.is_file():

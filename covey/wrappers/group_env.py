@@ -517,6 +517,15 @@ def _worker(remote, parent_remote, env_fns_wrapper) -> None:
         remote.close()
 
 
+class WorkerLost(RuntimeError):
+    """A worker process of a :class:`SubprocGroupVecEnv` ended without answering; the vector env is closed.
+    ``copies`` names the env copies it stepped ("copy 2", "copies 4-7"), ``how`` how it ended."""
+
+    def __init__(self, message: str, copies: str, how: str) -> None:
+        super().__init__(message)
+        self.copies, self.how = copies, how
+
+
 class SubprocGroupVecEnv(GroupVecEnv):
     """Like :class:`GroupVecEnv`, with the env copies stepped in several processes at once (for slow envs).
 
@@ -599,7 +608,7 @@ class SubprocGroupVecEnv(GroupVecEnv):
             try:
                 answers.append(remote.recv())
             except (EOFError, ConnectionError) as exc:  # the worker ended without answering
-                raise RuntimeError(self._lost(remote)) from exc
+                raise self._lost(remote) from exc
             self._owed[remote] -= 1
         for ok, result in answers:
             if not ok:
@@ -615,11 +624,11 @@ class SubprocGroupVecEnv(GroupVecEnv):
                 self._owed[remote] -= 1
             remote.send(message)
         except (EOFError, ConnectionError) as exc:  # the worker has ended
-            raise RuntimeError(self._lost(remote)) from exc
+            raise self._lost(remote) from exc
         self._owed[remote] += 1
 
-    def _lost(self, remote: Any) -> str:
-        """Closes this env, whose worker at ``remote`` has ended, and says how it ended and what to do."""
+    def _lost(self, remote: Any) -> WorkerLost:
+        """Closes this env, whose worker at ``remote`` has ended; the error that says how it ended and what to do."""
         import signal
 
         index = self.remotes.index(remote)
@@ -636,22 +645,27 @@ class SubprocGroupVecEnv(GroupVecEnv):
                 how = f"killed by signal {signal.Signals(-code).name}"
             except ValueError:
                 how = f"killed by signal {-code}"
+        elif code == 255 and self.start_method == "forkserver":
+            # forkserver reports 255 too where it has ended itself and lost the status (a signal to the whole group)
+            how = "exit code 255, or a status lost with the forkserver process, ended too"
         else:
             how = f"exit code {code}"
         self.close()
         if not self._started and self.start_method != "fork":
-            return (
+            message = (
                 f"An env worker process of SubprocGroupVecEnv (env {copies}) ended before it answered ({how}). "
                 f"Worker processes start with {self.start_method!r}, which runs the main script's top level again "
                 'in each worker: put the code that makes the env and trains under `if __name__ == "__main__":` '
                 '(or, on Linux, pass start_method="fork"). A traceback the worker printed, if any, is above.'
             )
-        return (
-            f"An env worker process of SubprocGroupVecEnv (env {copies}) ended without answering ({how}): its env "
-            "copies are lost, and this SubprocGroupVecEnv is closed. A crash in an env's compiled code, the system "
-            "running out of memory (SIGKILL) or an env calling sys.exit ends a process so. Make a new "
-            "SubprocGroupVecEnv to go on (model.set_env(env))."
-        )
+        else:
+            message = (
+                f"An env worker process of SubprocGroupVecEnv (env {copies}) ended without answering ({how}): its "
+                "env copies are lost, and this SubprocGroupVecEnv is closed. A crash in an env's compiled code, the "
+                "system running out of memory (SIGKILL) or an env calling sys.exit ends a process so. Make a new "
+                "SubprocGroupVecEnv to go on (model.set_env(env))."
+            )
+        return WorkerLost(message, copies, how)
 
     def _open(self) -> None:
         if self.closed:
