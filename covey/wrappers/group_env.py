@@ -647,7 +647,7 @@ class SubprocGroupVecEnv(GroupVecEnv):
                 how = f"killed by signal {-code}"
         elif code == 255 and self.start_method == "forkserver":
             # forkserver reports 255 too where it has ended itself and lost the status (a signal to the whole group)
-            how = "exit code 255, or a status lost with the forkserver process, ended too"
+            how = "exit code 255, which forkserver also gives for a status it lost by ending itself"
         else:
             how = f"exit code {code}"
         self.close()
