@@ -8,6 +8,7 @@ reset as soon as all its agents are gone.
 from __future__ import annotations
 
 import copy
+import signal
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -465,7 +466,6 @@ def _worker(remote, parent_remote, env_fns_wrapper) -> None:
     """Runs a block of env copies in a worker process, answering ("reset", seed), ("step", actions),
     ("call", (method, args, kwargs, indices)) and ("close", None) with (True, result), or (False, the exception,
     its traceback in a note) where the copies raised one."""
-    import signal
     import traceback
 
     # Ctrl-C in a terminal reaches every process of the group: the training process decides (a run that catches
@@ -603,34 +603,34 @@ class SubprocGroupVecEnv(GroupVecEnv):
 
     def _gather(self, remotes: Sequence[Any]) -> list[Any]:
         """Every worker's answer, in order; a worker's exception raised here, once all have answered."""
-        answers = []
-        for remote in remotes:
-            try:
-                answers.append(remote.recv())
-            except (EOFError, ConnectionError) as exc:  # the worker ended without answering
-                raise self._lost(remote) from exc
-            self._owed[remote] -= 1
+        answers = [self._receive(remote) for remote in remotes]
         for ok, result in answers:
             if not ok:
                 raise result
         return [result for _, result in answers]
 
+    def _receive(self, remote: Any) -> tuple[bool, Any]:
+        """The next answer of the worker at ``remote``, or :class:`WorkerLost` where it ended without one."""
+        try:
+            answer = remote.recv()
+        except (EOFError, ConnectionError) as exc:
+            raise self._lost(remote) from exc
+        self._owed[remote] -= 1
+        return answer
+
     def _send(self, remote: Any, message: tuple[str, Any]) -> None:
         """Sends a command to the worker at ``remote``, once the answers of a command cut short have been read
         and dropped (a KeyboardInterrupt here between sending and reading), so that its answer is the next read."""
+        while self._owed[remote]:
+            self._receive(remote)
         try:
-            while self._owed[remote]:
-                remote.recv()
-                self._owed[remote] -= 1
             remote.send(message)
-        except (EOFError, ConnectionError) as exc:  # the worker has ended
+        except ConnectionError as exc:  # the worker has ended
             raise self._lost(remote) from exc
         self._owed[remote] += 1
 
     def _lost(self, remote: Any) -> WorkerLost:
         """Closes this env, whose worker at ``remote`` has ended; the error that says how it ended and what to do."""
-        import signal
-
         index = self.remotes.index(remote)
         process = self.processes[index]
         process.join(timeout=5)
