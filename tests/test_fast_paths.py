@@ -576,11 +576,13 @@ def test_action_head_terms_and_gradients_equal_autograd(kind):
 
 def test_squashed_gaussian_sample_and_gradients_equal_autograd():
     """The reparameterized sample, its log-probability and d(loss)/d(params) through both, with some
-    log-stds beyond the clamp (no gradient there) and one at its bound (a gradient, as torch.clamp gives)."""
+    log-stds beyond the clip, two at its bounds (no gradient at either: hardtanh's, on every PyTorch) and two just
+    inside them (a gradient)."""
     head = SquashedGaussianHead(4, 2)
     torch.manual_seed(0)
     params = torch.randn(6, 4)
     params[0, 2], params[1, 3], params[2, 2], params[3, 3] = 3.0, -25.0, 2.0, -20.0
+    params[4, 2], params[5, 3] = 1.99, -19.99
     params.requires_grad_(True)
     weights_action, weights_log_prob = torch.randn(6, 2), torch.randn(6)
     torch.manual_seed(1)
@@ -593,7 +595,8 @@ def test_squashed_gaussian_sample_and_gradients_equal_autograd():
         grad = head.manual_grad(terms, weights_action, weights_log_prob)
     assert torch.equal(m_action, action) and torch.equal(m_log_prob, log_prob)
     assert torch.allclose(grad, expected, atol=1e-5)
-    assert grad[0, 2] == 0 and grad[1, 3] == 0 and grad[2, 2] != 0 and grad[3, 3] != 0
+    assert grad[0, 2] == 0 and grad[1, 3] == 0 and grad[2, 2] == 0 and grad[3, 3] == 0
+    assert grad[4, 2] != 0 and grad[5, 3] != 0
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,31 @@ def test_head_matches_sb3s_state_dependent_noise_distribution(full_std, use_expl
     torch.testing.assert_close(grad, expected)
 
 
+def test_expln_std_has_sb3s_slope_at_zero():
+    """expln's std (exp below 0, log1p(x) + 1 above) has slope 1 at log_std = 0 from both sides, as SB3's
+    ``get_std`` gives it: 0 is PPO's default ``log_std_init``, and a std built on ``clamp`` (whose gradient at the
+    bound itself is 0 from PyTorch 2.14 on) would leave log_std there for good."""
+    head = StateDependentGaussianHead(3, 2, 0.0, use_expln=True)
+    head.std().sum().backward()
+    sb3 = StateDependentNoiseDistribution(2, use_expln=True)
+    log_std = torch.zeros(3, 2, requires_grad=True)
+    sb3.get_std(log_std).sum().backward()
+    assert torch.equal(head.log_std.grad, log_std.grad) and bool((log_std.grad == 1).all())
+
+
+@pytest.mark.parametrize("manual", [True, False], ids=["hand-written gradients", "autograd"])
+def test_ppo_with_expln_moves_log_std_from_its_default(manual, monkeypatch):
+    """use_sde with use_expln from log_std_init=0, in both of PPO's update paths: one rollout's epochs move every
+    log-std."""
+    monkeypatch.setattr(PPO, "manual_gradients", manual)
+    model = PPO("MlpPolicy", "Pendulum-v1", use_sde=True, policy_kwargs=dict(use_expln=True), **FAST)
+    assert (model._manual is not None) == manual
+    log_std = model.policy.actor.head.log_std
+    assert bool((log_std == 0).all())
+    model.learn(16)
+    assert bool((log_std != 0).all())
+
+
 def test_reset_noise_draws_matrices_with_the_heads_std():
     torch.manual_seed(0)
     head = StateDependentGaussianHead(4, 3, log_std_init=-1.0)

@@ -226,7 +226,11 @@ class StateDependentGaussianHead(nn.Module):
         """The weights' standard deviations ``(in_dim, d)``."""
         log_std = self.log_std
         if self.use_expln:
-            std = torch.where(log_std <= 0, log_std.clamp_max(0.0).exp(), torch.log1p(log_std.clamp_min(0.0)) + 1.0)
+            # Each branch reads log_std only where it is taken (0 elsewhere, so neither overflows); both have slope
+            # 1 at 0. Not clamp_max/clamp_min, whose gradient at the bound itself is 0 from PyTorch 2.14 on: at
+            # log_std_init=0 (SB3's default) log_std would never move.
+            below, above = log_std <= 0, log_std > 0
+            std = torch.where(below, log_std.where(below, 0.0).exp(), torch.log1p(log_std.where(above, 0.0)) + 1.0)
         else:
             std = log_std.exp()
         return std.expand(self.in_dim, self.action_dim)
@@ -464,7 +468,9 @@ class SquashedGaussianHead(nn.Module):
         # opset-18 attribute even at opset 17 (SB3's export recipe), which onnxruntime then refuses.
         d = self.action_dim
         mean, log_std = params[..., :d], params[..., d:]
-        return mean, log_std.clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+        # hardtanh is torch.clamp in value; its gradient passes strictly inside the bounds on every PyTorch
+        # (torch.clamp's passes at the bounds too before 2.14), as manual_grad's does.
+        return mean, F.hardtanh(log_std, self.LOG_STD_MIN, self.LOG_STD_MAX)
 
     def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         mean, log_std = self._split(params)
@@ -499,6 +505,6 @@ class SquashedGaussianHead(nn.Module):
         slope = 1.0 - action * action
         grad_u = slope * grad_action + grad_log_prob * (2.0 * action * slope / squash)
         grad_log_std = (grad_u * std).mul_(noise).sub_(grad_log_prob)
-        log_std = params[..., self.action_dim :]  # the clamp passes gradients inside [min, max] only
-        grad_log_std.mul_((log_std >= self.LOG_STD_MIN) & (log_std <= self.LOG_STD_MAX))
+        log_std = params[..., self.action_dim :]  # the clip passes gradients strictly inside (min, max) only
+        grad_log_std.mul_((log_std > self.LOG_STD_MIN) & (log_std < self.LOG_STD_MAX))
         return torch.cat([grad_u, grad_log_std], dim=-1)
