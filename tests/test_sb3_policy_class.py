@@ -326,7 +326,11 @@ def test_an_sb3_file_of_a_user_class_keeps_its_optimizer_state(tmp_path):
 
 @pytest.mark.slow
 def test_the_docs_custom_policy_learns_cartpole():
-    # RL-Zoo's CartPole settings; seeds 0, 2 and 3 reach 500 at 100k steps (seed 1: 228)
+    """RL-Zoo's CartPole settings at 150k steps (RL-Zoo trains 100k). These towers (one 64-wide layer each, no
+    orthogonal init) learn slower than SB3's default networks: at 100k steps the seed decided it, and the CPU's
+    roundings decided which seeds: seed 0 reached 500 on the CPUs this test ran on first; on an AVX2 AMD EPYC it
+    scored 183, seed 1 152, seeds 2-4 500, and SB3's PPO with this class 196 on seed 0. At 150k steps seeds 0-9
+    reached 500 there, and SB3's seeds 0-4."""
     torch.set_num_threads(1)
     model = PPO(
         TowerPolicy,
@@ -340,8 +344,9 @@ def test_the_docs_custom_policy_learns_cartpole():
         gae_lambda=0.8,
         seed=0,
     )
-    model.learn(100_000)
-    mean, _ = evaluate_policy(model, gym.make("CartPole-v1"), n_eval_episodes=10, deterministic=True, warn=False)
+    model.learn(150_000)
+    eval_env = make_vec_env("CartPole-v1", n_envs=1, seed=100)
+    mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True, warn=False)
     assert mean >= 475
 
 
