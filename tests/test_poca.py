@@ -18,7 +18,7 @@ import supersuit
 import torch
 from envs import DictTeam, NormExtractor
 from gymnasium import spaces
-from mpe2 import simple_spread_v3
+from mpe2 import simple_spread_v3, simple_tag_v3
 from pettingzoo import ParallelEnv
 from stable_baselines3.common.logger import configure
 
@@ -911,10 +911,15 @@ def test_batch_size_larger_than_the_rollout_warns_as_ppo_does():
 
 
 def test_heterogeneous_group_points_to_padding():
-    with pytest.raises(ValueError, match="pad_observations_v0"):
+    with pytest.raises(
+        ValueError, match=r"pad_observations_v0.*one cooperative group.*one side's agents and acts for the others"
+    ):
         POCA("MlpPolicy", HeterogeneousEnv, n_envs=2)
     with pytest.raises(ValueError, match="pad_observations_v0"):
         POCA("MlpPolicy", HeterogeneousEnv())
+    # opposing sides (the README's example): adversaries and prey observe different vectors
+    with pytest.raises(ValueError, match=r"'adversary_0' has Box.*'agent_0' has Box.*one side's agents"):
+        POCA("MlpPolicy", simple_tag_v3.parallel_env())
 
 
 def test_env_without_agents_after_reset():

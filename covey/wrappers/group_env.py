@@ -114,7 +114,9 @@ def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
             raise ValueError(
                 f"Agents of one group must share one {kind} space, but {agents[0]!r} has {first} and "
                 + ", ".join(f"{a!r} has {by_agent[a]}" for a in odd)
-                + f". Make them equal, e.g. with SuperSuit's {fix}(env)."
+                + f". Make them equal, e.g. with SuperSuit's {fix}(env). POCA trains all of the env's agents as one"
+                " cooperative group with one shared policy: where they are opposing sides (adversaries and their prey),"
+                " wrap the env so that it lists one side's agents and acts for the others."
             )
     check_observation_space(obs_spaces[agents[0]])
     check_action_space(act_spaces[agents[0]])
