@@ -18,7 +18,9 @@ softmax by hand, the set attention's softmax keys first and with its exponent fl
 SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transposed gradients of layers on few
 inputs vs autograd's, and those products alone); and PPO's, SAC's and MA-POCA's updates against their own matrix
 products run alone (recorded from one call, :class:`MatrixProducts`): how much of each update is arithmetic that no
-change beside the products can remove."""
+change beside the products can remove; and PPO's minibatch and SAC's gradient step against SB3's at the same
+settings, with covey's products alone against SB3's whole of it: the lowest time ratio to SB3 that no change beside
+the products can go under."""
 
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from typing import TypeVar
 
 import numpy as np
 import torch
+from stable_baselines3 import PPO as SB3PPO
+from stable_baselines3 import SAC as SB3SAC
 from stable_baselines3.common.env_util import make_vec_env
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
@@ -173,6 +177,25 @@ def products_row(timed: Timer, what: str, step: Callable[[], object], calls: int
     return what, f"its matrix products alone ({len(products.calls) // per} per call)", alone, "the whole of it", whole
 
 
+def against_sb3_rows(
+    timed: Timer, what: str, step: Callable[[], object], sb3_step: Callable[[], object], calls: int, per: int = 1
+) -> list[tuple[str, str, float, str, float]]:
+    """Two rows on ``step``, covey's, and ``sb3_step``, SB3's same work at the same settings: the two against each
+    other, and ``step``'s matrix products alone (recorded from one call, :class:`MatrixProducts`) against SB3's
+    whole of it. The second ratio is the lowest that any change beside covey's products could bring the first to.
+    Both per ``per`` (e.g. minibatches of an update)."""
+    products = MatrixProducts()
+    with products:
+        step()
+    covey, sb3 = (t / per for t in timed.pair(step, sb3_step, calls))
+    alone, sb3_whole = (t / per for t in timed.pair(products.replay, sb3_step, calls))
+    n = len(products.calls) // per
+    return [
+        (what, "covey", covey, "SB3", sb3),
+        (what, f"covey's matrix products alone ({n} per call)", alone, "SB3's whole of it", sb3_whole),
+    ]
+
+
 def ppo_on(agent: type, n_envs: int, env_id: str = "CartPole-v1", **kwargs):
     """A PPO model of class ``agent`` (covey's or SB3's) as these measurements make it: on the CPU (on machines
     with CUDA too: these are the CPU's paths), ``n_envs`` copies of ``env_id``, seed 0, ``kwargs`` for its other
@@ -223,6 +246,9 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         rows.append(
             products_row(timed, f"PPO update per minibatch, {name}, hand-written", manual.train, 3, minibatches)
         )
+        sb3 = ppo_on(SB3PPO, n_envs, **kwargs)
+        sb3.learn(sb3.n_steps * n_envs)  # one rollout in its buffer, which its train() reads again at every call
+        rows += against_sb3_rows(timed, f"PPO update per minibatch, {name}", manual.train, sb3.train, 3, minibatches)
         t_tanh, t_sigmoid = (
             t / minibatches
             for t in timed.pair(
@@ -634,6 +660,8 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     if linear_module.fast_bfloat16_products():  # elsewhere they take most of an hour (main names them left out)
         rows += bf16_rows(timed, fp32, steps)
     rows.append(products_row(timed, "SAC gradient step, Pendulum 256x256, hand-written", steps(fp32), 40))
+    sb3 = sac_on_pendulum(SB3SAC).learn(400)
+    rows += against_sb3_rows(timed, "SAC gradient step, Pendulum 256x256", steps(fp32), lambda: sb3.train(1, 256), 40)
     sde, sde_auto = sac_model(use_sde=True), sac_model(use_sde=True, manual=False)
     assert sde._manual is not None and sde_auto._manual is None
     rows.append(

@@ -103,7 +103,15 @@ def test_fast_paths_smoke():
     for n in ("1 observation", "8 observations"):
         assert [f"PPO acting, a batch of {n}, VecEnv array to env actions", "NumPy"] in [row[:2] for row in rows]
     fast_bf16 = linear.fast_bfloat16_products()  # without, the bf16_matmuls rows are left out (own test)
-    assert measurements.count("SAC gradient step, Pendulum 256x256") == (8 if fast_bf16 else 7)
+    assert measurements.count("SAC gradient step, Pendulum 256x256") == (10 if fast_bf16 else 9)
+    against_sb3 = [["covey", "SB3"], ["covey's matrix products alone", "SB3's whole of it"]]
+    for what in ("PPO update per minibatch, 1 env (batch 64)", "PPO update per minibatch, 8 envs (batch 256)"):
+        assert [[row[1].split(" (")[0], row[3]] for row in rows if row[0] == what and "SB3" in row[3]] == against_sb3
+    sac_vs_sb3 = [row for row in rows if row[0] == "SAC gradient step, Pendulum 256x256" and "SB3" in row[3]]
+    assert [[row[1].split(" (")[0], row[3]] for row in sac_vs_sb3] == against_sb3
+    sac_products = [row[1] for row in rows if row[0] == "SAC gradient step, Pendulum 256x256, hand-written"]
+    assert sac_products[0].startswith("its matrix products alone (")  # the same step's products, counted alike
+    assert sac_vs_sb3[1][1] == "covey's " + sac_products[0].removeprefix("its ")
     flushing = [row for row in rows if row[0].startswith("SAC gradient step, Pendulum 256x256, after 50 steps (")]
     assert [row[1:4:2] for row in flushing] == [["Adam steps flushing denormals", "not flushing"]]
     assert ["SAC gradient step, Pendulum 256x256", "critics' action gradients g @ W"] in [row[:2] for row in rows]
