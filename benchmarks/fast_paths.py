@@ -19,8 +19,9 @@ SAC's and POCA's updates (large float32 products in oneDNN vs all in MKL, transp
 inputs vs autograd's, and those products alone); and PPO's, SAC's and MA-POCA's updates against their own matrix
 products run alone (recorded from one call, :class:`MatrixProducts`): how much of each update is arithmetic that no
 change beside the products can remove; and PPO's minibatch and SAC's gradient step against SB3's at the same
-settings, with covey's products alone against SB3's whole of it: the lowest time ratio to SB3 that no change beside
-the products can go under."""
+settings, and MA-POCA's update against that of its SB3 baseline (PPO with parameter sharing, as in
+benchmarks.poca_vs_supersuit), with covey's products alone against SB3's whole of it: the lowest time ratio to SB3
+that no change beside the products can go under."""
 
 from __future__ import annotations
 
@@ -41,7 +42,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from benchmarks.common import code_version, cpu_description
-from benchmarks.poca_vs_supersuit import make_poca
+from benchmarks.poca_vs_supersuit import (
+    BATCH_GROUP_STEPS,
+    EPOCHS,
+    N_AGENTS,
+    N_COPIES,
+    N_STEPS,
+    make_poca,
+    make_supersuit_ppo,
+)
 from covey import POCA, PPO, SAC
 from covey.agents import base as base_module
 from covey.agents import poca as poca_module
@@ -178,21 +187,36 @@ def products_row(timed: Timer, what: str, step: Callable[[], object], calls: int
 
 
 def against_sb3_rows(
-    timed: Timer, what: str, step: Callable[[], object], sb3_step: Callable[[], object], calls: int, per: int = 1
+    timed: Timer,
+    what: str,
+    step: Callable[[], object],
+    sb3_step: Callable[[], object],
+    calls: int,
+    per: int = 1,
+    products_of: tuple[Callable[[], object], int] | None = None,
 ) -> list[tuple[str, str, float, str, float]]:
     """Two rows on ``step``, covey's, and ``sb3_step``, SB3's same work at the same settings: the two against each
     other, and ``step``'s matrix products alone (recorded from one call, :class:`MatrixProducts`) against SB3's
     whole of it. The second ratio is the lowest that any change beside covey's products could bring the first to.
-    Both per ``per`` (e.g. minibatches of an update)."""
+    Both per ``per`` (e.g. minibatches of an update). ``products_of``: ``(a call, how many of those units it
+    does)`` to record the products from instead, e.g. one minibatch of an update whose products, recorded all
+    together, would be read back from memory, not from the caches that hold them in training."""
+    record, record_per = products_of or (step, per)
     products = MatrixProducts()
     with products:
-        step()
+        record()
     covey, sb3 = (t / per for t in timed.pair(step, sb3_step, calls))
-    alone, sb3_whole = (t / per for t in timed.pair(products.replay, sb3_step, calls))
-    n = len(products.calls) // per
+    alone, sb3_whole = timed.pair(products.replay, sb3_step, calls)
+    n = len(products.calls) // record_per
     return [
         (what, "covey", covey, "SB3", sb3),
-        (what, f"covey's matrix products alone ({n} per call)", alone, "SB3's whole of it", sb3_whole),
+        (
+            what,
+            f"covey's matrix products alone ({n} per call)",
+            alone / record_per,
+            "SB3's whole of it",
+            sb3_whole / per,
+        ),
     ]
 
 
@@ -794,8 +818,9 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
 
 
 def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
-    """MA-POCA's update on simple_spread (the settings of benchmarks.poca_vs_supersuit): its attention critic
-    and a whole minibatch."""
+    """MA-POCA's update on simple_spread (the settings of benchmarks.poca_vs_supersuit): its attention critic,
+    a whole minibatch, and the whole update against that of the benchmark's SB3 baseline on a rollout of the same
+    env steps (the same number of minibatches, each of as many agent-steps)."""
     models = {width: collected_poca(attention_width=width) for width in (64, 128)}
     batch = first_minibatch(models[128])
     critic = models[128].critic  # the default width
@@ -853,6 +878,18 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         )
     )
     rows.append(products_row(timed, f"POCA update per minibatch, {group}", update(models[128]), 30))
+    sb3 = make_supersuit_ppo(0)
+    sb3.learn(N_STEPS * N_COPIES * N_AGENTS)  # one rollout in its buffer, which its train() reads again at every call
+    minibatches = EPOCHS * N_STEPS * N_COPIES // BATCH_GROUP_STEPS  # SB3's too: 3x the entries, 3x the batch
+    rows += against_sb3_rows(
+        timed,
+        f"POCA update per minibatch, {group} (SB3's PPO: {BATCH_GROUP_STEPS * N_AGENTS} agent entries)",
+        models[128].train,
+        sb3.train,
+        3,
+        minibatches,
+        products_of=(update(models[128]), 1),  # the update's 16 minibatches' products would not fit the caches
+    )
     rows.append(
         (
             f"POCA update per minibatch, {group}",

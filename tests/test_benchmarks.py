@@ -133,6 +133,14 @@ def test_fast_paths_smoke():
     assert [row[1:4:2] for row in sde_rows] == [["hand-written gradients", "autograd"]]
     assert "POCA critic attention, forward and backward, 256 groups of 3" in measurements
     assert measurements.count("POCA update per minibatch, 256 groups of 3") == 4
+    poca_vs_sb3 = [row for row in rows if row[0].startswith("POCA update per minibatch, 256 groups of 3 (SB3's PPO")]
+    assert [row[0] for row in poca_vs_sb3] == [
+        "POCA update per minibatch, 256 groups of 3 (SB3's PPO: 768 agent entries)"
+    ] * 2
+    assert [[row[1].split(" (")[0], row[3]] for row in poca_vs_sb3] == against_sb3
+    poca_products = [row[1] for row in rows if row[0] == "POCA update per minibatch, 256 groups of 3"]
+    assert "its matrix products alone (33 per call)" in poca_products  # MA-POCA's minibatch
+    assert poca_vs_sb3[1][1] == "covey's matrix products alone (33 per call)"  # recorded from one minibatch
     assert [row[1:4:2] for row in rows if row[0].endswith("256 groups of 3, every slot present")] == [
         ["present agent-steps by reshape", "by boolean index"]
     ]
@@ -165,6 +173,26 @@ def test_fast_paths_smoke():
             value, unit = duration.split()
             assert float(value) > 0 and unit in units, row
         assert float(row[5]) > 0, row
+
+
+def test_against_sb3_rows_counts_the_products_of_one_unit_of_the_call_they_are_recorded_from():
+    """benchmarks.fast_paths.against_sb3_rows: the products are recorded from ``step`` (counted per ``per`` units),
+    or from ``products_of``'s call (counted per its units), and every time is per unit."""
+    from benchmarks.fast_paths import Timer, against_sb3_rows
+
+    a = torch.randn(8, 8)
+
+    def products(n: int):
+        return lambda: [a @ a for _ in range(n)]
+
+    step, sb3_step = products(4), products(1)  # step: 2 units of 2 products
+    own = against_sb3_rows(Timer(1), "what", step, sb3_step, 2, per=2)
+    given = against_sb3_rows(Timer(1), "what", step, sb3_step, 2, per=2, products_of=(products(3), 1))
+    assert [row[:2] for row in own] == [("what", "covey"), ("what", "covey's matrix products alone (2 per call)")]
+    assert given[1][1] == "covey's matrix products alone (3 per call)"
+    for rows in (own, given):
+        assert rows[0][3] == "SB3" and rows[1][3] == "SB3's whole of it"
+        assert all(row[2] > 0 and row[4] > 0 for row in rows)
 
 
 def test_matrix_products_records_copies_of_the_products_and_replays_them_alone():
