@@ -177,8 +177,13 @@ def test_fast_paths_smoke():
 
 def test_against_sb3_rows_counts_the_products_of_one_unit_of_the_call_they_are_recorded_from():
     """benchmarks.fast_paths.against_sb3_rows: the products are recorded from ``step`` (counted per ``per`` units),
-    or from ``products_of``'s call (counted per its units), and every time is per unit."""
+    or from ``products_of``'s call (counted and timed per its units); every other time is per ``per`` units."""
     from benchmarks.fast_paths import Timer, against_sb3_rows
+
+    class FixedTimer(Timer):  # every pair of calls takes 12 and 30 us
+        def pair(self, a, b, calls):
+            a(), b()
+            return 12.0, 30.0
 
     a = torch.randn(8, 8)
 
@@ -186,13 +191,16 @@ def test_against_sb3_rows_counts_the_products_of_one_unit_of_the_call_they_are_r
         return lambda: [a @ a for _ in range(n)]
 
     step, sb3_step = products(4), products(1)  # step: 2 units of 2 products
-    own = against_sb3_rows(Timer(1), "what", step, sb3_step, 2, per=2)
-    given = against_sb3_rows(Timer(1), "what", step, sb3_step, 2, per=2, products_of=(products(3), 1))
-    assert [row[:2] for row in own] == [("what", "covey"), ("what", "covey's matrix products alone (2 per call)")]
-    assert given[1][1] == "covey's matrix products alone (3 per call)"
-    for rows in (own, given):
-        assert rows[0][3] == "SB3" and rows[1][3] == "SB3's whole of it"
-        assert all(row[2] > 0 and row[4] > 0 for row in rows)
+    own = against_sb3_rows(FixedTimer(1), "what", step, sb3_step, 2, per=2)
+    given = against_sb3_rows(FixedTimer(1), "what", step, sb3_step, 2, per=2, products_of=(products(3), 3))
+    assert own == [
+        ("what", "covey", 6.0, "SB3", 15.0),
+        ("what", "covey's matrix products alone (2 per call)", 6.0, "SB3's whole of it", 15.0),
+    ]
+    assert given == [
+        ("what", "covey", 6.0, "SB3", 15.0),
+        ("what", "covey's matrix products alone (1 per call)", 4.0, "SB3's whole of it", 15.0),
+    ]
 
 
 def test_matrix_products_records_copies_of_the_products_and_replays_them_alone():
