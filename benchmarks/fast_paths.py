@@ -163,6 +163,16 @@ class MatrixProducts(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple] = []
+        self.units = 1  # how many units of work (e.g. minibatches) the recorded call did
+
+    @classmethod
+    def of(cls, call: Callable[[], object], units: int = 1) -> MatrixProducts:
+        """The products of one call of ``call``, which does ``units`` units of work (e.g. minibatches)."""
+        products = cls()
+        with products:
+            call()
+        products.units = units
+        return products
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -176,44 +186,38 @@ class MatrixProducts(TorchDispatchMode):
         return [func(*args, **kwargs) for func, args, kwargs in self.calls]
 
 
-def products_row(timed: Timer, what: str, step: Callable[[], object], calls: int, per: int = 1) -> tuple:
-    """A row timing ``step``'s matrix products alone (recorded from one call of ``step``) against the whole of
-    ``step``, both per ``per`` (e.g. minibatches of an update)."""
-    products = MatrixProducts()
-    with products:
-        step()
-    alone, whole = (t / per for t in timed.pair(products.replay, step, calls))
-    return what, f"its matrix products alone ({len(products.calls) // per} per call)", alone, "the whole of it", whole
+def products_row(
+    timed: Timer, what: str, products: MatrixProducts, step: Callable[[], object], calls: int, per: int = 1
+) -> tuple:
+    """A row timing ``products`` (recorded from ``step`` or from a part of it, :meth:`MatrixProducts.of`) run alone
+    against the whole of ``step``, both per unit of work (``step`` does ``per``)."""
+    alone, whole = timed.pair(products.replay, step, calls)
+    n = len(products.calls) // products.units
+    return what, f"its matrix products alone ({n} per call)", alone / products.units, "the whole of it", whole / per
 
 
 def against_sb3_rows(
     timed: Timer,
     what: str,
+    products: MatrixProducts,
     step: Callable[[], object],
     sb3_step: Callable[[], object],
     calls: int,
     per: int = 1,
-    products_of: tuple[Callable[[], object], int] | None = None,
 ) -> list[tuple[str, str, float, str, float]]:
     """Two rows on ``step``, covey's, and ``sb3_step``, SB3's same work at the same settings: the two against each
-    other, and ``step``'s matrix products alone (recorded from one call, :class:`MatrixProducts`) against SB3's
-    whole of it. The second ratio is the lowest that any change beside covey's products could bring the first to.
-    Both per ``per`` (e.g. minibatches of an update). ``products_of``: ``(a call, how many of those units it
-    does)`` to record the products from instead, e.g. one minibatch of an update whose products, recorded all
-    together, would be read back from memory, not from the caches that hold them in training."""
-    record, record_per = products_of or (step, per)
-    products = MatrixProducts()
-    with products:
-        record()
+    other, and covey's ``products`` (recorded from ``step`` or from a part of it, :meth:`MatrixProducts.of`) run
+    alone against SB3's whole of it. The second ratio is the lowest that any change beside covey's products could
+    bring the first to. All per unit of work (``step`` and ``sb3_step`` each do ``per``, e.g. minibatches)."""
     covey, sb3 = (t / per for t in timed.pair(step, sb3_step, calls))
     alone, sb3_whole = timed.pair(products.replay, sb3_step, calls)
-    n = len(products.calls) // record_per
+    n = len(products.calls) // products.units
     return [
         (what, "covey", covey, "SB3", sb3),
         (
             what,
             f"covey's matrix products alone ({n} per call)",
-            alone / record_per,
+            alone / products.units,
             "SB3's whole of it",
             sb3_whole / per,
         ),
@@ -267,12 +271,17 @@ def ppo_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
         minibatches = manual.n_epochs * -(-manual.n_steps * n_envs // manual.batch_size)
         t_manual, t_auto = (t / minibatches for t in timed.pair(manual.train, auto.train, 3))
         rows.append((f"PPO update per minibatch, {name}", "hand-written gradients", t_manual, "autograd", t_auto))
+        products = MatrixProducts.of(manual.train, minibatches)
         rows.append(
-            products_row(timed, f"PPO update per minibatch, {name}, hand-written", manual.train, 3, minibatches)
+            products_row(
+                timed, f"PPO update per minibatch, {name}, hand-written", products, manual.train, 3, minibatches
+            )
         )
         sb3 = ppo_on(SB3PPO, n_envs, **kwargs)
         sb3.learn(sb3.n_steps * n_envs)  # one rollout in its buffer, which its train() reads again at every call
-        rows += against_sb3_rows(timed, f"PPO update per minibatch, {name}", manual.train, sb3.train, 3, minibatches)
+        rows += against_sb3_rows(
+            timed, f"PPO update per minibatch, {name}", products, manual.train, sb3.train, 3, minibatches
+        )
         t_tanh, t_sigmoid = (
             t / minibatches
             for t in timed.pair(
@@ -683,9 +692,12 @@ def sac_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
     ]
     if linear_module.fast_bfloat16_products():  # elsewhere they take most of an hour (main names them left out)
         rows += bf16_rows(timed, fp32, steps)
-    rows.append(products_row(timed, "SAC gradient step, Pendulum 256x256, hand-written", steps(fp32), 40))
+    products = MatrixProducts.of(steps(fp32))
+    rows.append(products_row(timed, "SAC gradient step, Pendulum 256x256, hand-written", products, steps(fp32), 40))
     sb3 = sac_on_pendulum(SB3SAC).learn(400)
-    rows += against_sb3_rows(timed, "SAC gradient step, Pendulum 256x256", steps(fp32), lambda: sb3.train(1, 256), 40)
+    rows += against_sb3_rows(
+        timed, "SAC gradient step, Pendulum 256x256", products, steps(fp32), lambda: sb3.train(1, 256), 40
+    )
     sde, sde_auto = sac_model(use_sde=True), sac_model(use_sde=True, manual=False)
     assert sde._manual is not None and sde_auto._manual is None
     rows.append(
@@ -877,18 +889,21 @@ def poca_rows(timed: Timer) -> list[tuple[str, str, float, str, float]]:
             *timed.versus("attention width 64", update(models[64]), "attention width 128", update(models[128]), 30),
         )
     )
-    rows.append(products_row(timed, f"POCA update per minibatch, {group}", update(models[128]), 30))
+    # One minibatch's products: the whole update's 16, recorded together, would be read back from memory, not from
+    # the caches that hold them in training.
+    products = MatrixProducts.of(update(models[128]))
+    rows.append(products_row(timed, f"POCA update per minibatch, {group}", products, update(models[128]), 30))
     sb3 = make_supersuit_ppo(0)
     sb3.learn(N_STEPS * N_COPIES * N_AGENTS)  # one rollout in its buffer, which its train() reads again at every call
     minibatches = EPOCHS * N_STEPS * N_COPIES // BATCH_GROUP_STEPS  # SB3's too: 3x the entries, 3x the batch
     rows += against_sb3_rows(
         timed,
         f"POCA update per minibatch, {group} (SB3's PPO: {BATCH_GROUP_STEPS * N_AGENTS} agent entries)",
+        products,
         models[128].train,
         sb3.train,
         3,
         minibatches,
-        products_of=(update(models[128]), 1),  # the update's 16 minibatches' products would not fit the caches
     )
     rows.append(
         (

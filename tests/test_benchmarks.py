@@ -175,10 +175,11 @@ def test_fast_paths_smoke():
         assert float(row[5]) > 0, row
 
 
-def test_against_sb3_rows_counts_the_products_of_one_unit_of_the_call_they_are_recorded_from():
-    """benchmarks.fast_paths.against_sb3_rows: the products are recorded from ``step`` (counted per ``per`` units),
-    or from ``products_of``'s call (counted and timed per its units); every other time is per ``per`` units."""
-    from benchmarks.fast_paths import Timer, against_sb3_rows
+def test_against_sb3_rows_counts_and_times_the_products_per_unit_of_the_call_they_are_recorded_from():
+    """benchmarks.fast_paths.against_sb3_rows: the products are counted and timed per unit of the call they were
+    recorded from (:meth:`MatrixProducts.of`: ``step`` itself, or a part of it); every other time per ``per`` units
+    of ``step``."""
+    from benchmarks.fast_paths import MatrixProducts, Timer, against_sb3_rows
 
     class FixedTimer(Timer):  # every pair of calls takes 12 and 30 us
         def pair(self, a, b, calls):
@@ -191,13 +192,13 @@ def test_against_sb3_rows_counts_the_products_of_one_unit_of_the_call_they_are_r
         return lambda: [a @ a for _ in range(n)]
 
     step, sb3_step = products(4), products(1)  # step: 2 units of 2 products
-    own = against_sb3_rows(FixedTimer(1), "what", step, sb3_step, 2, per=2)
-    given = against_sb3_rows(FixedTimer(1), "what", step, sb3_step, 2, per=2, products_of=(products(3), 3))
+    own = against_sb3_rows(FixedTimer(1), "what", MatrixProducts.of(step, 2), step, sb3_step, 2, per=2)
+    part = against_sb3_rows(FixedTimer(1), "what", MatrixProducts.of(products(3), 3), step, sb3_step, 2, per=2)
     assert own == [
         ("what", "covey", 6.0, "SB3", 15.0),
         ("what", "covey's matrix products alone (2 per call)", 6.0, "SB3's whole of it", 15.0),
     ]
-    assert given == [
+    assert part == [
         ("what", "covey", 6.0, "SB3", 15.0),
         ("what", "covey's matrix products alone (1 per call)", 4.0, "SB3's whole of it", 15.0),
     ]
