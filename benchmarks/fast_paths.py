@@ -174,6 +174,11 @@ class MatrixProducts(TorchDispatchMode):
         products.units = units
         return products
 
+    @property
+    def per_unit(self) -> int:
+        """How many products one unit of the recorded call's work made."""
+        return len(self.calls) // self.units
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.overloadpacket in self.OPS:
@@ -192,8 +197,8 @@ def products_row(
     """A row timing ``products`` (recorded from ``step`` or from a part of it, :meth:`MatrixProducts.of`) run alone
     against the whole of ``step``, both per unit of work (``step`` does ``per``)."""
     alone, whole = timed.pair(products.replay, step, calls)
-    n = len(products.calls) // products.units
-    return what, f"its matrix products alone ({n} per call)", alone / products.units, "the whole of it", whole / per
+    label = f"its matrix products alone ({products.per_unit} per call)"
+    return what, label, alone / products.units, "the whole of it", whole / per
 
 
 def against_sb3_rows(
@@ -211,12 +216,11 @@ def against_sb3_rows(
     bring the first to. All per unit of work (``step`` and ``sb3_step`` each do ``per``, e.g. minibatches)."""
     covey, sb3 = (t / per for t in timed.pair(step, sb3_step, calls))
     alone, sb3_whole = timed.pair(products.replay, sb3_step, calls)
-    n = len(products.calls) // products.units
     return [
         (what, "covey", covey, "SB3", sb3),
         (
             what,
-            f"covey's matrix products alone ({n} per call)",
+            f"covey's matrix products alone ({products.per_unit} per call)",
             alone / products.units,
             "SB3's whole of it",
             sb3_whole / per,
