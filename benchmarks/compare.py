@@ -469,7 +469,13 @@ def format_report(
         f"- torch {torch.__version__}, stable-baselines3 {stable_baselines3.__version__}, covey {covey.__version__}, "
         f"gymnasium {gymnasium.__version__}, pettingzoo {pettingzoo.__version__}, supersuit {supersuit.__version__}, "
         f"numpy {np.__version__}, Python {platform.python_version()}",
-        f"- platform: {platform.platform()}, CUDA available: {torch.cuda.is_available()}",
+        f"- platform: {platform.platform()}, CUDA available: {torch.cuda.is_available()}"
+        + (
+            f" ({torch.cuda.get_device_name(0)}: device='auto' picks it for every model but covey's POCA, "
+            "which runs on the CPU)"
+            if torch.cuda.is_available()
+            else ""
+        ),
         f"- CPU: {cpu_description()}",
         "- load average (1/5/15 min) at start: "
         + "/".join(f"{value:.2f}" for value in load_at_start)
