@@ -73,7 +73,13 @@ def check_action_space(space: spaces.Space, supported: tuple[type, ...] = ACTION
     (agents that squash their actions check :func:`check_finite_bounds` too)."""
     if not isinstance(space, supported):
         names = ", ".join(cls.__name__ for cls in supported)
-        raise ValueError(f"Unsupported action space {space}. This agent supports: {names}.")
+        hint = ""
+        if isinstance(space, (spaces.Dict, spaces.Tuple)):
+            hint = (
+                f" Wrap the env so that its {type(space).__name__} of actions is one space, and split each action "
+                "back into its parts there: Discrete parts as one MultiDiscrete, Box parts as one Box."
+            )
+        raise ValueError(f"Unsupported action space {space}. This agent supports: {names}.{hint}")
 
 
 def check_finite_bounds(space: spaces.Space, needs: str) -> None:

@@ -54,8 +54,9 @@ def test_ppo_and_sac_refuse_nan_and_infinite_env_output_before_any_update(agent,
     else:
         model = SAC("MlpPolicy", BadEnv(what, value, continuous=True), learning_starts=0, batch_size=4, seed=0)
     before = _weights(model)
-    with pytest.raises(ValueError, match=f"NaN or infinite {'rewards' if what == 'reward' else 'observations'}"):
+    with pytest.raises(ValueError, match=f"NaN or infinite {'rewards' if what == 'reward' else 'observations'}") as err:
         model.learn(32)
+    assert "VecCheckNan(env, raise_exception=True)" in str(err.value)  # a VecEnv's way to find the step
     if agent == "ppo":  # the rollout holding it was not trained on
         assert all(torch.equal(a, b) for a, b in zip(before, _weights(model), strict=True))
     else:  # SAC trained after each of the 3 steps before it, which alone are in its buffer
@@ -116,8 +117,13 @@ def test_poca_refuses_nan_and_infinite_env_output_before_any_update(bad):
     what, value = BAD[bad]
     model = POCA("MlpPolicy", lambda: BadTeam(what, value), n_steps=16, batch_size=16, n_epochs=1, seed=0)
     before = [p.detach().clone() for net in (model.actor, model.critic) for p in net.parameters()]
-    with pytest.raises(ValueError, match=f"NaN or infinite {'rewards' if what == 'reward' else 'observations'}"):
+    with pytest.raises(ValueError, match=f"NaN or infinite {'rewards' if what == 'reward' else 'observations'}") as err:
         model.learn(16)
+    # where: step 4's reward is stored with the observation before it (rollout step 3), its observation at step 4;
+    # the advice is a team env's (SB3's VecCheckNan takes a VecEnv, which a PettingZoo env is not)
+    at = 3 if what == "reward" else 4
+    assert f"first at step {at} of the rollout, env copy 0, agent 'a0'" in str(err.value)
+    assert "BaseParallelWrapper" in str(err.value) and "VecCheckNan" not in str(err.value)
     after = [p.detach() for net in (model.actor, model.critic) for p in net.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     POCA("MlpPolicy", BadTeam, n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(16)

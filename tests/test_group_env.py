@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -24,7 +25,15 @@ from pettingzoo.sisl import multiwalker_v9
 
 from covey.envs import EarlyExitEnv
 from covey.evaluation import evaluate_group
-from covey.wrappers.group_env import GroupStep, GroupVecEnv, as_parallel, check_group_spaces, make_group_env
+from covey.wrappers.group_env import (
+    GroupStep,
+    GroupVecEnv,
+    MixedSpacesError,
+    SubprocGroupVecEnv,
+    as_parallel,
+    check_group_spaces,
+    make_group_env,
+)
 
 
 def stack(obs: dict, agents: list[str], shape: tuple[int, ...]) -> np.ndarray:
@@ -390,6 +399,51 @@ def test_heterogeneous_action_spaces_are_rejected_with_the_fix():
     assert st.observations.shape == (2, 2, 11) and st.mask.all()
 
 
+def test_supersuits_black_death_is_named_with_the_masking_it_undoes():
+    """black_death_v3 keeps an agent that left in the env with zero observations: the group env would see it as
+    present, so POCA's masking and posthumous credit would not apply. The warning names that, at the user's line."""
+    with pytest.warns(UserWarning, match="black_death_v3, which keeps agents that died.*leave black_death_v3 out") as w:
+        venv = GroupVecEnv([lambda: supersuit.black_death_v3(EarlyExitEnv())])
+    assert len(w) == 1 and w[0].filename == __file__
+    venv.reset(seed=0)
+    step = venv.step(np.array([[1, 0, 0]]))  # agent_0 presses the switch and leaves the episode
+    assert not step.left.any() and step.mask.all()  # as the warning says: its leaving is hidden
+    venv.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plain = GroupVecEnv([EarlyExitEnv])
+        plain.reset(seed=0)
+        step = plain.step(np.array([[1, 0, 0]]))
+    assert step.left[0].tolist() == [True, False, False] and step.mask[0].tolist() == [False, True, True]
+    # found under other wrappers, and in an AEC env converted to parallel
+    for fn in (
+        lambda: supersuit.clip_reward_v0(supersuit.black_death_v3(EarlyExitEnv()), -1, 1),
+        lambda: supersuit.black_death_v3(knights_archers_zombies_v11.env()),
+    ):
+        with pytest.warns(UserWarning, match="black_death_v3"):
+            GroupVecEnv([fn]).close()
+    # copies stepped in worker processes: once, whether the first block steps here or in a worker
+    for n_processes in (None, 2):
+        with pytest.warns(UserWarning, match="black_death_v3") as w:
+            SubprocGroupVecEnv([lambda: supersuit.black_death_v3(EarlyExitEnv())] * 2, n_processes=n_processes).close()
+        assert len([x for x in w if "black_death_v3" in str(x.message)]) == 1
+
+
+def test_agents_differing_in_both_spaces_get_both_fixes_in_one_error():
+    with pytest.raises(MixedSpacesError) as info:
+        GroupVecEnv([simple_speaker_listener_v4.parallel_env])
+    message = str(info.value)
+    assert "one observation space, but 'speaker_0' has Box(-inf, inf, (3,), float32)" in message
+    assert "and one action space, but 'speaker_0' has Discrete(3) and 'listener_0' has Discrete(5)" in message
+    assert "pad_observations_v0(env) and pad_action_space_v0(env)" in message
+    assert info.value.wrappers == ["pad_observations_v0", "pad_action_space_v0"]
+    # Both, in that order, make a group that steps.
+    padded = supersuit.pad_observations_v0
+    venv = GroupVecEnv([lambda: supersuit.pad_action_space_v0(padded(simple_speaker_listener_v4.parallel_env()))])
+    obs, mask = venv.reset(seed=0)
+    assert obs.shape == (1, 2, 11) and mask.all()
+
+
 class DictObsEnv(ScriptedEnv):
     """ScriptedEnv with Dict observations: ``{"pos": [i + 1, t], "tag": t % 3}``."""
 
@@ -412,7 +466,6 @@ def test_dict_observations_are_stored_flat_per_slot_in_and_out_of_process():
     np.testing.assert_array_equal(steps[1].observations[0], [[1, 2, 2], [2, 2, 2], [3, 2, 2]])  # c joined at t=2
     assert steps[2].left[0].tolist() == [True, False, False]  # a terminated at t=3: its final observation
     np.testing.assert_array_equal(steps[2].final_observations[0, 0], [1, 3, 0])
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     remote = SubprocGroupVecEnv([DictObsEnv])
     try:
@@ -746,7 +799,6 @@ def test_supersuit_wrappers_keep_working():
 def test_subprocess_copies_step_exactly_like_in_process_ones(n_copies, n_processes, workers):
     """SubprocGroupVecEnv returns what GroupVecEnv returns, step for step: with a worker process per copy, and
     with ``n_processes`` blocks of copies, the first stepped in this process (copy i seeded seed + i either way)."""
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     def make():
         return simple_spread_v3.parallel_env(N=3, max_cycles=5)
@@ -786,7 +838,6 @@ class FailsAtStepEnv(EarlyExitEnv):
 def test_an_env_error_in_any_block_is_raised_here_and_the_copies_stay_usable(failing):
     """A copy's exception reaches the caller, from a worker too (with the worker's traceback in a note), and
     every block's answer is read, so the next calls get their own answers."""
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     venv = SubprocGroupVecEnv([FailsAtStepEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
     try:
@@ -823,7 +874,6 @@ class InterruptedAtStepEnv(EarlyExitEnv):
 def test_ctrl_c_while_this_process_steps_its_block_leaves_no_answer_behind():
     """A KeyboardInterrupt while this process steps its own block (where it spends a step's time) cuts the step
     short before the worker's answer is read. The next calls read their own answers, not that one."""
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     venv = SubprocGroupVecEnv([InterruptedAtStepEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
     try:
@@ -845,7 +895,6 @@ def test_ctrl_c_while_this_process_steps_its_block_leaves_no_answer_behind():
 def test_ctrl_c_reaching_a_worker_leaves_its_copies_running():
     """Ctrl-C in a terminal reaches every process of the group: the workers let the training process decide,
     so a run that catches the KeyboardInterrupt can go on with the same env."""
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     venv = SubprocGroupVecEnv([InterruptedAtStepEnv] * 3, n_processes=2)
     try:
@@ -865,7 +914,6 @@ class BrokenEnv(EarlyExitEnv):
 
 
 def test_an_env_that_fails_to_build_in_a_worker_fails_the_constructor_with_its_error():
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     with pytest.raises(FileNotFoundError, match="arena_7") as info:
         SubprocGroupVecEnv([EarlyExitEnv, BrokenEnv], n_processes=2)
@@ -873,7 +921,6 @@ def test_an_env_that_fails_to_build_in_a_worker_fails_the_constructor_with_its_e
 
 
 def test_an_env_off_the_api_in_a_worker_is_named_in_this_process():
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     venv = SubprocGroupVecEnv([ScriptedEnv, lambda: OffApiEnv("step_dones")], n_processes=2)
     try:
@@ -899,7 +946,7 @@ class DiesAtStepEnv(EarlyExitEnv):
 @pytest.mark.parametrize("when", ["in-a-step", "between-calls"])
 def test_a_worker_killed_mid_run_is_named_with_its_signal_and_the_env_is_closed(when):
     """Killed while it steps (this process waits for its answer) or between calls (this process writes to it)."""
-    from covey.wrappers.group_env import SubprocGroupVecEnv, WorkerLost
+    from covey.wrappers.group_env import WorkerLost
 
     venv = SubprocGroupVecEnv([DiesAtStepEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
     try:
@@ -943,7 +990,6 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
 
 @pytest.mark.parametrize("n_processes", [0, 4, 1.5, "2"])
 def test_n_processes_out_of_range_is_refused(n_processes):
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     with pytest.raises(
         ValueError, match=r"n_processes must be a whole number from 1 to the number of env copies \(3\)"
@@ -963,7 +1009,6 @@ class LevelEnv(EarlyExitEnv):
 
 @pytest.mark.parametrize("workers", [False, True, 2], ids=["in-process", "subprocess", "blocks-here-and-a-worker"])
 def test_sb3s_env_calls_reach_every_copy_or_those_asked(workers):
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     if workers is False:
         venv = GroupVecEnv([LevelEnv] * 3)
@@ -985,7 +1030,6 @@ def test_sb3s_env_calls_reach_the_env_under_pettingzoos_wrappers(workers):
     """mpe2's parallel_env() is a conversion wrapper around an order-enforcing wrapper around the env: get_attr and
     env_method look through them as SB3's look through Gymnasium's wrappers (an AttributeError before), and
     set_attr sets the env's own attribute, which it reads (it landed on the outer wrapper, which nothing reads)."""
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     def make():
         return simple_spread_v3.parallel_env(N=3, max_cycles=25)
@@ -1158,7 +1202,6 @@ class ReversedTeam(OneStepTeam):
 def test_copies_of_other_agents_in_a_worker_are_refused_as_in_one_process(n_processes):
     """Each worker's copies fill the slots in their own possible_agents' order: another order would put their
     observations in other slots, so it is refused, as GroupVecEnv refuses it."""
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     with pytest.raises(ValueError, match="same possible_agents"):
         GroupVecEnv([OneStepTeam, ReversedTeam])
@@ -1173,7 +1216,6 @@ def test_a_closed_subprocess_env_says_so_and_one_in_use_refuses_copies():
     import pickle
 
     from covey import POCA
-    from covey.wrappers.group_env import SubprocGroupVecEnv
 
     venv = SubprocGroupVecEnv([EarlyExitEnv] * 2, n_processes=2)
     model = POCA("MlpPolicy", venv, n_steps=8, batch_size=16, seed=0)

@@ -685,6 +685,13 @@ def test_predict_names_what_is_wrong_with_its_input(learned):
     # one dict per env copy: the array form is the way to give several copies
     with pytest.raises(ValueError, match=r"got a list of dicts; .*\(n_envs, n_slots, \*obs_shape\).*'agent_0'"):
         learned.predict([reset[0], reset[0]])
+    # a batch under each agent's key (the form SB3's VecEnvs give): the dict holds one observation per agent
+    batched = {a: np.stack([o, o, o]) for a, o in reset[0].items()}
+    with pytest.raises(ValueError, match=r"under an agent's key: 'agent_0' \(3, 5\).*array \(n_envs, n_slots, 5\)"):
+        learned.predict(batched)
+    # the array it names gives each copy's actions
+    actions, _ = learned.predict(np.stack([np.stack([o[i] for o in batched.values()]) for i in range(3)]))
+    assert actions.shape == (3, 3)
 
 
 def test_predict_array_of_env_copies(learned):
@@ -1008,6 +1015,22 @@ def test_set_env_with_another_number_of_copies_is_refused():
     model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=8, seed=0)
     with pytest.raises(ValueError, match="2 copies"):
         model.set_env(GroupVecEnv([EarlyExitEnv] * 3))
+    # one instance is one copy: the error names the ways that fit, and load's way to one copy
+    with pytest.raises(
+        ValueError,
+        match=r"one env instance, which is one copy, but this model steps 2 env copies.*"
+        r"set_env\(lambda: \.\.\.\) makes 2 copies.*POCA.load\(path, env=env\)",
+    ):
+        model.set_env(EarlyExitEnv())
+    # a function makes the model's copies, also for a model whose copies came as a GroupVecEnv
+    model.set_env(lambda: EarlyExitEnv())
+    assert model.env.n_envs == 2 and model.learn(16).num_timesteps == 16
+    from_group = POCA("MlpPolicy", GroupVecEnv([EarlyExitEnv] * 3), n_steps=8, seed=0)
+    from_group.set_env(EarlyExitEnv)
+    assert from_group.env.n_envs == 3
+    single = POCA("MlpPolicy", EarlyExitEnv(), n_steps=8, seed=0)
+    single.set_env(EarlyExitEnv())
+    assert single.env.n_envs == 1
 
 
 def test_a_callback_reads_the_group_buffer_and_the_steps_by_sb3s_names():

@@ -364,8 +364,15 @@ def test_unsupported_observation_space_is_named(space):
 
 
 def test_unsupported_action_space_is_named():
-    with pytest.raises(ValueError, match="Unsupported action space"):
+    with pytest.raises(ValueError, match="Unsupported action space Tuple") as err:
         PPO("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (2,)), spaces.Tuple((spaces.Discrete(2),))))
+    assert "Discrete parts as one MultiDiscrete, Box parts as one Box" in str(err.value)  # the way to one space
+    both = spaces.Dict({"move": spaces.Discrete(3), "speed": spaces.Box(0, 1, (1,))})
+    with pytest.raises(ValueError, match="Unsupported action space Dict.*Wrap the env so that its Dict of actions"):
+        PPO("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (2,)), both))
+    with pytest.raises(ValueError, match="Unsupported action space Text") as err:
+        PPO("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (2,)), spaces.Text(3)))
+    assert "Wrap the env" not in str(err.value)  # no composite space to take apart
 
 
 def test_predict_with_wrong_shape_says_what_it_expected():

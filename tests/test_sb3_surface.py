@@ -1356,7 +1356,11 @@ def test_cuda_on_a_machine_without_cuda_falls_back_to_the_cpu_with_a_warning(mon
     for build in builds:
         with pytest.warns(UserWarning, match="CUDA is not available: using the CPU") as record:
             model = build()
-        assert record[0].filename == __file__  # the warning points at the user's line
+        assert len(record) == 1 and record[0].filename == __file__  # the warning points at the user's line
+        # a model that runs on the CPU only says that a machine with CUDA refuses the device (the script would
+        # fail there: test_cpu_only_models_take_the_cpu_for_auto_and_refuse_cuda)
+        cpu_only = "runs on the CPU only, and where CUDA is available device='cuda' is refused"
+        assert (cpu_only in str(record[0].message)) == isinstance(model, POCA)
         assert model.device == torch.device("cpu")
         assert all(p.device.type == "cpu" for p in model.policy.parameters())
         model.learn(64)

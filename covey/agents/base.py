@@ -582,15 +582,20 @@ class BaseAgent:
         self.lr_schedule = as_schedule(learning_rate)
         self.tensorboard_log = tensorboard_log
         self.verbose = verbose = check_verbose(verbose)
-        self.device = get_device(device)
         cpu_only = self._cpu_only()
-        if cpu_only is not None and self.device.type != "cpu":
-            if not (isinstance(device, str) and device == "auto"):
-                raise ValueError(
-                    f"{cpu_only}, so it runs on the CPU only; got device={device!r}. Pass device='cpu' (or "
-                    "device='auto', which picks the CPU for it)."
-                )
+        asked = None if isinstance(device, str) and device == "auto" else torch.device(device)
+        if cpu_only is not None and asked is not None and asked.type != "cpu":
+            fix = "Pass device='cpu' (or device='auto', which picks the CPU for it)."
+            if asked.type != "cuda" or torch.cuda.is_available():
+                raise ValueError(f"{cpu_only}, so it runs on the CPU only; got device={device!r}. {fix}")
+            # as get_device falls back, saying too that a machine with CUDA refuses it: the script would fail there
+            warn_user(
+                f"device={str(asked)!r} was asked for, but CUDA is not available: using the CPU. {cpu_only}, so it "
+                f"runs on the CPU only, and where CUDA is available device={str(asked)!r} is refused. {fix}"
+            )
             self.device = torch.device("cpu")
+        else:
+            self.device = get_device(device) if cpu_only is None else torch.device("cpu")
         if verbose >= 1:
             print(f"Using {self.device} device")  # as SB3 says it
         self.seed = check_seed(seed)

@@ -31,7 +31,7 @@ from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import FlatDict, obs_dtype
 from covey.spaces import warn_unmasked_actions
-from covey.wrappers.group_env import GroupVecEnv, is_env_maker, make_group_env
+from covey.wrappers.group_env import GroupVecEnv, is_env_maker, is_parallel_env, make_group_env
 
 _EVAL_CHUNK = 256
 """Group-steps per batched pass of the rollout evaluation (:meth:`POCA._evaluate_rollout`): the attention critic's
@@ -246,6 +246,20 @@ class POCA(BaseAgent):
             kwargs.setdefault("n_envs", 1)
         return super().load(path, env=env, **kwargs)
 
+    def set_env(self, env: Any, force_reset: bool = True) -> None:
+        """As SB3's: the env must have the model's number of copies, which its buffers are built for. A function
+        (or class) making the env is called once per copy; an env instance is one copy."""
+        if is_env_maker(env):
+            env = make_group_env(env, self.n_envs)
+        elif self.n_envs != 1 and (is_parallel_env(env) or hasattr(env, "agent_iter")):
+            raise ValueError(
+                f"set_env() got one env instance, which is one copy, but this model steps {self.n_envs} env copies "
+                f"(its buffers are built for them). Pass a function that makes the env (set_env(lambda: ...) makes "
+                f"{self.n_envs} copies) or a GroupVecEnv of {self.n_envs} copies; to go on with one copy, save the "
+                "model and load it with this env: POCA.load(path, env=env)."
+            )
+        super().set_env(env, force_reset)
+
     def _cpu_only(self) -> str | None:
         return "POCA keeps its group rollouts (and memories) on the CPU"
 
@@ -376,6 +390,14 @@ class POCA(BaseAgent):
         if self._flat_dict is not None:  # flat, as the networks take them
             observation = {a: self._flat_dict.flatten(observation[a], repr(a)) for a in agents}
         wrong = {a: np.shape(observation[a]) for a in agents if np.shape(observation[a]) != single}
+        if wrong and all(shape[1:] == single for shape in wrong.values()):  # a batch under each agent's key
+            raise ValueError(
+                "predict() got a batch of observations under an agent's key: "
+                + ", ".join(f"{a!r} {shape}" for a, shape in wrong.items())
+                + f". An {{agent: observation}} dict holds one observation of shape {single} per agent (one env "
+                "copy's group); for several copies at once pass an array (n_envs, n_slots, "
+                f"{', '.join(map(str, single))}) with slots in model.agent_ids order ({self.agent_ids})."
+            )
         if wrong:
             raise ValueError(
                 "predict() got observations of the wrong shape: "
@@ -503,6 +525,11 @@ class POCA(BaseAgent):
             self._last_obs, self._last_mask, self._last_episode_starts = step.observations, step.mask, dones
         check_finite(
             "in this rollout",
+            "Fix the env, or replace those values in a wrapper of it (pettingzoo.utils.BaseParallelWrapper).",
+            # every array here leads with (step, copy, slot)
+            lambda index: (
+                f"first at step {index[0]} of the rollout, env copy {index[1]}, agent {self.agent_ids[index[2]]!r}"
+            ),
             # continuing_obs: the observations after each step, leavers' final ones included
             observations=(rollout_buffer.observations_tensor, rollout_buffer.continuing_obs),
             rewards=rollout_buffer.rewards,

@@ -153,13 +153,18 @@ def build_env(cfg: RunConfig, n_envs: int | None = None, seed: int | None = None
     n_envs = cfg.n_envs if n_envs is None else n_envs
     make = env_fn(cfg)
     if cfg.is_group:
-        from covey.wrappers.group_env import SubprocGroupVecEnv, make_group_env
+        from covey.wrappers.group_env import MixedSpacesError, SubprocGroupVecEnv, make_group_env
 
         n_processes = min(cfg.n_processes, n_envs)
         try:  # the group's spaces are checked here, as an SB3 VecEnv's are in the agent's constructor
             if n_processes > 1:
                 return SubprocGroupVecEnv([make] * n_envs, n_processes=n_processes)
             return make_group_env(make, n_envs)
+        except MixedSpacesError as err:
+            listed = ", ".join(f"{{name: {name}}}" for name in err.wrappers)
+            raise CLIError(
+                f"env {cfg.env}: {err} In a run's config: wrappers: [{listed}] (or --set 'wrappers=[{listed}]')."
+            ) from err
         except (ValueError, NotImplementedError) as err:
             raise CLIError(f"env {cfg.env}: {err}") from err
     from covey.wrappers.vec_env import FastVecEnv

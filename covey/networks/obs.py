@@ -31,7 +31,8 @@ def _check_finite(obs: np.ndarray, name: str) -> None:
         where = f" (key {name!r})" if name else ""
         raise ValueError(
             f"Observation{where} contains NaN or inf values; the policy cannot act on them. "
-            "Find the source with stable_baselines3.common.vec_env.VecCheckNan, or clean the observation."
+            "Find where the env returns them (for an SB3 VecEnv, stable_baselines3.common.vec_env.VecCheckNan(env, "
+            "raise_exception=True) names the step), or clean the observation."
         )
 
 

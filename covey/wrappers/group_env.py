@@ -18,6 +18,7 @@ from gymnasium import spaces
 
 from covey.networks.encoders import FlatDict
 from covey.spaces import check_action_space, check_observation_space
+from covey.warning import warn_user
 from covey.wrappers.vec_env import own_info, returned
 
 PETTINGZOO_API = (
@@ -96,6 +97,15 @@ def as_parallel(env: Any) -> Any:
     return env
 
 
+class MixedSpacesError(ValueError):
+    """Agents of one group with different observation or action spaces; ``wrappers`` names the SuperSuit wrappers
+    that make them equal."""
+
+    def __init__(self, message: str, wrappers: list[str]) -> None:
+        super().__init__(message)
+        self.wrappers = wrappers
+
+
 SAME_AGENTS = "All env copies must have the same possible_agents, in the same order"
 
 
@@ -106,21 +116,50 @@ def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
         raise ValueError("The env has no possible_agents: a group needs at least one agent.")
     obs_spaces = {a: env.observation_space(a) for a in agents}
     act_spaces = {a: env.action_space(a) for a in agents}
-    for kind, by_agent in (("observation", obs_spaces), ("action", act_spaces)):
+    problems, fixes = [], []
+    for kind, by_agent, fix in (
+        ("observation", obs_spaces, "pad_observations_v0"),
+        ("action", act_spaces, "pad_action_space_v0"),
+    ):
         first = by_agent[agents[0]]
         odd = [a for a in agents if by_agent[a] != first]
         if odd:
-            fix = "pad_observations_v0" if kind == "observation" else "pad_action_space_v0"
-            raise ValueError(
-                f"Agents of one group must share one {kind} space, but {agents[0]!r} has {first} and "
+            problems.append(
+                f"one {kind} space, but {agents[0]!r} has {first} and "
                 + ", ".join(f"{a!r} has {by_agent[a]}" for a in odd)
-                + f". Make them equal, e.g. with SuperSuit's {fix}(env). POCA trains all of the env's agents as one"
-                " cooperative group with one shared policy: where they are opposing sides (adversaries and their prey),"
-                " wrap the env so that it lists one side's agents and acts for the others."
             )
+            fixes.append(fix)
+    if problems:
+        raise MixedSpacesError(
+            "Agents of one group must share "
+            + "; and ".join(problems)
+            + f". Make them equal, e.g. with SuperSuit's {' and '.join(f + '(env)' for f in fixes)}. "
+            "POCA trains all of the env's agents as one cooperative group with one shared policy: where they are "
+            "opposing sides (adversaries and their prey), wrap the env so that it lists one side's agents and acts "
+            "for the others.",
+            fixes,
+        )
     check_observation_space(obs_spaces[agents[0]])
     check_action_space(act_spaces[agents[0]])
     return obs_spaces[agents[0]], act_spaces[agents[0]]
+
+
+def warn_of_black_death(env: Any) -> None:
+    """Warn where SuperSuit's ``black_death`` wrapper is among ``env``'s wrappers: it keeps agents that died in the
+    env, which hides their leaving from POCA."""
+    seen: set[int] = set()
+    while env is not None and id(env) not in seen:
+        seen.add(id(env))
+        if type(env).__module__.startswith("supersuit") and type(env).__name__.startswith("black_death"):
+            warn_user(
+                "The env is wrapped in SuperSuit's black_death_v3, which keeps agents that died in the env with "
+                "zero observations and rewards: POCA takes them as present, acts for them and trains on their "
+                "zeros, so its masking of agents that left and their posthumous credit no longer apply. POCA "
+                "handles agents that leave mid-episode itself: leave black_death_v3 out."
+            )
+            return
+        # the env a PettingZoo or SuperSuit wrapper holds (aec_env: inside PettingZoo's AEC-to-parallel converter)
+        env = next((getattr(env, name) for name in ("env", "aec_env") if getattr(env, name, None) is not None), None)
 
 
 def storage_space(space: spaces.Space) -> spaces.Space:
@@ -157,6 +196,7 @@ class GroupVecEnv:
             )
         first = self.envs[0]
         self.observation_space, self.action_space = check_group_spaces(first)
+        warn_of_black_death(first)
         self.agent_ids: list[str] = list(first.possible_agents)
         for env in self.envs[1:]:
             if list(env.possible_agents) != self.agent_ids:
@@ -564,6 +604,8 @@ class SubprocGroupVecEnv(GroupVecEnv):
         self.local = None if n_processes is None else GroupVecEnv(env_fns[: self.starts[1]])
         probe = self.local.envs[0] if self.local is not None else as_parallel(env_fns[0]())
         self.observation_space, self.action_space = check_group_spaces(probe)
+        if self.local is None:  # the local block's GroupVecEnv looked already
+            warn_of_black_death(probe)
         self.agent_ids = list(probe.possible_agents)
         if self.local is None:
             probe.close()
