@@ -1421,3 +1421,20 @@ def test_use_sde_in_policy_kwargs_is_refused_with_the_reason():
         POCA("MlpPolicy", EarlyExitEnv(), n_envs=1, n_steps=8, batch_size=8, policy_kwargs=dict(use_sde=True))
     model = POCA("MlpPolicy", EarlyExitEnv(), n_envs=1, n_steps=8, batch_size=8, policy_kwargs=dict(use_sde=False))
     assert model.policy_config.use_sde is False  # use_sde=False is taken, as it changes nothing
+
+
+def test_parameters_a_user_froze_stay_put_and_the_rest_trains():
+    """requires_grad=False leaves a parameter out of POCA's update, as an optimizer over the parameters does: not
+    moved by the momentum Adam built for it before it was frozen; the others train on."""
+    model = POCA("MlpPolicy", EarlyExitEnv, n_steps=16, batch_size=16, n_epochs=2, seed=0)
+    model.learn(32)  # Adam's moments exist for every parameter
+    nets = {"actor": model.actor, "critic": model.critic}
+    frozen = {"actor.trunk.0.weight", "critic.attention.attention.in_proj_weight"}
+    params = {f"{key}.{name}": p for key, net in nets.items() for name, p in net.named_parameters()}
+    for name in frozen:
+        params[name].requires_grad_(False)
+    before = {name: p.detach().clone() for name, p in params.items()}
+    model.learn(32, reset_num_timesteps=False)
+    for name, p in params.items():
+        assert torch.equal(p, before[name]) == (name in frozen), name
+        assert p.requires_grad == (name not in frozen), name

@@ -82,11 +82,29 @@ def assert_same_changes(before, after_theirs, after_ours, tolerance: float) -> N
         assert (our_change - their_change).abs().max().item() < tolerance * scale, name
 
 
-def one_update_each(monkeypatch, manual: bool, env_id: str, moments: str = "none yet", **kwargs):
+def freeze(model, names) -> None:
+    """``requires_grad=False`` on the model's parameters of those names (SB3's or covey's)."""
+    params = dict(model.policy.named_parameters())
+    for name in names:
+        params[name].requires_grad_(False)
+
+
+def assert_frozen_and_the_rest_same(before, after, frozen, tolerance: float) -> None:
+    """The frozen parameters (covey's names) did not move in either library; the others moved alike."""
+    for name in frozen:
+        assert torch.equal(after[0][name], before[name]) and torch.equal(after[1][name], before[name]), name
+    rest = {name: value for name, value in before.items() if name not in frozen}
+    assert_same_changes(rest, *after, tolerance=tolerance)
+
+
+def one_update_each(
+    monkeypatch, manual: bool, env_id: str, moments: str = "none yet", frozen: dict[str, str] | None = None, **kwargs
+):
     """The parameters before, after one ``train()`` of each (SB3's, covey's), both logs and update counts.
 
     ``moments``: "none yet" (both start), "SB3's" (SB3 trains one rollout first; covey takes its weights and
-    Adam's moments) or "fresh" (the same, then covey's moments are dropped)."""
+    Adam's moments) or "fresh" (the same, then covey's moments are dropped). ``frozen``: covey's names of
+    parameters to freeze in both (``requires_grad=False``) before the update, with SB3's names."""
     monkeypatch.setattr(covey.PPO, "manual_gradients", manual)
     kwargs = dict(n_steps=N_STEPS, **kwargs)
     theirs = stable_baselines3.PPO("MlpPolicy", make_vec_env(env_id, N_ENVS, seed=0), seed=0, **kwargs)
@@ -99,6 +117,8 @@ def one_update_each(monkeypatch, manual: bool, env_id: str, moments: str = "none
         ours.set_parameters(theirs.get_parameters())
     if moments == "fresh":
         ours.optimizer.state.clear()
+    freeze(ours, frozen or {})
+    freeze(theirs, (frozen or {}).values())
     before = weights(theirs, sb3=True)
     _, callback = theirs._setup_learn(N_STEPS * N_ENVS, None)
     theirs.collect_rollouts(theirs.env, callback, theirs.rollout_buffer, n_rollout_steps=N_STEPS)
@@ -170,10 +190,12 @@ def test_a_ppo_update_goes_on_from_sb3s_adam_moments(monkeypatch, moments, manua
             assert_same_changes(before, *after, tolerance=0.1)
 
 
-def sac_steps_each(monkeypatch, manual: bool, gradient_steps: int, moments: str = "none yet", **kwargs):
+def sac_steps_each(
+    monkeypatch, manual: bool, gradient_steps: int, moments: str = "none yet", frozen: dict | None = None, **kwargs
+):
     """Parameters (targets and log-temperature included) before and after ``train(gradient_steps)`` of SB3's SAC
-    and covey's, from the same weights, on one fixed batch, with the same noise; and both logs. ``moments`` as in
-    :func:`one_update_each` (SB3 takes 3 gradient steps on the batch first)."""
+    and covey's, from the same weights, on one fixed batch, with the same noise; and both logs. ``moments`` and
+    ``frozen`` as in :func:`one_update_each` (SB3 takes 3 gradient steps on the batch first)."""
     monkeypatch.setattr(covey.SAC, "manual_gradients", manual)
     theirs = stable_baselines3.SAC("MlpPolicy", "Pendulum-v1", seed=0, learning_starts=0, **kwargs)
     ours = covey.SAC("MlpPolicy", "Pendulum-v1", seed=1, learning_starts=0, **kwargs)
@@ -207,6 +229,8 @@ def sac_steps_each(monkeypatch, manual: bool, gradient_steps: int, moments: str 
         for optimizer in (ours.actor_optimizer, ours.critic_optimizer, ours.ent_coef_optimizer):
             if optimizer is not None:
                 optimizer.state.clear()
+    freeze(ours, frozen or {})
+    freeze(theirs, (frozen or {}).values())
     before = weights(theirs, sb3=True)
     assert all(torch.equal(value, before[name]) for name, value in weights(ours, sb3=False).items())
     ours._setup_learn(1000, None, True, "test", False)
@@ -263,3 +287,44 @@ def test_sac_gradient_steps_go_on_from_sb3s_adam_moments(monkeypatch, moments, m
     else:
         with pytest.raises(AssertionError):
             assert_same_changes(before, *after, tolerance=0.1)
+
+
+FROZEN_PPO = {
+    # the hand-written backward writes the frozen layer's gradient: it must count in no clipped norm
+    "plain gradients, clipped norm": ("plain gradients: raw advantages, clipped norm", "none yet"),
+    # Adam's moments from SB3's first rollout would move a frozen parameter, and its exploration std
+    "Adam going on from SB3's moments": ("box, entropy bonus, tight clipping", "SB3's"),
+}
+
+
+@pytest.mark.parametrize("manual", [True, False], ids=["hand-written", "autograd"])
+@pytest.mark.parametrize("case", list(FROZEN_PPO))
+def test_parameters_a_user_froze_stay_as_sb3_leaves_them_in_ppo(monkeypatch, case, manual):
+    """A parameter with ``requires_grad=False`` (a fixed exploration std, a frozen layer) is left out of the
+    update as SB3's optimizer leaves it out: it does not move, its gradient counts in no clipping, and every
+    other parameter moves as SB3's do."""
+    setting, moments = FROZEN_PPO[case]
+    env_id, kwargs = CASES[setting]
+    frozen = {
+        "actor.trunk.0.weight": "mlp_extractor.policy_net.0.weight",
+        "critic.trunk.2.bias": "mlp_extractor.value_net.2.bias",
+    }
+    if env_id == "Pendulum-v1":
+        frozen["actor.head.log_std"] = "log_std"
+    before, after, (theirs, ours), _ = one_update_each(
+        monkeypatch, manual, env_id, moments=moments, frozen=frozen, **kwargs
+    )
+    assert_frozen_and_the_rest_same(before, after, frozen, tolerance=2e-3)
+    assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-3, abs=1e-6)
+
+
+@pytest.mark.parametrize("manual", [True, False], ids=["hand-written", "autograd"])
+def test_parameters_a_user_froze_stay_as_sb3_leaves_them_in_sac(monkeypatch, manual):
+    """As in PPO: a frozen actor layer and a frozen critic layer keep their values through SAC's gradient steps
+    (Adam's moments from SB3's steps before the freezing included), the actor's loss leaves the critic's frozen
+    layer frozen after it, and every other parameter, the targets included, moves as SB3's do."""
+    frozen = {"actor.trunk.0.weight": "actor.latent_pi.0.weight", "critic.qs.0.trunk.2.weight": "critic.qf0.2.weight"}
+    before, after, _ = sac_steps_each(
+        monkeypatch, manual, gradient_steps=2, moments="SB3's", frozen=frozen, learning_rate=3e-3
+    )
+    assert_frozen_and_the_rest_same(before, after, frozen, tolerance=1e-3)

@@ -13,6 +13,7 @@ import io
 import json
 import math
 import numbers
+import operator
 import os
 import platform
 import random
@@ -253,6 +254,9 @@ def flushing_denormals() -> bool:
     return _SMALLEST_DOUBLE * _ONE == 0.0
 
 
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
 class FlatParameters:
     """Parameters laid out in one contiguous buffer, and their gradients in a second one.
 
@@ -261,7 +265,9 @@ class FlatParameters:
     An optimizer over ``[data]`` then updates all of them as one tensor, and zeroing and clipping the
     gradients are one operation each. Gradients are zeroed, not set to None: a parameter that a loss does
     not reach gets a zero gradient (Adam still moves it by its momentum), where ``zero_grad(set_to_none=True)``
-    would have left it out of the step. covey's losses reach every parameter of their optimizer.
+    would have left it out of the step. covey's losses reach every parameter of their optimizer, but for those a
+    user froze (``requires_grad=False``): as an optimizer over the parameters leaves them out (their ``.grad`` is
+    None), their gradients count in no clipping and a step changes neither them nor their optimizer state.
 
     >>> a, b = torch.nn.Linear(2, 3), torch.nn.Linear(3, 1)
     >>> flat = FlatParameters([*a.parameters(), *b.parameters()])
@@ -339,6 +345,12 @@ class FlatParameters:
     def zero_grad(self) -> None:
         self.grad.zero_()
 
+    def frozen(self) -> list[slice]:
+        """The slices of :attr:`data` (and :attr:`grad`) of the parameters a user froze (``requires_grad=False``)."""
+        if all(map(_REQUIRES_GRAD, self.params)):  # the common case: about 1 us for PPO's 12 parameters
+            return []
+        return [slice(self.offsets[id(p)], self.offsets[id(p)] + p.numel()) for p in self.params if not p.requires_grad]
+
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` for the optimizer over :attr:`data`. A fused Adam/AdamW calls its kernel
         directly once its state exists: the same update, without ~15 us of Python around one kernel.
@@ -349,15 +361,43 @@ class FlatParameters:
         ~1.2e-38) and on to 0, and some CPUs take a slow path for every denormal: after 1,400 SAC steps on
         Pendulum a fifth of the critics' momenta were denormal, and their Adam step took 5x its time on an
         Intel Xeon. Flushed, those momenta become 0 some 150 steps before Adam would have taken them there; the
-        update they make, at most ~1e-30 times the learning rate, rounds away either way."""
+        update they make, at most ~1e-30 times the learning rate, rounds away either way.
+
+        Frozen parameters (:meth:`frozen`) keep their values and their slices of the optimizer's state (a state
+        the step makes first starts at 0 there), as an optimizer over the parameters would skip them; its step
+        count is one for the whole buffer."""
+        frozen = self.frozen()
+        kept = self._keep(frozen, optimizer) if frozen else None
         if not (self._flush and FLUSH_DENORMALS) or flushing_denormals():
             self._step(optimizer)
-            return
-        torch.set_flush_denormal(True)
-        try:
-            self._step(optimizer)
-        finally:
-            torch.set_flush_denormal(False)
+        else:
+            torch.set_flush_denormal(True)
+            try:
+                self._step(optimizer)
+            finally:
+                torch.set_flush_denormal(False)
+        if kept is not None:
+            self._restore(frozen, optimizer, kept)
+
+    def _buffers_of(self, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+        """:attr:`data` (under "") and the optimizer's state tensors that hold one number per element of it, flat."""
+        state = optimizer.state.get(self.data, {})
+        numel = self.data.numel()
+        buffers = {"": self.data.detach().reshape(-1)}
+        for key, value in state.items():
+            if key != "step" and torch.is_tensor(value) and value.numel() == numel:
+                buffers[key] = value.reshape(-1)
+        return buffers
+
+    def _keep(self, frozen: list[slice], optimizer: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:
+        return {key: [t[part].clone() for part in frozen] for key, t in self._buffers_of(optimizer).items()}
+
+    def _restore(self, frozen: list[slice], optimizer: torch.optim.Optimizer, kept: dict) -> None:
+        with torch.no_grad():
+            for key, t in self._buffers_of(optimizer).items():
+                # a buffer the step made (Adam's moments at its first step) starts at 0 for the frozen slices
+                for part, values in zip(frozen, kept.get(key, [None] * len(frozen))):
+                    t[part] = 0.0 if values is None else values
 
     def _step(self, optimizer: torch.optim.Optimizer) -> None:
         direct = self._direct
@@ -423,7 +463,10 @@ class FlatParameters:
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale the gradients so that their global 2-norm is at most ``max_norm`` (as
-        ``torch.nn.utils.clip_grad_norm_``); returns the norm before clipping."""
+        ``torch.nn.utils.clip_grad_norm_``); returns the norm before clipping. Frozen parameters' gradients are
+        zeroed first: they count in no norm (a hand-written backward writes them; autograd leaves them 0)."""
+        for part in self.frozen():
+            self.grad[part] = 0.0
         norm = torch.linalg.vector_norm(self.grad)
         if self.grad.device.type == "cpu":
             # Reading the norm waits for no device here, and it spares the multiply when nothing is clipped.

@@ -3,6 +3,7 @@ SAC for Discrete actions (Christodoulou 2019, https://arxiv.org/abs/1910.07207),
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -1116,11 +1117,8 @@ class SAC(BaseAgent):
         loss = critic_loss(current_q, target)
         _sb3_step(self.critic.optimizer, loss)
         stats["critic_loss"] = loss.detach()
-        self.critic.requires_grad_(False)  # the actor's loss reaches the action only (SB3 zeroes the rest)
-        try:
+        with outside_the_graph(self.critic):  # the actor's loss reaches the action only (SB3 zeroes the rest)
             q_pi = _stacked(self.critic(batch.observations, actions_pi))
-        finally:
-            self.critic.requires_grad_(True)
         loss = actor_loss(q_pi, log_prob, ent_coef)
         _sb3_step(self.actor.optimizer, loss)
         stats["actor_loss"] = loss.detach()
@@ -1216,13 +1214,23 @@ class SAC(BaseAgent):
         self, batch: ReplayBatch, sample: tuple[torch.Tensor, torch.Tensor], ent_coef: torch.Tensor
     ) -> torch.Tensor:
         """Actor loss against the critics; the critics' parameters are left out of its graph."""
-        self.critic.requires_grad_(False)
-        try:
+        with outside_the_graph(self.critic):
             if self.discrete:
                 return discrete_actor_loss(self._run(self.critic.values, batch.observations), sample[0], ent_coef)
             return actor_loss(self._run(self.critic.values, batch.observations, sample[0]), sample[1], ent_coef)
-        finally:
-            self.critic.requires_grad_(True)
+
+
+@contextlib.contextmanager
+def outside_the_graph(module: torch.nn.Module):
+    """``module``'s parameters with ``requires_grad=False`` inside the block, each set back to its own flag after
+    it (a parameter the user froze stays frozen)."""
+    flags = [(p, p.requires_grad) for p in module.parameters()]
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
 
 class _Temperature:
