@@ -246,6 +246,9 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         and str(hyperparameters.get("ent_coef", "auto")).startswith("auto")
     ):
         tensors["ent_coef"] = {"log_ent_coef": variables["log_ent_coef"].reshape(1)}
+    elif agent == "SAC" and "ent_coef_tensor" in variables and "ent_coef" in hyperparameters:
+        # a fixed temperature: the one in force (a callback may have changed model.ent_coef_tensor)
+        hyperparameters["ent_coef"] = float(variables["ent_coef_tensor"].reshape(()))
     settings = {
         "agent": agent,
         "policy": _policy_name(observation_space, policy),

@@ -591,6 +591,35 @@ def test_fixed_ent_coef():
     assert model._ent_coef().item() == pytest.approx(0.2)
 
 
+@pytest.mark.parametrize("manual", [True, False], ids=["hand-written", "autograd"])
+def test_a_fixed_temperature_annealed_through_ent_coef_tensor_as_in_sb3(monkeypatch, tmp_path, manual):
+    """SB3's way to change a fixed temperature during training, model.ent_coef_tensor = ..., is the temperature
+    the updates use and log: a run that sets 0.0 at its start trains as a model built with ent_coef=0.0."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Anneal(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.model.ent_coef_tensor = torch.tensor(0.0)
+
+        def _on_step(self) -> bool:
+            return True
+
+    monkeypatch.setattr(SAC, "manual_gradients", manual)
+    annealed = sac("Pendulum-v1", ent_coef=0.5, learning_starts=20, seed=3)  # each built, then trained, in turn:
+    assert annealed.ent_coef_tensor.item() == 0.5
+    annealed.learn(60, callback=Anneal())  # the seed sets the global generators the run draws from
+    plain = sac("Pendulum-v1", ent_coef=0.0, learning_starts=20, seed=3).learn(60)
+    assert annealed.logger.name_to_value["train/ent_coef"] == 0.0
+    for p, q in zip(annealed.policy.parameters(), plain.policy.parameters(), strict=True):
+        assert torch.equal(p, q)
+    annealed.ent_coef_tensor = 0.25  # a plain number, too
+    annealed.learn(10, reset_num_timesteps=False)
+    assert annealed.logger.name_to_value["train/ent_coef"] == 0.25
+    # the temperature in force is what the file keeps, as SB3's file keeps its ent_coef_tensor
+    annealed.save(tmp_path / "annealed.zip")
+    assert SAC.load(tmp_path / "annealed.zip").ent_coef_tensor.item() == 0.25
+
+
 def test_auto_ent_coef_initial_value():
     model = sac("Pendulum-v1", ent_coef="auto_0.1")
     assert model._ent_coef().item() == pytest.approx(0.1)

@@ -224,6 +224,19 @@ def test_sac_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
     assert ours.num_timesteps == theirs.num_timesteps + 60
 
 
+def test_an_sb3_sac_files_fixed_temperature_is_the_one_in_force(tmp_path):
+    """SB3 saves a fixed temperature as its ent_coef_tensor, which a callback may have changed from the ent_coef
+    the model was built with: that tensor is the temperature covey's model trains with, and saves again."""
+    theirs = sb3.SAC("MlpPolicy", "Pendulum-v1", ent_coef=0.5, policy_kwargs=dict(net_arch=[8]))
+    theirs.ent_coef_tensor = torch.tensor(0.125)
+    theirs.save(tmp_path / "annealed.zip")
+    ours = SAC.load(tmp_path / "annealed.zip")
+    assert ours.log_ent_coef is None and ours._ent_coef().item() == 0.125
+    ours.save(tmp_path / "again.zip")
+    assert SAC.load(tmp_path / "again.zip").ent_coef_tensor.item() == 0.125
+    assert ours.to_sb3_model().ent_coef_tensor.item() == 0.125
+
+
 # ============================================================================================ safety and errors
 
 

@@ -457,7 +457,8 @@ class SAC(BaseAgent):
         "optimize_memory_usage": "the replay buffer",
         "n_steps": "the replay buffer's n-step returns",
         "use_sde": "the actor's action distribution",
-        "ent_coef": "the entropy temperature (learned or fixed)",
+        "ent_coef": "the entropy temperature (learned, or fixed: model.ent_coef_tensor = torch.tensor(value) "
+        "changes a fixed one, as in SB3)",
         "bf16_matmuls": "the gradient step",
     }
     manual_gradients: ClassVar[bool] = True
@@ -703,11 +704,12 @@ class SAC(BaseAgent):
             self.log_ent_coef = torch.tensor([math.log(init)], device=self.device, requires_grad=True)
             # as SB3's: Adam at the learning rate, whatever optimizer policy_kwargs choose for the networks
             self.ent_coef_optimizer = self._make_optimizer([self.log_ent_coef], plain_adam=True)
-            self._fixed_ent_coef = None
+            self.ent_coef_tensor = None
         else:
             self.log_ent_coef = None
             self.ent_coef_optimizer = None
-            self._fixed_ent_coef = torch.tensor(float(cfg.ent_coef), device=self.device)
+            # SB3's name: a callback that anneals a fixed temperature assigns model.ent_coef_tensor
+            self.ent_coef_tensor = torch.tensor(float(cfg.ent_coef), device=self.device)
 
     def _setup_replay_buffer(self) -> None:
         cfg = self.config
@@ -809,6 +811,8 @@ class SAC(BaseAgent):
         target_entropy = getattr(self, "target_entropy", None)
         if isinstance(target_entropy, (int, float, np.number)) and not isinstance(target_entropy, bool):
             params["target_entropy"] = float(target_entropy)  # the number in force, as SB3 keeps it
+        if getattr(self, "log_ent_coef", None) is None and getattr(self, "ent_coef_tensor", None) is not None:
+            params["ent_coef"] = float(self.ent_coef_tensor)  # a fixed temperature in force (SB3 saves its tensor)
         buffer_kwargs = {} if self._handle_timeouts else {"handle_timeout_termination": False}
         if self._her is not None:  # kept by name: a model file holds no classes
             params["replay_buffer_class"] = "HerReplayBuffer"
@@ -999,7 +1003,9 @@ class SAC(BaseAgent):
             self._last_original_obs = stored_new_obs
 
     def _ent_coef(self) -> torch.Tensor:
-        return self.log_ent_coef.detach().exp() if self.log_ent_coef is not None else self._fixed_ent_coef
+        if self.log_ent_coef is not None:
+            return self.log_ent_coef.detach().exp()
+        return torch.as_tensor(self.ent_coef_tensor, dtype=torch.float32, device=self.device)
 
     def train(self, gradient_steps: int, batch_size: int = 256) -> None:
         """``gradient_steps`` SAC updates: temperature, critics, actor, then the target critics."""
