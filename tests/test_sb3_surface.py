@@ -620,6 +620,51 @@ def test_a_callback_writing_the_rollout_buffer_changes_the_update_as_in_sb3(edit
         assert not torch.equal(before[1], after[1]), cls
 
 
+class IntrinsicBonus(BaseCallback):
+    """SB3's intrinsic-reward habit: at the rollout's end add a bonus to the rewards and compute the returns again
+    with the rollout buffer's compute_returns_and_advantage; keeps what it saw to check."""
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buffer = self.model.rollout_buffer
+        self.returns_before = buffer.returns.copy()
+        buffer.rewards += 0.5
+        with torch.no_grad():
+            obs = self.model.policy.obs_to_tensor(self.locals["new_obs"])[0]
+            self.last_values = self.model.policy.predict_values(obs)
+        buffer.compute_returns_and_advantage(last_values=self.last_values, dones=self.locals["dones"])
+        self.seen = {name: np.array(getattr(buffer, name)) for name in ("rewards", "values", "episode_starts")}
+        self.seen.update(returns=buffer.returns.copy(), advantages=buffer.advantages.copy(), dones=self.locals["dones"])
+
+
+def test_a_callback_computes_the_returns_again_as_sb3s_buffer_does():
+    """covey's rollout buffer takes SB3's compute_returns_and_advantage: after a reward bonus its returns and
+    advantages are those SB3's own buffer computes from the same rewards, values and episode starts."""
+    from stable_baselines3.common.buffers import RolloutBuffer as SB3RolloutBuffer
+
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+    model = PPO("MlpPolicy", env, n_steps=64, gamma=0.9, gae_lambda=0.8, seed=0, device="cpu")
+    callback = IntrinsicBonus()
+    model.learn(128, callback=callback)
+    seen = callback.seen
+    assert (seen["returns"] >= callback.returns_before + 0.5 - 1e-5).all()  # each return gained the bonus once or more
+    theirs = SB3RolloutBuffer(64, model.observation_space, model.action_space, n_envs=2, gamma=0.9, gae_lambda=0.8)
+    theirs.rewards[:], theirs.values[:], theirs.episode_starts[:] = (
+        seen["rewards"],
+        seen["values"],
+        seen["episode_starts"],
+    )
+    theirs.compute_returns_and_advantage(callback.last_values, seen["dones"])
+    np.testing.assert_allclose(seen["advantages"], theirs.advantages, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(seen["returns"], theirs.returns, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="one value per env"):
+        model.rollout_buffer.compute_returns_and_advantage(torch.zeros(3), seen["dones"])
+    with pytest.raises(ValueError, match="not the rollout's last step's"):
+        model.rollout_buffer.compute_returns_and_advantage(callback.last_values, ~np.asarray(seen["dones"]))
+
+
 class StopAfter(BaseCallback):
     def __init__(self, n: int) -> None:
         super().__init__()

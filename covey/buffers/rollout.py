@@ -224,6 +224,27 @@ class RolloutBuffer:
         self.advantages_tensor = torch.as_tensor(adv, dtype=torch.float32, device=self.device)
         self.returns_tensor = torch.as_tensor(ret, dtype=torch.float32, device=self.device)
 
+    def compute_returns_and_advantage(self, last_values: torch.Tensor | np.ndarray, dones: np.ndarray) -> None:
+        """SB3's name, for a callback that changes the rewards at the rollout's end (an intrinsic bonus) and
+        computes the returns again: :meth:`compute_returns` with the ``gamma`` and ``gae_lambda`` of the last
+        computation. ``last_values``: V(observation after the last step), one per env (a tensor or an array,
+        ``(n_envs,)`` or ``(n_envs, 1)``); ``dones``: the last step's, which the buffer holds already (the time
+        limits' bootstraps too), so they must be the ones it stored."""
+        if isinstance(last_values, torch.Tensor):
+            last_values = last_values.detach().cpu().numpy()
+        last_values = np.asarray(last_values, dtype=np.float64)
+        if last_values.size != self.n_envs:
+            raise ValueError(
+                f"last_values has shape {last_values.shape}: pass one value per env ({self.n_envs},), e.g. "
+                "policy.predict_values(obs_tensor) of the observation after the rollout's last step."
+            )
+        if not np.array_equal(np.asarray(dones, dtype=bool).reshape(-1), self.dones[self.pos - 1]):
+            raise ValueError(
+                "dones are not the rollout's last step's: pass the callback's self.locals['dones'] (the buffer "
+                "holds every step's, and computes with them)."
+            )
+        self.compute_returns(last_values.reshape(self.n_envs), self.gamma, self.gae_lambda)
+
     def size(self) -> int:
         """Steps stored per env (SB3's ``size()``)."""
         return self.pos
