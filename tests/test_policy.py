@@ -493,6 +493,28 @@ def test_sb3_sac_onnx_recipe_runs_on_the_sac_actor(tmp_path):
     np.testing.assert_allclose(model.policy.unscale_action(onnx_actions), predicted, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.cpu
+@pytest.mark.parametrize("use_sde", [False, True])
+def test_sb3_older_sac_onnx_recipe_latent_pi_then_mu(tmp_path, use_sde):
+    """SB3's older SAC recipe exports ``nn.Sequential(actor.latent_pi, actor.mu)``: the mean before the tanh
+    (with gSDE clipped to clip_mean), as SB3's own actor of the same weights computes it."""
+    model = SAC("MlpPolicy", "Pendulum-v1", use_sde=use_sde, learning_starts=10, seed=0).learn(20)
+    theirs = model.to_sb3_model()
+    obs = torch.as_tensor(np.random.default_rng(5).uniform(-8, 8, (6, 3)).astype(np.float32))
+    ours = torch.nn.Sequential(model.actor.latent_pi, model.actor.mu)
+    with torch.no_grad():
+        mean = ours(obs)
+        torch.testing.assert_close(mean, torch.nn.Sequential(theirs.actor.latent_pi, theirs.actor.mu)(obs))
+        torch.testing.assert_close(torch.tanh(mean), model.actor(obs, deterministic=True))
+    assert not any(name.startswith("mu") for name, _ in model.actor.named_parameters())  # no new names in files
+    path = tmp_path / "mean.onnx"
+    torch.onnx.export(ours, torch.randn(1, 3), path, opset_version=17, dynamo=False)
+    session = ort.InferenceSession(str(path))
+    (onnx_mean,) = session.run(None, {session.get_inputs()[0].name: obs[:1].numpy()})
+    np.testing.assert_allclose(onnx_mean, mean[:1].numpy(), rtol=1e-5, atol=1e-6)
+    assert not hasattr(PPO("MlpPolicy", "Pendulum-v1").actor, "mu")  # SB3's PPO has none either
+
+
 def test_sb3_policy_save_and_load_recipe(tmp_path):
     """SB3's "save the policy independently from the model" example with covey's names: policy.save, then
     MlpPolicy.load gives a policy that predicts as the trained one and scores the same in evaluate_policy."""

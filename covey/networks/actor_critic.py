@@ -288,6 +288,17 @@ class SB3FeatureNames:
         return int(self.encoder.out_dim)
 
 
+class _MeanLayer(nn.Module):
+    """The mean of a squashed Gaussian head's output, from the latent features (:attr:`Actor.mu`)."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.head._split(self.head(latent))[0]
+
+
 class Actor(SB3FeatureNames, nn.Module):
     """Observations to an action distribution: encoder -> MLP trunk -> action head.
 
@@ -401,6 +412,16 @@ class Actor(SB3FeatureNames, nn.Module):
     def latent_pi(self) -> nn.Sequential:
         """SB3's name for the MLP between the encoder and the action head: :attr:`trunk`."""
         return self.trunk
+
+    @property
+    def mu(self) -> nn.Module:
+        """SB3 SAC actor's ``mu``: the layer from :attr:`latent_pi` to the Gaussian's mean before the tanh (with
+        gSDE clipped to ``clip_mean``, as SB3's Hardtanh does), so SB3's older ONNX recipe,
+        ``nn.Sequential(actor.latent_pi, actor.mu)``, runs. covey's head computes the mean and the log-std in one
+        layer; this module reads the mean's part of it (made on each access, it is not one of the actor's own)."""
+        if not self.squashed:  # SB3's PPO has no mu either
+            raise AttributeError("mu")
+        return _MeanLayer(self.head)
 
     def evaluate_params(self, params: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities and entropies from distribution parameters."""
