@@ -244,7 +244,7 @@ def collected_ppo(n_envs: int, manual: bool, env_id: str = "CartPole-v1", **kwar
     finally:
         PPO.manual_gradients = previous
     _, callback = model._setup_learn(10**9, None, True, "ablation", False)
-    model.collect_rollouts(callback)
+    model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     return model
 
 

@@ -823,7 +823,7 @@ def one_update(monkeypatch, manual: bool, env_id: str, **kwargs):
     recorder = Recorder()
     model.set_logger(recorder)
     _, callback = model._setup_learn(10_000, None, True, "test", False)
-    model.collect_rollouts(callback)
+    model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     torch.manual_seed(123)  # the same minibatch permutations for both
     model.train()
     return model, recorder.values
@@ -945,7 +945,7 @@ def test_rollout_is_evaluated_with_the_update_arithmetic(monkeypatch, net_arch):
     )
     assert model._manual is not None
     _, callback = model._setup_learn(1024, None, True, "test", False)
-    model.collect_rollouts(callback)
+    model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     buffer = model.rollout_buffer
     obs, actions = buffer.flat_observations(), buffer.flat_actions()
     manual = model._manual

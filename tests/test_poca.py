@@ -398,7 +398,7 @@ def rollout_model():
     torch.set_num_threads(1)
     model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0)
     _, cb = model._setup_learn(32, None, True, "t", False)
-    assert model.collect_rollouts(cb)
+    assert model.collect_rollouts(model.env, cb, model.rollout_buffer, model.n_steps)
     return model
 
 
@@ -605,7 +605,7 @@ def test_posthumous_credit_in_a_collected_rollout():
 
     model.actor.act = scripted_act
     _, cb = model._setup_learn(32, None, True, "t", False)
-    assert model.collect_rollouts(cb)
+    assert model.collect_rollouts(model.env, cb, model.rollout_buffer, model.n_steps)
     buf = model.rollout_buffer
     t_left = np.arange(16) % 8 == 0  # episodes of 8 steps, agent_0 leaves at their first step
     tl = torch.as_tensor(t_left)

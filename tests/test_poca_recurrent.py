@@ -64,7 +64,7 @@ def scripted():
     model = POCA("MlpLstmPolicy", env, n_steps=13, batch_size=26, n_epochs=1, seed=0, policy_kwargs=MEMORY)
     model.learn(26 * 2)
     _, callback = model._setup_learn(26, None, False, "test", False)
-    assert model.collect_rollouts(callback)
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     return model
 
 
@@ -149,7 +149,7 @@ def test_baselines_read_the_memory_without_advancing_it():
     """Changing the actions taken changes the baselines but neither the values nor the recorded memories."""
     model = POCA("MlpLstmPolicy", EarlyExitEnv, n_envs=2, n_steps=8, seed=0, policy_kwargs=MEMORY)
     _, callback = model._setup_learn(16, None, False, "test", False)
-    model.collect_rollouts(callback)
+    model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     rec, buf = model.recurrent, model.rollout_buffer
     values, baselines, memories = buf.values_tensor.clone(), buf.baselines_tensor.clone(), rec.critic_states.clone()
     rec.critic_state = tuple(rec.critic_states[0][:, i][None] for i in range(2))  # the same starting memory
@@ -304,16 +304,17 @@ def test_memories_after_a_rollout_cut_at_its_third_step_are_those_of_the_two_ste
 
     reference = model(2)
     _, callback = reference._setup_learn(2, None, True, "test", False)
-    assert reference.collect_rollouts(callback)  # two steps, and the critic run through them
+    # two steps, and the critic run through them
+    assert reference.collect_rollouts(reference.env, callback, reference.rollout_buffer, reference.n_steps)
     if how == "callback":
         cut = model(8)
         _, callback = cut._setup_learn(8, StopAtThirdStep(), True, "test", False)
-        assert not cut.collect_rollouts(callback)
+        assert not cut.collect_rollouts(cut.env, callback, cut.rollout_buffer, cut.n_steps)
     else:
         cut = model(8, FailsAtThirdStep)
         _, callback = cut._setup_learn(8, None, True, "test", False)
         with pytest.raises(RuntimeError, match="diverged"):
-            cut.collect_rollouts(callback)
+            cut.collect_rollouts(cut.env, callback, cut.rollout_buffer, cut.n_steps)
     np.testing.assert_array_equal(cut._last_obs, reference._last_obs)  # training goes on from the third step's
     for name in ("actor_state", "critic_state"):
         for got, want in zip(getattr(cut.recurrent, name), getattr(reference.recurrent, name), strict=True):

@@ -20,7 +20,7 @@ from covey.envs import EarlyExitEnv
 def collected(model: PPO) -> PPO:
     """Fill the model's rollout buffer once (values, log-probs, returns) without training."""
     _, callback = model._setup_learn(model.n_steps * model.n_envs, None, True, "test", False)
-    assert model.collect_rollouts(callback)
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     return model
 
 

@@ -53,7 +53,7 @@ def collected():
     model = lstm_ppo(make_vec_env(lambda: RememberCueEnv(delay=2), n_envs=3, seed=0), n_steps=20)
     model.learn(60)  # a few rollouts so memories are carried across rollout boundaries
     _, callback = model._setup_learn(60, None, False, "test", False)
-    assert model.collect_rollouts(callback)
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     return model
 
 
@@ -184,7 +184,8 @@ def test_dict_observations_with_memory(tmp_path):
     )
     model.learn(48)
     _, callback = model._setup_learn(24, None, False, "test", False)
-    assert model.collect_rollouts(callback)  # a rollout the networks have not been trained on yet
+    # a rollout the networks have not been trained on yet
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     rec, buf, actor = model.recurrent, model.rollout_buffer, model.actor
     assert isinstance(buf.observations, dict) and np.abs(buf.truncation_values).sum() > 0
     state = tuple(rec.actor_states[0][:, i].unsqueeze(0) for i in range(2))
@@ -344,7 +345,8 @@ def test_callback_locals_hold_sb3_contribs_episode_starts_and_lstm_states():
     callback = RecordsMemories()
     model._setup_learn(16, callback, True, "test", False)
     callback.on_training_start(locals(), globals())
-    assert model.collect_rollouts(callback)  # with the weights that acted (learn would update them after)
+    # with the weights that acted (learn would update them after)
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     assert len(callback.seen) == 8
     state = None
     for t, (obs, starts, pi, whole) in enumerate(callback.seen):

@@ -12,7 +12,7 @@ from gymnasium import spaces
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.noise import VectorizedActionNoise
-from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
+from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, TrainFrequencyUnit
 from stable_baselines3.common.vec_env import DummyVecEnv
 from torch.distributions import Normal, TransformedDistribution
 from torch.distributions.transforms import TanhTransform
@@ -541,6 +541,12 @@ def _start(model: SAC, total: int = 1000):
     return callback
 
 
+def collect(model, callback):
+    """One collection as SB3's learn asks for it (SB3's collect_rollouts signature)."""
+    cfg = (model.train_freq, model.replay_buffer, model.action_noise, model.learning_starts)
+    return model.collect_rollouts(model.env, callback, *cfg, log_interval=None)
+
+
 @pytest.mark.parametrize(
     "train_freq", [(2, "episode"), TrainFreq(2, TrainFrequencyUnit.EPISODE), (np.int64(2), TrainFrequencyUnit.EPISODE)]
 )
@@ -549,19 +555,19 @@ def test_train_freq_in_episodes(train_freq):
     assert model.train_freq == TrainFreq(2, TrainFrequencyUnit.EPISODE)  # SB3's own type, as SB3 keeps it
     assert model.train_freq.unit == TrainFrequencyUnit.EPISODE and type(model.train_freq.frequency) is int
     callback = _start(model)
-    assert model.collect_rollouts(callback, None) == (10, True)  # two episodes of 5 steps
+    assert collect(model, callback) == RolloutReturn(10, 2, True)  # two episodes of 5 steps
     assert model.num_timesteps == 10 and model._episode_num == 2
-    assert model.collect_rollouts(callback, None) == (10, True)
+    assert collect(model, callback) == RolloutReturn(10, 2, True)
     model = sac(CounterEnv(length=5), train_freq=(2, "episode"), learning_starts=0, gradient_steps=1).learn(30)
     assert model._n_updates == 3  # one train() after each pair of episodes
 
 
 def test_train_freq_in_steps():
     model = sac(CounterEnv(length=5), train_freq=(3, "step"), learning_starts=0, gradient_steps=2)
-    assert model.collect_rollouts(_start(model), None) == (3, True)
+    assert collect(model, _start(model)) == RolloutReturn(3, 0, True)
     model = sac(CounterEnv(length=5), train_freq=TrainFreq(3, TrainFrequencyUnit.STEP), learning_starts=0)
     assert model.train_freq == TrainFreq(3, TrainFrequencyUnit.STEP)
-    assert model.collect_rollouts(_start(model), None) == (3, True)
+    assert collect(model, _start(model)) == RolloutReturn(3, 0, True)
     model = sac(CounterEnv(length=5), train_freq=3, learning_starts=0, gradient_steps=2).learn(30)
     assert model._n_updates == 20  # 10 collections of 3 steps, 2 gradient steps each
 

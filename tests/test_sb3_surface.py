@@ -2102,3 +2102,39 @@ def test_module_hooks_are_honoured_in_training(name):
 
     assert all(trained(hooked=True))
     assert not any(trained(hooked=False))
+
+
+def test_a_subclass_overriding_collect_rollouts_with_sb3s_signature():
+    """SB3's collect_rollouts signatures, which a subclass's override passes on: PPO's (env, callback,
+    rollout_buffer, n_rollout_steps) -> bool and SAC's (env, callback, train_freq, replay_buffer, action_noise,
+    learning_starts, log_interval) -> RolloutReturn, as learn() calls them; another env or buffer is refused."""
+    from stable_baselines3.common.type_aliases import RolloutReturn
+
+    from covey import SAC
+
+    class CountingPPO(PPO):
+        def collect_rollouts(self, env, callback, rollout_buffer, n_rollout_steps):
+            self.calls = [*getattr(self, "calls", []), (env is self.env, rollout_buffer is self.rollout_buffer)]
+            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+
+    class CountingSAC(SAC):
+        def collect_rollouts(
+            self, env, callback, train_freq, replay_buffer, action_noise=None, learning_starts=0, log_interval=None
+        ):
+            rollout = super().collect_rollouts(
+                env, callback, train_freq, replay_buffer, action_noise, learning_starts, log_interval
+            )
+            self.returned = [*getattr(self, "returned", []), rollout]
+            return rollout
+
+    ppo = CountingPPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0).learn(64)
+    assert ppo.calls == [(True, True), (True, True)]
+    sac = CountingSAC("MlpPolicy", "Pendulum-v1", train_freq=(5, "step"), learning_starts=10, seed=0).learn(20)
+    assert sac.returned == [RolloutReturn(5, 0, True)] * 4 and sac.num_timesteps == 20
+    _, callback = ppo._setup_learn(32, None, True, "test", False)
+    with pytest.raises(ValueError, match=r"model's own env and rollout_buffer, n_steps=32 steps: pass model.env"):
+        ppo.collect_rollouts(make_vec_env("CartPole-v1", 1), callback, ppo.rollout_buffer, 32)
+    with pytest.raises(ValueError, match="n_steps=32 steps"):
+        ppo.collect_rollouts(ppo.env, callback, ppo.rollout_buffer, 16)
+    with pytest.raises(ValueError, match="model's own env and replay_buffer: pass model.env, model.replay_buffer"):
+        sac.collect_rollouts(sac.env, callback, sac.train_freq, object())  # a buffer not the model's

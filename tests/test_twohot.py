@@ -68,7 +68,7 @@ def test_value_clipping_is_refused_with_the_twohot_head():
 
 def _collected(model):
     _, callback = model._setup_learn(model.n_steps, None, True, "test", False)
-    assert model.collect_rollouts(callback)
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     return model
 
 

@@ -225,7 +225,7 @@ def test_truncation_bootstraps_from_final_observation():
     env = DummyVecEnv([lambda: CountEnv(3, truncate=True), lambda: CountEnv(2)])
     model = PPO("MlpPolicy", env, n_steps=6, batch_size=12, seed=0)
     _, callback = model._setup_learn(12, None, True, "test", False)
-    assert model.collect_rollouts(callback)
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     buf = model.rollout_buffer
     # env 0 is truncated at steps 2 and 5; env 1 terminates at steps 1, 3, 5.
     np.testing.assert_array_equal(buf.dones[:, 0], [0, 0, 1, 0, 0, 1])

@@ -986,7 +986,7 @@ class BaseAgent:
         iteration = 0  # before on_training_start, which passes it to callbacks (as SB3 does)
         callback.on_training_start(locals(), globals())
         while self.num_timesteps < total_timesteps:
-            if not self.collect_rollouts(callback):
+            if not self.collect_rollouts(self.env, callback, self.rollout_buffer, n_rollout_steps=self.config.n_steps):
                 break
             iteration += 1
             self._update_current_progress_remaining()
@@ -996,6 +996,22 @@ class BaseAgent:
                 self.train()
         callback.on_training_end()
         return self
+
+    def _check_collection(self, env: Any, buffer: Any, buffer_name: str, steps: int | None = None) -> None:
+        """SB3's ``collect_rollouts`` takes the env, the buffer and the steps as arguments; covey's collects from
+        the model's own env into its own buffer (sized for them), so those are the ones it takes."""
+        if (
+            env is not self.env
+            or buffer is not getattr(self, buffer_name)
+            or (steps is not None and steps != self.config.n_steps)
+        ):
+            raise ValueError(
+                f"collect_rollouts() collects from the model's own env and {buffer_name}"
+                + ("" if steps is None else f", n_steps={self.config.n_steps} steps")
+                + f": pass model.env, model.{buffer_name}"
+                + ("" if steps is None else " and model.n_steps")
+                + " (as learn() does; set_env() changes the env)."
+            )
 
     def _update_current_progress_remaining(self) -> None:
         """Schedules' progress remaining, 1 -> 0 over the budget counted from step 0 (as SB3 counts it): a

@@ -455,11 +455,13 @@ class POCA(BaseAgent):
             total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar
         )
 
-    def collect_rollouts(self, callback) -> bool:
-        """Fill the group buffer with ``n_steps`` steps of every copy; False when a callback stops training."""
+    def collect_rollouts(self, env: GroupVecEnv, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        """Fill the group buffer with ``n_rollout_steps`` steps of every copy (the model's env, buffer and
+        ``n_steps``, SB3's signature); False when a callback stops training."""
         # Callbacks read these locals by SB3's names: rollout_buffer, n_steps (the step), new_obs and rewards
         # (n_envs, n_slots, ...), dones and infos (one per copy), actions (a row per slot: (n_envs * n_slots, ...)).
-        rollout_buffer, actor, env = self.rollout_buffer, self.actor, self.env
+        self._check_collection(env, rollout_buffer, "rollout_buffer", n_rollout_steps)
+        actor = self.actor
         rollout_buffer.reset()
         actor.set_training_mode(False)  # both networks act and value the rollout in evaluation mode
         self.critic.train(False)

@@ -7,7 +7,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.utils import explained_variance
+from stable_baselines3.common.vec_env import VecEnv
 
 from covey.agents.base import (
     BaseAgent,
@@ -852,11 +854,14 @@ class PPO(BaseAgent):
             total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar
         )
 
-    def collect_rollouts(self, callback) -> bool:
-        """Fill the rollout buffer with ``n_steps`` steps of every env; False when a callback stops training."""
+    def collect_rollouts(
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
+    ) -> bool:
+        """SB3's: fill the rollout buffer with ``n_rollout_steps`` steps of every env (the model's env, buffer and
+        ``n_steps``, which a subclass's override passes on); False when a callback stops training."""
         # Callbacks read these locals by SB3's names: rollout_buffer, n_rollout_steps, n_steps (the step).
-        rollout_buffer, actor, env = self.rollout_buffer, self.actor, self.env
-        n_rollout_steps = self.config.n_steps
+        self._check_collection(env, rollout_buffer, "rollout_buffer", n_rollout_steps)
+        actor = self.actor
         space = self.observation_space
         rollout_buffer.reset()
         self._set_training_mode(False)  # both networks act and value the rollout in evaluation mode, as in SB3

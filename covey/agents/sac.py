@@ -15,8 +15,10 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictReplayBuffer as SB3DictReplayBuffer
 from stable_baselines3.common.buffers import NStepReplayBuffer as SB3NStepReplayBuffer
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.noise import ActionNoise, VectorizedActionNoise
-from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
+from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, TrainFrequencyUnit
+from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as SB3HerReplayBuffer
 
 from covey.agents.base import (
@@ -882,26 +884,45 @@ class SAC(BaseAgent):
         callback.on_training_start(locals(), globals())
         cfg = self.config
         while self.num_timesteps < total_timesteps:
-            steps, keep_going = self.collect_rollouts(callback, log_interval)
-            if not keep_going:
+            rollout = self.collect_rollouts(
+                self.env,
+                callback,
+                cfg.train_freq,
+                self.replay_buffer,
+                self.action_noise,
+                cfg.learning_starts,
+                log_interval,
+            )
+            if not rollout.continue_training:
                 break
             # Training waits for a buffer it can sample: after load (the buffer starts empty, the step count
             # does not), or with learning_starts=0 and optimize_memory_usage, which needs two stored steps.
             if self.num_timesteps > cfg.learning_starts and self.replay_buffer.can_sample():
-                gradient_steps = cfg.gradient_steps if cfg.gradient_steps >= 0 else steps
+                gradient_steps = cfg.gradient_steps if cfg.gradient_steps >= 0 else rollout.episode_timesteps
                 if gradient_steps > 0:
                     with torch.enable_grad():  # as in on-policy learning (covey.agents.base)
                         self.train(gradient_steps, cfg.batch_size)
         callback.on_training_end()
         return self
 
-    def collect_rollouts(self, callback, log_interval: int | None) -> tuple[int, bool]:
-        """Step the envs until ``train_freq`` is met; returns (env steps of all envs, whether to continue)."""
-        cfg, env, actor = self.config, self.env, self.actor
+    def collect_rollouts(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        train_freq: TrainFreq,
+        replay_buffer: Any,
+        action_noise: ActionNoise | None = None,
+        learning_starts: int = 0,
+        log_interval: int | None = None,
+    ) -> RolloutReturn:
+        """SB3's: step the envs until ``train_freq`` is met, acting at random before ``learning_starts`` steps,
+        with ``action_noise`` (the model's env and replay buffer, which a subclass's override passes on). Returns
+        SB3's ``RolloutReturn``: env steps of all envs, episodes ended, whether to continue."""
+        self._check_collection(env, replay_buffer, "replay_buffer")
+        train_freq = _train_freq(train_freq)
+        cfg, actor = self.config, self.actor
         # Callbacks read these locals by SB3's names: actions (as the env takes them), buffer_actions,
         # replay_buffer, train_freq, learning_starts, num_collected_steps, num_collected_episodes.
-        replay_buffer, train_freq, learning_starts = self.replay_buffer, cfg.train_freq, cfg.learning_starts
-        action_noise = self.action_noise
         set_train_mode(actor, False)
         use_sde, sde_sample_freq = cfg.use_sde, cfg.sde_sample_freq
         if use_sde:  # as SB3: exploration matrices for this collection (one per env)
@@ -937,7 +958,7 @@ class SAC(BaseAgent):
             num_collected_steps += 1
             callback.update_locals(locals())
             if not callback.on_step():
-                return num_collected_steps * env.num_envs, False
+                return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, False)
             self._update_info_buffer(infos, dones)
             self._store_transition(buffer_actions, new_obs, rewards, dones, infos)
             for idx in np.flatnonzero(dones):
@@ -948,7 +969,7 @@ class SAC(BaseAgent):
                 if log_interval is not None and self._episode_num % log_interval == 0:
                     self._dump_logs(self._episode_num, "time/episodes")
         callback.on_rollout_end()
-        return num_collected_steps * env.num_envs, True
+        return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, True)
 
     def _to_buffer_actions(self, env_actions: np.ndarray) -> np.ndarray:
         """Env actions to what the buffer stores: Box actions rescaled into [-1, 1]."""
