@@ -170,6 +170,20 @@ def test_exclude_keeps_the_weights_and_include_names_the_replay_buffers_own_file
     assert not (tmp_path / "sac.zip").exists()
 
 
+def test_excluded_hyperparameters_load_as_the_constructors_defaults_as_in_sb3(tmp_path):
+    """save(exclude=["gamma", "learning_rate"]) leaves them out of the file, so load builds the model with the
+    constructor's defaults, as SB3's load does; the others keep their saved values."""
+    import stable_baselines3
+
+    kept = {}
+    for cls in (stable_baselines3.PPO, PPO):
+        model = cls("MlpPolicy", "CartPole-v1", gamma=0.95, learning_rate=1e-3, n_epochs=3, device="cpu")
+        model.save(tmp_path / f"{cls.__module__}.zip", exclude=["gamma", "learning_rate"])
+        loaded = cls.load(tmp_path / f"{cls.__module__}.zip", device="cpu")
+        kept[cls] = (loaded.gamma, loaded.learning_rate, loaded.n_epochs)
+    assert kept[PPO] == kept[stable_baselines3.PPO] == (0.99, 3e-4, 3)
+
+
 def test_wrong_agent_class_is_named(saved):
     _, path = saved
 

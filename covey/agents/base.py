@@ -1346,9 +1346,10 @@ class BaseAgent:
     ) -> None:
         """Write the model to one ``.zip`` file (suffix added when missing), atomically.
 
-        ``exclude`` names optimizer states (e.g. ``"policy.optimizer"``) to leave out. The networks' weights are
-        always saved, as SB3 saves them whatever ``exclude`` names, and other names (SB3's pickled attributes,
-        such as ``"env"``) are ignored, as there is nothing of them in the file. ``include`` asks SB3 to pickle
+        ``exclude`` names optimizer states (e.g. ``"policy.optimizer"``) and hyperparameters (``"gamma"``: ``load``
+        then takes the constructor's default, as SB3's does) to leave out. The networks' weights are always saved,
+        as SB3 saves them whatever ``exclude`` names, and other names (SB3's pickled attributes, such as
+        ``"env"``) are ignored, as there is nothing of them in the file. ``include`` asks SB3 to pickle
         an attribute it leaves out; covey pickles nothing, so it may only name what is saved anyway (a
         replay buffer has its own file: :meth:`save_replay_buffer`).
         """
@@ -1377,7 +1378,7 @@ class BaseAgent:
             "system_info": system_info(),
             "policy": self.policy_name,
             "policy_kwargs": _policy_kwargs_to_json(self.policy_kwargs),
-            "hyperparameters": self._hyperparameters_json(),
+            "hyperparameters": {k: v for k, v in self._hyperparameters_json().items() if k not in exclude},
             "observation_space": serialization.space_to_json(self.observation_space),
             "action_space": serialization.space_to_json(self.action_space),
             "n_envs": self.n_envs,
