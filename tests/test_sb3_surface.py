@@ -2138,3 +2138,25 @@ def test_a_subclass_overriding_collect_rollouts_with_sb3s_signature():
         ppo.collect_rollouts(ppo.env, callback, ppo.rollout_buffer, 16)
     with pytest.raises(ValueError, match="model's own env and replay_buffer: pass model.env, model.replay_buffer"):
         sac.collect_rollouts(sac.env, callback, sac.train_freq, object())  # a buffer not the model's
+
+
+@pytest.mark.parametrize("given", ["id", "env", "monitored env", "vec env"])
+def test_verbose_output_says_how_the_env_was_wrapped_as_sb3s_does(capsys, given):
+    """verbose=1 prints SB3's lines for the env it is given: made from its id, wrapped in a Monitor where it has
+    none, and in a vector env; the same lines as SB3's PPO prints."""
+    import gymnasium as gym
+    import stable_baselines3
+    from stable_baselines3.common.monitor import Monitor
+
+    make = {
+        "id": lambda: "CartPole-v1",
+        "env": lambda: gym.make("CartPole-v1"),
+        "monitored env": lambda: Monitor(gym.make("CartPole-v1")),
+        "vec env": lambda: make_vec_env("CartPole-v1", 2),
+    }[given]
+    printed = []
+    for cls in (stable_baselines3.PPO, PPO):
+        cls("MlpPolicy", make(), verbose=1, device="cpu")
+        printed.append(capsys.readouterr().out.splitlines())
+    assert printed[0] == printed[1]
+    assert ("Wrapping the env in a DummyVecEnv." in printed[1]) == (given != "vec env")

@@ -674,7 +674,7 @@ class BaseAgent:
     def _wrap_env(self, env: Any) -> Any:
         """What the user passed as ``env``, as the kind of env this agent steps (an SB3 VecEnv here); for a user's
         SB3 policy class, wrapped as SB3 wraps it (channel-last images moved to channels first)."""
-        venv = as_vec_env(env)
+        venv = as_vec_env(env, verbose=self.verbose)
         return venv if self._sb3_policy_class is None else sb3_wrap_env(venv, self.verbose)
 
     def _reset_env(self) -> None:

@@ -398,6 +398,15 @@ def _monitored(make: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
     return thunk
 
 
+def _say_wrapping(env: gym.Env, verbose: int) -> None:
+    """SB3's words (``verbose >= 1``) for the wrappers a single env gets: a Monitor (where it has none), then the
+    vector env (a DummyVecEnv there, covey's :class:`FastVecEnv`, a subclass of it, here)."""
+    if verbose >= 1:
+        if not is_wrapped(env, Monitor):
+            print("Wrapping the env with a `Monitor` wrapper")
+        print("Wrapping the env in a DummyVecEnv.")
+
+
 def make_named(env_id: str) -> gym.Env:
     """``gym.make(env_id)`` with ``render_mode="rgb_array"`` where the env takes one, as SB3 makes an env from
     its id (so that ``model.get_env().render()`` returns frames, e.g. to record a video or a GIF)."""
@@ -407,8 +416,9 @@ def make_named(env_id: str) -> gym.Env:
         return gym.make(env_id)
 
 
-def as_vec_env(env: str | gym.Env | VecEnv | gym.vector.VectorEnv, n_envs: int = 1) -> VecEnv:
-    """Wrap what a user passes as ``env`` into a VecEnv, as SB3 does.
+def as_vec_env(env: str | gym.Env | VecEnv | gym.vector.VectorEnv, n_envs: int = 1, verbose: int = 0) -> VecEnv:
+    """Wrap what a user passes as ``env`` into a VecEnv, as SB3 does, saying so with ``verbose >= 1`` in SB3's
+    words.
 
     - an env id: ``n_envs`` copies made with ``gym.make`` (:func:`make_named`), each wrapped in SB3's ``Monitor``;
     - a Gymnasium env: wrapped in ``Monitor`` (unless it is already) and vectorized;
@@ -421,13 +431,17 @@ def as_vec_env(env: str | gym.Env | VecEnv | gym.vector.VectorEnv, n_envs: int =
         return GymnasiumVecEnv(env)
     if isinstance(env, str):
         env_id = env
+        if verbose >= 1:
+            print(f"Creating environment from the given name '{env_id}'")
         first = make_named(env_id)
         check_observation_space(first.observation_space)
+        _say_wrapping(first, verbose)
         makers = [lambda: first] + [lambda: make_named(env_id) for _ in range(n_envs - 1)]
         return FastVecEnv([_monitored(make) for make in makers])
     if isinstance(env, gym.Env):
         # Check before vectorizing: SB3's buffers cannot even be allocated for unsupported spaces.
         check_observation_space(env.observation_space)
+        _say_wrapping(env, verbose)
         return FastVecEnv([_monitored(lambda: env)])
     raise TypeError(
         f"env must be a Gymnasium env id, a gymnasium.Env, a gymnasium vector env or an SB3 VecEnv, "
