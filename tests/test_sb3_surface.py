@@ -2104,6 +2104,48 @@ def test_module_hooks_are_honoured_in_training(name):
     assert not any(trained(hooked=False))
 
 
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+@pytest.mark.parametrize("kind", ["register_hook", "register_post_accumulate_grad_hook"])
+def test_gradient_hooks_on_parameters_act_in_training_as_in_sb3(name, kind):
+    """A gradient hook on a parameter (clipping or masking a gradient, wandb's watch counting them) acts in
+    training, as in SB3: the hand-written passes write gradients without autograd, so they stand aside while one
+    is registered. Here every actor parameter's gradient is zeroed (with plain SGD), so in both libraries none of
+    them moves, and the hooks ran."""
+    import stable_baselines3
+
+    import covey
+
+    def zero(grad_or_param):
+        if kind == "register_hook":
+            return torch.zeros_like(grad_or_param)
+        grad_or_param.grad.zero_()
+
+    for library in (stable_baselines3, covey):
+        calls = [0]
+        sgd = dict(optimizer_class=torch.optim.SGD)
+        if name == "PPO":
+            model = library.PPO(
+                "MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, n_epochs=2, seed=0, policy_kwargs=sgd
+            )
+            params = [p for n, p in model.policy.named_parameters() if "value" not in n]  # the actor's side
+        else:
+            model = library.SAC(
+                "MlpPolicy", "Pendulum-v1", learning_starts=16, batch_size=16, seed=0, policy_kwargs=sgd
+            )
+            params = list(model.actor.parameters())
+        before = [p.detach().clone() for p in params]
+
+        def hook(grad_or_param, calls=calls):
+            calls[0] += 1
+            return zero(grad_or_param)
+
+        for p in params:
+            getattr(p, kind)(hook)
+        model.learn(128)
+        assert calls[0] > 0, library.__name__
+        assert all(torch.equal(b, p) for b, p in zip(before, params, strict=True)), library.__name__
+
+
 def test_a_subclass_overriding_collect_rollouts_with_sb3s_signature():
     """SB3's collect_rollouts signatures, which a subclass's override passes on: PPO's (env, callback,
     rollout_buffer, n_rollout_steps) -> bool and SAC's (env, callback, train_freq, replay_buffer, action_noise,

@@ -233,13 +233,20 @@ def _has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
 _MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
-def has_module_hooks(*modules: torch.nn.Module) -> bool:
-    """Whether a forward or backward hook is registered on a submodule of ``modules`` (or on every module): the
-    hand-written passes, which call no module, would skip it, so training takes the modules' own then."""
+_TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+
+def has_hooks(*modules: torch.nn.Module) -> bool:
+    """Whether a forward or backward hook is registered on a submodule of ``modules`` (or on every module), or a
+    gradient hook on one of their parameters (``p.register_hook``: a gradient clipped or masked, wandb's
+    ``watch``): the hand-written passes, which call no module and write the gradients themselves, would skip it,
+    so training takes the modules' own then, through autograd."""
     global_hooks = (getattr(_module_module, "_global" + name, None) for name in _MODULE_HOOKS)
     if any(global_hooks):
         return True
-    return any(getattr(m, name, None) for module in modules for m in module.modules() for name in _MODULE_HOOKS)
+    if any(getattr(m, name, None) for module in modules for m in module.modules() for name in _MODULE_HOOKS):
+        return True
+    return any(getattr(p, name, None) for module in modules for p in module.parameters() for name in _TENSOR_HOOKS)
 
 
 FLUSH_DENORMALS = True

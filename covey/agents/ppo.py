@@ -15,7 +15,7 @@ from covey.agents.base import (
     BaseAgent,
     PolicyAliases,
     Schedule,
-    has_module_hooks,
+    has_hooks,
     merge_parameter_groups,
     require,
     require_numbers,
@@ -764,7 +764,7 @@ class PPO(BaseAgent):
             and ManualPPOUpdate.applies(self.actor, self.critic, params)
         ):
             self._manual = ManualPPOUpdate(self.actor, self.critic)
-        self._hooked = False  # a module hook registered: the hand-written passes stand aside (collect_rollouts)
+        self._hooked = False  # a module or gradient hook: the hand-written passes stand aside (collect_rollouts)
         self._numpy_acting: NumpyActing | None = None
         if self.numpy_acting and NumpyActing.applies(self.actor, self._manual):
             self._numpy_acting = NumpyActing(self.actor, self._manual.policy_net)
@@ -873,7 +873,7 @@ class PPO(BaseAgent):
         acted: list[tuple[torch.Tensor, torch.Tensor]] = []  # (critic's raw output, log-prob) per step
         new_obs = self._last_obs
         trainer = self._sb3_trainer  # a user's SB3 policy class acts and gives values through it
-        self._hooked = trainer is None and has_module_hooks(actor, self.critic)
+        self._hooked = trainer is None and has_hooks(actor, self.critic)
         numpy_acting = None if self._hooked else self._numpy_acting
         for n_steps in range(n_rollout_steps):
             if use_sde and sde_sample_freq > 0 and n_steps % sde_sample_freq == 0:
@@ -1033,7 +1033,7 @@ class PPO(BaseAgent):
         clip_range = self.clip_range(progress)
         clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
         self._set_training_mode(True)
-        if self._manual is not None and not has_module_hooks(self.actor, self.critic):
+        if self._manual is not None and not has_hooks(self.actor, self.critic):
             early_stop = _print_early_stop if self.verbose >= 1 else None
             means, epochs = self._manual.train(self.rollout_buffer, self.optimizer, cfg, clip_range, early_stop)
             self._n_updates += epochs

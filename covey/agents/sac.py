@@ -26,7 +26,7 @@ from covey.agents.base import (
     FlatParameters,
     PolicyAliases,
     Schedule,
-    has_module_hooks,
+    has_hooks,
     merge_parameter_groups,
     require,
     require_numbers,
@@ -1037,7 +1037,7 @@ class SAC(BaseAgent):
         set_train_mode(self.critic_target, False)
         history: dict[str, list[torch.Tensor]] = {}
         self._q_and_targets = []
-        manual = None if has_module_hooks(self.actor, self.critic, self.critic_target) else self._manual
+        manual = None if has_hooks(self.actor, self.critic, self.critic_target) else self._manual
         if manual is not None:
             manual.bind()
         vec_normalize = self.get_vec_normalize_env()
