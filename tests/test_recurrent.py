@@ -128,6 +128,15 @@ def test_predict_follows_sb3_contrib(tmp_path):
     # batched: one memory per row
     actions, batched = model.predict(np.stack([obs, obs, obs]))
     assert actions.shape == (3,) and batched[0].shape == (1, 3, 8)
+    # sb3-contrib's way to a fresh state for 3 envs, from the policy's lstm_hidden_state_shape: a zero state is
+    # a fresh memory, as None is
+    layers, _, hidden = model.policy.lstm_hidden_state_shape
+    zeros = tuple(np.zeros((layers, 3, hidden), np.float32) for _ in state)
+    assert (layers, hidden) == (1, 8)
+    _, from_zeros = model.predict(np.stack([obs, obs, obs]), state=zeros)
+    for a, b in zip(from_zeros, batched, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert not hasattr(PPO("MlpPolicy", RememberCueEnv()).policy, "lstm_hidden_state_shape")  # not recurrent
     with pytest.raises(ValueError, match=r"shape \(1, 3, 8\)"):
         model.predict(np.stack([obs, obs, obs]), state=state)
     # episode_start as a column (n, 1), which sb3-contrib flattens: the same resets as the flat array

@@ -328,6 +328,14 @@ class _PolicyBase(nn.Module):
                 p.copy_(values[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
 
+    @property
+    def lstm_hidden_state_shape(self) -> tuple[int, int, int]:
+        """sb3-contrib's: the shape of one env's memory state, ``(layers, 1, hidden size)``, from which scripts
+        build a fresh state for ``predict`` (``np.zeros((layers, n_envs, hidden))``, one per state tensor)."""
+        if self.actor.memory is None:  # not recurrent: no such attribute, as in SB3
+            raise AttributeError("lstm_hidden_state_shape")
+        return (1, 1, self.actor.memory.hidden_size)
+
     def _no_memory(self, method: str) -> None:
         if self.actor.memory is not None:
             raise NotImplementedError(
