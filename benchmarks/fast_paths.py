@@ -235,6 +235,14 @@ def ppo_on(agent: type, n_envs: int, env_id: str = "CartPole-v1", **kwargs):
     return agent("MlpPolicy", make_vec_env(env_id, n_envs, seed=0), seed=0, device="cpu", **kwargs)
 
 
+def with_rollout(model):
+    """An on-policy ``model``, covey's or SB3's (the same calls), with one rollout collected into its buffer
+    (values, log-probs, advantages: what its ``train`` reads)."""
+    _, callback = model._setup_learn(10**9, None, True, "ablation", False)
+    model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
+    return model
+
+
 def collected_ppo(n_envs: int, manual: bool, env_id: str = "CartPole-v1", **kwargs) -> PPO:
     """A PPO model with one rollout collected (values, log-probs, advantages in its buffer)."""
     previous = PPO.manual_gradients
@@ -243,9 +251,7 @@ def collected_ppo(n_envs: int, manual: bool, env_id: str = "CartPole-v1", **kwar
         model = ppo_on(PPO, n_envs, env_id, **kwargs)
     finally:
         PPO.manual_gradients = previous
-    _, callback = model._setup_learn(10**9, None, True, "ablation", False)
-    model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
-    return model
+    return with_rollout(model)
 
 
 def autograd_minibatch(model: PPO, flat_step: bool) -> Callable[[], None]:

@@ -35,6 +35,7 @@ from benchmarks.fast_paths import (
     ppo_on,
     sac_model,
     sac_on_pendulum,
+    with_rollout,
 )
 from benchmarks.poca_vs_supersuit import make_supersuit_ppo
 
@@ -64,22 +65,15 @@ def per_thread_count(
     return [seconds * 1e6 for seconds in best]
 
 
-def sb3_with_rollout(model):
-    """An SB3 on-policy ``model`` with one rollout collected into its buffer (what its ``train`` reads)."""
-    _, callback = model._setup_learn(10**9, None, True, "threads", False)
-    model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
-    return model
-
-
 def updates() -> list[tuple[str, int, Callable[[], object], Callable[[], object]]]:
     """``(update, calls per round at scale 1, covey's update, SB3's update)`` per row."""
     n_envs, settings = PPO_SETTINGS["8 envs (batch 256)"]
     covey_ppo = collected_ppo(n_envs, True, **settings)
-    sb3_ppo = sb3_with_rollout(ppo_on(SB3PPO, n_envs, **settings))
+    sb3_ppo = with_rollout(ppo_on(SB3PPO, n_envs, **settings))
     covey_sac = sac_model(timesteps=400)
     sb3_sac = sac_on_pendulum(SB3SAC).learn(400)
     covey_poca = collected_poca()
-    sb3_poca = sb3_with_rollout(make_supersuit_ppo(0))
+    sb3_poca = with_rollout(make_supersuit_ppo(0))
     return [
         (
             "PPO CartPole, 8 envs, RL-Zoo settings: an update (20 minibatches of 256)",
