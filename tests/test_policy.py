@@ -200,6 +200,41 @@ def test_ppo_acts_and_trains_from_parameters_whose_data_was_replaced():
     torch.testing.assert_close(model.actor.head.proj.bias.detach(), bias, rtol=0, atol=0)  # lr 0: Adam kept it
 
 
+@pytest.mark.parametrize("when", ["rollout_start", "step"])
+def test_ppo_acts_from_parameters_a_callback_replaced_during_the_rollout(when):
+    """A callback that replaces the parameters' ``.data`` (``vector_to_parameters``) at the start of a rollout or
+    between its steps: the steps after it act with the new values, as SB3's PPO does, and the rollout's
+    log-probabilities are the new policy's."""
+    switch_at = 0 if when == "rollout_start" else 10
+
+    class ForceAction2(BaseCallback):
+        def replace(self) -> None:
+            with torch.no_grad():
+                new = [p.clone() for p in self.model.policy.parameters()]
+                for p, q in zip(self.model.policy.parameters(), new):
+                    if p is self.model.actor.head.proj.bias:
+                        q[:] = torch.tensor([-50.0, -50.0, 50.0])  # action 2 for any observation
+            torch.nn.utils.vector_to_parameters(torch.cat([q.reshape(-1) for q in new]), self.model.policy.parameters())
+
+        def _on_rollout_start(self) -> None:
+            if when == "rollout_start":
+                self.replace()
+
+        def _on_step(self) -> bool:
+            if when == "step" and self.n_calls == switch_at:
+                self.replace()
+            return True
+
+    model = PPO("MlpPolicy", SpaceEnv(BOX_OBS, ACTION_SPACES["discrete"]), **{**FAST, "learning_rate": 0.0})
+    assert model._numpy_acting is not None
+    model.learn(32, callback=ForceAction2())
+    actions = model.rollout_buffer.actions.reshape(-1)
+    assert (actions[switch_at:] == 2).all()
+    if switch_at:
+        assert not (actions[:switch_at] == 2).all()  # the steps before it acted with the old values
+    np.testing.assert_allclose(model.rollout_buffer.log_probs.reshape(-1)[switch_at:], 0.0, atol=1e-6)
+
+
 def test_sac_target_critics_follow_critics_whose_data_was_replaced():
     """The Polyak update runs over the target critics' flat buffer: after their ``.data`` is replaced, the next
     ``learn`` takes the new values back into it, so the update moves the target critics themselves."""

@@ -336,6 +336,15 @@ class FlatParameters:
         if self.with_grad:
             self.data.grad = self.grad
 
+    def take_back_replaced(self) -> None:
+        """The data half of :meth:`relink`, cheap enough to run between env steps (about 2 us for PPO's 12
+        parameters): take back each parameter whose ``.data`` was replaced."""
+        if not hasattr(self, "_links"):
+            self.relink()
+        for p, slot, _ in self._links:
+            if p.data_ptr() != slot.data_ptr():
+                self._take_back(p, slot)
+
     @staticmethod
     def _take_back(p: torch.Tensor, slot: torch.Tensor) -> None:
         if p.shape != slot.shape or p.dtype != slot.dtype or p.device != slot.device:
@@ -807,6 +816,16 @@ class BaseAgent:
         self._logger = logger
         self._custom_logger = True
 
+    @staticmethod
+    def _runs_user_code(callback: BaseCallback) -> bool:
+        """Whether ``callback`` (as :meth:`_init_callback` made it) calls code of the user's: not for no callback,
+        or only SB3's progress bar."""
+        if isinstance(callback, CallbackList):
+            return any(map(BaseAgent._runs_user_code, callback.callbacks))
+        if isinstance(callback, ConvertCallback):
+            return callback.callback is not None
+        return not isinstance(callback, ProgressBarCallback)
+
     def _init_callback(self, callback: Any, progress_bar: bool) -> BaseCallback:
         given = callback if isinstance(callback, (list, tuple)) else [callback]
         wrong = [c for c in given if not (c is None or isinstance(c, BaseCallback) or callable(c))]
@@ -1093,6 +1112,13 @@ class BaseAgent:
         """The flat buffers the model's parameters live in (:class:`FlatParameters`)."""
         flats = (getattr(optimizer, "flat_parameters", None) for optimizer in self._optimizers().values())
         return [flat for flat in flats if flat is not None]
+
+    def _take_back_replaced_parameters(self) -> None:
+        """:meth:`FlatParameters.take_back_replaced` for every buffer: between env steps, after a callback that
+        may have replaced a parameter's ``.data`` (``vector_to_parameters``), so the rest of the rollout acts with
+        the new values, as SB3's does."""
+        for flat in self._flat_parameters():
+            flat.take_back_replaced()
 
     def _relink_parameters(self) -> None:
         """:meth:`FlatParameters.relink` for every buffer: before the first rollout of ``learn`` and before every

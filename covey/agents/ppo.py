@@ -869,6 +869,9 @@ class PPO(BaseAgent):
         if use_sde:  # as SB3: exploration matrices for the rollout (one per env)
             self._reset_noise(env.num_envs)
         callback.on_rollout_start()
+        self._relink_parameters()  # a callback's vector_to_parameters or p.data = ... acts from this step
+        # and, where a callback of the user's runs between steps, from the next step
+        take_back = self._take_back_replaced_parameters if self._runs_user_code(callback) else None
         truncations: list[tuple[int, int, Any]] = []
         acted: list[tuple[torch.Tensor, torch.Tensor]] = []  # (critic's raw output, log-prob) per step
         new_obs = self._last_obs
@@ -901,6 +904,8 @@ class PPO(BaseAgent):
                     lstm_states = RNNStates(self.recurrent.actor_state)
                 callback.update_locals(locals())
                 stopped = not callback.on_step()
+                if take_back is not None:
+                    take_back()
             finally:  # a callback's stop, or an env's or a callback's exception or an interrupt (then raised)
                 if stopped and self.recurrent is not None:  # memories as after the steps stored (this one is redone)
                     self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
