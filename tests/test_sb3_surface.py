@@ -2105,6 +2105,30 @@ def test_module_hooks_are_honoured_in_training(name):
 
 
 @pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_forward_hooks_record_a_layers_output_before_its_relu(name):
+    """Recording activations (a forward hook that keeps a Linear's output, as SB3 users do for analysis) keeps
+    the layer's own output: the ReLU after it is not in place, so it does not overwrite the recorded tensor with
+    its clamped values."""
+    import covey
+
+    if name == "PPO":
+        model = covey.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(activation_fn=torch.nn.ReLU), **FAST)
+        layer, obs = model.policy.mlp_extractor.policy_net[0], torch.randn(64, 4)
+        run = model.policy.get_distribution
+    else:
+        model = covey.SAC("MlpPolicy", "Pendulum-v1", seed=0)
+        layer, obs = model.actor.latent_pi[0], torch.randn(64, 3)
+        run = model.actor
+    recorded = []
+    layer.register_forward_hook(lambda module, inputs, output: recorded.append(output))
+    with torch.no_grad():
+        run(obs)
+        expected = torch.nn.functional.linear(obs, layer.weight, layer.bias)
+    assert len(recorded) == 1 and (expected < 0).any()
+    torch.testing.assert_close(recorded[0], expected)
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
 @pytest.mark.parametrize("kind", ["register_hook", "register_post_accumulate_grad_hook"])
 def test_gradient_hooks_on_parameters_act_in_training_as_in_sb3(name, kind):
     """A gradient hook on a parameter (clipping or masking a gradient, wandb's watch counting them) acts in

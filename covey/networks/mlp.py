@@ -20,8 +20,8 @@ def mlp(in_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tan
     layers: list[nn.Module] = []
     width = in_dim
     for size in hidden:
-        # ReLU may overwrite the Linear output it follows (autograd needs only its own output): one tensor fewer.
-        layers += [Linear(width, int(size)), nn.ReLU(inplace=True) if activation is nn.ReLU else activation()]
+        # Not ReLU(inplace=True): a forward hook on the Linear before it would find its output overwritten.
+        layers += [Linear(width, int(size)), activation()]
         width = int(size)
     net = nn.Sequential(*layers)
     net.out_dim = width
