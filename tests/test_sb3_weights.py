@@ -255,6 +255,25 @@ def test_mlp_policy_weights_on_channel_last_images_copy(name, action_space, kwar
                 torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("lib", [stable_baselines3, covey])
+def test_parameters_that_do_not_fit_raise_what_sb3s_raise(lib):
+    """A state dict of other widths in set_parameters and a vector too short for load_from_vector raise a
+    RuntimeError in SB3 (torch's), and one in covey too, so a script's ``except RuntimeError`` catches covey's
+    clearer error (a ValueError as well)."""
+    other = stable_baselines3.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[32]))
+    model = lib.PPO("MlpPolicy", "CartPole-v1")
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        model.set_parameters({"policy": other.policy.state_dict()}, exact_match=False)
+    vector = model.policy.parameters_to_vector()
+    with pytest.raises(RuntimeError):
+        model.policy.load_from_vector(vector[:-1])
+    if lib is covey:
+        with pytest.raises(ValueError, match=r"Parameters for 'policy' do not fit this model"):
+            model.set_parameters({"policy": other.policy.state_dict()}, exact_match=False)
+        with pytest.raises(ValueError, match=r"this policy has \d+ parameters"):
+            model.policy.load_from_vector(vector[:-1])
+
+
 def test_what_cannot_be_copied_is_refused_clearly():
     sb3_model = stable_baselines3.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[32]))
     model = covey.PPO("MlpPolicy", "CartPole-v1")

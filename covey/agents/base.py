@@ -46,6 +46,7 @@ from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
 from covey.networks.encoders import FlattenEncoder
+from covey.networks.policies import ParameterMismatchError
 from covey.networks.sb3_names import move_optimizer_state, to_sb3
 from covey.spaces import (
     channels_last,
@@ -1367,7 +1368,7 @@ class BaseAgent:
                 try:
                     target.load_state_dict(state, strict=exact_match)
                 except RuntimeError as err:
-                    raise ValueError(f"Parameters for {name!r} do not fit this model: {err}") from err
+                    raise ParameterMismatchError(f"Parameters for {name!r} do not fit this model: {err}") from err
             else:
                 target.load_state_dict(state)
 

@@ -38,6 +38,12 @@ from covey.networks.encoders import sb3_extractor
 from covey.networks.obs import ObsTensor
 
 
+class ParameterMismatchError(ValueError, RuntimeError):
+    """Parameters that do not fit the model's (``set_parameters``, ``load_from_vector``). A ValueError, and a
+    RuntimeError as torch's ``load_state_dict`` and ``vector_to_parameters`` raise under SB3's calls, so a script
+    that catches either catches it."""
+
+
 class ActionDistribution:
     """The action distribution of a batch of observations, with the methods of SB3's ``Distribution``.
 
@@ -320,7 +326,9 @@ class _PolicyBase(nn.Module):
         vector = np.asarray(vector)
         size = sum(p.numel() for p in self.parameters())
         if vector.shape != (size,):
-            raise ValueError(f"The vector has shape {vector.shape}; this policy has {size} parameters: ({size},).")
+            raise ParameterMismatchError(
+                f"The vector has shape {vector.shape}; this policy has {size} parameters: ({size},)."
+            )
         with torch.no_grad():  # in place: the parameters stay views of the optimizers' flat buffers
             values = torch.as_tensor(vector, dtype=torch.float32, device=self.device)
             offset = 0
