@@ -550,6 +550,32 @@ def test_sb3_older_sac_onnx_recipe_latent_pi_then_mu(tmp_path, use_sde):
     assert not hasattr(PPO("MlpPolicy", "Pendulum-v1").actor, "mu")  # SB3's PPO has none either
 
 
+@pytest.mark.parametrize("use_sde", [False, True])
+def test_sac_actor_mu_and_log_std_layers_are_sb3s(use_sde):
+    """SB3's SAC ``actor.mu`` (and, without gSDE, ``actor.log_std``) are layers with a weight and a bias: covey's
+    are the same values as SB3's model of the same weights, views of covey's one head layer, so SB3 users'
+    ``nn.init`` of the mean layer reaches the actor. With gSDE ``actor.log_std`` is the exploration matrix."""
+    model = SAC("MlpPolicy", "Pendulum-v1", use_sde=use_sde, learning_starts=10, seed=0).learn(20)
+    theirs = model.to_sb3_model()
+    their_mu = theirs.actor.mu[0] if use_sde else theirs.actor.mu  # with gSDE, SB3's: Linear then Hardtanh
+    for name in ("weight", "bias"):
+        torch.testing.assert_close(getattr(model.actor.mu, name), getattr(their_mu, name))
+    obs = torch.as_tensor(np.random.default_rng(6).uniform(-8, 8, (5, 3)).astype(np.float32))
+    if use_sde:
+        torch.testing.assert_close(model.actor.log_std.detach(), theirs.actor.log_std.detach())
+    else:
+        for name in ("weight", "bias"):
+            torch.testing.assert_close(getattr(model.actor.log_std, name), getattr(theirs.actor.log_std, name))
+        with torch.no_grad():
+            latent = model.actor.latent_pi(obs)
+            torch.testing.assert_close(model.actor.log_std(latent), theirs.actor.log_std(latent))
+    with torch.no_grad():
+        torch.nn.init.zeros_(model.actor.mu.weight)
+        torch.nn.init.constant_(model.actor.mu.bias, 0.5)
+        mean = model.actor.get_action_dist_params(obs)[0]
+    torch.testing.assert_close(mean, torch.full_like(mean, 0.5))
+
+
 def test_sb3_policy_save_and_load_recipe(tmp_path):
     """SB3's "save the policy independently from the model" example with covey's names: policy.save, then
     MlpPolicy.load gives a policy that predicts as the trained one and scores the same in evaluate_policy."""

@@ -288,15 +288,43 @@ class SB3FeatureNames:
         return int(self.encoder.out_dim)
 
 
-class _MeanLayer(nn.Module):
+class _HeadRows(nn.Module):
+    """Rows of a SAC head's output layer as SB3's layer of them (:attr:`Actor.mu`, :attr:`Actor.log_std`): its
+    ``weight`` and ``bias`` are views of the head's, so reading them, or an in-place edit or ``nn.init`` of them,
+    reaches the head (a gradient is the head's, in its own ``.grad``)."""
+
+    def __init__(self, head: nn.Module, rows: slice) -> None:
+        super().__init__()
+        self.head, self.rows = head, rows
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.head.proj.weight[self.rows]
+
+    @property
+    def bias(self) -> torch.Tensor:
+        return self.head.proj.bias[self.rows]
+
+
+class _MeanLayer(_HeadRows):
     """The mean of a squashed Gaussian head's output, from the latent features (:attr:`Actor.mu`)."""
 
     def __init__(self, head: nn.Module) -> None:
-        super().__init__()
-        self.head = head
+        super().__init__(head, slice(0, head.action_dim))
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
         return self.head._split(self.head(latent))[0]
+
+
+class _LogStdLayer(_HeadRows):
+    """SB3 SAC actor's ``log_std`` layer (without gSDE): the log-std part of the head's output, before the clamp
+    that ``get_action_dist_params`` applies."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__(head, slice(head.action_dim, 2 * head.action_dim))
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(latent, self.weight, self.bias)
 
 
 class Actor(SB3FeatureNames, nn.Module):
@@ -339,8 +367,12 @@ class Actor(SB3FeatureNames, nn.Module):
         return next(self.parameters()).device
 
     @property
-    def log_std(self) -> torch.nn.Parameter | None:
-        """The state-independent log-std of a Gaussian policy (SB3's ``policy.log_std``), else None."""
+    def log_std(self) -> torch.nn.Module | None:
+        """The state-independent log-std of a Gaussian policy (SB3's ``policy.log_std``; gSDE's exploration
+        matrix); for SAC without gSDE, SB3's ``actor.log_std`` layer (made on each access, as :attr:`mu`); else
+        None."""
+        if self.squashed and not hasattr(self.head, "log_std"):
+            return _LogStdLayer(self.head)
         return getattr(self.head, "log_std", None)
 
     def distribution_params(self, obs: ObsTensor) -> torch.Tensor:
