@@ -304,7 +304,9 @@ def test_a_schedule_written_as_a_function_is_named_and_can_be_passed_again(tmp_p
         warnings.simplefilter("error")  # passed again: nothing left unread, no warning
         # on the CPU: on a GPU, PPO with an MlpPolicy warns that the CPU is faster
         again = PPO.load(tmp_path / "m.zip", custom_objects={"learning_rate": schedule}, device="cpu")
-    assert again.learning_rate is schedule
+        # or as load's keyword argument (RL Zoo's --trained-agent): SB3 takes it, covey too, without a warning
+        kwarg = PPO.load(tmp_path / "m.zip", learning_rate=schedule, device="cpu")
+    assert again.learning_rate is schedule and kwarg.learning_rate is schedule
 
 
 def test_sb3s_schedule_objects_are_read(tmp_path):

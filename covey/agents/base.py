@@ -1547,11 +1547,12 @@ class BaseAgent:
                 f"The file holds a {agent} model; load it with covey.{agent}.load instead of {cls.__name__}.load."
             )
         custom_objects = dict(custom_objects or {})
-        unread = [key for key in settings.get("unread", []) if key not in custom_objects]
+        unread = [key for key in settings.get("unread", []) if key not in custom_objects and key not in kwargs]
         if unread:
             warn_user(
                 f"The Stable-Baselines3 file pickled {', '.join(unread)} (a function or a class), which covey never "
-                "unpickles: the model takes covey's defaults for them. Pass them in custom_objects to set them."
+                "unpickles: the model takes covey's defaults for them. Pass them in custom_objects (or as load's "
+                "keyword arguments) to set them."
             )
         hyper = dict(settings["hyperparameters"])
         stand_ins = {}  # schedules the file kept as a number only, and not given again
