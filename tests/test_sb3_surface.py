@@ -2226,3 +2226,26 @@ def test_verbose_output_says_how_the_env_was_wrapped_as_sb3s_does(capsys, given)
         printed.append(capsys.readouterr().out.splitlines())
     assert printed[0] == printed[1]
     assert ("Wrapping the env in a DummyVecEnv." in printed[1]) == (given != "vec env")
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_hyperparameters_are_in_vars_of_the_model_as_in_sb3(name):
+    """W&B's WandbCallback (and any tool reading ``vars(model)``) takes a model's settings from its ``__dict__``:
+    covey's, once ``learn`` starts, holds each hyperparameter SB3's does, with the same value, and an assignment
+    shows there too."""
+    import dataclasses
+
+    import stable_baselines3
+
+    import covey
+
+    kwargs = dict(n_steps=32, batch_size=32, gamma=0.95) if name == "PPO" else dict(learning_starts=8, tau=0.01)
+    env = "CartPole-v1" if name == "PPO" else "Pendulum-v1"
+    theirs = getattr(stable_baselines3, name)("MlpPolicy", env, seed=0, **kwargs).learn(32)
+    ours = getattr(covey, name)("MlpPolicy", env, seed=0, **kwargs).learn(32)
+    fields = {f.name for f in dataclasses.fields(ours.config)}
+    plain = {k: v for k, v in vars(theirs).items() if k in fields and isinstance(v, (bool, int, float, str))}
+    assert len(plain) >= 10, sorted(plain)
+    assert {k: vars(ours).get(k) for k in plain} == plain
+    ours.gamma = 0.5
+    assert vars(ours)["gamma"] == 0.5 == ours.gamma

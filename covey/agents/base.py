@@ -614,6 +614,18 @@ class BaseAgent:
             )
         checked = dataclasses.replace(self.config, **{name: value})  # the config's checks, e.g. of a range
         setattr(self.config, name, getattr(checked, name))
+        if name in self.__dict__:
+            self.__dict__[name] = getattr(self, name)
+
+    def _list_settings(self) -> None:
+        """Put each hyperparameter's value in the instance's ``__dict__`` too, where SB3's model keeps it, for
+        tools that read ``vars(model)``: W&B's ``WandbCallback`` makes its run's config from it when ``learn``
+        starts its callbacks. ``model.gamma`` still reads the config (a property goes before the instance's
+        ``__dict__``); these entries are what such tools see, written at each ``learn`` and each assignment."""
+        cls = type(self)
+        for field in dataclasses.fields(self.config):
+            if isinstance(getattr(cls, field.name, None), property):
+                self.__dict__[field.name] = getattr(self, field.name)
 
     def _setup_lr_schedule(self) -> None:
         """SB3's ``_setup_lr_schedule``: the learning rate in force becomes ``model.learning_rate`` (after
@@ -994,6 +1006,7 @@ class BaseAgent:
                 # leaves one more of them open per learn call
                 self._logger.close()
             self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
+        self._list_settings()
         return self._total_timesteps, self._init_callback(callback, progress_bar)
 
     def _learn_on_policy(
