@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from envs import SpaceEnv
+from envs import SpaceEnv, image_space
 from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
@@ -574,6 +574,23 @@ def test_sac_actor_mu_and_log_std_layers_are_sb3s(use_sde):
         torch.nn.init.constant_(model.actor.mu.bias, 0.5)
         mean = model.actor.get_action_dist_params(obs)[0]
     torch.testing.assert_close(mean, torch.full_like(mean, 0.5))
+
+
+@pytest.mark.parametrize("policy", ["MlpPolicy", "CnnPolicy"])
+def test_sac_actor_and_critic_extract_features_as_sb3s(policy):
+    """SB3's ``actor.extract_features(obs, actor.features_extractor)`` (and the critic's) give the features SB3's
+    model of the same weights gives, from the observations as SB3's policy takes them (pixels unscaled)."""
+    space = BOX_OBS if policy == "MlpPolicy" else image_space((3, 36, 36))
+    model = SAC(policy, SpaceEnv(space, ACTION_SPACES["box"]), buffer_size=100, seed=0)
+    theirs = model.to_sb3_model()
+    raw = np.stack([space.sample() for _ in range(4)])
+    ours_obs, their_obs = model.policy.obs_to_tensor(raw)[0], theirs.policy.obs_to_tensor(raw)[0]
+    with torch.no_grad():
+        for name in ("actor", "critic"):
+            net, their_net = getattr(model, name), getattr(theirs, name)
+            features = net.extract_features(ours_obs, net.features_extractor)
+            torch.testing.assert_close(features, their_net.extract_features(their_obs, their_net.features_extractor))
+            assert features.shape == (4, net.features_dim)
 
 
 def test_sb3_policy_save_and_load_recipe(tmp_path):

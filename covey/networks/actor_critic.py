@@ -287,6 +287,13 @@ class SB3FeatureNames:
     def features_dim(self) -> int:
         return int(self.encoder.out_dim)
 
+    def extract_features(self, obs: ObsTensor, features_extractor: nn.Module | None = None) -> torch.Tensor:
+        """SB3's ``extract_features(obs, features_extractor)``: observation tensors through this network's
+        encoder (which takes them as the env gives them, scaling pixels itself), or through the extractor given."""
+        if features_extractor is None or features_extractor is self.features_extractor:
+            return self.encoder(obs)
+        return features_extractor(obs)
+
 
 class _HeadRows(nn.Module):
     """Rows of a SAC head's output layer as SB3's layer of them (:attr:`Actor.mu`, :attr:`Actor.log_std`): its
