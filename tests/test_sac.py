@@ -2,6 +2,7 @@
 
 import csv
 import io
+import pathlib
 
 import gymnasium as gym
 import numpy as np
@@ -17,6 +18,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 from torch.distributions import Normal, TransformedDistribution
 from torch.distributions.transforms import TanhTransform
 
+import covey
 from covey import SAC
 from covey.agents.sac import (
     actor_loss,
@@ -420,6 +422,48 @@ def test_replay_buffer_files_are_named_and_placed_as_sb3_names_them(tmp_path):
         np.testing.assert_array_equal(fresh.replay_buffer.actions, model.replay_buffer.actions)
     with pytest.raises(FileNotFoundError):
         fresh.load_replay_buffer(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("n_envs", [1, 2])
+def test_a_replay_buffer_file_of_another_size_replaces_the_buffer_as_in_sb3(tmp_path, n_envs):
+    """SB3's load_replay_buffer replaces the model's buffer with the file's, whatever buffer_size the model was
+    built with: covey's gives the model a buffer of the file's size, filled from it, and training goes on. A
+    file of other spaces is refused, and the model keeps its buffer."""
+    import stable_baselines3
+    from stable_baselines3.common.env_util import make_vec_env
+
+    def env():
+        return make_vec_env("Pendulum-v1", n_envs=n_envs)
+
+    for lib in (stable_baselines3, covey):
+        source = lib.SAC("MlpPolicy", env(), buffer_size=400, learning_starts=20, seed=0).learn(40 * n_envs)
+        model = lib.SAC("MlpPolicy", env(), learning_starts=20, seed=0)  # SB3's default buffer_size: 1,000,000
+        if lib is covey:
+            source.save_replay_buffer(tmp_path / "buffer")
+            model.load_replay_buffer(tmp_path / "buffer")
+            np.testing.assert_array_equal(model.replay_buffer.actions, source.replay_buffer.actions)
+            assert model.buffer_size == 400 and model.replay_buffer.size() == 40 and not model.replay_buffer.full
+            kept = model.replay_buffer
+            with pytest.raises(ValueError, match="shape"):  # a file of another env's spaces
+                model.load_replay_buffer(make_cartpole_buffer(tmp_path, n_envs))
+            assert model.replay_buffer is kept and model.buffer_size == 400
+        else:
+            source.save_replay_buffer(tmp_path / "sb3_buffer")
+            model.load_replay_buffer(tmp_path / "sb3_buffer")
+        assert (model.replay_buffer.buffer_size, model.replay_buffer.size()) == (400 // n_envs, 40)
+        model.learn(10, reset_num_timesteps=False)
+        assert model.replay_buffer.size() == 40 + -(-10 // n_envs)
+
+
+def make_cartpole_buffer(tmp_path, n_envs: int) -> pathlib.Path:
+    """A replay buffer file of SAC on CartPole (other observations and actions than Pendulum's), of 100 rows."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    path = tmp_path / "cartpole_buffer.npz"
+    env = make_vec_env("CartPole-v1", n_envs=n_envs)
+    model = covey.SAC("MlpPolicy", env, buffer_size=100 * n_envs, learning_starts=10, seed=0)
+    model.learn(10).save_replay_buffer(path)
+    return path
 
 
 def test_an_sb3_replay_buffer_file_is_refused_without_being_unpickled(tmp_path):

@@ -35,7 +35,7 @@ from covey.agents.base import (
 from covey.agents.sb3_policy import sb3_policy_class
 from covey.buffers.finite import check_discrete_observations, check_finite
 from covey.buffers.her import HerReplayBuffer, goal_strategy
-from covey.buffers.replay import ReplayBatch, ReplayBuffer
+from covey.buffers.replay import ReplayBatch, ReplayBuffer, file_layout, read_buffer_file
 from covey.networks import linear
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks, policy_kwargs_dict
 from covey.networks.distributions import SquashedGaussianHead, SquashedStateDependentHead
@@ -844,9 +844,26 @@ class SAC(BaseAgent):
 
     def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
         """Fill the replay buffer from :meth:`save_replay_buffer`'s file (``path`` as given there, or the file).
-        With hindsight replay, ``truncate_last_traj`` ends the episodes the file left running, as SB3 does (and
-        warns where there are some)."""
-        self.replay_buffer.load(path)
+        A file of another ``buffer_size`` (or ``optimize_memory_usage``) gives the model a buffer of the file's, as
+        SB3's load replaces the buffer with the file's (``model.buffer_size`` follows it). With hindsight replay,
+        ``truncate_last_traj`` ends the episodes the file left running, as SB3 does (and warns where there are
+        some)."""
+        path, data = read_buffer_file(path)
+        capacity, n_envs, optimize = file_layout(data)
+        buffer = self.replay_buffer
+        if n_envs == buffer.n_envs and (capacity, optimize) != (buffer.capacity, buffer.optimize_memory_usage):
+            cfg, kept = self.config, (self.config.buffer_size, self.config.optimize_memory_usage)
+            cfg.buffer_size, cfg.optimize_memory_usage = capacity * n_envs, optimize  # the file's rows of n_envs
+            try:
+                self._setup_replay_buffer()
+                self.replay_buffer.fill(path, data)
+            except BaseException:  # a file of other spaces: the model keeps its buffer
+                self.replay_buffer = buffer
+                cfg.buffer_size, cfg.optimize_memory_usage = kept
+                raise
+            self._list_settings()
+        else:
+            buffer.fill(path, data)
         if truncate_last_traj and isinstance(self.replay_buffer, HerReplayBuffer):
             if self.replay_buffer.truncate_last_trajectory():
                 warn_user(

@@ -387,11 +387,10 @@ class ReplayBuffer:
     def load(self, path: str | os.PathLike) -> None:
         """Fill this buffer from a file written by :meth:`save` (shapes must match). A path without a suffix
         that names no file is read with ``.pkl`` added, as :meth:`save` names it."""
-        if isinstance(path, (str, os.PathLike)):
-            path = pathlib.Path(path)
-            if not path.exists() and path.suffix == "" and buffer_path(path).exists():
-                path = buffer_path(path)
-        data = _read_arrays(path)  # every array read (and its checksum checked) before any is written
+        self.fill(*read_buffer_file(path))
+
+    def fill(self, path: Any, data: dict[str, np.ndarray]) -> None:
+        """Fill this buffer from the arrays of its file at ``path`` (:func:`read_buffer_file`)."""
         capacity, n_envs, pos, full, optimize = (int(x) for x in data["meta"])
         if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):
             raise ValueError(
@@ -443,6 +442,22 @@ class ReplayBuffer:
 
     def _load_extra(self, data) -> None:
         """Read back what :meth:`_extra_arrays` saved."""
+
+
+def read_buffer_file(path: Any) -> tuple[Any, dict[str, np.ndarray]]:
+    """The path (``.pkl`` added to one without a suffix that names no file, as :meth:`ReplayBuffer.save` names it)
+    and every array of a replay buffer file, each read and its checksum checked before a buffer changes."""
+    if isinstance(path, (str, os.PathLike)):
+        path = pathlib.Path(path)
+        if not path.exists() and path.suffix == "" and buffer_path(path).exists():
+            path = buffer_path(path)
+    return path, _read_arrays(path)
+
+
+def file_layout(data: dict[str, np.ndarray]) -> tuple[int, int, bool]:
+    """``(capacity, n_envs, optimize_memory_usage)`` of the buffer whose file's arrays are ``data``."""
+    capacity, n_envs, _, _, optimize = (int(x) for x in data["meta"])
+    return capacity, n_envs, bool(optimize)
 
 
 def _read_arrays(path: Any) -> dict[str, np.ndarray]:
