@@ -649,6 +649,11 @@ def test_learn_returns_self_and_counts_env_and_agent_steps():
     model.learn(32)
     assert model.num_timesteps == 32
     assert model.agent_steps == int(model.rollout_buffer.present.sum())
+    # A learn that fails its checks changes neither count.
+    counts = model.num_timesteps, model.agent_steps
+    with pytest.raises(ValueError, match="total_timesteps"):
+        model.learn(-1)
+    assert (model.num_timesteps, model.agent_steps) == counts
 
 
 def test_predict_dict_subset_and_array(learned):

@@ -449,11 +449,15 @@ class POCA(BaseAgent):
         progress_bar: bool = False,
     ) -> POCA:
         """Collect group rollouts and update until ``total_timesteps`` env steps (all copies); returns self."""
-        if reset_num_timesteps:
-            self.agent_steps = 0
         return self._learn_on_policy(
             total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar
         )
+
+    def _setup_learn(self, total_timesteps: int, callback: Any, reset_num_timesteps: bool, *args: Any) -> Any:
+        setup = super()._setup_learn(total_timesteps, callback, reset_num_timesteps, *args)
+        if reset_num_timesteps:  # with num_timesteps, once learn's checks passed (a failed learn changes no count)
+            self.agent_steps = 0
+        return setup
 
     def collect_rollouts(self, env: GroupVecEnv, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
         """Fill the group buffer with ``n_rollout_steps`` steps of every copy (the model's env, buffer and
