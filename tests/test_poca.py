@@ -1443,3 +1443,46 @@ def test_parameters_a_user_froze_stay_put_and_the_rest_trains():
     for name, p in params.items():
         assert torch.equal(p, before[name]) == (name in frozen), name
         assert p.requires_grad == (name not in frozen), name
+
+
+def test_target_kl_stops_the_update_as_in_sb3s_ppo(monkeypatch, capsys):
+    """SB3 PPO's target_kl: once a minibatch's approximate KL exceeds 1.5 * target_kl, that minibatch is not
+    stepped and the update ends (verbose=1 says so as SB3 does). The first minibatch of an update, from the
+    rollout's own policy, has a KL of 0, so a tiny target_kl leaves exactly one step per update."""
+    steps = []
+
+    def counted(self, loss, max_grad_norm):
+        steps.append(self._n_updates)
+        return original(self, loss, max_grad_norm)
+
+    original = POCA._optimizer_step
+    monkeypatch.setattr(POCA, "_optimizer_step", counted)
+    kwargs = dict(n_envs=2, n_steps=32, batch_size=16, n_epochs=3, learning_rate=1e-2, seed=0)
+    POCA("MlpPolicy", EarlyExitEnv, **kwargs).learn(64)
+    assert len(steps) == 3 * 4  # 3 epochs of 4 minibatches
+    steps.clear()
+    model = POCA("MlpPolicy", EarlyExitEnv, target_kl=1e-9, verbose=1, **kwargs).learn(64)
+    assert len(steps) == 1 and model._n_updates == 1
+    assert re.search(r"Early stopping at step 0 due to reaching max kl: \d", capsys.readouterr().out)
+    assert model.target_kl == 1e-9
+    with pytest.raises(ValueError, match=r"target_kl=-1.0 is invalid: it must be None or > 0"):
+        POCA("MlpPolicy", EarlyExitEnv, target_kl=-1.0)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        dict(clip_range_vf=0.2),
+        dict(use_sde=True),
+        dict(sde_sample_freq=4),
+        dict(rollout_buffer_class=object),
+        dict(rollout_buffer_kwargs=dict(gamma=0.9)),
+    ],
+    ids=lambda setting: next(iter(setting)),
+)
+def test_sb3_ppo_settings_that_poca_lacks_are_named(setting):
+    """A PPO script moved to POCA with one of SB3 PPO's settings POCA has no counterpart for gets an error that
+    names it and why, not a bare TypeError."""
+    (name,) = setting
+    with pytest.raises(ValueError, match=rf"POCA does not take {name}, SB3 PPO's setting: .*Remove {name}\."):
+        POCA("MlpPolicy", EarlyExitEnv, **setting)

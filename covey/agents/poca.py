@@ -12,7 +12,7 @@ from gymnasium import spaces
 from stable_baselines3.common.utils import explained_variance
 
 from covey.agents.base import BaseAgent, Schedule, warn_batch_size
-from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, sb3_train_log, value_loss
+from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, print_early_stop, sb3_train_log, value_loss
 from covey.agents.recurrent import GroupRecurrentRollout
 from covey.buffers.finite import check_finite
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
@@ -105,6 +105,12 @@ class POCA(BaseAgent):
         baseline_coef: float = 0.5,
         max_grad_norm: float = 0.5,
         groupmate_rewards: bool = False,
+        target_kl: float | None = None,
+        clip_range_vf: Schedule | None = None,
+        use_sde: bool = False,
+        sde_sample_freq: int = -1,
+        rollout_buffer_class: Any = None,
+        rollout_buffer_kwargs: dict | None = None,
         stats_window_size: int = 100,
         tensorboard_log: str | None = None,
         policy_kwargs: dict | None = None,
@@ -127,8 +133,10 @@ class POCA(BaseAgent):
             baseline_coef=baseline_coef,
             max_grad_norm=max_grad_norm,
             groupmate_rewards=groupmate_rewards,
+            target_kl=target_kl,
             stats_window_size=stats_window_size,
         )
+        refuse_ppo_only_settings(clip_range_vf, use_sde, sde_sample_freq, rollout_buffer_class, rollout_buffer_kwargs)
         kwargs = policy_kwargs_dict(policy_kwargs)
         self.attention_width = kwargs.pop("attention_width", DEFAULT_ATTENTION_WIDTH)
         self.attention_heads = kwargs.pop("attention_heads", 4)
@@ -608,7 +616,8 @@ class POCA(BaseAgent):
         ema = self.critic_ema.model if self.critic_ema is not None else None
         ema_coef = self.policy_config.critic_ema_coef
         last_epoch = 0  # the index in history of the last epoch's first minibatch
-        for _ in range(cfg.n_epochs):
+        continue_training = True
+        for epoch in range(cfg.n_epochs):
             last_epoch = len(history)
             if self.recurrent is not None:
                 batches = (
@@ -627,9 +636,16 @@ class POCA(BaseAgent):
                 loss, stats = poca_objective(
                     log_prob, entropy, raw_value, raw_baseline, head, batch, clip_range, cfg, ema_raw, ema_coef
                 )
-                self._optimizer_step(loss, cfg.max_grad_norm)
                 history.append(stats)
+                if cfg.target_kl is not None and stats["approx_kl"].item() > 1.5 * cfg.target_kl:
+                    continue_training = False  # as SB3's PPO: this minibatch is not stepped, the update ends
+                    if self.verbose >= 1:
+                        print_early_stop(epoch, stats["approx_kl"].item())
+                    break
+                self._optimizer_step(loss, cfg.max_grad_norm)
             self._n_updates += 1
+            if not continue_training:
+                break
         for key, value in sb3_train_log(history, last_epoch).items():  # reduced as SB3's PPO logs them
             self.logger.record(f"train/{key}", value)
         buf = self.rollout_buffer
@@ -659,6 +675,36 @@ class POCA(BaseAgent):
                 "rollout/ep_rew_agent_mean", float(np.mean([ep["r_agent"] for ep in self.ep_info_buffer]))
             )
         self.logger.record("time/agent_steps", self.agent_steps)
+
+
+def refuse_ppo_only_settings(
+    clip_range_vf: Any, use_sde: Any, sde_sample_freq: Any, rollout_buffer_class: Any, rollout_buffer_kwargs: Any
+) -> None:
+    """SB3 PPO's arguments that POCA has no counterpart for, given other than their defaults: an error that says
+    why, where a PPO script moved to POCA would otherwise meet a bare TypeError."""
+    given = {
+        "clip_range_vf": (
+            clip_range_vf is not None,
+            "a scalar critic's value and baseline losses are clipped around the rollout's estimates by clip_range, the "
+            "ratio's, as ML-Agents' POCA clips them",
+        ),
+        "use_sde": (
+            bool(use_sde),
+            "POCA has no state-dependent exploration (its Box actions are Gaussian, clipped to the bounds)",
+        ),
+        "sde_sample_freq": (sde_sample_freq != -1, "POCA has no state-dependent exploration"),
+        "rollout_buffer_class": (
+            rollout_buffer_class is not None,
+            "POCA stores rollouts in its group buffer (every agent slot of every step, with presence masks)",
+        ),
+        "rollout_buffer_kwargs": (
+            bool(rollout_buffer_kwargs),
+            "POCA's group buffer takes its settings from POCA's own arguments (n_steps, gamma, gae_lambda)",
+        ),
+    }
+    for name, (set_, why) in given.items():
+        if set_:
+            raise ValueError(f"POCA does not take {name}, SB3 PPO's setting: {why}. Remove {name}.")
 
 
 def poca_loss(

@@ -79,6 +79,8 @@ class OnPolicyConfig:
     """Value loss coefficient."""
     max_grad_norm: float = 0.5
     """Global gradient norm clip."""
+    target_kl: float | None = None
+    """Stop the epochs early when the approximate KL of a minibatch exceeds 1.5 * target_kl."""
     stats_window_size: int = 100
     """Episodes averaged for rollout/ep_rew_mean and rollout/ep_len_mean."""
 
@@ -101,6 +103,7 @@ class OnPolicyConfig:
         need(callable(self.clip_range) or self.clip_range > 0, "clip_range", "it must be > 0 or a schedule")
         need(callable(self.learning_rate) or self.learning_rate >= 0, "learning_rate", "it must be >= 0 or a schedule")
         need(self.max_grad_norm > 0, "max_grad_norm", "it must be > 0")
+        need(self.target_kl is None or self.target_kl > 0, "target_kl", "it must be None or > 0")
         need(self.stats_window_size >= 1, "stats_window_size", "it must be >= 1")
 
 
@@ -110,8 +113,6 @@ class PPOConfig(OnPolicyConfig):
 
     clip_range_vf: Schedule | None = None
     """Clipping of the value change around the old value (None: no value clipping)."""
-    target_kl: float | None = None
-    """Stop the epochs early when the approximate KL of a minibatch exceeds 1.5 * target_kl."""
     use_sde: bool = False
     """Generalized state-dependent exploration for Box actions (the noise a linear function of the state)."""
     sde_sample_freq: int = -1
@@ -126,7 +127,6 @@ class PPOConfig(OnPolicyConfig):
             "clip_range_vf",
             "it must be None, > 0 or a schedule",
         )
-        self.need(self.target_kl is None or self.target_kl > 0, "target_kl", "it must be None or > 0")
 
 
 def clipped_surrogate_loss(
@@ -594,7 +594,7 @@ def check_rollout_buffer_args(rollout_buffer_class: Any, rollout_buffer_kwargs: 
         )
 
 
-def _print_early_stop(epoch: int, approx_kl: float) -> None:
+def print_early_stop(epoch: int, approx_kl: float) -> None:
     """SB3's message for an update stopped by ``target_kl`` (``verbose >= 1``), printed as SB3 prints it."""
     print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl:.2f}")
 
@@ -1039,7 +1039,7 @@ class PPO(BaseAgent):
         clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
         self._set_training_mode(True)
         if self._manual is not None and not has_hooks(self.actor, self.critic):
-            early_stop = _print_early_stop if self.verbose >= 1 else None
+            early_stop = print_early_stop if self.verbose >= 1 else None
             means, epochs = self._manual.train(self.rollout_buffer, self.optimizer, cfg, clip_range, early_stop)
             self._n_updates += epochs
             self._record_train_means(means, lr, clip_range, clip_range_vf)
@@ -1100,7 +1100,7 @@ class PPO(BaseAgent):
                 if cfg.target_kl is not None and stats["approx_kl"].item() > 1.5 * cfg.target_kl:
                     continue_training = False
                     if self.verbose >= 1:
-                        _print_early_stop(epoch, stats["approx_kl"].item())
+                        print_early_stop(epoch, stats["approx_kl"].item())
                     break
                 if self._sb3_trainer is not None:
                     self._sb3_trainer.step(loss, cfg.max_grad_norm)
