@@ -1486,3 +1486,26 @@ def test_sb3_ppo_settings_that_poca_lacks_are_named(setting):
     (name,) = setting
     with pytest.raises(ValueError, match=rf"POCA does not take {name}, SB3 PPO's setting: .*Remove {name}\."):
         POCA("MlpPolicy", EarlyExitEnv, **setting)
+
+
+def test_the_group_env_renders_as_sb3s_vec_envs():
+    """``model.get_env().render()`` (SB3's VecEnv call, which PPO scripts use for videos) gives the copies' frames
+    tiled into one image, each copy's own ``render()``; copies made without a render mode give None and a warning
+    that says how to get frames."""
+    make = lambda: simple_spread_v3.parallel_env(N=3, max_cycles=10, render_mode="rgb_array")  # noqa: E731
+    model = POCA("MlpPolicy", make, n_envs=2, n_steps=8, batch_size=16, seed=0).learn(16)
+    venv = model.get_env()
+    frames = venv.get_images()
+    assert len(frames) == 2 and frames[0].ndim == 3 and frames[0].dtype == np.uint8
+    for frame, env in zip(frames, venv.envs, strict=True):
+        np.testing.assert_array_equal(frame, env.render())
+    image = venv.render()
+    height, width = frames[0].shape[:2]
+    assert image.shape[0] >= height and image.shape[1] >= width and image.size >= 2 * frames[0].size
+    np.testing.assert_array_equal(image[:height, :width], frames[0])
+    quiet = POCA("MlpPolicy", lambda: simple_spread_v3.parallel_env(N=3, max_cycles=10), n_steps=8, batch_size=8)
+    quiet.learn(8)
+    with pytest.warns(UserWarning, match="render_mode='rgb_array'"):
+        assert quiet.get_env().render() is None
+    with pytest.raises(ValueError, match="render\\(mode='human'\\)"):
+        venv.render("human")

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from gymnasium import spaces
+from stable_baselines3.common.vec_env.base_vec_env import tile_images
 
 from covey.networks.encoders import FlatDict
 from covey.spaces import check_action_space, check_observation_space
@@ -407,6 +408,27 @@ class GroupVecEnv:
         """SB3's ``env_method``: call the method of each env copy (all, or those of ``indices``), looked up as
         :meth:`get_attr` looks; their results."""
         return [wrapper_attr(self.envs[i], method_name)(*method_args, **method_kwargs) for i in self._indices(indices)]
+
+    def get_images(self) -> list[np.ndarray | None]:
+        """SB3's ``get_images``: each copy's frame, from its ``render()`` (None for a copy that renders none)."""
+        return self.env_method("render")
+
+    def render(self, mode: str | None = None) -> np.ndarray | None:
+        """SB3's ``VecEnv.render``: the copies' frames tiled into one image, for copies made with
+        ``render_mode="rgb_array"``; None, with a warning that says how to get frames, where they render none."""
+        if mode not in (None, "rgb_array"):
+            raise ValueError(
+                f"render(mode={mode!r}): a group of PettingZoo envs renders as each copy was made to, so pass no mode "
+                "(or 'rgb_array' for copies made with render_mode='rgb_array')."
+            )
+        frames = self.get_images()
+        if any(frame is None for frame in frames):
+            warn_user(
+                "The env copies rendered no frames: make them with render_mode='rgb_array' (e.g. lambda: "
+                "simple_spread_v3.parallel_env(render_mode='rgb_array')) for render() to return an image."
+            )
+            return None
+        return tile_images(frames)
 
     def close(self) -> None:
         for env in self.envs:
