@@ -1055,6 +1055,8 @@ def test_a_callback_reads_the_group_buffer_and_the_steps_by_sb3s_names():
                     self.locals["new_obs"].shape,
                     self.locals["rewards"].shape,
                     len(self.locals["dones"]),
+                    self.locals["actions"].shape,
+                    self.locals["clipped_actions"].shape,
                 )
             )
             return True
@@ -1085,7 +1087,8 @@ def test_a_callback_reads_the_group_buffer_and_the_steps_by_sb3s_names():
     model.learn(16, callback=callback)
     n_slots = model.rollout_buffer.n_slots
     obs_shape = model.observation_space.shape
-    assert callback.steps == [(t, (2, n_slots, *obs_shape), (2, n_slots), 2) for t in range(8)]
+    lead = (2, n_slots)  # per copy and slot, as the observations and rewards
+    assert callback.steps == [(t, (*lead, *obs_shape), lead, 2, lead, lead) for t in range(8)]
     assert callback.end_n_steps == 8
     lead = (8, 2, n_slots)
     assert callback.fields == {

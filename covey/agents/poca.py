@@ -471,7 +471,8 @@ class POCA(BaseAgent):
         """Fill the group buffer with ``n_rollout_steps`` steps of every copy (the model's env, buffer and
         ``n_steps``, SB3's signature); False when a callback stops training."""
         # Callbacks read these locals by SB3's names: rollout_buffer, n_steps (the step), new_obs and rewards
-        # (n_envs, n_slots, ...), dones and infos (one per copy), actions (a row per slot: (n_envs * n_slots, ...)).
+        # (n_envs, n_slots, ...), actions (n_envs, n_slots, ...) as the policy drew them, clipped_actions as the
+        # env took them, dones and infos (one per copy).
         self._check_collection(env, rollout_buffer, "rollout_buffer", n_rollout_steps)
         actor = self.actor
         rollout_buffer.reset()
@@ -490,12 +491,12 @@ class POCA(BaseAgent):
             else:
                 with torch.inference_mode():
                     action_tensor = actor.act(flat_obs)
-            actions = action_tensor.cpu().numpy()
-            env_actions = actor.to_env_actions(actions).reshape(n_envs, n_slots, *self.action_space.shape)
+            actions = action_tensor.cpu().numpy().reshape(n_envs, n_slots, *self.action_space.shape)
+            clipped_actions = actor.to_env_actions(actions).reshape(actions.shape)
             present = self._last_mask
             stopped = True
             try:
-                step = env.step(env_actions)
+                step = env.step(clipped_actions)
                 new_obs = step.observations
                 self.num_timesteps += n_envs
                 self.agent_steps += int(present.sum())
