@@ -226,13 +226,17 @@ def test_a_poca_env_whose_spaces_covey_refuses_is_a_config_error(tmp_path, n_pro
         assert "env mpe2:simple_speaker_listener_v4: Agents of one group must share one observation space" in (
             result.stderr + result.stdout
         )
-        # the config's way to the SuperSuit fix the error names
+        # the config's ways to the fixes the error names: SuperSuit's padding, or covey's one_side
         assert "wrappers: [{name: pad_observations_v0}, {name: pad_action_space_v0}]" in result.stderr + result.stdout
+        assert "wrappers: [{name: one_side, kwargs: {team: speaker}}]" in result.stderr + result.stdout
     # which the config takes
-    padded = "wrappers: [{name: pad_observations_v0}, {name: pad_action_space_v0}]\n"
-    (tmp_path / "padded.yaml").write_text(config + padded)
-    result = covey("check", "padded.yaml", cwd=tmp_path, check=False)
-    assert result.returncode == 0, result.stderr
+    for fix in (
+        "[{name: pad_observations_v0}, {name: pad_action_space_v0}]",
+        "[{name: one_side, kwargs: {team: speaker}}]",
+    ):
+        (tmp_path / "fixed.yaml").write_text(config + f"wrappers: {fix}\n")
+        result = covey("check", "fixed.yaml", cwd=tmp_path, check=False)
+        assert result.returncode == 0, result.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -924,14 +924,19 @@ def test_batch_size_larger_than_the_rollout_warns_as_ppo_does():
 
 def test_heterogeneous_group_points_to_padding():
     with pytest.raises(
-        ValueError, match=r"pad_observations_v0.*one cooperative group.*one side's agents and acts for the others"
+        ValueError,
+        match=r"one cooperative group.*pad_observations_v0.*one_side.*lists that side's agents and acts for the others",
     ):
         POCA("MlpPolicy", HeterogeneousEnv, n_envs=2)
     with pytest.raises(ValueError, match="pad_observations_v0"):
         POCA("MlpPolicy", HeterogeneousEnv())
-    # opposing sides (the README's example): adversaries and prey observe different vectors
-    with pytest.raises(ValueError, match=r"'adversary_0' has Box.*'agent_0' has Box.*one side's agents"):
+    # opposing sides (the README's example): adversaries and prey observe different vectors; the error names the
+    # sides by their ids and the wrapper that trains one of them
+    with pytest.raises(ValueError, match=r"'adversary_0' has Box.*'agent_0' has Box.*") as info:
         POCA("MlpPolicy", simple_tag_v3.parallel_env())
+    assert "(by their ids: 'adversary' (3), 'agent' (1))" in str(info.value)
+    assert "covey.wrappers.one_side(env, 'adversary') lists that side's agents" in str(info.value)
+    assert info.value.side == "adversary"
 
 
 def test_env_without_agents_after_reset():

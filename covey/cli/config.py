@@ -267,6 +267,10 @@ def _expect(raw: dict, key: str, kind: type, default: Any = None) -> Any:
     return value
 
 
+COVEY_WRAPPERS = ("one_side",)
+"""covey's own env wrappers a config's ``wrappers`` may name beside SuperSuit's (:mod:`covey.wrappers`)."""
+
+
 def _wrappers(value: Any) -> list[dict[str, Any]]:
     if value is None:
         return []
@@ -285,8 +289,8 @@ def _wrappers(value: Any) -> list[dict[str, Any]]:
             raise CLIError(f"wrappers[{i}]: unknown key {sorted(extra)[0]!r}; a wrapper has 'name' and 'kwargs'.")
         name = item["name"]
         known = sorted(n for n in dir(supersuit) if re.search(r"_v\d+$", n) and n not in _VECTOR_HELPERS)
-        if name not in known:
-            raise CLIError(f"wrappers[{i}]: " + _unknown_message("SuperSuit wrapper", name, known))
+        if name not in known and name not in COVEY_WRAPPERS:
+            raise CLIError(f"wrappers[{i}]: " + _unknown_message("SuperSuit wrapper", name, [*known, *COVEY_WRAPPERS]))
         kwargs = item.get("kwargs") or {}
         if not isinstance(kwargs, dict):
             raise CLIError(f"wrappers[{i}] ({name}): kwargs must be a mapping, got {kwargs!r}.")

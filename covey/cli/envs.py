@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from covey.cli.config import CLIError, RunConfig
+from covey.cli.config import COVEY_WRAPPERS, CLIError, RunConfig
 
 PETTINGZOO_EXAMPLES = "mpe2:simple_spread_v3, pettingzoo.sisl:multiwalker_v9"
 
@@ -86,14 +86,17 @@ def check_gym_spec(spec: str, agent: str) -> None:
 
 
 def apply_wrappers(env: Any, wrappers: list[dict[str, Any]]) -> Any:
-    """SuperSuit wrappers, in order (they accept Gymnasium envs and PettingZoo envs alike)."""
+    """SuperSuit wrappers (they accept Gymnasium envs and PettingZoo envs alike) and covey's, in order."""
     if not wrappers:
         return env
     import supersuit
 
+    import covey.wrappers
+
     for item in wrappers:
+        module = covey.wrappers if item["name"] in COVEY_WRAPPERS else supersuit
         try:
-            env = getattr(supersuit, item["name"])(env, **item["kwargs"])
+            env = getattr(module, item["name"])(env, **item["kwargs"])
         except (TypeError, ValueError, AssertionError) as err:
             raise CLIError(f"Wrapper {item['name']} with kwargs {item['kwargs']} failed: {err}") from err
     return env
@@ -162,8 +165,10 @@ def build_env(cfg: RunConfig, n_envs: int | None = None, seed: int | None = None
             return make_group_env(make, n_envs)
         except MixedSpacesError as err:
             listed = ", ".join(f"{{name: {name}}}" for name in err.wrappers)
+            side = f"{{name: one_side, kwargs: {{team: {err.side}}}}}"
             raise CLIError(
-                f"env {cfg.env}: {err} In a run's config: wrappers: [{listed}] (or --set 'wrappers=[{listed}]')."
+                f"env {cfg.env}: {err} In a run's config, for one team: wrappers: [{listed}] (or --set "
+                f"'wrappers=[{listed}]'); for one side, whose opponents act at random: wrappers: [{side}]."
             ) from err
         except (ValueError, NotImplementedError) as err:
             raise CLIError(f"env {cfg.env}: {err}") from err

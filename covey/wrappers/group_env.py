@@ -8,6 +8,7 @@ reset as soon as all its agents are gone.
 from __future__ import annotations
 
 import copy
+import re
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -100,11 +101,12 @@ def as_parallel(env: Any) -> Any:
 
 class MixedSpacesError(ValueError):
     """Agents of one group with different observation or action spaces; ``wrappers`` names the SuperSuit wrappers
-    that make them equal."""
+    that make them equal, ``side`` the team :func:`covey.wrappers.one_side` would train instead."""
 
-    def __init__(self, message: str, wrappers: list[str]) -> None:
+    def __init__(self, message: str, wrappers: list[str], side: str) -> None:
         super().__init__(message)
         self.wrappers = wrappers
+        self.side = side  # the team one_side would take in the message's example
 
 
 SAME_AGENTS = "All env copies must have the same possible_agents, in the same order"
@@ -131,18 +133,33 @@ def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
             )
             fixes.append(fix)
     if problems:
+        sides = _name_groups(agents)
+        example = next(iter(sides)) if len(sides) > 1 else str(agents[0])
+        named = ", ".join(f"{prefix!r} ({n})" for prefix, n in sides.items()) if len(sides) > 1 else ""
         raise MixedSpacesError(
             "Agents of one group must share "
             + "; and ".join(problems)
-            + f". Make them equal, e.g. with SuperSuit's {' and '.join(f + '(env)' for f in fixes)}. "
-            "POCA trains all of the env's agents as one cooperative group with one shared policy: where they are "
-            "opposing sides (adversaries and their prey), wrap the env so that it lists one side's agents and acts "
-            "for the others.",
+            + ". POCA trains all of the env's agents as one cooperative group with one shared policy. If they are "
+            f"one team, make their spaces equal, e.g. with SuperSuit's {' and '.join(f + '(env)' for f in fixes)}. "
+            f"If they are opposing sides{f' (by their ids: {named})' if named else ''}, train one side: "
+            f"covey.wrappers.one_side(env, {example!r}) lists that side's agents and acts for the others (at "
+            "random, or by a model of theirs you pass as others=).",
             fixes,
+            example,
         )
     check_observation_space(obs_spaces[agents[0]])
     check_action_space(act_spaces[agents[0]])
     return obs_spaces[agents[0]], act_spaces[agents[0]]
+
+
+def _name_groups(agents: list[Any]) -> dict[str, int]:
+    """How many agents share each id prefix (the id without a trailing ``_<number>``: mpe2's ``adversary_0``,
+    ``agent_0``), in the agents' order."""
+    groups: dict[str, int] = {}
+    for agent in agents:
+        prefix = re.sub(r"_\d+$", "", str(agent))
+        groups[prefix] = groups.get(prefix, 0) + 1
+    return groups
 
 
 def warn_of_black_death(env: Any) -> None:
