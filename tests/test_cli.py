@@ -18,6 +18,7 @@ import pytest
 import yaml
 from envs import needs_onnx_exporter
 
+from covey import POCA
 from covey.cli.config import CLIError, RunConfig, apply_sets, linear_schedule, parse_yaml
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -695,3 +696,44 @@ def test_a_folder_that_holds_a_model_but_no_resumable_run_is_not_sent_to_resume(
     result = covey("train", CONFIGS / "ppo_cartpole.yaml", "--run-dir", "saved", cwd=tmp_path, check=False)
     assert result.returncode == 2 and "a run with no checkpoint to resume from" in result.stderr
     assert "--resume" not in result.stderr
+
+
+def test_a_teams_evaluations_score_the_envs_own_rewards_under_reward_wrappers():
+    """As PPO's and SAC's evaluations score the Monitor's returns (the env's own rewards), a POCA run's score the
+    rewards the PettingZoo env paid, not the ones a reward wrapper (clip_reward_v0) trains on."""
+    from covey.cli.envs import env_fn
+    from covey.cli.evaluation import Evaluator
+    from covey.evaluation import evaluate_group
+
+    raw = {"agent": "poca", "env": "mpe2:simple_spread_v3", "env_kwargs": {"N": 2, "max_cycles": 10}}
+    clip = [{"name": "clip_reward_v0", "kwargs": {"lower_bound": -0.01, "upper_bound": 0.01}}]
+    plain, clipped = RunConfig.from_dict(raw), RunConfig.from_dict({**raw, "wrappers": clip})
+    model = POCA("MlpPolicy", env_fn(clipped), n_steps=8, batch_size=8, seed=0)
+    scored = Evaluator(clipped, episodes=2, deterministic=True, seed=3)(model)
+    own = evaluate_group(model, env_fn(plain), n_eval_episodes=2, deterministic=True, seed=3)
+    trained_on = evaluate_group(model, env_fn(clipped), n_eval_episodes=2, deterministic=True, seed=3)
+    assert scored == pytest.approx((own["group_return"], own["group_return_std"]))
+    assert trained_on["group_return"] == pytest.approx(-0.01 * 2 * 10)  # every clipped reward at the bound
+    assert own["group_return"] < -1.0
+
+
+def test_the_reward_tap_adds_up_the_rewards_of_several_steps_of_the_env():
+    """A wrapper that steps the env twice per step of its own (SuperSuit's frame_skip) pays the two steps' rewards
+    in one: the scored reward is their sum."""
+    from mpe2 import simple_spread_v3
+    from pettingzoo.utils.wrappers import BaseParallelWrapper
+
+    from covey.wrappers.rewards import OwnRewards, RewardTap
+
+    class Twice(BaseParallelWrapper):
+        def step(self, actions):
+            self.env.step(actions)
+            return self.env.step(actions)
+
+    tap = RewardTap(simple_spread_v3.parallel_env(N=2, max_cycles=10))
+    env, twin = OwnRewards(Twice(tap), tap), simple_spread_v3.parallel_env(N=2, max_cycles=10)
+    env.reset(seed=0)
+    twin.reset(seed=0)
+    actions = {agent: 1 for agent in twin.agents}
+    first, second = twin.step(actions)[1], twin.step(actions)[1]
+    assert env.step(actions)[1] == pytest.approx({agent: first[agent] + second[agent] for agent in first})

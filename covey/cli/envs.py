@@ -125,9 +125,11 @@ def gym_env_fn(spec: str, env_kwargs: dict, wrappers: list[dict], render_mode: s
 
 
 def group_env_fn(
-    spec: str, env_kwargs: dict, wrappers: list[dict], render_mode: str | None = None
+    spec: str, env_kwargs: dict, wrappers: list[dict], render_mode: str | None = None, scoring: bool = False
 ) -> Callable[[], Any]:
-    """A function making one wrapped PettingZoo parallel env."""
+    """A function making one wrapped PettingZoo parallel env. ``scoring``: one whose steps report the env's own
+    rewards, before the wrappers change them (:class:`~covey.wrappers.rewards.OwnRewards`), as a Gymnasium env's
+    Monitor reports them."""
     factory = parallel_env_factory(spec)
 
     def make() -> Any:
@@ -138,15 +140,21 @@ def group_env_fn(
             env = factory(**kwargs)
         except TypeError as err:
             raise CLIError(f"env_kwargs {env_kwargs} do not fit {spec!r}: {err}") from err
-        return apply_wrappers(env, wrappers)
+        if not scoring or not wrappers:
+            return apply_wrappers(env, wrappers)
+        from covey.wrappers.rewards import OwnRewards, RewardTap
+
+        tap = RewardTap(env)
+        return OwnRewards(apply_wrappers(tap, wrappers), tap)
 
     return make
 
 
-def env_fn(cfg: RunConfig, render_mode: str | None = None) -> Callable[[], Any]:
-    """One env copy of the run (Gymnasium or PettingZoo, by agent)."""
+def env_fn(cfg: RunConfig, render_mode: str | None = None, scoring: bool = False) -> Callable[[], Any]:
+    """One env copy of the run (Gymnasium or PettingZoo, by agent); ``scoring``: a copy for evaluations, whose
+    returns are the env's own rewards (a Gymnasium copy's Monitor counts them in any copy)."""
     if cfg.is_group:
-        return group_env_fn(cfg.env, cfg.env_kwargs, cfg.wrappers, render_mode)
+        return group_env_fn(cfg.env, cfg.env_kwargs, cfg.wrappers, render_mode, scoring)
     check_gym_spec(cfg.env, cfg.agent)
     return gym_env_fn(cfg.env, cfg.env_kwargs, cfg.wrappers, render_mode)
 

@@ -18,14 +18,15 @@ class Evaluator:
     """Mean and std of the return over ``episodes`` episodes, the same episodes at every call.
 
     PPO/SAC: SB3's ``evaluate_policy`` on its own env copy (returns are the Monitor's, i.e. the env's own
-    rewards before any reward wrapper). POCA: ``covey.evaluation.evaluate_group``'s group return.
+    rewards before any reward wrapper). POCA: ``covey.evaluation.evaluate_group``'s group return, of the env's
+    own rewards too (:class:`~covey.wrappers.rewards.OwnRewards`).
     The env is re-seeded with ``seed`` before every evaluation, so evaluations compare like with like.
     """
 
     def __init__(self, cfg: RunConfig, episodes: int, deterministic: bool, seed: int) -> None:
         self.cfg, self.episodes, self.deterministic, self.seed = cfg, episodes, deterministic, seed
         self._venv = None if cfg.is_group else build_env(cfg, n_envs=1)
-        self._make = env_fn(cfg) if cfg.is_group else None
+        self._make = env_fn(cfg, scoring=True) if cfg.is_group else None
 
     def __call__(self, model: Any) -> tuple[float, float]:
         """``(mean, std)`` of the return; ``model=None`` plays uniformly random actions."""
@@ -65,7 +66,7 @@ def record_gif(
     """
     # rgb_array rendering opens no window: pygame-based envs need no display (and stop warning about one).
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    make = env_fn(cfg, render_mode="rgb_array")
+    make = env_fn(cfg, render_mode="rgb_array", scoring=True)
     frames: list[np.ndarray] = []
     returns: list[float] = []
     env = make()

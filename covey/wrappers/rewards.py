@@ -1,0 +1,44 @@
+"""The rewards a PettingZoo env itself pays, under wrappers that change them (SuperSuit's clip_reward_v0): what
+``covey train``'s evaluations of a team score, as a Gymnasium env's Monitor gives PPO's and SAC's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pettingzoo.utils.wrappers import BaseParallelWrapper
+
+
+class RewardTap(BaseParallelWrapper):
+    """Adds up the rewards the env under it pays, per agent, until :meth:`take` (a wrapper above it may step it
+    several times for one step of its own, as SuperSuit's frame_skip does)."""
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env)
+        self.paid: dict[Any, float] = {}
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        self.paid = {}
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        out = self.env.step(actions)
+        for agent, reward in out[1].items():
+            self.paid[agent] = self.paid.get(agent, 0.0) + float(reward)
+        return out
+
+    def take(self) -> dict[Any, float]:
+        paid, self.paid = self.paid, {}
+        return paid
+
+
+class OwnRewards(BaseParallelWrapper):
+    """The wrapped env, with each step's rewards replaced by those its :class:`RewardTap` saw the env pay: what the
+    run's evaluations score, so a reward wrapper (clip_reward_v0) changes what trains, not the scores."""
+
+    def __init__(self, env: Any, tap: RewardTap) -> None:
+        super().__init__(env)
+        self.tap = tap
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        observations, _, terminations, truncations, infos = self.env.step(actions)
+        return observations, self.tap.take(), terminations, truncations, infos
