@@ -704,3 +704,14 @@ def test_float_images_are_images_where_sb3_takes_them_as_already_normalized(poli
     assert ours.actor.encoder.out_dim == sb3_extractor.features_dim
     assert _weights(ours.actor.encoder) == _weights(sb3_extractor) > 10_000  # convolutions, not a flattening
     ours.learn(16)
+
+
+def test_only_a_gaussian_policy_has_a_log_std_as_in_sb3():
+    """``hasattr(model.policy, "log_std")`` tells Gaussian policies from others in SB3 (a callback logging the
+    std across envs); covey's policy of Discrete actions has none either (it had one, None)."""
+    import stable_baselines3
+
+    for env in ("CartPole-v1", "Pendulum-v1"):
+        ours, theirs = PPO("MlpPolicy", env), stable_baselines3.PPO("MlpPolicy", env)
+        assert hasattr(ours.policy, "log_std") == hasattr(theirs.policy, "log_std") == (env == "Pendulum-v1")
+    assert PPO("MlpPolicy", "Pendulum-v1").policy.log_std.shape == (1,)

@@ -427,9 +427,13 @@ class ActorCriticPolicy(_PolicyBase):
 
     # SB3's names for parts of its policy, where covey has the same part.
     @property
-    def log_std(self) -> torch.nn.Parameter | None:
-        """The state-independent log-std of a Gaussian policy, else None."""
-        return self.actor.log_std
+    def log_std(self) -> torch.nn.Parameter:
+        """The state-independent log-std of a Gaussian policy; a policy of other actions has none, as in SB3
+        (``hasattr(model.policy, "log_std")`` tells them apart)."""
+        log_std = self.actor.log_std
+        if log_std is None:  # then nn.Module's __getattr__ raises SB3's own AttributeError
+            raise AttributeError("log_std")
+        return log_std
 
     @property
     def features_extractor(self) -> nn.Module:
