@@ -892,6 +892,50 @@ def test_ctrl_c_while_this_process_steps_its_block_leaves_no_answer_behind():
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("when", ["reading", "sending"])
+def test_ctrl_c_while_a_workers_message_is_read_or_sent_leaves_the_pipe_in_step(monkeypatch, when):
+    """Ctrl-C landing just after a worker's answer was taken off the pipe (while it is unpickled), or just after a
+    command was written to it: the KeyboardInterrupt comes once the count of answers owed is right, so the env
+    goes on stepping (it waited for an answer already read, for ever, when it came in between)."""
+    import multiprocessing.connection
+
+    armed = {"on": False}
+    pickler = multiprocessing.connection._ForkingPickler
+    original = pickler.loads if when == "reading" else pickler.dumps
+
+    def then_ctrl_c(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if armed["on"]:
+            armed["on"] = False
+            os.kill(os.getpid(), signal.SIGINT)  # delivered at once where SIGINT is not held back
+        return out
+
+    def stuck(signum, frame):
+        raise TimeoutError("the env waited 20 s for a worker's answer")
+
+    venv = SubprocGroupVecEnv([InterruptedAtStepEnv] * 2, n_processes=2)
+    previous = signal.signal(signal.SIGALRM, stuck)
+    try:
+        monkeypatch.setattr(pickler, "loads" if when == "reading" else "dumps", staticmethod(then_ctrl_c))
+        venv.reset(seed=0)
+        actions = np.zeros((2, 3), np.int64)
+        armed["on"] = True
+        with pytest.raises(KeyboardInterrupt):
+            venv.step(actions)
+        signal.alarm(20)
+        venv.step(actions)  # a copy cut short by the interrupt ends its episode here, as GroupVecEnv settles one
+        before = venv.get_attr("steps")
+        for _ in range(2):
+            venv.step(actions)
+        assert venv.get_attr("steps") == [n + 2 for n in before]  # each answer is the call's own
+        signal.alarm(0)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        venv.close()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_reaching_a_worker_leaves_its_copies_running():
     """Ctrl-C in a terminal reaches every process of the group: the workers let the training process decide,
     so a run that catches the KeyboardInterrupt can go on with the same env."""

@@ -7,9 +7,11 @@ reset as soon as all its agents are gone.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -598,6 +600,30 @@ def _worker(remote, parent_remote, env_fns_wrapper) -> None:
         remote.close()
 
 
+@contextlib.contextmanager
+def _ctrl_c_held():
+    """Ctrl-C (SIGINT) held back in the block and acted on after it, so that the KeyboardInterrupt cannot land
+    between a message on a worker's pipe and the count of messages owed (which would leave the next read waiting
+    for an answer already read, or reading a stale one). The signal's handler is swapped for one that notes it:
+    Python runs handlers in the main thread, whichever thread the signal reached (torch's threads too, where
+    blocking it in this thread alone would not hold it back). Outside the main thread, which receives no Python
+    signals, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[Any] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        if callable(previous):
+            previous(signal.SIGINT, caught[0])  # Python's default handler raises KeyboardInterrupt
+        elif previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
+
+
 class WorkerLost(RuntimeError):
     """A worker process of a :class:`SubprocGroupVecEnv` ended without answering; the vector env is closed.
     ``copies`` names the env copies it stepped ("copy 2", "copies 4-7"), ``how`` how it ended."""
@@ -693,12 +719,15 @@ class SubprocGroupVecEnv(GroupVecEnv):
         return [result for _, result in answers]
 
     def _receive(self, remote: Any) -> tuple[bool, Any]:
-        """The next answer of the worker at ``remote``, or :class:`WorkerLost` where it ended without one."""
+        """The next answer of the worker at ``remote``, or :class:`WorkerLost` where it ended without one. Ctrl-C
+        interrupts the wait for it, but not the read and its count (:func:`_ctrl_c_held`)."""
         try:
-            answer = remote.recv()
+            remote.poll(None)
+            with _ctrl_c_held():
+                answer = remote.recv()
+                self._owed[remote] -= 1
         except (EOFError, ConnectionError) as exc:
             raise self._lost(remote) from exc
-        self._owed[remote] -= 1
         return answer
 
     def _send(self, remote: Any, message: tuple[str, Any]) -> None:
@@ -707,10 +736,11 @@ class SubprocGroupVecEnv(GroupVecEnv):
         while self._owed[remote]:
             self._receive(remote)
         try:
-            remote.send(message)
+            with _ctrl_c_held():
+                remote.send(message)
+                self._owed[remote] += 1
         except ConnectionError as exc:  # the worker has ended
             raise self._lost(remote) from exc
-        self._owed[remote] += 1
 
     def _lost(self, remote: Any) -> WorkerLost:
         """Closes this env, whose worker at ``remote`` has ended; the error that says how it ended and what to do."""
