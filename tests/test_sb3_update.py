@@ -328,3 +328,34 @@ def test_parameters_a_user_froze_stay_as_sb3_leaves_them_in_sac(monkeypatch, man
         monkeypatch, manual, gradient_steps=2, moments="SB3's", frozen=frozen, learning_rate=3e-3
     )
     assert_frozen_and_the_rest_same(before, after, frozen, tolerance=1e-3)
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_a_script_that_wraps_the_optimizers_step_has_it_called_at_every_update_as_in_sb3(name):
+    """``optimizer.step`` replaced on the optimizer (a wrapper that logs or edits the gradients, an LR scheduler's
+    counter) runs at every gradient step, as SB3 calls it: covey's direct fused step, which skips the optimizer's
+    step() once Adam's state exists, stands aside while one is there."""
+    import stable_baselines3
+
+    import covey
+
+    def count_steps(lib):
+        if name == "PPO":
+            model = lib.PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=2, seed=0)
+            optimizer = model.policy.optimizer
+        else:
+            model = lib.SAC("MlpPolicy", "Pendulum-v1", learning_starts=16, batch_size=16, seed=0)
+            optimizer = model.critic.optimizer
+        calls = []
+        step = optimizer.step
+
+        def counted(*args, **kwargs):
+            calls.append(1)
+            return step(*args, **kwargs)
+
+        optimizer.step = counted
+        model.learn(128)
+        return len(calls)
+
+    expected = 2 * 2 * 2 if name == "PPO" else 128 - 16  # PPO: 2 updates of 2 epochs of 2 minibatches
+    assert count_steps(covey) == count_steps(stable_baselines3) == expected

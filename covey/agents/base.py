@@ -222,9 +222,11 @@ def set_train_mode(module: torch.nn.Module, mode: bool) -> None:
 
 
 def _has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether step hooks (the optimizer's own or global ones) are registered: they run only in ``step()``."""
+    """Whether step hooks (the optimizer's own or global ones) are registered, or ``step`` itself was replaced on
+    the optimizer (a script's wrapper of it; an LR scheduler's step counter): they run only in ``step()``."""
     return bool(
-        getattr(optimizer, "_optimizer_step_pre_hooks", True)
+        "step" in vars(optimizer)
+        or getattr(optimizer, "_optimizer_step_pre_hooks", True)
         or getattr(optimizer, "_optimizer_step_post_hooks", True)
         or getattr(_optimizer_module, "_global_optimizer_pre_hooks", True)
         or getattr(_optimizer_module, "_global_optimizer_post_hooks", True)
