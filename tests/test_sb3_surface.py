@@ -2104,6 +2104,25 @@ def test_module_hooks_are_honoured_in_training(name):
     assert not any(trained(hooked=False))
 
 
+def test_a_forward_hook_on_a_module_covey_never_calls_as_a_whole_warns_with_the_layers_to_hook():
+    """SB3's PPO calls model.policy (and its mlp_extractor) at each rollout step, so hooks there record acting;
+    covey calls the layers, so a hook on those wholes would silently never run in training: it warns, naming the
+    layers whose hooks do run (and which record acting here, as the test shows)."""
+    import covey
+
+    model = covey.PPO("MlpPolicy", "CartPole-v1", **FAST)
+    for module, name in ((model.policy, "model.policy"), (model.policy.mlp_extractor, "mlp_extractor")):
+        for register in (module.register_forward_hook, module.register_forward_pre_hook):
+            with pytest.warns(UserWarning, match=rf"A forward hook on .*{name} runs only where your code calls"):
+                register(lambda *args: None)
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.policy.mlp_extractor.policy_net[0].register_forward_hook(lambda *args: seen.append(args[2].shape))
+    model.learn(32)
+    assert (1, 64) in seen  # each acting step's batch of one env's observation
+
+
 @pytest.mark.parametrize("name", ["PPO", "SAC"])
 def test_forward_hooks_record_a_layers_output_before_its_relu(name):
     """Recording activations (a forward hook that keeps a Linear's output, as SB3 users do for analysis) keeps

@@ -36,6 +36,16 @@ from covey.networks.distributions import (
 )
 from covey.networks.encoders import sb3_extractor
 from covey.networks.obs import ObsTensor
+from covey.warning import warn_user
+
+
+def _warn_unused_hook(module: str, layers: str) -> None:
+    """The warning for a forward hook on a module whose own ``forward`` covey never calls where SB3 calls it."""
+    warn_user(
+        f"A forward hook on {module} runs only where your code calls {module}(...) itself: covey acts and trains "
+        f"through the actor's and the critic's layers, not through {module}'s forward as SB3's PPO does. Register it "
+        f"on those layers ({layers}), whose hooks run in acting and training."
+    )
 
 
 class ParameterMismatchError(ValueError, RuntimeError):
@@ -364,6 +374,14 @@ class MlpExtractor(nn.Module):
         self.policy_net, self.value_net = policy_net, value_net
         self.latent_dim_pi, self.latent_dim_vf = policy_net.out_dim, value_net.out_dim
 
+    def register_forward_hook(self, hook, *args, **kwargs):
+        _warn_unused_hook("model.policy.mlp_extractor", "mlp_extractor.policy_net and mlp_extractor.value_net")
+        return super().register_forward_hook(hook, *args, **kwargs)
+
+    def register_forward_pre_hook(self, hook, *args, **kwargs):
+        _warn_unused_hook("model.policy.mlp_extractor", "mlp_extractor.policy_net and mlp_extractor.value_net")
+        return super().register_forward_pre_hook(hook, *args, **kwargs)
+
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward_actor(features), self.forward_critic(features)
 
@@ -391,6 +409,14 @@ class ActorCriticPolicy(_PolicyBase):
         self.actor = actor
         self.critic = critic
         self._model = model
+
+    def register_forward_hook(self, hook, *args, **kwargs):
+        _warn_unused_hook("model.policy", "model.policy.action_net, model.policy.mlp_extractor.policy_net[0], ...")
+        return super().register_forward_hook(hook, *args, **kwargs)
+
+    def register_forward_pre_hook(self, hook, *args, **kwargs):
+        _warn_unused_hook("model.policy", "model.policy.mlp_extractor.policy_net[0], model.policy.action_net, ...")
+        return super().register_forward_pre_hook(hook, *args, **kwargs)
 
     def forward(self, obs: ObsTensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Actions (shaped as the action space, batched), values ``(B, 1)`` and log-probabilities ``(B,)``."""
