@@ -267,6 +267,46 @@ def test_sb3_contrib_names_map_to_covey_and_its_options_are_refused_with_covey_s
         PPO("LstmPolicy", "CartPole-v1")
 
 
+def test_covey_ppo_has_sb3_contribs_recurrent_policy_names(tmp_path):
+    """``from covey.ppo import MlpLstmPolicy`` (sb3-contrib's names, as covey.ppo has SB3's): passed as the policy
+    they build the recurrent networks of that name, and their load reads a saved recurrent policy."""
+    from covey.ppo import CnnLstmPolicy, MlpLstmPolicy, MultiInputLstmPolicy
+
+    model = PPO(MlpLstmPolicy, "CartPole-v1", n_steps=16, batch_size=16).learn(16)
+    assert model.policy_name == "MlpLstmPolicy" and model.actor.memory is not None
+    image = SpaceEnv(spaces.Box(0, 255, (36, 36, 1), np.uint8), spaces.Discrete(2))
+    assert PPO(CnnLstmPolicy, image, n_steps=16, batch_size=16).policy_name == "CnnLstmPolicy"
+    keyed = SpaceEnv(spaces.Dict({"x": spaces.Box(-1, 1, (3,), np.float32)}), spaces.Discrete(2))
+    assert PPO(MultiInputLstmPolicy, keyed, n_steps=16, batch_size=16).policy_name == "MultiInputLstmPolicy"
+    model.policy.save(tmp_path / "policy")
+    policy = MlpLstmPolicy.load(tmp_path / "policy.zip")
+    obs = np.zeros((2, 4), np.float32)
+    np.testing.assert_array_equal(policy.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+
+
+def test_sb3_contribs_policy_calls_with_memory_name_the_ways_that_work():
+    """sb3-contrib's ``policy(obs, lstm_states, episode_starts, deterministic)`` and its siblings (its ONNX recipe
+    wraps them) get covey's ways to act and export, not a bare TypeError; a policy without memory given such
+    arguments says it has none."""
+    recurrent = PPO("MlpLstmPolicy", "CartPole-v1", n_steps=16, batch_size=16)
+    obs, states, starts = torch.zeros(2, 4), (torch.zeros(1, 2, 64), torch.zeros(1, 2, 64)), torch.ones(2)
+    calls = {
+        "forward": lambda p: p(obs, states, starts, True),
+        "get_distribution": lambda p: p.get_distribution(obs, states, starts),
+        "predict_values": lambda p: p.predict_values(obs, states, starts),
+        "evaluate_actions": lambda p: p.evaluate_actions(obs, torch.zeros(2), states, starts),
+    }
+    for method, call in calls.items():
+        with pytest.raises(NotImplementedError, match=rf"policy.{method} has no memory input .*export_onnx"):
+            call(recurrent.policy)
+    with pytest.raises(NotImplementedError, match=r"policy.forward has no memory input"):
+        recurrent.policy(obs)
+    plain = PPO("MlpPolicy", "CartPole-v1").policy
+    for method, call in calls.items():
+        with pytest.raises(TypeError, match=rf"policy.{method} got 2 arguments more .* no recurrent memory"):
+            call(plain)
+
+
 class IntegerDones(VecEnvWrapper):
     """A VecEnv that reports its dones as 0/1 integers, as some hand-written VecEnvs do."""
 

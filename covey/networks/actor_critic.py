@@ -43,7 +43,10 @@ POLICY_CLASS_NAMES = {
     "MultiInputPolicy": "MultiInputPolicy",
     "MultiInputActorCriticPolicy": "MultiInputPolicy",
     "SACPolicy": "MlpPolicy",  # stable_baselines3.sac.MlpPolicy
-    # sb3_contrib.ppo_recurrent's MlpLstmPolicy, CnnLstmPolicy and MultiInputLstmPolicy
+    # sb3_contrib.ppo_recurrent's MlpLstmPolicy, CnnLstmPolicy and MultiInputLstmPolicy (and covey.ppo's)
+    "MlpLstmPolicy": "MlpLstmPolicy",
+    "CnnLstmPolicy": "CnnLstmPolicy",
+    "MultiInputLstmPolicy": "MultiInputLstmPolicy",
     "RecurrentActorCriticPolicy": "MlpLstmPolicy",
     "RecurrentActorCriticCnnPolicy": "CnnLstmPolicy",
     "RecurrentMultiInputActorCriticPolicy": "MultiInputLstmPolicy",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+from typing import Any
 
 import numpy as np
 import torch
@@ -354,11 +355,20 @@ class _PolicyBase(nn.Module):
             raise AttributeError("lstm_hidden_state_shape")
         return (1, 1, self.actor.memory.hidden_size)
 
-    def _no_memory(self, method: str) -> None:
+    def _no_memory(self, method: str, memory: tuple = ()) -> None:
+        """Refuses a call of the policy's ``method`` on a recurrent policy, and memory arguments (sb3-contrib's
+        ``(obs, lstm_states, episode_starts)`` calls) on any policy, with the ways that work."""
         if self.actor.memory is not None:
             raise NotImplementedError(
-                f"policy.{method} has no memory input; a recurrent policy acts with "
-                "model.predict(obs, state=state, episode_start=episode_start)."
+                f"policy.{method} has no memory input (sb3-contrib's calls with lstm_states and episode_starts are "
+                "not covey's); a recurrent policy acts with model.predict(obs, state=state, "
+                "episode_start=episode_start), and covey.export.export_onnx(model, path) exports it with its state "
+                "as graph inputs and outputs."
+            )
+        if memory:
+            raise TypeError(
+                f"policy.{method} got {len(memory)} arguments more than it takes: this policy has no recurrent memory, "
+                "so it takes no lstm_states or episode_starts (sb3-contrib's calls)."
             )
 
 
@@ -418,34 +428,40 @@ class ActorCriticPolicy(_PolicyBase):
         _warn_unused_hook("model.policy", "model.policy.mlp_extractor.policy_net[0], model.policy.action_net, ...")
         return super().register_forward_pre_hook(hook, *args, **kwargs)
 
-    def forward(self, obs: ObsTensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Actions (shaped as the action space, batched), values ``(B, 1)`` and log-probabilities ``(B,)``."""
+    def forward(
+        self, obs: ObsTensor, deterministic: bool = False, *memory: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Actions (shaped as the action space, batched), values ``(B, 1)`` and log-probabilities ``(B,)``.
+        (``memory``: sb3-contrib's ``policy(obs, lstm_states, episode_starts, deterministic)``, refused with the
+        ways that work.)"""
+        self._no_memory("forward", memory)
         dist = self.get_distribution(obs)
         actions = dist.head.sample(dist.params, deterministic)
         log_prob = dist.head.log_prob(dist.params, actions)
         return actions.reshape((-1, *self.action_space.shape)), self.predict_values(obs), log_prob
 
     def evaluate_actions(
-        self, obs: ObsTensor, actions: torch.Tensor
+        self, obs: ObsTensor, actions: torch.Tensor, *memory: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Values ``(B, 1)``, log-probabilities ``(B,)`` of ``actions`` and entropies ``(B,)``."""
+        self._no_memory("evaluate_actions", memory)
         dist = self.get_distribution(obs)
         return self.predict_values(obs), dist.log_prob(actions), dist.entropy()
 
-    def get_distribution(self, obs: ObsTensor) -> ActionDistribution:
+    def get_distribution(self, obs: ObsTensor, *memory: Any) -> ActionDistribution:
         """The action distribution for a batch of observation tensors."""
         _check_obs(obs)
-        self._no_memory("get_distribution")
+        self._no_memory("get_distribution", memory)
         return ActionDistribution(self.actor.head, self.actor.distribution_params(obs), self.action_space)
 
     def _predict(self, observation: ObsTensor, deterministic: bool = False) -> torch.Tensor:
         """Actions for a batch of observation tensors (SB3's ``_predict``; Box actions not yet clipped)."""
         return self.get_distribution(observation).get_actions(deterministic)
 
-    def predict_values(self, obs: ObsTensor) -> torch.Tensor:
+    def predict_values(self, obs: ObsTensor, *memory: Any) -> torch.Tensor:
         """State values ``(B, 1)``."""
         _check_obs(obs)
-        self._no_memory("predict_values")
+        self._no_memory("predict_values", memory)
         return self.critic(obs).unsqueeze(-1)
 
     def set_training_mode(self, mode: bool) -> None:
