@@ -607,12 +607,14 @@ def _ctrl_c_held():
     for an answer already read, or reading a stale one). The signal's handler is swapped for one that notes it:
     Python runs handlers in the main thread, whichever thread the signal reached (torch's threads too, where
     blocking it in this thread alone would not hold it back). Outside the main thread, which receives no Python
-    signals, the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
+    signals, or where the handler was not set from Python (so that it could not be set back), the block runs as
+    it is."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
         yield
         return
     caught: list[Any] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
     try:
         yield
     finally:
