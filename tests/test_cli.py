@@ -701,6 +701,8 @@ def test_a_folder_that_holds_a_model_but_no_resumable_run_is_not_sent_to_resume(
 def test_a_teams_evaluations_score_the_envs_own_rewards_under_reward_wrappers():
     """As PPO's and SAC's evaluations score the Monitor's returns (the env's own rewards), a POCA run's score the
     rewards the PettingZoo env paid, not the ones a reward wrapper (clip_reward_v0) trains on."""
+    from mpe2.simple_tag_v3 import parallel_env as simple_tag
+
     from covey.cli.envs import env_fn
     from covey.cli.evaluation import Evaluator
     from covey.evaluation import evaluate_group
@@ -715,6 +717,16 @@ def test_a_teams_evaluations_score_the_envs_own_rewards_under_reward_wrappers():
     assert scored == pytest.approx((own["group_return"], own["group_return_std"]))
     assert trained_on["group_return"] == pytest.approx(-0.01 * 2 * 10)  # every clipped reward at the bound
     assert own["group_return"] < -1.0
+    # one side's run scores that side's own rewards, not the other side's
+    from covey.wrappers import one_side
+
+    raw = {"agent": "poca", "env": "mpe2:simple_tag_v3", "env_kwargs": {"max_cycles": 10}}
+    side = [{"name": "one_side", "kwargs": {"team": "adversary"}}]
+    cfg = RunConfig.from_dict({**raw, "wrappers": [*side, *clip]})
+    model = POCA("MlpPolicy", env_fn(cfg), n_steps=8, batch_size=8, seed=0)
+    scored = Evaluator(cfg, episodes=2, deterministic=True, seed=3)(model)
+    own = evaluate_group(model, lambda: one_side(simple_tag(max_cycles=10), "adversary"), 2, True, 3)
+    assert scored == pytest.approx((own["group_return"], own["group_return_std"]))
 
 
 def test_the_reward_tap_adds_up_the_rewards_of_several_steps_of_the_env():

@@ -32,13 +32,16 @@ class RewardTap(BaseParallelWrapper):
 
 
 class OwnRewards(BaseParallelWrapper):
-    """The wrapped env, with each step's rewards replaced by those its :class:`RewardTap` saw the env pay: what the
-    run's evaluations score, so a reward wrapper (clip_reward_v0) changes what trains, not the scores."""
+    """The wrapped env, with each step's rewards replaced by those its :class:`RewardTap` saw the env pay to the
+    same agents: what the run's evaluations score, so a reward wrapper (clip_reward_v0) changes what trains, not
+    the scores. Agents a wrapper leaves out (the other side, under ``one_side``) stay out; one it adds that the
+    env paid nothing (a dead agent kept by black_death) gets 0."""
 
     def __init__(self, env: Any, tap: RewardTap) -> None:
         super().__init__(env)
         self.tap = tap
 
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
-        observations, _, terminations, truncations, infos = self.env.step(actions)
-        return observations, self.tap.take(), terminations, truncations, infos
+        observations, rewards, terminations, truncations, infos = self.env.step(actions)
+        paid = self.tap.take()
+        return observations, {agent: paid.get(agent, 0.0) for agent in rewards}, terminations, truncations, infos
