@@ -727,6 +727,10 @@ def test_a_teams_evaluations_score_the_envs_own_rewards_under_reward_wrappers():
     scored = Evaluator(cfg, episodes=2, deterministic=True, seed=3)(model)
     own = evaluate_group(model, lambda: one_side(simple_tag(max_cycles=10), "adversary"), 2, True, 3)
     assert scored == pytest.approx((own["group_return"], own["group_return_std"]))
+    env = env_fn(cfg, scoring=True)()
+    env.reset(seed=0)
+    rewards = env.step({agent: 0 for agent in env.agents})[1]
+    assert sorted(rewards) == ["adversary_0", "adversary_1", "adversary_2"]  # the prey's are not the team's
 
 
 def test_the_reward_tap_adds_up_the_rewards_of_several_steps_of_the_env():
