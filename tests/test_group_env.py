@@ -935,6 +935,24 @@ def test_ctrl_c_while_a_workers_message_is_read_or_sent_leaves_the_pipe_in_step(
         venv.close()
 
 
+def test_the_ctrl_c_hold_leaves_a_handler_set_outside_python_in_place(monkeypatch):
+    """signal.getsignal gives None for a SIGINT handler not set from Python, which signal.signal could not set
+    back: the hold then swaps nothing (it would have raised a TypeError at the end of every pipe message)."""
+    from covey.wrappers import group_env
+
+    swaps = []
+    monkeypatch.setattr(group_env.signal, "getsignal", lambda signum: None)
+    monkeypatch.setattr(group_env.signal, "signal", lambda *args: swaps.append(args))
+    with group_env._ctrl_c_held():
+        pass
+    assert swaps == []
+    monkeypatch.undo()
+    before = signal.getsignal(signal.SIGINT)
+    with group_env._ctrl_c_held():
+        assert signal.getsignal(signal.SIGINT) is not before  # held: the handler that notes a Ctrl-C
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_reaching_a_worker_leaves_its_copies_running():
     """Ctrl-C in a terminal reaches every process of the group: the workers let the training process decide,
