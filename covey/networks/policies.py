@@ -40,13 +40,28 @@ from covey.networks.obs import ObsTensor
 from covey.warning import warn_user
 
 
-def _warn_unused_hook(module: str, layers: str) -> None:
-    """The warning for a forward hook on a module whose own ``forward`` covey never calls where SB3 calls it."""
-    warn_user(
-        f"A forward hook on {module} runs only where your code calls {module}(...) itself: covey acts and trains "
-        f"through the actor's and the critic's layers, not through {module}'s forward as SB3's PPO does. Register it "
-        f"on those layers ({layers}), whose hooks run in acting and training."
-    )
+class _UncalledWhole:
+    """A module whose own ``forward`` covey never calls in acting or training, where SB3's PPO calls it at each
+    step: registering a forward hook on it warns, naming ``_hooked_as`` and the layers to hook instead."""
+
+    _hooked_as: str
+    _layers_to_hook: str
+
+    def register_forward_hook(self, hook, *args, **kwargs):
+        self._warn_unused_hook()
+        return super().register_forward_hook(hook, *args, **kwargs)
+
+    def register_forward_pre_hook(self, hook, *args, **kwargs):
+        self._warn_unused_hook()
+        return super().register_forward_pre_hook(hook, *args, **kwargs)
+
+    def _warn_unused_hook(self) -> None:
+        name = self._hooked_as
+        warn_user(
+            f"A forward hook on {name} runs only where your code calls {name}(...) itself: covey acts and trains "
+            f"through the actor's and the critic's layers, not through {name}'s forward as SB3's PPO does. Register "
+            f"it on those layers ({self._layers_to_hook}), whose hooks run in acting and training."
+        )
 
 
 class ParameterMismatchError(ValueError, RuntimeError):
@@ -372,25 +387,20 @@ class _PolicyBase(nn.Module):
             )
 
 
-class MlpExtractor(nn.Module):
+class MlpExtractor(_UncalledWhole, nn.Module):
     """SB3's ``policy.mlp_extractor``: the actor's MLP trunk as ``policy_net`` and the critic's as ``value_net``,
     features to the latent features the action and value layers take (``latent_dim_pi``, ``latent_dim_vf``).
 
     A view over the policy's own modules, made on each access and not registered in the policy: its parameters
     and its ``state_dict()`` (``policy_net.0.weight``, ... as SB3 names them) are the policy's."""
 
+    _hooked_as = "model.policy.mlp_extractor"
+    _layers_to_hook = "mlp_extractor.policy_net and mlp_extractor.value_net"
+
     def __init__(self, policy_net: nn.Module, value_net: nn.Module) -> None:
         super().__init__()
         self.policy_net, self.value_net = policy_net, value_net
         self.latent_dim_pi, self.latent_dim_vf = policy_net.out_dim, value_net.out_dim
-
-    def register_forward_hook(self, hook, *args, **kwargs):
-        _warn_unused_hook("model.policy.mlp_extractor", "mlp_extractor.policy_net and mlp_extractor.value_net")
-        return super().register_forward_hook(hook, *args, **kwargs)
-
-    def register_forward_pre_hook(self, hook, *args, **kwargs):
-        _warn_unused_hook("model.policy.mlp_extractor", "mlp_extractor.policy_net and mlp_extractor.value_net")
-        return super().register_forward_pre_hook(hook, *args, **kwargs)
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward_actor(features), self.forward_critic(features)
@@ -402,7 +412,7 @@ class MlpExtractor(nn.Module):
         return self.value_net(features)
 
 
-class ActorCriticPolicy(_PolicyBase):
+class ActorCriticPolicy(_UncalledWhole, _PolicyBase):
     """PPO's ``model.policy``: SB3's ``ActorCriticPolicy`` calls over the actor and the critic.
 
     ``policy(obs)`` returns ``(actions, values, log_prob)``; ``evaluate_actions``, ``get_distribution``,
@@ -413,20 +423,14 @@ class ActorCriticPolicy(_PolicyBase):
 
     agent_name = "PPO"
     _adam_eps = PPO_ADAM_EPS
+    _hooked_as = "model.policy"
+    _layers_to_hook = "model.policy.action_net, model.policy.mlp_extractor.policy_net[0], ..."
 
     def __init__(self, actor: nn.Module, critic: nn.Module, model=None) -> None:
         super().__init__()
         self.actor = actor
         self.critic = critic
         self._model = model
-
-    def register_forward_hook(self, hook, *args, **kwargs):
-        _warn_unused_hook("model.policy", "model.policy.action_net, model.policy.mlp_extractor.policy_net[0], ...")
-        return super().register_forward_hook(hook, *args, **kwargs)
-
-    def register_forward_pre_hook(self, hook, *args, **kwargs):
-        _warn_unused_hook("model.policy", "model.policy.mlp_extractor.policy_net[0], model.policy.action_net, ...")
-        return super().register_forward_pre_hook(hook, *args, **kwargs)
 
     def forward(
         self, obs: ObsTensor, deterministic: bool = False, *memory: Any
