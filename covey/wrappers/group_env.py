@@ -7,11 +7,10 @@ reset as soon as all its agents are gone.
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import itertools
 import re
 import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -547,8 +546,8 @@ def make_one_env(env: Any) -> tuple[Any, bool]:
 
 def _worker(remote, parent_remote, env_fns_wrapper) -> None:
     """Runs a block of env copies in a worker process, answering ("reset", seed), ("step", actions),
-    ("call", (method, args, kwargs, indices)) and ("close", None) with (True, result), or (False, the exception,
-    its traceback in a note) where the copies raised one."""
+    ("call", (method, args, kwargs, indices)), ("echo", mark) and ("close", None) with (True, result), or
+    (False, the exception, its traceback in a note) where the copies raised one."""
     import traceback
 
     # Ctrl-C in a terminal reaches every process of the group: the training process decides (a run that catches
@@ -583,7 +582,9 @@ def _worker(remote, parent_remote, env_fns_wrapper) -> None:
                     remote.send((True, None))
                 break
             try:
-                if command == "reset":
+                if command == "echo":  # resynchronizing after a command cut short (SubprocGroupVecEnv._resync)
+                    result = data
+                elif command == "reset":
                     result = venv.reset(seed=data)
                 elif command == "step":
                     result = venv.step(data)
@@ -600,30 +601,10 @@ def _worker(remote, parent_remote, env_fns_wrapper) -> None:
         remote.close()
 
 
-@contextlib.contextmanager
-def _ctrl_c_held():
-    """Ctrl-C (SIGINT) held back in the block and acted on after it, so that the KeyboardInterrupt cannot land
-    between a message on a worker's pipe and the count of messages owed (which would leave the next read waiting
-    for an answer already read, or reading a stale one). The signal's handler is swapped for one that notes it:
-    Python runs handlers in the main thread, whichever thread the signal reached (torch's threads too, where
-    blocking it in this thread alone would not hold it back). Outside the main thread, which receives no Python
-    signals, or where the handler was not set from Python (so that it could not be set back), the block runs as
-    it is."""
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or previous is None:
-        yield
-        return
-    caught: list[Any] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        if callable(previous):
-            previous(signal.SIGINT, caught[0])  # Python's default handler raises KeyboardInterrupt
-        elif previous == signal.SIG_DFL:
-            signal.raise_signal(signal.SIGINT)
+class _Echo(NamedTuple):
+    """A worker's answer to ("echo", _Echo(n)): the mark after which its answers are the next command's."""
+
+    n: int
 
 
 class WorkerLost(RuntimeError):
@@ -688,6 +669,8 @@ class SubprocGroupVecEnv(GroupVecEnv):
         self.remotes: list[Any] = []
         self.processes = []
         self._owed: dict[Any, int] = {}  # per worker, the answers not yet read (a worker first sends its agent ids)
+        self._unsure: set[Any] = set()  # workers whose count a KeyboardInterrupt may have left wrong (_resync)
+        self._marks = itertools.count()
         for b in range(first_remote, len(sizes)):
             remote, work_remote = ctx.Pipe()
             fns = CloudpickleWrapper(list(env_fns[self.starts[b] : self.starts[b + 1]]))
@@ -721,28 +704,48 @@ class SubprocGroupVecEnv(GroupVecEnv):
         return [result for _, result in answers]
 
     def _receive(self, remote: Any) -> tuple[bool, Any]:
-        """The next answer of the worker at ``remote``, or :class:`WorkerLost` where it ended without one. Ctrl-C
-        interrupts the wait for it, but not the read and its count (:func:`_ctrl_c_held`)."""
+        """The next answer of the worker at ``remote``, or :class:`WorkerLost` where it ended without one."""
         try:
-            remote.poll(None)
-            with _ctrl_c_held():
-                answer = remote.recv()
-                self._owed[remote] -= 1
+            answer = remote.recv()
+            self._owed[remote] -= 1
         except (EOFError, ConnectionError) as exc:
             raise self._lost(remote) from exc
+        except BaseException:  # a KeyboardInterrupt, maybe after the answer left the pipe and before its count
+            self._unsure.add(remote)
+            raise
         return answer
 
     def _send(self, remote: Any, message: tuple[str, Any]) -> None:
         """Sends a command to the worker at ``remote``, once the answers of a command cut short have been read
         and dropped (a KeyboardInterrupt here between sending and reading), so that its answer is the next read."""
+        if remote in self._unsure:
+            self._resync(remote)
         while self._owed[remote]:
             self._receive(remote)
         try:
-            with _ctrl_c_held():
-                remote.send(message)
-                self._owed[remote] += 1
+            remote.send(message)
+            self._owed[remote] += 1
         except ConnectionError as exc:  # the worker has ended
             raise self._lost(remote) from exc
+        except BaseException:  # a KeyboardInterrupt, maybe after the command went and before its count
+            self._unsure.add(remote)
+            raise
+
+    def _resync(self, remote: Any) -> None:
+        """After a KeyboardInterrupt between a message on the pipe and its count (which would leave the next read
+        waiting for an answer already read, or reading a stale one): sends a mark and drops every answer up to its
+        echo, so that the worker owes none. Interrupted, it is redone with a new mark."""
+        mark = _Echo(next(self._marks))
+        try:
+            remote.send(("echo", mark))
+            while True:
+                ok, answer = remote.recv()
+                if ok and type(answer) is _Echo and answer == mark:
+                    break
+        except (EOFError, ConnectionError) as exc:
+            raise self._lost(remote) from exc
+        self._owed[remote] = 0
+        self._unsure.discard(remote)
 
     def _lost(self, remote: Any) -> WorkerLost:
         """Closes this env, whose worker at ``remote`` has ended; the error that says how it ended and what to do."""
