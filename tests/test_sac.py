@@ -685,6 +685,29 @@ def test_auto_target_entropy():
     assert sac("Pendulum-v1", target_entropy=-3).target_entropy == -3.0
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"target_entropy": -np.prod((2,))},  # SB3's own expression: a NumPy int
+        {"target_entropy": np.float32(-0.5)},
+        {"ent_coef": np.float32(0.1)},
+        {"ent_coef": np.int64(0)},
+        {"ent_coef": "0.1", "target_entropy": "-1.5"},  # SB3 takes float() of both
+    ],
+    ids=["np.int64 target", "np.float32 target", "np.float32 ent_coef", "np.int64 ent_coef", "strings"],
+)
+def test_numpy_and_text_numbers_for_the_temperature_are_taken_as_sb3_takes_them(kwargs):
+    import stable_baselines3 as sb3
+
+    theirs = sb3.SAC("MlpPolicy", "Pendulum-v1", **kwargs)
+    ours = sac("Pendulum-v1", **kwargs)
+    assert ours.target_entropy == theirs.target_entropy and type(ours.target_entropy) is float
+    if "ent_coef" in kwargs:
+        assert ours.log_ent_coef is None and ours.ent_coef_tensor.item() == theirs.ent_coef_tensor.item()
+    ours.learn(ours.learning_starts + 2)
+    assert ours._n_updates == 2
+
+
 @pytest.mark.parametrize("truncate", [False, True], ids=["terminated", "truncated"])
 def test_agent_stores_terminated_only_for_true_terminals(truncate):
     model = sac(CounterEnv(length=5, truncate=truncate), learning_starts=100).learn(12)
@@ -790,10 +813,16 @@ def test_use_sde_is_refused_for_discrete_actions():
         sac("CartPole-v1", use_sde=True)
 
 
-@pytest.mark.parametrize("ent_coef", ["autox", "auto_", "auto_abc", "auto_0", -1, -0.5])
+@pytest.mark.parametrize("ent_coef", ["autox", "auto_", "auto_abc", "auto_0", -1, -0.5, "0.1x", True, float("inf")])
 def test_invalid_ent_coef_is_refused(ent_coef):
     with pytest.raises(ValueError, match="ent_coef"):
         sac("Pendulum-v1", ent_coef=ent_coef)
+
+
+@pytest.mark.parametrize("target_entropy", ["autox", "-1x", float("nan"), None])
+def test_invalid_target_entropy_is_refused(target_entropy):
+    with pytest.raises(ValueError, match='target_entropy=.* is invalid: it must be "auto" or a finite float'):
+        sac("Pendulum-v1", target_entropy=target_entropy)
 
 
 @pytest.mark.parametrize("train_freq", [(1, "minute"), 0, (0, "step"), (1, 2, "step"), True, (1.5, "step")])

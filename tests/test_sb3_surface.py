@@ -1881,7 +1881,8 @@ def test_a_numpy_integer_seed_is_a_seed():
     [
         ({"callback": "my_callback"}, r"callback='my_callback' is invalid: pass an SB3 BaseCallback"),
         ({"callback": [5]}, r"callback=\[5\] is invalid"),
-        ({"log_interval": 0}, r"log_interval=0 is invalid: it must be an int >= 1, or None"),
+        ({"log_interval": 0}, r"log_interval=0 is invalid: it must be a whole number other than 0"),
+        ({"log_interval": 2.5}, r"log_interval=2.5 is invalid: it must be a whole number other than 0"),
     ],
 )
 @pytest.mark.parametrize("agent", ["ppo", "sac"])
@@ -1893,6 +1894,40 @@ def test_learn_names_a_callback_or_log_interval_of_the_wrong_kind_before_any_ste
     with pytest.raises(ValueError, match=message):
         model.learn(32, **kwargs)
     assert model.num_timesteps == 0
+
+
+@pytest.mark.parametrize("log_interval", [-1, 1.0, np.int64(-2), True])
+@pytest.mark.parametrize("agent", ["ppo", "sac"])
+def test_log_interval_counts_as_sb3s_modulo_does(agent, log_interval):
+    """SB3 logs where ``count % log_interval == 0``: -1, 1.0 and True log every iteration (SAC: episode), -2 every
+    second one. Both libraries write rows at the same step counts."""
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.logger import KVWriter, Logger
+
+    import covey
+
+    def rows_written(lib) -> list[int]:
+        steps = []
+
+        class Record(KVWriter):
+            def write(self, key_values, key_excluded, step=0):
+                steps.append(int(key_values["time/total_timesteps"]))
+
+        if agent == "ppo":
+            model = lib.PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, n_epochs=1, seed=0)
+            budget = 64
+        else:
+            env = gym.wrappers.TimeLimit(gym.make("Pendulum-v1").unwrapped, 20)
+            model = lib.SAC("MlpPolicy", env, learning_starts=10, batch_size=8, seed=0)
+            budget = 80
+        model.set_logger(Logger(None, [Record()]))
+        model.learn(budget, log_interval=log_interval)
+        return steps
+
+    every = {"ppo": [16, 32, 48, 64], "sac": [20, 40, 60, 80]}[agent]  # iterations / episodes end at these steps
+    expected = every if abs(log_interval) == 1 else every[1::2]
+    assert rows_written(sb3) == expected
+    assert rows_written(covey) == expected
 
 
 def test_the_rollouts_step_count_in_callback_locals_is_sb3s_while_stepping_and_at_the_end():

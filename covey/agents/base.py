@@ -44,7 +44,7 @@ from covey import sb3_files, serialization
 from covey.agents.sb3_policy import build_policy, class_path, optimizer_owners, sb3_policy_class
 from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
-from covey.networks.actor_critic import policy_kwargs_dict, policy_name, positive_int
+from covey.networks.actor_critic import policy_kwargs_dict, policy_name
 from covey.networks.encoders import FlattenEncoder
 from covey.networks.policies import ParameterMismatchError
 from covey.networks.sb3_names import move_optimizer_state, to_sb3
@@ -93,6 +93,12 @@ def require(ok: bool, agent: str, name: str, value: Any, rule: str) -> None:
     """Raise a ValueError naming the hyperparameter, its value and the rule it breaks."""
     if not ok:
         raise ValueError(f"{agent}: {name}={value!r} is invalid: {rule}.")
+
+
+def _whole_nonzero(value: Any) -> bool:
+    """Whether ``value`` is a whole number other than 0, with which SB3's ``count % log_interval == 0`` logs
+    (-1 and 1.0 log every time, as 1 does)."""
+    return isinstance(value, numbers.Real) and math.isfinite(value) and value != 0 and value == int(value)
 
 
 def require_numbers(config: Any, agent: str) -> None:
@@ -972,8 +978,11 @@ class BaseAgent:
         progress_bar: bool,
         log_interval: int | None = None,
     ) -> tuple[int, BaseCallback]:
-        if log_interval is not None and not positive_int(log_interval):
-            raise ValueError(f"log_interval={log_interval!r} is invalid: it must be an int >= 1, or None for no logs.")
+        if log_interval is not None and not _whole_nonzero(log_interval):
+            raise ValueError(
+                f"log_interval={log_interval!r} is invalid: it must be a whole number other than 0 (logs are written "
+                "when the count of iterations, or of SAC's episodes, is a multiple of it), or None for no logs."
+            )
         if self.env is None:
             raise ValueError("This model has no env: pass one to the constructor, to load(env=...) or to set_env().")
         if (

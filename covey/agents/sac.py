@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -101,6 +102,9 @@ class SACConfig:
 
     def __post_init__(self) -> None:
         require_numbers(self, "SAC")
+        # SB3 takes float(...) of both, so NumPy scalars (-np.prod(shape)) and number strings ("0.1") work there
+        self.ent_coef = _float_unless_auto(self.ent_coef)
+        self.target_entropy = _float_unless_auto(self.target_entropy)
 
         def need(ok: bool, name: str, rule: str) -> None:
             require(ok, "SAC", name, getattr(self, name), rule)
@@ -120,18 +124,32 @@ class SACConfig:
         )
         need(isinstance(self.sde_sample_freq, (int, np.integer)), "sde_sample_freq", "it must be an int")
         need(callable(self.learning_rate) or self.learning_rate >= 0, "learning_rate", "it must be >= 0 or a schedule")
-        ok = isinstance(self.ent_coef, (int, float)) and self.ent_coef >= 0
+        ok = isinstance(self.ent_coef, float) and 0 <= self.ent_coef < math.inf
         if isinstance(self.ent_coef, str) and self.ent_coef.startswith("auto"):
             tail = self.ent_coef[len("auto") :]
             ok = tail == "" or (tail.startswith("_") and _is_positive_float(tail[1:]))
         need(ok, "ent_coef", 'it must be a float >= 0, "auto" or "auto_<initial value>" such as "auto_0.1"')
         need(
-            self.target_entropy == "auto" or isinstance(self.target_entropy, (int, float)),
+            self.target_entropy == "auto"
+            or (isinstance(self.target_entropy, float) and math.isfinite(self.target_entropy)),
             "target_entropy",
-            'it must be "auto" or a float',
+            'it must be "auto" or a finite float',
         )
         need(isinstance(self.bf16_matmuls, bool), "bf16_matmuls", "it must be True or False")
         self.train_freq = _train_freq(self.train_freq)
+
+
+def _float_unless_auto(value: Any) -> Any:
+    """``value`` as a Python float where it is a number (NumPy's too) or a number's text; as it is otherwise
+    ("auto", "auto_0.1", a bool or anything else, which the checks name)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, str) and value.startswith("auto")):
+        return value
+    if isinstance(value, (numbers.Real, str)):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _is_positive_float(text: str) -> bool:
