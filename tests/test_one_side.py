@@ -31,6 +31,13 @@ def test_it_lists_the_team_and_passes_pettingzoos_api_test():
     parallel_api_test(one_side(tag(), "adversary"), num_cycles=30)
 
 
+def test_one_agents_id_is_that_agent_where_it_also_prefixes_others():
+    """With 11 adversaries, "adversary_1" names that agent (not adversary_10 and _11 too); "adversary_" is a prefix."""
+    many = simple_tag_v3.parallel_env(num_good=1, num_adversaries=11, num_obstacles=1)
+    assert one_side(many, "adversary_1").possible_agents == ["adversary_1"]
+    assert len(one_side(many, "adversary_").possible_agents) == 11
+
+
 def test_the_team_sees_the_env_as_if_it_stepped_it_with_the_others_actions():
     """Against stepping the env itself with the team's actions and the others' (a function's, fixed here): the
     team's observations, rewards and ends are the env's, and the function gets the prey's observations."""

@@ -33,7 +33,9 @@ class OneSideEnv(BaseParallelWrapper):
     def __init__(self, env: Any, team: str | Iterable[Any], others: Any = None, deterministic: bool = True) -> None:
         super().__init__(env)
         every = list(env.possible_agents)
-        if isinstance(team, str):
+        if isinstance(team, str) and team in every:  # one agent's id: that agent, not those it prefixes
+            chosen, how = [team], ""
+        elif isinstance(team, str):
             chosen = [agent for agent in every if str(agent).startswith(team)]
             how = f"whose ids start with {team!r}"
         else:
@@ -103,7 +105,7 @@ class OneSideEnv(BaseParallelWrapper):
 
 def one_side(env: Any, team: str | Iterable[Any], others: Any = None, deterministic: bool = True) -> OneSideEnv:
     """``env`` (a PettingZoo parallel env of opposing sides, such as mpe2's simple_tag) as one side's env:
-    ``team`` (agent ids, or the prefix they share, e.g. ``"adversary"``) is what POCA trains as a group, and the
-    other agents act by ``others`` (None: at random; a model with ``predict``; a function): see
+    ``team`` (agent ids, one agent's id, or the prefix they share, e.g. ``"adversary"``) is what POCA trains as a
+    group, and the other agents act by ``others`` (None: at random; a model with ``predict``; a function): see
     :class:`OneSideEnv`."""
     return OneSideEnv(env, team, others, deterministic)
