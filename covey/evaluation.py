@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from covey.wrappers.group_env import LiveAgents, check_group_spaces, make_one_env
+from covey.wrappers.group_env import LiveAgents, _api_error, _not_a_reward, check_group_spaces, make_one_env
 
 
 def evaluate_group(
@@ -60,6 +60,24 @@ def group_episodes(
     given, is called after each reset and each step; returning False ends the episode there."""
     if model is not None and hasattr(model, "_check_spaces"):  # a covey model: the env it was trained on
         model._check_spaces(*check_group_spaces(env))
+    try:
+        return _play(model, env, n_episodes, deterministic, seed, on_step)
+    finally:
+        # The env a model trains on, evaluated here (SB3's habit with one env object): training's next step on
+        # it starts a new episode, where it would step the episode this left behind as if it were its own.
+        training = getattr(model, "env", None)
+        if hasattr(training, "played_elsewhere"):
+            training.played_elsewhere(env)
+
+
+def _play(
+    model: Any | None,
+    env: Any,
+    n_episodes: int,
+    deterministic: bool,
+    seed: int,
+    on_step: Callable[[Any], bool] | None,
+) -> tuple[list[float], list[float], list[int]]:
     group, per_agent, lengths = [], [], []
     for episode in range(n_episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -79,7 +97,7 @@ def group_episodes(
                 )
             previous = set(agents)
             obs, rewards, terminations, truncations, _ = env.step(actions)
-            total += float(sum(rewards.values()))
+            total += _reward_sum(rewards)
             agents = live.after_step(env.agents, terminations, truncations)  # done agents are gone, listed or not
             seen |= set(agents)
             length += 1
@@ -88,3 +106,20 @@ def group_episodes(
         per_agent.append(total / max(len(seen), 1))
         lengths.append(length)
     return group, per_agent, lengths
+
+
+def _reward_sum(rewards: dict) -> float:
+    """The step's rewards summed over agents (an error that names the first reward that is no number)."""
+    try:
+        return float(sum(float(r) for r in rewards.values()))
+    except (TypeError, ValueError) as exc:
+        agent, reward = next((a, r) for a, r in rewards.items() if not _is_number(r))
+        raise _api_error("step()", _not_a_reward(agent, reward)) from exc
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return np.ndim(value) == 0

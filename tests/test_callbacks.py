@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 from mpe2 import simple_spread_v3
-from stable_baselines3.common.callbacks import StopTrainingOnRewardThreshold
+from stable_baselines3.common.callbacks import BaseCallback, StopTrainingOnRewardThreshold
 from stable_baselines3.common.logger import configure
 
 from covey import POCA, PPO
 from covey.callbacks import GroupEvalCallback
 from covey.envs import EarlyExitEnv
-from covey.evaluation import group_episodes
+from covey.evaluation import evaluate_group, group_episodes
 
 SMALL = dict(n_envs=2, n_steps=16, batch_size=32, seed=0)
 
@@ -149,3 +149,45 @@ def test_it_takes_sb3s_arguments_in_sb3s_order_and_renders_when_asked(tmp_path):
     callback = GroupEvalCallback(RenderCountingEnv, eval_freq=8, n_eval_episodes=2, verbose=0)
     POCA("MlpPolicy", EarlyExitEnv, **SMALL).learn(16, callback=callback)
     assert RenderCountingEnv.renders == lengths.size + lengths.sum()  # not without render=True
+
+
+class TimeSteps(BaseCallback):
+    """Per rollout, each stored step's time left in the episode (EarlyExitEnv's last observation) for present
+    agents, before and after the step (the continuing observation the bootstrap reads)."""
+
+    def _on_training_start(self) -> None:
+        self.rows: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buf = self.model.rollout_buffer
+        present = buf.present_tensor.numpy()
+        before = buf.observations_tensor.numpy()[..., -1][present]
+        after = buf.continuing_obs.numpy()[..., -1][present]
+        self.rows.append((before, after))
+
+
+def test_evaluating_on_the_env_instance_training_steps_cuts_its_episode_instead_of_storing_a_step_never_taken():
+    """SB3's habit of evaluating on the env object the model trains on: each evaluation plays that env's episodes
+    to their end. Training then ends the episode it saw at the step before, truncated, and goes on from a reset:
+    every stored step of every agent moves the time on by exactly one step (no row stepped a finished episode,
+    or bootstraps from the observation it acted on), and the rollouts after an evaluate_group start afresh."""
+    torch.set_num_threads(1)
+    env = EarlyExitEnv(episode_length=8)
+    tick = 1.0 / env.episode_length
+    model = POCA("MlpPolicy", env, n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    record = TimeSteps()
+    evaluations = GroupEvalCallback(env, eval_freq=5, n_eval_episodes=1, verbose=0)
+    model.learn(64, callback=[evaluations, record])
+    assert evaluations.n_evaluations == 12
+    for before, after in record.rows:
+        np.testing.assert_allclose(before - after, tick, atol=1e-6)
+
+    evaluate_group(model, env, n_eval_episodes=1)  # after learn, then training goes on
+    model.learn(32, callback=record, reset_num_timesteps=False)
+    (first, _), *_ = record.rows[-2:]
+    np.testing.assert_allclose(first[:3], 1.0)  # the rollout's first step: a new episode's, for every agent
+    for before, after in record.rows:
+        np.testing.assert_allclose(before - after, tick, atol=1e-6)

@@ -683,6 +683,8 @@ class OffApiEnv(ScriptedEnv):
             return observations, rewards, dones, infos
         if self.fault == "missing_observation":
             del observations["b"]
+        if self.fault == "array_reward":  # passes parallel_api_test
+            rewards = {agent: np.array([r], np.float32) for agent, r in rewards.items()}
         return observations, rewards, terminations, truncations, infos
 
 
@@ -702,6 +704,10 @@ class NoSeedEnv(ScriptedEnv):
             r"step\(\) gave no observation for 'b', which env.agents lists as live \(observations for \['a'\]\)",
         ),
         (NoSeedEnv, r"reset\(\) takes no seed argument"),
+        (
+            lambda: OffApiEnv("array_reward"),
+            r"step\(\) gave agent 'a' the reward array\(\[.*\].*\) of shape \(1,\), which is not a number",
+        ),
     ],
 )
 def test_an_env_off_the_parallel_api_gets_an_error_that_names_the_fault_and_the_api(make, message):
@@ -712,6 +718,45 @@ def test_an_env_off_the_parallel_api_gets_an_error_that_names_the_fault_and_the_
         venv.step(np.zeros((2, 3), dtype=np.int64))
     assert "(observations, rewards, terminations, truncations, infos)" in str(info.value)
     assert "parallel_api_test" in str(info.value)
+
+
+def test_evaluate_group_names_a_reward_that_is_no_number():
+    with pytest.raises(ValueError, match=r"gave agent 'a' the reward array\(\[.*\].*\) of shape \(1,\)"):
+        evaluate_group(None, lambda: OffApiEnv("array_reward"), n_eval_episodes=1)
+
+
+class PossibleAgentsAtReset(ScriptedEnv):
+    def __init__(self):
+        pass  # possible_agents only once reset() runs
+
+    def reset(self, seed=None, options=None):
+        super().__init__()
+        return super().reset(seed=seed)
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (PossibleAgentsAtReset, r"got PossibleAgentsAtReset, which has step\(\) and reset\(\) but no possible_agents"),
+        (lambda: __import__("gymnasium").make("CartPole-v1"), r"a Gymnasium env: .* trains with covey's PPO or SAC"),
+        (
+            lambda: simple_spread_v3,
+            r"\(the module mpe2.simple_spread_v3\): pass its env function, e.g. simple_spread_v3",
+        ),
+    ],
+    ids=["possible_agents at reset", "gymnasium env", "module"],
+)
+def test_what_is_no_parallel_env_is_named_with_what_to_pass(env, message):
+    with pytest.raises(TypeError, match=message):
+        GroupVecEnv([env])
+
+
+def test_an_evaluation_given_poca_env_copies_says_to_pass_the_env_function():
+    from covey import POCA
+
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=8, batch_size=16)
+    with pytest.raises(TypeError, match=r"not POCA's env copies \(GroupVecEnv, what model.get_env\(\) returns\)"):
+        evaluate_group(model, model.get_env())
 
 
 # ---------------------------------------------------------------------------------------------- seeding, EarlyExit

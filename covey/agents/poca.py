@@ -31,7 +31,7 @@ from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import FlatDict, obs_dtype
 from covey.spaces import warn_unmasked_actions
-from covey.wrappers.group_env import GroupVecEnv, is_env_maker, is_parallel_env, make_group_env
+from covey.wrappers.group_env import GroupStep, GroupVecEnv, is_env_maker, is_parallel_env, make_group_env
 
 _EVAL_CHUNK = 256
 """Group-steps per batched pass of the rollout evaluation (:meth:`POCA._evaluate_rollout`): the attention critic's
@@ -479,6 +479,7 @@ class POCA(BaseAgent):
         actor.set_training_mode(False)  # both networks act and value the rollout in evaluation mode
         self.critic.train(False)
         callback.on_rollout_start()
+        self._restart_unsettled(env)
         n_envs, n_slots = env.n_envs, env.n_slots
         dtype = obs_dtype(self._stored_space)
         for n_steps in range(self.config.n_steps):
@@ -512,6 +513,7 @@ class POCA(BaseAgent):
                     self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
             if stopped:
                 return False
+            self._restart_unsettled(env, step, present)
             self._update_info_buffer(infos, dones)
             # The state after the step that the leavers' bootstrap uses: leavers' final observations plus
             # the agents still there (none of the new episode's when the copy was reset).
@@ -555,6 +557,25 @@ class POCA(BaseAgent):
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
+
+    def _restart_unsettled(self, env: GroupVecEnv, step: GroupStep | None = None, present: Any = None) -> None:
+        """Restart the copies a callback (an evaluation on the env instance training steps, e.g.
+        ``GroupEvalCallback(env)``) played behind training's back, before the next action is drawn. With the step
+        just taken, that step ends the episode training saw: its agents still there leave, truncated, with the
+        observations after it (their bootstrap), as at a time limit. Outside a rollout, the copy starts afresh."""
+        for e, (obs, mask) in env.restart_unsettled().items():
+            if step is None:
+                self._last_obs[e], self._last_mask[e] = obs, mask
+                self._last_episode_starts[e] = True
+                self._last_slot_starts[e] = True
+                continue
+            if not step.env_done[e]:
+                staying = step.mask[e] & present[e]  # (an agent that joined at this step never acted)
+                step.left[e] |= staying
+                step.truncated[e] |= staying
+                step.final_observations[e][staying] = step.observations[e][staying]
+                step.env_done[e] = True
+            step.observations[e], step.mask[e] = obs, mask
 
     @torch.no_grad()
     def _evaluate_rollout(self) -> np.ndarray:

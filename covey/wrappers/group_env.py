@@ -12,9 +12,11 @@ import itertools
 import re
 import signal
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.vec_env.base_vec_env import tile_images
@@ -95,9 +97,28 @@ def as_parallel(env: Any) -> Any:
         )
     if not is_parallel_env(env):
         raise TypeError(
-            f"Expected a PettingZoo ParallelEnv (or AEC env), or a function returning one; got {type(env).__name__}."
+            f"Expected a PettingZoo ParallelEnv (or AEC env), or a function returning one; got {type(env).__name__}"
+            f"{_not_parallel_because(env)}"
         )
     return env
+
+
+def _not_parallel_because(env: Any) -> str:
+    """What ``env``, which is no ParallelEnv, is instead and what to pass: the end of :func:`as_parallel`'s error."""
+    if isinstance(env, types.ModuleType):
+        name = env.__name__.rsplit(".", 1)[-1]
+        return f" (the module {env.__name__}): pass its env function, e.g. {name}.parallel_env, or an env it made."
+    if isinstance(env, gym.Env) or isinstance(getattr(env, "observation_space", None), spaces.Space):
+        return (
+            ", a Gymnasium env: POCA trains the agents of a PettingZoo env as a team; a Gymnasium env's one agent "
+            "trains with covey's PPO or SAC."
+        )
+    if all(hasattr(env, k) for k in ("step", "reset")):
+        return (
+            ", which has step() and reset() but no possible_agents after it was made: a PettingZoo ParallelEnv lists "
+            "every agent that may ever act in self.possible_agents, set in __init__ (before reset)."
+        )
+    return "."
 
 
 class MixedSpacesError(ValueError):
@@ -358,7 +379,10 @@ class GroupVecEnv:
             still = set(after)
             for agent in acting:
                 s = self.slot[agent]
-                rewards[e, s] = rew.get(agent, 0.0)
+                try:
+                    rewards[e, s] = rew.get(agent, 0.0)
+                except (TypeError, ValueError) as exc:
+                    raise _api_error("step()", _not_a_reward(agent, rew.get(agent))) from exc
                 terminated[e, s] = bool(term.get(agent, False))
                 truncated[e, s] = bool(trunc.get(agent, False)) and not terminated[e, s]
                 if agent not in still:
@@ -402,6 +426,24 @@ class GroupVecEnv:
             final_obs[e] = given_obs[e]
         done[e] = True
         self._reset_env(e, None)
+
+    def played_elsewhere(self, env: Any) -> bool:
+        """Mark the copies that are ``env`` itself (an instance given to POCA and then to an evaluation, which
+        reset and stepped it) as unsettled, as after a step cut short: :meth:`restart_unsettled` restarts them,
+        or else their next step ends the episode the caller last saw. Returns whether ``env`` is a copy."""
+        copies = [e for e, own in enumerate(self.envs) if _same_env(own, env)]
+        self._unsettled[copies] = True
+        return bool(copies)
+
+    def restart_unsettled(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Reset the unsettled copies now; returns each one's new ``(observations, mask)`` by copy index."""
+        restarted = {}
+        for e in np.flatnonzero(self._unsettled):
+            self._reset_env(int(e), None)
+            restarted[int(e)] = (self._obs[e].copy(), self._mask[e].copy())
+        if restarted and self._given is not None:  # new arrays: the caller holds the old ones as the last step's
+            self._given = (self._obs.copy(), self._mask.copy())
+        return restarted
 
     # SB3's VecEnv calls on the env copies, for callbacks (e.g. a curriculum that sets an env attribute)
     def _indices(self, indices: None | int | Sequence[int]) -> list[int]:
@@ -451,6 +493,20 @@ class GroupVecEnv:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def _not_a_reward(agent: Any, reward: Any) -> str:
+    """The problem :func:`_api_error` names for a reward that is no number."""
+    shape = f" of shape {np.shape(reward)}" if np.ndim(reward) else ""
+    return (
+        f"gave agent {agent!r} the reward {reward!r}{shape}, which is not a number: a PettingZoo env's rewards are "
+        "one float per agent (for an array of one element, float(reward) or reward.item() in the env or a wrapper)"
+    )
+
+
+def _same_env(a: Any, b: Any) -> bool:
+    """Whether two ParallelEnvs are one env: the same object, or PettingZoo's parallel views of one AEC env."""
+    return a is b or getattr(a, "aec_env", a) is getattr(b, "aec_env", b)
 
 
 def _wrapped(env: Any) -> list[Any]:
@@ -540,6 +596,12 @@ def is_env_maker(env: Any) -> bool:
 def make_one_env(env: Any) -> tuple[Any, bool]:
     """One ParallelEnv (AEC envs converted) from a function or class, which is called, or an instance, used as it
     is; and whether it was made here (and is the caller's to close)."""
+    if isinstance(env, GroupVecEnv):
+        raise TypeError(
+            f"An evaluation plays one PettingZoo env, not POCA's env copies ({type(env).__name__}, what "
+            "model.get_env() returns): pass the env function the model was given, or a new env, e.g. "
+            "evaluate_group(model, lambda: simple_spread_v3.parallel_env(N=3))."
+        )
     made = is_env_maker(env)
     return as_parallel(env() if made else env), made
 
@@ -817,6 +879,15 @@ class SubprocGroupVecEnv(GroupVecEnv):
             self._gather(remotes)
             raise
         return mine + self._gather(remotes)
+
+    def played_elsewhere(self, env: Any) -> bool:
+        """As :meth:`GroupVecEnv.played_elsewhere`: only the block stepped in this process can hold ``env``."""
+        return self.local is not None and self.local.played_elsewhere(env)
+
+    def restart_unsettled(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """As :meth:`GroupVecEnv.restart_unsettled`, for the block stepped in this process (its copies come first);
+        a worker's copies settle at their next step."""
+        return {} if self.local is None else self.local.restart_unsettled()
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         seed = self._seed if seed is None else seed
