@@ -2303,3 +2303,36 @@ def test_hyperparameters_are_in_vars_of_the_model_as_in_sb3(name):
     assert {k: vars(ours).get(k) for k in plain} == plain
     ours.gamma = 0.5
     assert vars(ours)["gamma"] == 0.5 == ours.gamma
+
+
+def test_sb3s_abstract_classes_take_coveys_agents_and_policies_as_virtual_subclasses():
+    """Code that asks isinstance(model, OnPolicyAlgorithm) or isinstance(policy, ActorCriticPolicy) to choose how
+    to drive a model (imitation's GAIL counts a round as n_steps * n_envs for an on-policy learner, its rollout
+    helpers call predict on a BaseAlgorithm or BasePolicy) treats covey's as SB3's. SAC's policy is a BasePolicy,
+    not an SACPolicy, whose actor distribution API covey's actor does not have. covey's own policy classes, passed
+    as the policy, still build covey's networks (not a user's SB3 subclass run through its calls)."""
+    from stable_baselines3.common.base_class import BaseAlgorithm
+    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+    from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
+    from stable_baselines3.sac.policies import SACPolicy
+
+    from covey import POCA, ppo, sac
+    from covey.envs import EarlyExitEnv
+
+    on = PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16)
+    off = SAC("MlpPolicy", "Pendulum-v1")
+    assert (
+        isinstance(on, OnPolicyAlgorithm) and isinstance(on, BaseAlgorithm) and not isinstance(on, OffPolicyAlgorithm)
+    )
+    assert (
+        isinstance(off, OffPolicyAlgorithm)
+        and isinstance(off, BaseAlgorithm)
+        and not isinstance(off, OnPolicyAlgorithm)
+    )
+    assert on.n_steps * on.get_env().num_envs == 16  # what GAIL reads once isinstance holds
+    assert isinstance(on.policy, ActorCriticPolicy) and isinstance(on.policy, BasePolicy)
+    assert isinstance(off.policy, BasePolicy) and not isinstance(off.policy, SACPolicy)
+    assert not isinstance(POCA("MlpPolicy", EarlyExitEnv, n_steps=8, batch_size=8), BaseAlgorithm)  # no SB3 env
+    assert PPO(ppo.MlpPolicy, "CartPole-v1", n_steps=16, batch_size=16)._sb3_policy_class is None
+    assert SAC(sac.MlpPolicy, "Pendulum-v1")._sb3_policy_class is None

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.utils import explained_variance
 from stable_baselines3.common.vec_env import VecEnv
 
@@ -1174,3 +1175,9 @@ def _stack_obs(items: list[Any]) -> Any:
     if isinstance(items[0], dict):
         return {k: np.stack([it[k] for it in items]) for k in items[0]}
     return np.stack(items)
+
+
+# SB3's abstract base takes covey's PPO as a virtual subclass: code that asks isinstance(model, OnPolicyAlgorithm)
+# or BaseAlgorithm to choose how to drive a model (imitation's GAIL and AIRL count a round as n_steps * n_envs,
+# its rollout helpers call predict) treats it as SB3's PPO. Nothing is inherited.
+OnPolicyAlgorithm.register(PPO)

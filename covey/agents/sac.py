@@ -18,6 +18,7 @@ from stable_baselines3.common.buffers import NStepReplayBuffer as SB3NStepReplay
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.noise import ActionNoise, VectorizedActionNoise
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, TrainFrequencyUnit
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as SB3HerReplayBuffer
@@ -1330,3 +1331,7 @@ def _set_env_obs(obs, i: int, value) -> None:
             obs[k][i] = value[k]
     else:
         obs[i] = value
+
+
+# As covey's PPO for OnPolicyAlgorithm (see there): isinstance(model, OffPolicyAlgorithm) holds for covey's SAC.
+OffPolicyAlgorithm.register(SAC)

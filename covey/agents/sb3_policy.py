@@ -35,7 +35,7 @@ def sb3_policy_class(policy: Any, agent: str = "PPO") -> type | None:
     outside SB3 and sb3-contrib (a user's class), else None (a policy name, or SB3's own class, which stands for
     covey's policy of its name)."""
     base = POLICY_BASES.get(agent)
-    if base is None or not (isinstance(policy, type) and issubclass(policy, base)):
+    if base is None or not (isinstance(policy, type) and base in policy.__mro__):  # (covey's are virtual subclasses)
         return None
     if policy.__module__.split(".")[0] in _OWN_PACKAGES:
         return None

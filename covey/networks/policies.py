@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from gymnasium import spaces
+from stable_baselines3.common import policies as sb3_policies
 from torch import nn
 
 from covey.networks.actor_critic import PPO_ADAM_EPS
@@ -582,3 +583,11 @@ class SACPolicy(_PolicyBase):
         self.actor.train(mode)
         self.critic.train(mode)
         self.training = mode
+
+
+# SB3's abstract policy classes take covey's as virtual subclasses, so that code which asks isinstance(policy,
+# ActorCriticPolicy) or BasePolicy (imitation's BC, AIRL and rollout helpers) calls predict and evaluate_actions,
+# which covey's policies have with SB3's signatures. SAC's policy is a BasePolicy only: SB3's SACPolicy promises its
+# actor's distribution objects (get_action_dist_params, action_dist), which covey's actor does not make.
+sb3_policies.ActorCriticPolicy.register(ActorCriticPolicy)
+sb3_policies.BasePolicy.register(SACPolicy)
