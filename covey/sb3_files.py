@@ -27,6 +27,7 @@ import numpy as np
 from gymnasium import spaces
 
 from covey import serialization
+from covey.warning import warn_user
 
 DATA_ENTRY = "data"
 POLICY_ENTRY = "policy.pth"
@@ -142,9 +143,11 @@ def _array(text: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         if len(shown) != 1:
             raise ValueError("a bound printed summarized (too many elements to print in full) with several values")
         text = shown.pop()
-    values = np.asarray(_numbers(text), dtype=np.float64)
+    values = np.asarray(_numbers(text))
+    if not (np.issubdtype(dtype, np.integer) and values.dtype.kind in "iu"):  # integers as read: 2**63 - 1 is exact
+        values = values.astype(np.float64)
     if values.ndim == 0:
-        values = np.full(shape, float(values))
+        values = np.full(shape, values)
     if values.shape != shape:
         raise ValueError(f"a bound of shape {values.shape} for a Box of shape {shape}")
     return values.astype(dtype)
@@ -238,6 +241,12 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         raise _not_covey(name, found)
     observation_space = _space_entry(data.get("observation_space"), "observation space", name)
     action_space = _space_entry(data.get("action_space"), "action space", name)
+    if np.any(getattr(action_space, "start", 0) != 0):
+        warn_user(
+            f"{name}: the action space {action_space} has a start, which SB3 ignores: this model acted from 0 in "
+            f"SB3 (outside the space), and acts in the space in covey, each action shifted by start. If the env "
+            "took SB3's actions as they were, give covey's model an env whose space starts at 0."
+        )
     hyperparameters, unread = _hyperparameters(data, agent, config_class)
     tensors: dict[str, Any] = {"policy": policy}
     if (

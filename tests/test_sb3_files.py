@@ -148,12 +148,24 @@ def test_an_sb3_file_with_an_action_start_acts_inside_the_space(tmp_path, no_unp
     load of the same file picks the same indices and offsets them by start, as the README says."""
     theirs = sb3.PPO("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (4,), np.float32), space), seed=0)
     theirs.save(tmp_path / "sb3_ppo")
-    ours = PPO.load(tmp_path / "sb3_ppo")
+    with pytest.warns(UserWarning, match=r"has a start, which SB3 ignores: this model acted from 0 in SB3"):
+        ours = PPO.load(tmp_path / "sb3_ppo")
     obs = obs_batch(theirs.observation_space, 64)
     indices = theirs.predict(obs, deterministic=True)[0]
     actions = ours.predict(obs, deterministic=True)[0]
     np.testing.assert_array_equal(actions, indices + space.start)
     assert len(np.unique(actions)) > 1 and all(space.contains(a) for a in actions)
+
+
+def test_an_sb3_file_of_integer_bounds_at_int64s_ends_loads_with_its_env(tmp_path, no_unpickling):
+    """Box bounds of int64's least and greatest values are read as integers (through a float, the greatest one
+    wrapped round to the least), so the file's space is the env's and load(env=...) takes the env."""
+    ends = np.iinfo(np.int64)
+    env = SpaceEnv(spaces.Box(ends.min, ends.max, (3,), np.int64), spaces.Discrete(2))
+    sb3.PPO("MlpPolicy", env, seed=0).save(tmp_path / "sb3_ppo")
+    ours = PPO.load(tmp_path / "sb3_ppo", env=env)
+    assert ours.observation_space == env.observation_space
+    assert (ours.observation_space.high == ends.max).all()
 
 
 def test_an_sb3_files_verbosity_log_folder_and_episode_count_are_kept(tmp_path, no_unpickling):
