@@ -5,6 +5,8 @@ use the policy (ONNX export, parameter vectors) run unchanged."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -715,3 +717,19 @@ def test_only_a_gaussian_policy_has_a_log_std_as_in_sb3():
         ours, theirs = PPO("MlpPolicy", env), stable_baselines3.PPO("MlpPolicy", env)
         assert hasattr(ours.policy, "log_std") == hasattr(theirs.policy, "log_std") == (env == "Pendulum-v1")
     assert PPO("MlpPolicy", "Pendulum-v1").policy.log_std.shape == (1,)
+
+
+def test_cnn_policy_without_an_image_is_refused_and_mlp_policy_on_dict_images_warns():
+    """SB3 refuses both. covey's MlpPolicy flattens each Dict key, which fits vectors silently and warns of image
+    keys, whose pixels it would feed to the MLP; CnnPolicy on a Discrete observation would build an MLP."""
+    image = spaces.Box(0, 255, (36, 36, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"CnnPolicy puts a NatureCNN on image observations, and Discrete\(3\)"):
+        PPO("CnnPolicy", SpaceEnv(spaces.Discrete(3), spaces.Discrete(2)))
+    with pytest.raises(ValueError, match=r"MultiBinary\(4\) holds no image: use MlpPolicy"):
+        SAC("CnnPolicy", SpaceEnv(spaces.MultiBinary(4), spaces.Box(-1, 1, (1,))))
+    with pytest.warns(UserWarning, match=r"MlpPolicy flattens the image key\(s\) \['frame'\].*MultiInputPolicy"):
+        PPO("MlpPolicy", SpaceEnv(spaces.Dict({"frame": image, "pos": spaces.Box(-1, 1, (2,))}), spaces.Discrete(2)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PPO("MlpPolicy", SpaceEnv(spaces.Dict({"pos": spaces.Box(-1, 1, (2,))}), spaces.Discrete(2)))
+        PPO("MultiInputPolicy", SpaceEnv(spaces.Dict({"frame": image}), spaces.Discrete(2)))

@@ -29,6 +29,8 @@ from covey.networks.memory import Memory, State, sequence_features
 from covey.networks.mlp import mlp, parse_net_arch
 from covey.networks.obs import ObsTensor, obs_to_tensor
 from covey.networks.twohot import ScalarHead, make_value_head
+from covey.spaces import is_image_space
+from covey.warning import warn_user
 
 POLICY_KINDS = {"MlpPolicy": "mlp", "CnnPolicy": "cnn", "MultiInputPolicy": "multi"}
 # SB3-contrib's RecurrentPPO names: the same encoders with recurrent memory in actor and critic.
@@ -641,6 +643,9 @@ def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyC
             "'features_dim' (CnnPolicy), 'cnn_output_dim' and 'normalized_image' (MultiInputPolicy)."
         )
 
+    if config.features_extractor_class is None and not config.entity_encoder:
+        _check_policy_fits(kind, observation_space)
+
     def encoder() -> nn.Module:
         if config.entity_encoder:
             return EntityEncoder(observation_space, fx.get("features_dim", 64))
@@ -656,6 +661,23 @@ def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyC
         )
 
     return encoder
+
+
+def _check_policy_fits(kind: str, observation_space: spaces.Space) -> None:
+    """CnnPolicy on observations with no image is refused, and MlpPolicy on Dict observations with image keys
+    warned of: SB3 refuses both (covey's MlpPolicy on a Dict flattens every key, which fits vectors)."""
+    if kind == "cnn" and not isinstance(observation_space, spaces.Box):
+        raise ValueError(
+            f"CnnPolicy puts a NatureCNN on image observations, and {observation_space} holds no image: use MlpPolicy."
+        )
+    if kind == "mlp" and isinstance(observation_space, spaces.Dict):
+        images = [key for key, sub in observation_space.spaces.items() if is_image_space(sub)]
+        if images:
+            warn_user(
+                f"MlpPolicy flattens the image key(s) {images} of these Dict observations into the MLP, pixel by "
+                "pixel (SB3 refuses MlpPolicy for Dict observations). MultiInputPolicy gives each image key a "
+                "NatureCNN."
+            )
 
 
 MEMORY_DEFAULTS = {"hidden_size": 128, "sequence_length": 16, "kind": "lstm"}
