@@ -74,6 +74,33 @@ def test_sac_takes_sb3s_weights_and_acts_and_values_as_sb3():
                 torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("half", ["actor.mu", "actor.log_std"])
+def test_sac_takes_one_of_sb3s_mean_and_log_std_layers_alone_as_sb3(half):
+    """covey's actor keeps SB3's mean and log-std layers as one head layer: SB3 parameters with one of them
+    (exact_match=False, as an evolution-strategy loop over the actor passes) load that half and keep the other,
+    where a KeyError came from the renaming."""
+    sb3_model, model = trained_pair("SAC", "Pendulum-v1", learning_starts=64, batch_size=32)
+    model.set_parameters(sb3_model.get_parameters())
+    rng = np.random.default_rng(3)
+    part = {
+        f"{half}.{kind}": torch.as_tensor(rng.normal(0, 0.3, (1, 256) if kind == "weight" else (1,))).float()
+        for kind in ("weight", "bias")
+    }
+    for m in (model, sb3_model):
+        m.set_parameters({"policy": part}, exact_match=False)
+    obs = observations(model.observation_space)
+    for deterministic in (True, False):  # stochastic: the log-std half shows in the spread of the actions
+        torch.manual_seed(0)
+        ours = model.predict(obs, deterministic=deterministic)[0]
+        torch.manual_seed(0)
+        theirs = sb3_model.predict(obs, deterministic=deterministic)[0]
+        if deterministic:
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.actor.mu.weight, sb3_model.actor.mu.weight)
+    torch.testing.assert_close(model.actor.log_std.bias, sb3_model.actor.log_std.bias)
+    torch.testing.assert_close(getattr(model.actor, half.split(".")[1]).weight, part[f"{half}.weight"])
+
+
 @pytest.mark.cpu
 def test_sac_actor_and_critic_internals_answer_as_sb3s():
     """SB3 SAC's actor.get_action_dist_params, actor.latent_pi, critic.q_networks and critic.set_training_mode,
@@ -640,3 +667,26 @@ def test_to_sb3_model_says_what_it_needs():
         covey.PPO(Mine, "CartPole-v1", n_steps=16, batch_size=16).to_sb3_model()
     with pytest.raises(ValueError, match=r"\['memory'\]"):
         covey.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(memory=dict(kind="gru"))).to_sb3_model()
+
+
+def test_the_policys_load_state_dict_reads_sb3s_names_and_warns_where_it_loads_nothing():
+    """SB3's docs change weights with model.policy.load_state_dict(part, strict=False), the part picked by SB3's
+    names. covey's policy reads SB3's names as SB3's does; a part with no name of covey's policy (as SB3's docs'
+    filter of covey's names gives: an empty dict) warns instead of changing nothing in silence."""
+    part = {"action_net.weight": torch.zeros(2, 64), "action_net.bias": torch.tensor([0.0, 5.0])}
+    obs = observations(gym.make("CartPole-v1").observation_space)
+    for lib in (stable_baselines3, covey):
+        model = lib.PPO("MlpPolicy", "CartPole-v1", seed=0)
+        model.policy.load_state_dict(part, strict=False)
+        assert (model.predict(obs, deterministic=True)[0] == 1).all(), lib.__name__
+    model = covey.PPO("MlpPolicy", "CartPole-v1", seed=0)
+    for nothing in ({}, {"no_such.weight": torch.zeros(1)}):
+        with pytest.warns(UserWarning, match=r"load_state_dict\(strict=False\) changed no weight of this policy"):
+            model.policy.load_state_dict(nothing, strict=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.policy.load_state_dict(model.policy.state_dict())
+        model.policy.load_state_dict({"actor.head.proj.bias": torch.zeros(2)}, strict=False)
+    sac = covey.SAC("MlpPolicy", "Pendulum-v1")
+    with pytest.raises(ValueError, match=r"SB3's actor.mu.weight without actor.log_std.weight"):
+        sac.policy.load_state_dict({"actor.mu.weight": torch.zeros(1, 256)}, strict=False)

@@ -45,7 +45,7 @@ from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
 from covey.networks.mlp import ManualMLP
 from covey.networks.obs import batch_to_tensor
 from covey.networks.policies import SACPolicy
-from covey.networks.sb3_names import translate_groups
+from covey.networks.sb3_names import is_sb3, translate_groups
 from covey.networks.twohot import ScalarHead
 from covey.spaces import check_finite_bounds
 from covey.warning import warn_user
@@ -824,7 +824,25 @@ class SAC(BaseAgent):
                 f"its ent_coef is fixed at {self.ent_coef}. Pass ent_coef='auto' to go on learning it."
             )
             params = {name: state for name, state in params.items() if name not in learned}
+        params = self._complete_sb3_head(params)
         return translate_groups("SAC", params, self._sb3_optimizers, self._flat_image(), self._sb3_optimizer_state)
+
+    def _complete_sb3_head(self, params: dict) -> dict:
+        """SB3's SAC has a mean layer (``actor.mu``) and a log-std layer (``actor.log_std``) where covey's actor
+        has one head layer of both: SB3 parameters that give one of them (``exact_match=False``) get the other's
+        current values here, so that the head is loaded whole."""
+        policy = params.get("policy")
+        if not isinstance(policy, dict) or "actor.log_std" in policy or not is_sb3("SAC", policy):
+            return params
+        if not isinstance(getattr(self.actor, "log_std", None), torch.nn.Module):
+            return params  # gSDE's log-std is a matrix of its own, apart from the means' layer
+        policy = dict(policy)
+        for kind in ("weight", "bias"):
+            halves = {f"actor.mu.{kind}": self.actor.mu, f"actor.log_std.{kind}": self.actor.log_std}
+            if len(halves.keys() & policy.keys()) == 1:
+                for key, layer in halves.items():
+                    policy.setdefault(key, getattr(layer, kind).detach().clone())
+        return {**params, "policy": policy}
 
     def _hyperparameters(self) -> dict[str, Any]:
         params = super()._hyperparameters()

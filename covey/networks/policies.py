@@ -26,6 +26,7 @@ from gymnasium import spaces
 from stable_baselines3.common import policies as sb3_policies
 from torch import nn
 
+from covey.networks import sb3_names
 from covey.networks.actor_critic import PPO_ADAM_EPS
 from covey.networks.distributions import (
     BernoulliHead,
@@ -184,6 +185,22 @@ class _PolicyBase(nn.Module):
     _model = None  # the agent this policy belongs to (what ``save`` writes), set by the agent
     config = None  # the agent's PolicyConfig (its policy_kwargs), set by the agent
     _adam_eps: float | None = None  # the eps the agent gives Adam when no optimizer_kwargs are given
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module``'s, which also takes the names of SB3's policy of this agent (``action_net.weight``, ...)
+        and warns where ``strict=False`` loads nothing: no key of ``state_dict`` names a weight of this policy."""
+        if self.agent_name in ("PPO", "SAC") and state_dict and sb3_names.is_sb3(self.agent_name, state_dict):
+            state_dict = sb3_names.from_sb3(self.agent_name, state_dict)
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        if not strict and len(result.unexpected_keys) == len(state_dict):
+            what = "is empty" if not state_dict else f"has none of its names (it has {sorted(state_dict)[:4]}...)"
+            warn_user(
+                f"load_state_dict(strict=False) changed no weight of this policy: the state dict {what}. covey's "
+                f"policy names its weights as model.policy.state_dict() lists them ({next(iter(self.state_dict()))}, "
+                "...), not as SB3's policy does, though it reads SB3's names where given: select the weights to "
+                "change from model.policy.state_dict() by covey's names (actor.* for the actor)."
+            )
+        return result
 
     def __getstate__(self) -> dict:
         # Copies and pickles of a policy without a model hold its networks alone.

@@ -102,7 +102,7 @@ def image_inputs_to_covey(state_dict: dict, shape: tuple[int, ...]) -> dict:
 
 def is_sb3(agent: str, state_dict: dict) -> bool:
     """Whether ``state_dict`` is an SB3 ``policy.state_dict()`` of ``agent`` ("PPO" or "SAC")."""
-    marks = ("mlp_extractor.", "action_net.") if agent == "PPO" else ("actor.latent_pi.", "actor.mu.")
+    marks = ("mlp_extractor.", "action_net.") if agent == "PPO" else ("actor.latent_pi.", "actor.mu.", "actor.log_std")
     return any(key.startswith(marks) for key in state_dict)
 
 
@@ -163,9 +163,17 @@ def _sac(state_dict: dict) -> dict:
         else:
             raise ValueError(f"SB3 SAC parameter {key!r} has no counterpart in covey's networks.")
     for kind in ("weight", "bias"):
-        if f"actor.mu.{kind}" in state_dict and "actor.log_std" not in state_dict:
-            mean, log_std = state_dict[f"actor.mu.{kind}"], state_dict[f"actor.log_std.{kind}"]
-            out[f"actor.head.proj.{kind}"] = torch.cat([mean, log_std])
+        halves = [f"actor.mu.{kind}", f"actor.log_std.{kind}"]
+        given = [key for key in halves if key in state_dict]
+        if "actor.log_std" in state_dict or not given:
+            continue
+        if len(given) == 1:
+            raise ValueError(
+                f"SB3's {given[0]} without {(set(halves) - set(given)).pop()}: covey's SAC actor holds SB3's mean "
+                "and log-std layers as one head layer, loaded whole. Give both, or load through "
+                "model.set_parameters(..., exact_match=False), which keeps the model's values for the other."
+            )
+        out[f"actor.head.proj.{kind}"] = torch.cat([state_dict[key] for key in halves])
     return out
 
 
