@@ -431,3 +431,62 @@ def test_normalized_observations_of_a_uint8_vector_space_reach_the_networks_as_f
     model.learn(16)
     stored = model.rollout_buffer.observations
     assert stored.dtype == np.float32 and not np.allclose(stored, np.round(stored))  # normalized, not whole
+
+
+class DictObsEnv(gym.Env):
+    """A Dict observation of one key; episodes of 5 steps, truncated (so the final observation is bootstrapped)."""
+
+    observation_space = spaces.Dict({"observation": spaces.Box(-1, 1, (3,), np.float32)})
+    action_space = spaces.Box(-1, 1, (1,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return {"observation": np.zeros(3, np.float32)}, {}
+
+    def step(self, action):
+        self.t += 1
+        return {"observation": np.full(3, self.t / 10, np.float32)}, 1.0, False, self.t >= 5, {}
+
+
+def extract_key(fix_terminal: bool):
+    """SB3's tutorial wrapper that turns Dict observations into one key's; as the tutorial writes it (its infos'
+    terminal_observation left a dict), or with that one extracted too."""
+    from stable_baselines3.common.vec_env import VecEnvWrapper
+
+    class VecExtractDictObs(VecEnvWrapper):
+        def __init__(self, venv):
+            super().__init__(venv, observation_space=venv.observation_space["observation"])
+
+        def reset(self):
+            return self.venv.reset()["observation"]
+
+        def step_wait(self):
+            obs, rewards, dones, infos = self.venv.step_wait()
+            if fix_terminal:
+                for info in infos:
+                    if "terminal_observation" in info:
+                        info["terminal_observation"] = info["terminal_observation"]["observation"]
+            return obs["observation"], rewards, dones, infos
+
+    return VecExtractDictObs(DummyVecEnv([DictObsEnv, DictObsEnv]))
+
+
+@pytest.mark.parametrize("agent", ["ppo", "sac"])
+def test_a_terminal_observation_unlike_the_observations_is_named_with_the_wrapper_to_fix(agent):
+    """Where a VecEnv wrapper changes obs but not infos' terminal_observation, the error names both (it was
+    a TypeError from deep in a tensor conversion); the wrapper that changes both trains."""
+    from covey import SAC
+
+    def build(env):
+        if agent == "ppo":
+            return PPO("MlpPolicy", env, n_steps=8, batch_size=16)
+        return SAC("MlpPolicy", env, learning_starts=4, batch_size=8)
+
+    with pytest.raises(
+        ValueError,
+        match=r"infos\[0\]\['terminal_observation'\] is a dict of keys \['observation'\], "
+        r"where the step's observations are arrays of shape \(3,\)",
+    ):
+        build(extract_key(fix_terminal=False)).learn(16)
+    assert build(extract_key(fix_terminal=True)).learn(16).num_timesteps == 16

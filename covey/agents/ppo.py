@@ -25,7 +25,7 @@ from covey.agents.base import (
 )
 from covey.agents.recurrent import RecurrentRollout, RNNStates
 from covey.agents.sb3_policy import SB3PolicyTrainer, sb3_policy_class
-from covey.buffers.finite import check_discrete_observations, check_finite
+from covey.buffers.finite import check_discrete_observations, check_finite, check_terminal_observation
 from covey.buffers.rollout import RolloutBatch, RolloutBuffer
 from covey.networks.actor_critic import (
     PPO_ADAM_EPS,
@@ -916,6 +916,8 @@ class PPO(BaseAgent):
             terminated = dones.copy()
             for i in np.flatnonzero(dones):
                 final_obs = infos[i].get("terminal_observation")
+                if final_obs is not None:
+                    check_terminal_observation(final_obs, new_obs, i)
                 if infos[i].get("TimeLimit.truncated", False) and final_obs is not None:
                     # A time limit is not a terminal: bootstrap from V(true final observation).
                     terminated[i] = False

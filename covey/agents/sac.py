@@ -35,7 +35,7 @@ from covey.agents.base import (
     set_train_mode,
 )
 from covey.agents.sb3_policy import sb3_policy_class
-from covey.buffers.finite import check_discrete_observations, check_finite
+from covey.buffers.finite import check_discrete_observations, check_finite, check_terminal_observation
 from covey.buffers.her import HerReplayBuffer, goal_strategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer, file_layout, read_buffer_file
 from covey.networks import linear
@@ -1062,6 +1062,7 @@ class SAC(BaseAgent):
         for i in np.flatnonzero(dones):
             final = infos[i].get("terminal_observation")
             if final is not None:
+                check_terminal_observation(final, stored_new_obs, i)
                 # The true final observation, not the reset one, is the next state of this transition.
                 if next_obs is stored_new_obs:
                     next_obs = _copy_obs(stored_new_obs)

@@ -66,3 +66,28 @@ def check_discrete_observations(when: str, observations: Any, space: spaces.Spac
                 f"The env returned an observation {when} with a {problem}; covey's one-hot encoding would read "
                 "it as the nearest value, silently. Fix the env or its observation_space."
             )
+
+
+def check_terminal_observation(final: Any, new_obs: Any, i: int) -> None:
+    """Raise where env ``i``'s ``terminal_observation`` (in its info) is not an observation of the kind and shape
+    of the step's observations ``new_obs`` (one per env): a VecEnv wrapper that changes the observations (as
+    SB3's docs' ``VecExtractDictObs``) must change that one too, which a truncated episode bootstraps from."""
+    if isinstance(new_obs, dict):
+        fits = isinstance(final, dict) and final.keys() == new_obs.keys()
+        fits = fits and all(np.shape(final[key]) == np.shape(value)[1:] for key, value in new_obs.items())
+    else:
+        fits = not isinstance(final, dict) and np.shape(final) == np.shape(new_obs)[1:]
+    if not fits:
+        raise ValueError(
+            f"infos[{i}]['terminal_observation'] is {_what(final)}, where the step's observations are "
+            f"{_what(new_obs, batch=True)}: a VecEnv wrapper that changes the observations must change "
+            "infos[i]['terminal_observation'] alike (the true last observation of an episode, which a time limit's "
+            "bootstrap reads), as its step_wait changes obs."
+        )
+
+
+def _what(obs: Any, batch: bool = False) -> str:
+    if isinstance(obs, dict):
+        return f"a dict of keys {sorted(obs)}"
+    shape = np.shape(obs)[1:] if batch else np.shape(obs)
+    return f"{'arrays' if batch else 'an array'} of shape {shape}"
