@@ -1367,6 +1367,21 @@ def test_device():
     assert auto.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@pytest.mark.parametrize("device", ["tpu", "cuda:abc", 3.5])
+def test_a_device_torch_does_not_know_is_a_value_error_naming_the_devices(device):
+    """Where torch.device raised its own RuntimeError (and the CLI showed a traceback)."""
+    from covey import POCA, SAC
+    from covey.envs import EarlyExitEnv
+
+    for build in (
+        lambda: PPO("MlpPolicy", "CartPole-v1", device=device, **FAST),
+        lambda: SAC("MlpPolicy", "Pendulum-v1", device=device),
+        lambda: POCA("MlpPolicy", EarlyExitEnv, device=device),
+    ):
+        with pytest.raises(ValueError, match=r"device=.* is not a torch device: use 'auto' .*'cpu', 'cuda'"):
+            build()
+
+
 def test_policy_optimizer_is_the_models_optimizer_as_in_sb3(tmp_path):
     """SB3 code reads and changes the optimizer through model.policy.optimizer (e.g. its learning rate)."""
     from covey import POCA, SAC

@@ -148,12 +148,22 @@ def whole_number(value: Any) -> bool:
     return bool(math.isfinite(value) and float(value).is_integer())
 
 
+def as_device(device: torch.device | str) -> torch.device:
+    """``torch.device(device)``, with a ValueError that names the argument and the values it takes."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"device={device!r} is not a torch device: use 'auto' (CUDA where there is one), 'cpu', 'cuda' or 'cuda:N'."
+        ) from err
+
+
 def get_device(device: torch.device | str = "auto") -> torch.device:
     """``"auto"`` means CUDA when available, else CPU. A CUDA device on a machine without CUDA falls back to the
     CPU with a warning, as SB3 falls back (silently there)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    device = as_device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         warn_user(f"device={str(device)!r} was asked for, but CUDA is not available: using the CPU.")
         return torch.device("cpu")
@@ -663,7 +673,7 @@ class BaseAgent:
         self.tensorboard_log = tensorboard_log
         self.verbose = verbose = check_verbose(verbose)
         cpu_only = self._cpu_only()
-        asked = None if isinstance(device, str) and device == "auto" else torch.device(device)
+        asked = None if isinstance(device, str) and device == "auto" else as_device(device)
         if cpu_only is not None and asked is not None and asked.type != "cpu":
             fix = "Pass device='cpu' (or device='auto', which picks the CPU for it)."
             if asked.type != "cuda" or torch.cuda.is_available():
