@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -613,6 +614,19 @@ def test_a_run_dir_that_is_a_file_and_a_budget_below_the_runs_steps_are_refused(
     assert (ppo_run / "config.yaml").read_text() == config  # the run keeps its budget
 
 
+def test_resuming_a_run_that_finished_past_its_budget_finds_it_finished(tmp_path):
+    """Training runs whole rollouts, so a finished run may stand past its budget (100 steps in rollouts of 64:
+    128). Resuming it without a new budget (a re-queued job's `covey resume DIR`) finds it done, as one that
+    ended on its budget, where it was refused as if a smaller budget had been given."""
+    run = tmp_path / "run"
+    sets = ["hyperparameters.n_steps=64", "hyperparameters.batch_size=64", "eval_episodes=0", "checkpoint_freq=0"]
+    covey("train", "ppo", "--env", "CartPole-v1", "--timesteps", "100", "--run-dir", run, "--set", *sets, cwd=tmp_path)
+    again = covey("resume", run, cwd=tmp_path, check=False)
+    assert again.returncode == 0, again.stderr
+    assert "already at step 128, its budget 100 spent" in again.stderr
+    assert "Traceback" not in again.stderr
+
+
 def test_the_latest_model_of_a_run_extended_and_stopped_is_its_latest_checkpoint(tmp_path):
     """A finished run (model.zip) extended by a resume that was stopped: eval, enjoy and export take the
     checkpoint that is further on, not the older final model."""
@@ -753,3 +767,98 @@ def test_the_reward_tap_adds_up_the_rewards_of_several_steps_of_the_env():
     actions = {agent: 1 for agent in twin.agents}
     first, second = twin.step(actions)[1], twin.step(actions)[1]
     assert env.step(actions)[1] == pytest.approx({agent: first[agent] + second[agent] for agent in first})
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "ppo", "--env", "CartPole-v1", "--timesteps", "1000", "--set", "timesteps=64"],
+        ["train", "ppo", "--env", "CartPole-v1", "--seed", "1", "--set", "seed=2"],
+        ["resume", "RUN", "--timesteps", "1e3", "--set", "timesteps=2000"],
+    ],
+    ids=["train timesteps", "train seed", "resume timesteps"],
+)
+def test_a_key_given_by_its_flag_and_by_set_is_refused(tmp_path, capsys, args):
+    """train let --set win and resume let the flag win, silently; either way one of the two was dropped."""
+    from covey.cli import main
+
+    args = [str(tmp_path / "run") if a == "RUN" else a for a in args]
+    if args[0] == "train":
+        args += ["--run-dir", str(tmp_path / "run")]
+    assert main(args) == 2
+    key = args[args.index("--set") + 1].split("=")[0]
+    assert f"--{key} and --set {key}=... both give {key}: give it once." in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("damage", ["model", "state"])
+def test_a_damaged_latest_checkpoint_is_named_with_the_way_to_the_one_before(ppo_run, tmp_path, capsys, damage):
+    """A truncated checkpoint file (a crash or a full disk while it was written) ended resume in a traceback."""
+    from covey.cli import main
+    from covey.cli.training import RunFolder
+
+    run = tmp_path / "run"
+    shutil.copytree(ppo_run, run)
+    steps = RunFolder(run).checkpoint_steps()
+    assert len(steps) > 1
+    model, state = RunFolder(run).checkpoint(steps[-1])
+    damaged = model if damage == "model" else state
+    os.truncate(damaged, damaged.stat().st_size // 2)
+    assert main(["resume", str(run), "--timesteps", str(2 * steps[-1])]) == 2
+    err = capsys.readouterr().err
+    assert f"its {damage}, {damaged.name}, is damaged" in err and "Traceback" not in err
+    assert f"Remove checkpoints/step_{steps[-1]}.* from the run folder to resume from the checkpoint before it" in err
+
+
+def test_run_dirs_and_config_files_that_cannot_be_used_are_named(tmp_path, capsys):
+    """An empty --run-dir (an unset shell variable) trained into the current folder; a folder that cannot be made
+    and a config that is not UTF-8 or is a folder ended in tracebacks."""
+    from covey.cli import main
+
+    short = ["train", "ppo", "--env", "CartPole-v1", "--timesteps", "64"]
+    (tmp_path / "afile").write_text("mine")
+    cases = [
+        ([*short, "--run-dir", ""], "--run-dir is empty (an unset shell variable?)"),
+        ([*short, "--run-dir", str(tmp_path / "afile" / "sub")], "cannot be created (Not a directory)"),
+    ]
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfeagent: ppo\n")
+    (tmp_path / "folder.yaml").mkdir()
+    cases += [
+        (["check", str(tmp_path / "binary.yaml")], "binary.yaml is not UTF-8 text"),
+        (["train", str(tmp_path / "folder.yaml")], "folder.yaml' is a folder; give the YAML file in it"),
+    ]
+    cases += [(["resume", str(tmp_path / "no_such_run")], "no_such_run does not exist: give the run folder")]
+    for args, message in cases:
+        assert main(args) == 2, args
+        out = capsys.readouterr()
+        assert message in out.err + out.out  # (check reports each config on stdout)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "binary.yaml", "folder.yaml"]
+
+
+def test_a_budget_below_one_rollout_is_warned_of_with_the_steps_it_trains(tmp_path, capsys):
+    from covey.cli import main
+
+    sets = ["eval_episodes=0", "hyperparameters.n_steps=64", "hyperparameters.batch_size=64", "n_envs=2"]
+    args = ["train", "ppo", "--env", "CartPole-v1", "--timesteps", "100", "--run-dir", str(tmp_path / "r")]
+    assert main([*args, "--set", *sets]) == 0
+    out = capsys.readouterr()
+    err = out.err
+    assert (
+        "timesteps=100 is less than one rollout (n_steps=64 x 2 envs): training runs whole rollouts, so this "
+        "run trains 128 steps." in err
+    )
+    assert "done, 128 steps" in out.out and "128/128" in err  # the progress bar's total: the steps it trains
+
+
+def test_every_command_argument_and_flag_has_help():
+    """`covey COMMAND --help` describes the command and each of its arguments."""
+    import argparse
+
+    from covey.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, parser in sub.choices.items():
+        assert parser.description, name
+        for action in parser._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, (name, action.dest)

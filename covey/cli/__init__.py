@@ -75,6 +75,7 @@ def _cmd_train(args: Any) -> int:
         raw = load_yaml_file(target)
     else:
         raise CLIError(f"{target!r} is neither a config file nor an agent name ({', '.join(AGENTS)}).")
+    _given_once(args, ("env", "policy", "timesteps", "n_envs", "seed", "env_kwargs"))
     flags = {"env": args.env, "policy": args.policy}
     raw.update({k: v for k, v in flags.items() if v is not None})
     for key, text in (("timesteps", args.timesteps), ("n_envs", args.n_envs), ("seed", args.seed)):
@@ -88,9 +89,19 @@ def _cmd_train(args: Any) -> int:
     return start(cfg, args.run_dir, quiet=args.quiet)
 
 
+def _given_once(args: Any, keys: tuple[str, ...]) -> None:
+    """Refuse a config key given both by its flag and by --set (which of them would win is no one's guess)."""
+    set_keys = {item.split("=", 1)[0].strip() for item in args.set or []}
+    for key in keys:
+        if getattr(args, key, None) is not None and key in set_keys:
+            flag = "--" + key.replace("_", "-")
+            raise CLIError(f"{flag} and --set {key}=... both give {key}: give it once.")
+
+
 def _resume(run_dir: str, args: Any) -> int:
     from covey.cli.training import resume
 
+    _given_once(args, ("timesteps",))
     sets = list(args.set or [])
     if args.timesteps is not None:
         sets.append(f"timesteps={args.timesteps}")
@@ -144,11 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--quiet", action="store_true", help="no summary lines (the progress bar stays)")
     train.set_defaults(func=_cmd_train)
 
-    resume = sub.add_parser("resume", help="continue a run from its latest checkpoint (= train --resume)")
-    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume = sub.add_parser(
+        "resume",
+        help="continue a run from its latest checkpoint (= train --resume)",
+        description="Continue a run from its latest checkpoint with its own config: the step count, the logs and "
+        "the schedules go on. A finished run is left as it is unless --timesteps extends it.",
+    )
+    resume.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (covey train's --run-dir)")
     resume.add_argument("--timesteps", help="a new total budget (to extend a run)")
-    _add_set(resume, "only " + ", ".join(RESUME_OVERRIDABLE))
-    resume.add_argument("--quiet", action="store_true")
+    _add_set(resume, "only " + ", ".join(RESUME_OVERRIDABLE), example="eval_episodes=20 torch_threads=2")
+    resume.add_argument("--quiet", action="store_true", help="no summary lines (the progress bar stays)")
     resume.set_defaults(func=_cmd_resume)
 
     for name, help_text in (
@@ -159,25 +175,27 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("target", metavar="RUN_DIR_OR_MODEL", help="a run folder (its env is used) or a model file")
         cmd.add_argument("--env", help="the env (needed for a bare model file)")
         cmd.add_argument("--env-kwargs", help="env keyword arguments as JSON/YAML")
-        cmd.add_argument("--episodes", type=int, default=20 if name == "eval" else 1)
+        cmd.add_argument(
+            "--episodes", type=int, default=20 if name == "eval" else 1, help=f"default {20 if name == 'eval' else 1}"
+        )
         cmd.add_argument("--stochastic", action="store_true", help="sample actions (default: the most likely one)")
         cmd.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
         cmd.add_argument("--best", action="store_true", help="use the run's checkpoints/best_model.zip")
         if name == "enjoy":
             cmd.add_argument("--gif", help="output GIF (default: <run folder>/<model>.gif)")
-            cmd.add_argument("--fps", type=int, default=30)
-            cmd.add_argument("--max-frames", type=int, default=1000)
+            cmd.add_argument("--fps", type=int, default=30, help="frames per second of the GIF (default 30)")
+            cmd.add_argument("--max-frames", type=int, default=1000, help="stop recording after (default 1000)")
         cmd.set_defaults(func=_run(f"cmd_{name}"))
 
-    plot = sub.add_parser("plot", help="overlay the learning curves of runs (mean and spread across seeds)")
-    plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    plot_help = "overlay the learning curves of runs (mean and spread across seeds)"
+    plot = sub.add_parser("plot", help=plot_help, description=plot_help[0].upper() + plot_help[1:] + ".")
+    plot.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (progress.csv is read)")
     plot.add_argument("--out", default="curves.png", help="output PNG (default curves.png)")
     plot.set_defaults(func=_run("cmd_plot"))
 
-    export = sub.add_parser(
-        "export", help="export a model's policy to ONNX (or the model to SB3's file) and verify it against torch"
-    )
-    export.add_argument("target", metavar="MODEL_OR_RUN_DIR")
+    export_help = "export a model's policy to ONNX (or the model to SB3's file) and verify it against torch"
+    export = sub.add_parser("export", help=export_help, description=export_help[0].upper() + export_help[1:] + ".")
+    export.add_argument("target", metavar="MODEL_OR_RUN_DIR", help="a run folder (its latest model) or a model file")
     export.add_argument("--onnx", help="output file (default: <run folder>/model.onnx or <model>.onnx)")
     export.add_argument(
         "--sb3",
@@ -189,8 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(func=_run("cmd_export"))
 
-    check = sub.add_parser("check", help="check configs: load them and build their agents, without training")
-    check.add_argument("configs", nargs="+", metavar="CONFIG")
+    check_help = "check configs: load them and build their agents, without training"
+    check = sub.add_parser("check", help=check_help, description=check_help[0].upper() + check_help[1:] + ".")
+    check.add_argument("configs", nargs="+", metavar="CONFIG", help="config files (.yaml)")
     _add_set(check)
     check.set_defaults(func=_run("cmd_check"))
 
@@ -207,14 +226,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_set(parser: argparse.ArgumentParser, note: str = "") -> None:
+def _add_set(
+    parser: argparse.ArgumentParser, note: str = "", example: str = "hyperparameters.learning_rate=1e-3 timesteps=2000"
+) -> None:
     parser.add_argument(
         "--set",
         action="extend",
         nargs="+",
         metavar="KEY=VALUE",
-        help="override config keys, dotted, values as YAML: hyperparameters.learning_rate=1e-3 timesteps=2000"
-        + (f" ({note})" if note else ""),
+        help=f"override config keys, dotted, values as YAML: {example}" + (f" ({note})" if note else ""),
     )
 
 

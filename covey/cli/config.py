@@ -67,9 +67,17 @@ def _one_line(err: yaml.YAMLError) -> str:
 
 def load_yaml_file(path: str | pathlib.Path) -> dict[str, Any]:
     path = pathlib.Path(path)
+    if path.is_dir():
+        raise CLIError(f"Config file {str(path)!r} is a folder; give the YAML file in it.")
     if not path.is_file():
         raise CLIError(f"Config file {str(path)!r} does not exist.")
-    data = parse_yaml(path.read_text(), str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CLIError(
+            f"{path} is not UTF-8 text ({err.reason} at byte {err.start}): save it as a UTF-8 YAML file."
+        ) from err
+    data = parse_yaml(text, str(path))
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -21,6 +21,7 @@ second Ctrl-C saves the model wherever it stopped, its unfinished rollout's step
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -33,7 +34,9 @@ import signal
 import sys
 import threading
 import time
+import zipfile
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +56,7 @@ from covey.cli.config import (
 from covey.cli.envs import build_env
 from covey.cli.evaluation import Evaluator
 from covey.files import write_text_atomically
+from covey.serialization import ModelFileError
 from covey.wrappers.group_env import WorkerLost
 
 STATE_FORMAT = 1
@@ -472,6 +476,11 @@ def prepare(cfg: RunConfig) -> tuple[Any, Any]:
 
 def start(cfg: RunConfig, run_dir: str | os.PathLike | None = None, desc: str = "", quiet: bool = False) -> int:
     """Check the config, build the agent, create the run folder and train. Returns the exit code."""
+    if run_dir is not None and not str(run_dir).strip():
+        raise CLIError(
+            "--run-dir is empty (an unset shell variable?), which would train into the current folder: give a "
+            "folder, or leave the flag out for runs/<agent>-<env>-<time>."
+        )
     env, model = prepare(cfg)
     path = pathlib.Path(run_dir) if run_dir is not None else new_run_dir(cfg)
     if path.exists() and not path.is_dir():
@@ -493,7 +502,18 @@ def start(cfg: RunConfig, run_dir: str | os.PathLike | None = None, desc: str = 
             f"{path} already holds {held}, so it cannot be resumed. Remove the folder to start it over, or choose "
             "another --run-dir."
         )
-    path.mkdir(parents=True, exist_ok=True)
+    rollout = _rollout_steps(model, cfg)
+    if cfg.timesteps < rollout:
+        print(
+            f"covey: warning: timesteps={cfg.timesteps:,} is less than one rollout (n_steps={model.n_steps:,} x "
+            f"{model.env.num_envs} env{'s' * (model.env.num_envs > 1)}): training runs whole rollouts, so this run "
+            f"trains {rollout:,} steps.",
+            file=sys.stderr,
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CLIError(f"--run-dir {path} cannot be created ({err.strerror}): choose a folder that can be.") from err
     folder.config.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     if not quiet:
         print(
@@ -508,6 +528,8 @@ def load_run_config(folder: RunFolder, sets: list[str] | None = None) -> RunConf
     """A run folder's config.yaml, with the ``--set`` changes a resume allows."""
     from covey.cli.config import apply_sets
 
+    if not folder.path.exists():
+        raise CLIError(f"{folder.path} does not exist: give the run folder that covey train wrote (its --run-dir).")
     if not folder.is_run():
         raise CLIError(f"{folder.path} is not a run folder (it has no config.yaml).")
     raw = load_yaml_file(folder.config)
@@ -533,10 +555,14 @@ def resume(run_dir: str | os.PathLike, sets: list[str] | None = None, quiet: boo
             "stopped before its first. Start it over: remove the folder, or give `covey train` another --run-dir."
         )
     model_path, state_path = folder.checkpoint(steps[-1])
-    state = json.loads(state_path.read_text())
+    sac = cfg.agent == "sac"
+    with _damaged(folder, steps, state_path, sac, (ValueError, KeyError, TypeError)):  # (JSONDecodeError: a ValueError)
+        state = json.loads(state_path.read_text())
+        int(state["num_timesteps"]), state["rng"]
     torch.set_num_threads(cfg.torch_threads)
     start_step = int(state["num_timesteps"])
-    if cfg.timesteps < start_step:  # before anything is written: the run keeps its budget
+    budget_given = any(item.split("=", 1)[0].strip() == "timesteps" for item in sets or [])
+    if budget_given and cfg.timesteps < start_step:  # before anything is written: the run keeps its budget
         raise CLIError(
             f"{folder.path} is already at step {start_step:,}, past timesteps={cfg.timesteps:,}: give a larger "
             "budget to extend it (--timesteps), or leave it out to finish the run's own."
@@ -545,12 +571,14 @@ def resume(run_dir: str | os.PathLike, sets: list[str] | None = None, quiet: boo
     from covey.agents import agent_class
 
     device = cfg.hyperparameters.get("device", "auto")
-    model = agent_class(cfg.agent).load(model_path, env=env, device=device, custom_objects=schedule_objects(cfg))
+    with _damaged(folder, steps, model_path, sac):
+        model = agent_class(cfg.agent).load(model_path, env=env, device=device, custom_objects=schedule_objects(cfg))
     if state.get("replay_buffer"):
         replay = folder.checkpoints / state["replay_buffer"]
         if not replay.is_file():
             raise CLIError(f"The checkpoint's replay buffer {replay} is missing; cannot resume SAC faithfully.")
-        model.load_replay_buffer(replay)
+        with _damaged(folder, steps, replay, True, (ValueError,)):
+            model.load_replay_buffer(replay)
     model.num_timesteps = start_step
     if hasattr(model, "_episode_num"):
         model._episode_num = int(state.get("episode_num", 0))
@@ -566,6 +594,42 @@ def resume(run_dir: str | os.PathLike, sets: list[str] | None = None, quiet: boo
     if not quiet:
         print(f"covey: resuming {folder.path} at step {start_step:,} of {cfg.timesteps:,}", file=sys.stderr)
     return _train(model, cfg, folder, state=state, quiet=quiet)
+
+
+def _rollout_steps(model: Any, cfg: RunConfig) -> int:
+    """Env steps of one rollout of an on-policy agent (training runs whole ones); 0 for SAC."""
+    return 0 if cfg.agent == "sac" else int(model.n_steps) * model.env.num_envs
+
+
+def _last_step(model: Any, cfg: RunConfig) -> int:
+    """The step training will end at: the budget, rounded up to whole rollouts from where the model stands."""
+    rollout, start = _rollout_steps(model, cfg), int(model.num_timesteps)
+    if rollout == 0 or cfg.timesteps <= start:
+        return cfg.timesteps
+    return start + -(-(cfg.timesteps - start) // rollout) * rollout
+
+
+@contextlib.contextmanager
+def _damaged(folder: RunFolder, steps: list[int], path: pathlib.Path, sac: bool, errors: tuple = ()) -> Iterator[None]:
+    """A file of the latest checkpoint that cannot be read (a crash or a full disk while it was copied), raising
+    ``ModelFileError``, ``zipfile.BadZipFile``, ``EOFError`` or one of ``errors``, as a CLIError that names it
+    and the way on: remove that checkpoint, to resume from the one before."""
+    try:
+        yield
+    except (ModelFileError, zipfile.BadZipFile, EOFError, *errors) as err:
+        latest = f"checkpoints/step_{steps[-1]}.*"
+        if sac:
+            before = "start the run over (SAC's replay buffer is kept with the latest checkpoint only)"
+        elif len(steps) > 1:
+            before = f"resume from the checkpoint before it (step {steps[-2]:,})"
+        else:
+            before = "start the run over (it has no other checkpoint)"
+        problem = str(err).rstrip(".")
+        kind = "SAC's replay buffer" if path.suffix == ".npz" else "its model" if path.suffix == ".zip" else "its state"
+        raise CLIError(
+            f"The latest checkpoint of {folder.path} cannot be read: {kind}, {path.name}, is damaged ({problem}). "
+            f"Remove {latest} from the run folder to {before}."
+        ) from err
 
 
 def _train(
@@ -588,7 +652,7 @@ def _train(
     if remaining > 0:
         # The bar closes first at the end, so its steps/s leave out the final evaluation. Where an evaluation and
         # a checkpoint fall on one step, the evaluation runs first: the checkpoint then holds the best so far.
-        callbacks: list[BaseCallback] = [ProgressCallback(run, cfg.timesteps)]
+        callbacks: list[BaseCallback] = [ProgressCallback(run, _last_step(model, cfg))]
         if evaluator is not None:
             callbacks.append(EvaluationCallback(run, cfg.timesteps))
         callbacks.append(CheckpointCallback(run))
@@ -607,8 +671,11 @@ def _train(
                 for callback in callbacks:
                     if isinstance(callback, ProgressCallback) and callback.bar is not None:
                         callback.bar.close()
-    elif not quiet:
-        print(f"covey: the run is already at {int(model.num_timesteps):,} of {cfg.timesteps:,} steps.", file=sys.stderr)
+    elif not quiet:  # (training runs whole rollouts, so a finished run may be past its budget)
+        print(
+            f"covey: the run is already at step {int(model.num_timesteps):,}, its budget {cfg.timesteps:,} spent.",
+            file=sys.stderr,
+        )
     model.logger.close()  # progress.csv and the TensorBoard writer, whose thread would outlive the run in-process
     if evaluator is not None:
         evaluator.close()
