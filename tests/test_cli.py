@@ -862,3 +862,28 @@ def test_every_command_argument_and_flag_has_help():
         for action in parser._actions:
             if not isinstance(action, argparse._HelpAction):
                 assert action.help, (name, action.dest)
+
+
+def test_resuming_a_run_stopped_during_its_final_evaluation_evaluates_it(ppo_run, tmp_path, capsys):
+    """A second Ctrl-C during the final evaluation stops the run at its budget without it; resume then found the
+    run done and left evaluations.csv without its last row. It evaluates the final model now, once."""
+    from covey.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(ppo_run, run)
+    rows = (run / "evaluations.csv").read_text().splitlines()
+    assert rows[-1].startswith("2048,")
+    (run / "evaluations.csv").write_text("\n".join(rows[:-1]) + "\n")  # as the stop during it left the file
+
+    def logged_evaluations() -> list[int]:
+        with open(run / "progress.csv", newline="") as f:
+            return [int(float(r["time/total_timesteps"])) for r in csv.DictReader(f) if r.get("eval/mean_reward")]
+
+    before = logged_evaluations()
+    assert main(["resume", str(run)]) == 0
+    again = (run / "evaluations.csv").read_text().splitlines()
+    assert again[:-1] == rows[:-1] and again[-1].startswith("2048,")
+    assert logged_evaluations() == [*before, 2048]  # and its row in the logs
+    assert main(["resume", str(run)]) == 0
+    assert (run / "evaluations.csv").read_text().splitlines() == again  # evaluated once
+    capsys.readouterr()

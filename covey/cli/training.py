@@ -326,6 +326,24 @@ class ProgressCallback(BaseCallback):
             self.bar.close()
 
 
+def evaluate_and_log(run: Run, model: Any) -> None:
+    """Evaluate ``model`` (a row of evaluations.csv, the best model) and log the result in a row of its own."""
+    mean, std = run.evaluate(model)
+    step = int(model.num_timesteps)
+    # A row of the evaluation's own: what training has recorded since the last row (the update's train/*)
+    # is held back for the next regular row, so no curve gets two points at one step.
+    logger = model.logger
+    held = [dict(d) for d in (logger.name_to_value, logger.name_to_count, logger.name_to_excluded)]
+    for d in (logger.name_to_value, logger.name_to_count, logger.name_to_excluded):
+        d.clear()
+    logger.record("eval/mean_reward", mean)
+    logger.record("eval/std_reward", std)
+    logger.record("time/total_timesteps", step, exclude="tensorboard")
+    logger.dump(step=step)
+    for d, values in zip((logger.name_to_value, logger.name_to_count, logger.name_to_excluded), held):
+        d.update(values)
+
+
 class EvaluationCallback(BaseCallback):
     """Evaluate every ``eval_freq`` env steps and at the end; rows go to evaluations.csv, values to the logger
     (``eval/mean_reward``, ``eval/std_reward``, written in a log row of the evaluation's step, as SB3's
@@ -355,20 +373,7 @@ class EvaluationCallback(BaseCallback):
         return True
 
     def _evaluate(self) -> None:
-        mean, std = self.run.evaluate(self.model)
-        step = int(self.model.num_timesteps)
-        # A row of the evaluation's own: what training has recorded since the last row (the update's train/*)
-        # is held back for the next regular row, so no curve gets two points at one step.
-        logger = self.logger
-        held = [dict(d) for d in (logger.name_to_value, logger.name_to_count, logger.name_to_excluded)]
-        for d in (logger.name_to_value, logger.name_to_count, logger.name_to_excluded):
-            d.clear()
-        logger.record("eval/mean_reward", mean)
-        logger.record("eval/std_reward", std)
-        logger.record("time/total_timesteps", step, exclude="tensorboard")
-        logger.dump(step=step)
-        for d, values in zip((logger.name_to_value, logger.name_to_count, logger.name_to_excluded), held):
-            d.update(values)
+        evaluate_and_log(self.run, self.model)
 
     def _on_training_end(self) -> None:
         done = self.model.num_timesteps >= self.total
@@ -596,6 +601,12 @@ def resume(run_dir: str | os.PathLike, sets: list[str] | None = None, quiet: boo
     return _train(model, cfg, folder, state=state, quiet=quiet)
 
 
+def _evaluated_steps(folder: RunFolder) -> set[int]:
+    """The steps evaluations.csv has a row for."""
+    with open(folder.evaluations, newline="") as f:
+        return {int(float(row["timesteps"])) for row in csv.DictReader(f) if row.get("timesteps")}
+
+
 def _rollout_steps(model: Any, cfg: RunConfig) -> int:
     """Env steps of one rollout of an on-policy agent (training runs whole ones); 0 for SAC."""
     return 0 if cfg.agent == "sac" else int(model.n_steps) * model.env.num_envs
@@ -671,11 +682,14 @@ def _train(
                 for callback in callbacks:
                     if isinstance(callback, ProgressCallback) and callback.bar is not None:
                         callback.bar.close()
-    elif not quiet:  # (training runs whole rollouts, so a finished run may be past its budget)
-        print(
-            f"covey: the run is already at step {int(model.num_timesteps):,}, its budget {cfg.timesteps:,} spent.",
-            file=sys.stderr,
-        )
+    else:
+        if not quiet:  # (training runs whole rollouts, so a finished run may be past its budget)
+            print(
+                f"covey: the run is already at step {int(model.num_timesteps):,}, its budget {cfg.timesteps:,} spent.",
+                file=sys.stderr,
+            )
+        if evaluator is not None and int(model.num_timesteps) not in _evaluated_steps(folder):
+            evaluate_and_log(run, model)  # the final evaluation, which a stop during it left undone
     model.logger.close()  # progress.csv and the TensorBoard writer, whose thread would outlive the run in-process
     if evaluator is not None:
         evaluator.close()
