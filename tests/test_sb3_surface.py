@@ -7,6 +7,7 @@ and what it can observe afterwards.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
@@ -18,6 +19,8 @@ import pytest
 import torch
 from envs import NormExtractor, SpaceEnv, image_space
 from gymnasium import spaces
+from gymnasium.utils import EzPickle
+from mpe2 import simple_spread_v3
 from stable_baselines3.common.callbacks import (
     BaseCallback,
     CallbackList,
@@ -2041,6 +2044,50 @@ def test_a_copied_model_trains_saves_and_loads_as_its_own(tmp_path, agent, how):
     clone.save(tmp_path / "clone")
     loaded = type(model).load(tmp_path / "clone")
     np.testing.assert_array_equal(actions(loaded), actions(clone))
+
+
+class RebuiltEnv(gym.Env, EzPickle):
+    """An env that pickles as Gymnasium's EzPickle does (Box2D's, and PettingZoo's mpe2, butterfly and sisl envs):
+    by its constructor's arguments, so a copy is a new env that needs a reset before its first step."""
+
+    observation_space = spaces.Box(-1, 1, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, length: int = 10):
+        EzPickle.__init__(self, length)
+        self.length, self.t = length, None
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        assert self.t is not None, "step() before reset()"
+        self.t += 1
+        return np.full(2, self.t / self.length, np.float32), 1.0, self.t >= self.length, False, {}
+
+
+@pytest.mark.parametrize("agent", ["ppo", "poca"])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_of_a_model_whose_env_pickles_by_its_arguments_trains_from_a_reset(agent, how):
+    """Such an env's copy is a new env, not the one in mid-episode: the copy's next learn starts from a reset,
+    where its first step failed inside the env (mpe2: no agent_selection; LunarLander: no lander)."""
+    import copy
+    import pickle
+
+    from covey import POCA
+
+    if agent == "ppo":
+        model = PPO("MlpPolicy", RebuiltEnv(), n_steps=16, batch_size=16, seed=0).learn(24)  # ends mid-episode
+    else:
+        make = functools.partial(simple_spread_v3.parallel_env, N=2)
+        model = POCA("MlpPolicy", make, n_steps=8, batch_size=16, seed=0)
+        model.learn(20)
+    clone = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    clone.learn(32, reset_num_timesteps=False)
+    assert clone.num_timesteps == model.num_timesteps + 32
+    model.learn(16, reset_num_timesteps=False)  # the original goes on where it was
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])

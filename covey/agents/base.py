@@ -27,6 +27,7 @@ import numpy as np
 import stable_baselines3
 import torch
 from gymnasium import spaces
+from gymnasium.utils import EzPickle
 from stable_baselines3.common.callbacks import (
     BaseCallback,
     CallbackList,
@@ -1858,9 +1859,30 @@ def _rebuild_agent(cls: type, snapshot: dict[str, Any]) -> BaseAgent:
     model.__dict__.update(snapshot["runtime"])
     if snapshot["memories"] is not None:
         model.recurrent.actor_state, model.recurrent.critic_state = snapshot["memories"]
+    if model.env is not None and _rebuilt_from_arguments(model.env):
+        # Such an env is copied as a new one, made from its constructor's arguments and not reset: the episodes
+        # the model was in are gone, so its next learn starts from a reset (as a loaded model's does).
+        model._last_obs = None
     if getattr(model, "replay_buffer", None) is not None and hasattr(model.replay_buffer, "env"):
         model.replay_buffer.env = model.env  # hindsight replay asks the env for relabeled rewards
     return model
+
+
+def _rebuilt_from_arguments(venv: Any) -> bool:
+    """Whether an env of ``venv`` (SB3's VecEnvs and their wrappers, covey's group envs) pickles as Gymnasium's
+    ``EzPickle`` does: by its constructor's arguments, so that a copy is a new env, not the one in mid-episode
+    (mpe2's, PettingZoo's butterfly and sisl envs, Box2D's)."""
+    while hasattr(venv, "venv"):  # VecNormalize, VecFrameStack, ...
+        venv = venv.venv
+    for env in getattr(venv, "envs", None) or []:
+        for _ in range(64):  # down the wrapper chain: Gymnasium's .env, PettingZoo's .env and .aec_env
+            if isinstance(env, EzPickle):
+                return True
+            inner = getattr(env, "env", None) or getattr(env, "aec_env", None)
+            if inner is None or inner is env:
+                break
+            env = inner
+    return False
 
 
 def _policy_of_snapshot(cls: type, snapshot: dict[str, Any]) -> Any:
