@@ -480,6 +480,8 @@ class POCA(BaseAgent):
         self.critic.train(False)
         callback.on_rollout_start()
         self._restart_unsettled(env)
+        # only a callback plays the env behind training's back (between steps): with none, no check per step
+        restart = self._restart_unsettled if self._runs_user_code(callback) else None
         n_envs, n_slots = env.n_envs, env.n_slots
         dtype = obs_dtype(self._stored_space)
         for n_steps in range(self.config.n_steps):
@@ -513,7 +515,8 @@ class POCA(BaseAgent):
                     self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
             if stopped:
                 return False
-            self._restart_unsettled(env, step, present)
+            if restart is not None:
+                restart(env, step, present)
             self._update_info_buffer(infos, dones)
             # The state after the step that the leavers' bootstrap uses: leavers' final observations plus
             # the agents still there (none of the new episode's when the copy was reset).
