@@ -96,12 +96,6 @@ def require(ok: bool, agent: str, name: str, value: Any, rule: str) -> None:
         raise ValueError(f"{agent}: {name}={value!r} is invalid: {rule}.")
 
 
-def _whole_nonzero(value: Any) -> bool:
-    """Whether ``value`` is a whole number other than 0, with which SB3's ``count % log_interval == 0`` logs
-    (-1 and 1.0 log every time, as 1 does)."""
-    return isinstance(value, numbers.Real) and math.isfinite(value) and value != 0 and value == int(value)
-
-
 def require_numbers(config: Any, agent: str) -> None:
     """A ValueError naming the first field of the dataclass ``config`` annotated ``int``, ``float`` or
     ``Schedule`` that holds no number (nor, for a schedule, a function), e.g. a string read from a file. A whole
@@ -989,7 +983,8 @@ class BaseAgent:
         progress_bar: bool,
         log_interval: int | None = None,
     ) -> tuple[int, BaseCallback]:
-        if log_interval is not None and not _whole_nonzero(log_interval):
+        # SB3 logs where count % log_interval == 0: -1 and 1.0 log every time, as 1 does
+        if log_interval is not None and not (whole_number(log_interval) and log_interval != 0):
             raise ValueError(
                 f"log_interval={log_interval!r} is invalid: it must be a whole number other than 0 (logs are written "
                 "when the count of iterations, or of SAC's episodes, is a multiple of it), or None for no logs."
