@@ -149,7 +149,7 @@ def test_flat_adam_step_flushes_denormal_momenta_and_restores_the_thread_setting
             if flat_step:
                 flat.step(opt)
             else:
-                opt.step()
+                torch.optim.Adam.step(opt)  # the optimizer's own step (attach's opt.step goes through flat.step)
         return flat.data.detach(), opt.state[flat.data]
 
     momentum = torch.full((64,), 0.01)
@@ -208,6 +208,35 @@ def test_flat_optimizer_loads_a_per_parameter_state_and_continues_identically():
         assert torch.allclose(p, q, atol=1e-6)
     with pytest.raises(ValueError, match="one group of 4"):
         opt.load_state_dict(torch.optim.Adam(nn.Linear(2, 2).parameters()).state_dict())
+
+
+def test_a_scripts_steps_through_an_lr_scheduler_and_a_closure_are_the_per_parameter_optimizers():
+    """``optimizer.zero_grad()`` (gradients set to None), a closure's backward, ``optimizer.step(closure)`` and an
+    LR scheduler's wrapper of ``step``, on the optimizer ``attach`` made: the same steps as over the parameters."""
+    net, ref = two_layers(), two_layers()
+    initial = [p.detach().clone() for p in ref.parameters()]
+    flat = FlatParameters(list(net.parameters()))
+    opt = flat.attach(torch.optim.Adam([flat.data], lr=0.05, fused=True))
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.05)
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5) for o in (opt, ref_opt)]
+    x = torch.randn(4, 3)
+    for _ in range(3):
+        losses = []
+        for o, n, scheduler in zip((opt, ref_opt), (net, ref), schedulers):
+
+            def closure(o=o, n=n):
+                o.zero_grad()
+                loss = loss_of(n, x)
+                loss.backward()
+                return loss
+
+            losses.append(o.step(closure))
+            scheduler.step()
+        torch.testing.assert_close(losses[0], losses[1])
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05 / 8)
+    for p, q, start in zip(net.parameters(), ref.parameters(), initial):
+        assert not torch.equal(q, start)
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
 def test_relink_restores_gradients_a_zero_grad_dropped_and_refuses_moved_parameters():

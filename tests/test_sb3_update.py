@@ -359,3 +359,86 @@ def test_a_script_that_wraps_the_optimizers_step_has_it_called_at_every_update_a
 
     expected = 2 * 2 * 2 if name == "PPO" else 128 - 16  # PPO: 2 updates of 2 epochs of 2 minibatches
     assert count_steps(covey) == count_steps(stable_baselines3) == expected
+
+
+def script_steps(model, name: str, zero: str, steps: range) -> None:
+    """A script's own gradient steps with the model's optimizer, as SB3's ``train()`` and behaviour-cloning loops
+    write them: the first loss (step 0) reaches every parameter (Adam's moments exist after it). PPO's next ones
+    reach the actor only (its log-probabilities), so the critic has no gradient; SAC's reach both Q-networks, which
+    covey runs in one pass (one unreached would get zeros from it, where SB3's gets None)."""
+    gen = torch.Generator().manual_seed(7)
+    if name == "PPO":
+        obs, actions = torch.randn(32, 4, generator=gen), torch.randint(0, 2, (32,), generator=gen)
+        optimizer, module = model.policy.optimizer, model.policy
+    else:
+        obs, actions = torch.randn(32, 3, generator=gen), torch.rand(32, 1, generator=gen) * 2 - 1
+        target = torch.randn(32, 1, generator=gen)
+        optimizer, module = model.critic.optimizer, model.critic
+    for i in steps:
+        if name == "PPO":
+            values, log_prob, _ = model.policy.evaluate_actions(obs, actions)
+            loss = -log_prob.mean() + (values.pow(2).mean() if i == 0 else 0.0)
+        else:
+            q_values = model.critic(obs, actions)
+            loss = sum((q - target * (i + 1)).pow(2).mean() for q in q_values)
+        if zero == "optimizer":
+            optimizer.zero_grad()
+        elif zero == "module":
+            module.zero_grad()
+        else:
+            optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 0.5)
+        optimizer.step()
+
+
+@pytest.mark.parametrize("zero", ["optimizer", "module", "optimizer, set_to_none=False"])
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_a_scripts_own_steps_with_the_models_optimizer_move_the_parameters_as_sb3s_do(name, zero):
+    """``optimizer.zero_grad()`` sets the gradients to None (torch's default), so a backward writes new tensors
+    outside covey's flat gradient buffer: the step takes them in, where it used to step the zeroed buffer and
+    change nothing. Parameters no loss reached keep their values with ``set_to_none`` (SB3's optimizer skips
+    them) and move by Adam's momentum without it, as in SB3."""
+    import covey
+
+    env = "CartPole-v1" if name == "PPO" else "Pendulum-v1"
+    theirs = getattr(stable_baselines3, name)("MlpPolicy", env, seed=0)
+    ours = getattr(covey, name)("MlpPolicy", env, seed=1)
+    ours.policy.load_state_dict(theirs.policy.state_dict())
+    for model in (theirs, ours):
+        script_steps(model, name, zero, range(1))
+    middle, middle_ours = weights(theirs, sb3=True), weights(ours, sb3=False)
+    torch.testing.assert_close(middle_ours, middle, rtol=1e-4, atol=1e-6)
+    for model in (theirs, ours):
+        script_steps(model, name, zero, range(1, 3))
+    after_theirs, after_ours = weights(theirs, sb3=True), weights(ours, sb3=False)
+    unreached = [k for k in middle if name == "PPO" and k.startswith("critic.")]
+    assert unreached or name == "SAC"
+    for k in unreached:  # SB3 skips them with set_to_none, and Adam's momentum moves them without it
+        assert torch.equal(after_theirs[k], middle[k]) == (zero != "optimizer, set_to_none=False"), k
+    for k in middle:
+        torch.testing.assert_close(after_ours[k], after_theirs[k], rtol=1e-4, atol=1e-6)
+        assert torch.equal(after_ours[k], middle_ours[k]) == torch.equal(after_theirs[k], middle[k]), k
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_a_subclass_whose_train_is_sb3s_trains_and_logs_the_learning_rate(name):
+    """SB3's own ``train()`` on covey's model (the usual start of an auxiliary loss): it steps
+    ``policy.optimizer`` (SAC: the actor's and critic's) after ``zero_grad()``, reads SAC's
+    ``batch_norm_stats``, and finds ``train/learning_rate`` logged by ``_update_learning_rate``."""
+    import covey
+
+    base = getattr(covey, name)
+    subclass = type("Mine", (base,), {"train": getattr(stable_baselines3, name).train})
+    if name == "PPO":
+        model = subclass("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=2, seed=0)
+        parts = {"policy": model.policy}
+    else:
+        model = subclass("MlpPolicy", "Pendulum-v1", learning_starts=20, batch_size=16, seed=0)
+        parts = {"actor": model.actor, "critic": model.critic}
+    before = {k: torch.nn.utils.parameters_to_vector(m.parameters()).clone() for k, m in parts.items()}
+    model.learn(128 if name == "PPO" else 40)
+    assert model._n_updates > 0
+    for k, m in parts.items():
+        assert not torch.equal(torch.nn.utils.parameters_to_vector(m.parameters()), before[k]), k
+    assert model.logger.name_to_value["train/learning_rate"] == pytest.approx(3e-4)

@@ -18,6 +18,7 @@ import os
 import platform
 import random
 import time
+import types
 import warnings
 from collections import deque
 from collections.abc import Callable
@@ -234,9 +235,11 @@ def set_train_mode(module: torch.nn.Module, mode: bool) -> None:
 
 def _has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
     """Whether step hooks (the optimizer's own or global ones) are registered, or ``step`` itself was replaced on
-    the optimizer (a script's wrapper of it; an LR scheduler's step counter): they run only in ``step()``."""
+    the optimizer (a script's wrapper of it; an LR scheduler's step counter): they run only in ``step()``. The
+    ``step`` :meth:`FlatParameters.attach` puts there is not a replacement."""
+    step = vars(optimizer).get("step")
     return bool(
-        "step" in vars(optimizer)
+        (step is not None and getattr(step, "__func__", None) is not _script_step)
         or getattr(optimizer, "_optimizer_step_pre_hooks", True)
         or getattr(optimizer, "_optimizer_step_post_hooks", True)
         or getattr(_optimizer_module, "_global_optimizer_pre_hooks", True)
@@ -278,6 +281,19 @@ def flushing_denormals() -> bool:
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
+def _script_zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+    """``zero_grad`` of an optimizer over a flat buffer (:meth:`FlatParameters.attach`), for a script's own steps."""
+    optimizer.flat_parameters.script_zero_grad(set_to_none)
+
+
+def _script_step(optimizer: torch.optim.Optimizer, closure: Callable | None = None) -> Any:
+    """``step`` of an optimizer over a flat buffer (:meth:`FlatParameters.attach`), for a script's own steps."""
+    flat = optimizer.flat_parameters
+    if flat.stepping:  # FlatParameters.step calling the optimizer's step (through any wrapper a script put there)
+        return type(optimizer).step(optimizer, closure)
+    return flat.script_step(optimizer, closure)
+
+
 class FlatParameters:
     """Parameters laid out in one contiguous buffer, and their gradients in a second one.
 
@@ -301,6 +317,7 @@ class FlatParameters:
         self.with_grad = with_grad
         self._direct: tuple | None = None  # what step() needs to call a fused Adam kernel directly
         self._direct_ok = True
+        self.stepping = False  # inside step(), which calls the optimizer's own step where it takes no direct one
         if not self.params:
             raise ValueError("FlatParameters needs a non-empty list of parameters.")
         first = self.params[0]
@@ -375,13 +392,61 @@ class FlatParameters:
     def zero_grad(self) -> None:
         self.grad.zero_()
 
+    def script_zero_grad(self, set_to_none: bool = True) -> None:
+        """The attached optimizer's ``zero_grad``, as a script calls it around its own ``backward`` (SB3's
+        ``train()``, behaviour cloning): the buffer is zeroed, and with ``set_to_none`` every ``.grad`` is None
+        until a backward writes it, as over the parameters, so that :meth:`script_step` can leave out those no
+        loss reached."""
+        self.grad.zero_()
+        if set_to_none:
+            for p in self.params:
+                p.grad = None
+            self.data.grad = None
+        else:
+            self.relink()
+
+    def gather_grads(self) -> list[slice]:
+        """Take the gradients a backward wrote outside the buffer (after a ``zero_grad`` that set the parameters'
+        ``.grad`` to None, the optimizer's or a module's) into their slices, relink every ``.grad`` to its slice,
+        and return the slices of the parameters with no gradient (None), which are zeroed. Replaced ``.data`` is
+        taken back too (:meth:`relink`)."""
+        if not hasattr(self, "_links"):
+            self.relink()
+        absent = []
+        for p, slot, grad in self._links:
+            if p.data_ptr() != slot.data_ptr():
+                self._take_back(p, slot)
+            found = p.grad
+            if found is grad or found is self.grad:
+                continue
+            if found is None:
+                grad.zero_()
+                offset = self.offsets[id(p)]
+                absent.append(slice(offset, offset + p.numel()))
+            else:
+                grad.copy_(found)
+            p.grad = grad
+        self.data.grad = self.grad
+        return absent
+
+    def script_step(self, optimizer: torch.optim.Optimizer, closure: Callable | None = None) -> Any:
+        """The attached optimizer's ``step``, as a script calls it: the gradients a backward wrote outside the
+        buffer are taken in first (:meth:`gather_grads`), and the parameters without a gradient keep their values
+        and optimizer state, as an optimizer over the parameters skips them. Returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.step(optimizer, skip=self.gather_grads())
+        return loss
+
     def frozen(self) -> list[slice]:
         """The slices of :attr:`data` (and :attr:`grad`) of the parameters a user froze (``requires_grad=False``)."""
         if all(map(_REQUIRES_GRAD, self.params)):  # the common case: about 1 us for PPO's 12 parameters
             return []
         return [slice(self.offsets[id(p)], self.offsets[id(p)] + p.numel()) for p in self.params if not p.requires_grad]
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer, skip: list[slice] | tuple = ()) -> None:
         """``optimizer.step()`` for the optimizer over :attr:`data`. A fused Adam/AdamW calls its kernel
         directly once its state exists: the same update, without ~15 us of Python around one kernel.
 
@@ -395,8 +460,8 @@ class FlatParameters:
 
         Frozen parameters (:meth:`frozen`) keep their values and their slices of the optimizer's state (a state
         the step makes first starts at 0 there), as an optimizer over the parameters would skip them; its step
-        count is one for the whole buffer."""
-        frozen = self.frozen()
+        count is one for the whole buffer. So do the slices in ``skip``."""
+        frozen = self.frozen() + list(skip)
         kept = self._keep(frozen, optimizer) if frozen else None
         if not (self._flush and FLUSH_DENORMALS) or flushing_denormals():
             self._step(optimizer)
@@ -441,7 +506,7 @@ class FlatParameters:
         ):
             direct = self._direct = self._fused_adam(optimizer)
             if direct is None:
-                optimizer.step()
+                self._optimizer_step(optimizer)
                 return
         _, kernel, state, group = direct
         state["step"].add_(1)
@@ -466,7 +531,16 @@ class FlatParameters:
             state["step"].sub_(1)
             self._direct_ok = False
             self._direct = None
+            self._optimizer_step(optimizer)
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()``: through whatever a script put there (a wrapper, an LR scheduler's counter), down
+        to the optimizer's own step."""
+        self.stepping = True
+        try:
             optimizer.step()
+        finally:
+            self.stepping = False
 
     def _fused_adam(self, optimizer: torch.optim.Optimizer):
         """(optimizer, kernel, state, group) when ``optimizer`` is a plain fused Adam/AdamW over :attr:`data`
@@ -514,6 +588,10 @@ class FlatParameters:
         optimizer.register_state_dict_post_hook(lambda _opt, state: self._split_state(state))
         optimizer.register_load_state_dict_pre_hook(lambda _opt, state: self._join_state(state))
         optimizer.flat_parameters = self
+        # A script's zero_grad / backward / step (SB3's train(), a behaviour-cloning loop) steps the buffer with
+        # the gradients it wrote: torch's zero_grad would set the buffer's .grad to None, and a step then skips it.
+        optimizer.zero_grad = types.MethodType(_script_zero_grad, optimizer)
+        optimizer.step = types.MethodType(_script_step, optimizer)
         return optimizer
 
     def _split_state(self, state_dict: dict) -> dict:
@@ -1125,9 +1203,10 @@ class BaseAgent:
 
     def _update_learning_rate(self, optimizers: Any = None) -> float:
         """Set every optimizer's step size (``optimizers``' only, an optimizer or a list, where given: SB3's
-        signature) from the schedule at the current progress; returns it. Called once per update, it also relinks
-        the parameters with their flat buffers (a user's ``module.zero_grad()`` sets their gradients to None;
-        SB3's ``policy.load_from_vector`` replaces their data)."""
+        signature) from the schedule at the current progress, and log it as ``train/learning_rate``, as SB3 does;
+        returns it. Called once per update, it also relinks the parameters with their flat buffers (a user's
+        ``module.zero_grad()`` sets their gradients to None; SB3's ``policy.load_from_vector`` replaces their
+        data)."""
         lr = self.lr_schedule(self._current_progress_remaining)
         if optimizers is None:
             optimizers = list(self._optimizers().values())
@@ -1136,6 +1215,7 @@ class BaseAgent:
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = lr
+        self.logger.record("train/learning_rate", lr)
         self._relink_parameters()
         return lr
 

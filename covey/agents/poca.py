@@ -633,7 +633,7 @@ class POCA(BaseAgent):
         """Several epochs of minibatch updates of the shared policy and the critic."""
         cfg = self.config
         progress = self._current_progress_remaining
-        lr = self._update_learning_rate()
+        self._update_learning_rate()
         clip_range = self.clip_range(progress)
         self.actor.set_training_mode(True)
         self.critic.train(True)
@@ -688,7 +688,6 @@ class POCA(BaseAgent):
         self.logger.record("train/baseline_estimate", buf.baselines_tensor[present].mean().item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/clip_range", clip_range)
-        self.logger.record("train/learning_rate", lr)
 
     def _dump_logs(self, iteration: int, counter: str | None = "time/iterations") -> None:
         self._record_group_stats()

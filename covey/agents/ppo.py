@@ -1037,7 +1037,7 @@ class PPO(BaseAgent):
         """Several epochs of minibatch updates on the collected rollout."""
         cfg = self.config
         progress = self._current_progress_remaining
-        lr = self._update_learning_rate()
+        self._update_learning_rate()
         clip_range = self.clip_range(progress)
         clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
         self._set_training_mode(True)
@@ -1045,7 +1045,7 @@ class PPO(BaseAgent):
             early_stop = print_early_stop if self.verbose >= 1 else None
             means, epochs = self._manual.train(self.rollout_buffer, self.optimizer, cfg, clip_range, early_stop)
             self._n_updates += epochs
-            self._record_train_means(means, lr, clip_range, clip_range_vf)
+            self._record_train_means(means, clip_range, clip_range_vf)
             return
         history: list[dict[str, torch.Tensor]] = []
         continue_training = True
@@ -1112,7 +1112,7 @@ class PPO(BaseAgent):
             self._n_updates += 1
             if not continue_training:
                 break
-        self._record_train_means(sb3_train_log(history, last_epoch), lr, clip_range, clip_range_vf)
+        self._record_train_means(sb3_train_log(history, last_epoch), clip_range, clip_range_vf)
 
     def _minibatches(self):
         """Minibatches of samples, or of whole sequences for a recurrent policy."""
@@ -1125,7 +1125,7 @@ class PPO(BaseAgent):
         if self.recurrent is not None:
             self.recurrent.reset_memories(self.actor, self.critic)
 
-    def _record_train_means(self, means: dict[str, float], lr: float, clip_range: float, clip_range_vf) -> None:
+    def _record_train_means(self, means: dict[str, float], clip_range: float, clip_range_vf) -> None:
         """Log the minibatch statistics (reduced by :func:`sb3_train_log`) and the rollout's value diagnostics."""
         buffer = self.rollout_buffer
         for key, value in means.items():
@@ -1148,7 +1148,6 @@ class PPO(BaseAgent):
         self.logger.record("train/clip_range", clip_range)
         if clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", clip_range_vf)
-        self.logger.record("train/learning_rate", lr)
 
 
 def _permute(rollout: tuple[torch.Tensor, ...], perm: torch.Tensor) -> tuple[torch.Tensor, ...]:

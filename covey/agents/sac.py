@@ -688,6 +688,16 @@ class SAC(BaseAgent):
         self.critic_ema, self._manual = None, None
         self._running_stats = self._target_running_stats()
 
+    @property
+    def batch_norm_stats(self) -> list[torch.Tensor]:
+        """The critics' batch-norm running statistics (a custom features extractor's), as SB3's SAC lists them."""
+        return [stat for _, stat in self._running_stats]
+
+    @property
+    def batch_norm_stats_target(self) -> list[torch.Tensor]:
+        """The target critics' batch-norm running statistics, in :attr:`batch_norm_stats`' order."""
+        return [target for target, _ in self._running_stats]
+
     def _target_running_stats(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``(target's, critic's)`` batch-norm running statistics (a custom features extractor's), which each
         target update copies, as SB3's does: the targets run in evaluation mode and never update their own."""
@@ -1086,7 +1096,7 @@ class SAC(BaseAgent):
     def train(self, gradient_steps: int, batch_size: int = 256) -> None:
         """``gradient_steps`` SAC updates: temperature, critics, actor, then the target critics."""
         self._update_current_progress_remaining()
-        lr = self._update_learning_rate()
+        self._update_learning_rate()
         set_train_mode(self.actor, True)
         set_train_mode(self.critic, True)
         set_train_mode(self.critic_target, False)
@@ -1126,7 +1136,6 @@ class SAC(BaseAgent):
         for key, values in history.items():
             self.logger.record(f"train/{key}", (values[0] if len(values) == 1 else torch.stack(values).mean()).item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        self.logger.record("train/learning_rate", lr)
 
     def dump_logs(self) -> None:
         """Write one row of logs now, as training does every ``log_interval`` episodes (SB3's public method)."""
