@@ -51,9 +51,21 @@ def save_model_file(path: str | os.PathLike | io.BufferedIOBase, settings: dict,
     write_atomically(model_path(path), lambda f: _write_zip(f, settings, payload.getvalue()))
 
 
+def plain_numbers(value: Any) -> Any:
+    """``value`` with the NumPy scalars in it, inside lists, tuples and dicts too, as the Python numbers and bools
+    they hold (``[np.int64(64)]`` -> ``[64]``), which JSON can hold; anything else as it is."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if type(value) in (list, tuple):
+        return type(value)(plain_numbers(v) for v in value)
+    if type(value) is dict:
+        return {k: plain_numbers(v) for k, v in value.items()}
+    return value
+
+
 def _write_zip(f, settings: dict, tensor_bytes: bytes) -> None:
     with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr(SETTINGS_ENTRY, json.dumps(settings, indent=1, sort_keys=True))
+        zf.writestr(SETTINGS_ENTRY, json.dumps(plain_numbers(settings), indent=1, sort_keys=True))
         zf.writestr(TENSORS_ENTRY, tensor_bytes)
 
 

@@ -414,3 +414,44 @@ def test_saving_and_loading_where_no_file_can_be_name_the_path_asked_for(tmp_pat
     for path in (tmp_path / "folder.zip", tmp_path / "folder"):
         with pytest.raises(IsADirectoryError, match=r"folder\.zip is a folder, not a model file"):
             PPO.load(path)
+
+
+def test_numpy_scalar_hyperparameters_save_load_and_copy_as_sb3s_do(tmp_path):
+    """A sweep's values (``np.random.choice``, ``np.float32``, ``np.bool_``), in the constructor, set on the model
+    or in ``policy_kwargs``: the model saves (a checkpoint callback too), loads them back as numbers and copies,
+    where the file's JSON refused them after training had run."""
+    import copy
+
+    from stable_baselines3.common.callbacks import CheckpointCallback
+
+    model = PPO(
+        "MlpPolicy",
+        "Pendulum-v1",
+        n_steps=np.int64(64),
+        batch_size=32,
+        n_epochs=np.int64(2),
+        normalize_advantage=np.bool_(True),
+        policy_kwargs=dict(log_std_init=np.float32(-1.0), net_arch=[np.int64(16), np.int64(16)]),
+        seed=0,
+    )
+    model.gamma = np.float32(0.9)
+    model.learn(128, callback=CheckpointCallback(64, str(tmp_path / "checkpoints")))
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["rl_model_128_steps.zip", "rl_model_64_steps.zip"]
+    model.save(tmp_path / "model")
+    loaded = PPO.load(tmp_path / "model")
+    assert (loaded.n_steps, loaded.n_epochs, loaded.normalize_advantage) == (64, 2, True)
+    assert loaded.gamma == pytest.approx(0.9)
+    assert loaded.policy_kwargs == {"log_std_init": -1.0, "net_arch": [16, 16]}
+    assert loaded.policy.actor.trunk[0].out_features == 16
+    assert loaded.policy.log_std.item() == pytest.approx(-1.0, abs=0.01)  # from log_std_init, barely trained
+    obs = np.zeros((1, 3), np.float32)
+    copied = copy.deepcopy(model)
+    assert np.array_equal(copied.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+
+    sac = SAC("MlpPolicy", "Pendulum-v1", buffer_size=np.int64(500), tau=np.float32(0.01), learning_starts=np.int64(8))
+    sac.train_freq = (np.int64(2), "step")
+    sac.learn(16)
+    sac.save(tmp_path / "sac")
+    loaded = SAC.load(tmp_path / "sac")
+    assert (loaded.buffer_size, loaded.learning_starts, loaded.train_freq.frequency) == (500, 8, 2)
+    assert loaded.tau == pytest.approx(0.01)

@@ -100,8 +100,12 @@ def require(ok: bool, agent: str, name: str, value: Any, rule: str) -> None:
 def require_numbers(config: Any, agent: str) -> None:
     """A ValueError naming the first field of the dataclass ``config`` annotated ``int``, ``float`` or
     ``Schedule`` that holds no number (nor, for a schedule, a function), e.g. a string read from a file. A whole
-    float in an ``int`` field (``buffer_size=1e6``, as YAML files write it) becomes the int; another is named."""
+    float in an ``int`` field (``buffer_size=1e6``, as YAML files write it) becomes the int; another is named.
+    A NumPy scalar in any field (``np.random.choice([64, 128])``, ``np.float32(0.99)``, ``np.bool_``) becomes the
+    Python number or bool it holds, which a model file's JSON can hold."""
     for f in dataclasses.fields(config):
+        if isinstance(getattr(config, f.name), np.generic):
+            setattr(config, f.name, getattr(config, f.name).item())
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
         if kind not in ("int", "float", "Schedule"):
             continue
@@ -1849,6 +1853,7 @@ def _policy_kwargs_to_json(policy_kwargs: dict) -> dict:
         if isinstance(value, type):
             out[key] = {"class": _class_name(value)}
             continue
+        value = serialization.plain_numbers(value)
         try:
             json.dumps(value)
         except (TypeError, ValueError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -445,10 +446,13 @@ def parse_net_arch(net_arch: Sequence[int] | dict | None, keys: tuple[str, ...],
 
 
 def _sizes(sizes, name: str) -> list[int]:
-    if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) and s > 0 for s in sizes):
+    whole = (int, np.integer)
+    if not isinstance(sizes, (list, tuple)) or not all(
+        isinstance(s, whole) and not isinstance(s, bool) and s > 0 for s in sizes
+    ):
         raise ValueError(
             f"net_arch entry {name!r} must be a list of positive layer sizes such as [64, 64], got {sizes!r}. "
             "(The old form [64, dict(pi=..., vf=...)], with shared layers, is gone since SB3 1.8: write "
             "dict(pi=..., vf=...).)"
         )
-    return list(sizes)
+    return [int(s) for s in sizes]
