@@ -358,6 +358,62 @@ def test_a_damaged_or_truncated_file_leaves_the_buffer_as_it_was(tmp_path):
         assert buf.pos == pos
 
 
+def _edited(arrays: dict, name: str) -> dict:
+    """``arrays`` (a saved buffer's, 7 rows of 2 envs, one final observation) with one edit, as a damaged or
+    hand-edited file holds them."""
+    arrays = dict(arrays)
+    if name == "no dones":
+        del arrays["dones"]
+    elif name == "short rewards":
+        arrays["rewards"] = arrays["rewards"][:2]
+    elif name == "position past the ring":
+        arrays["meta"] = arrays["meta"].copy()
+        arrays["meta"][2] = 9999
+    elif name == "short meta":
+        arrays["meta"] = arrays["meta"][:2]
+    elif name == "final row past the rows":
+        arrays["final_index"] = np.array([[10**6, 0]])
+    elif name == "no final observations":
+        del arrays["final_obs/None"]
+    else:  # "objects"
+        arrays["actions"] = np.array([object()] * 7, dtype=object)
+    return arrays
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        ("no dones", r"holds no 'dones'"),
+        ("short rewards", r"holds 2 rows of rewards where its position says 7 were saved"),
+        ("position past the ring", r"holds meta \[10, 2, 9999, 0, 0\].*position must lie in \[0, capacity\)"),
+        ("short meta", r"holds a meta array of shape \(2,\)"),
+        ("final row past the rows", r"final observations for rows or envs outside its 7 rows of 2 envs"),
+        ("no final observations", r"holds final_obs/None of shape none"),
+        ("objects", r"holds an array of Python objects"),
+    ],
+)
+def test_an_edited_file_is_refused_by_name_before_the_buffer_changes(tmp_path, edit, message):
+    """Names, rows, positions and final observations are checked before any array is written: a file without its
+    dones replaced the actions and rewards before failing with a KeyError, one whose rewards were short filled the
+    rest with zeros, and a position past the ring loaded and failed at the next step."""
+    other = make_buffer(10, memory=False)
+    add_stream(other, 7)
+    other.final_observations = {(3, 1): {None: np.ones(1, np.float32)}}
+    other.save(tmp_path / "other.npz")
+    with np.load(tmp_path / "other.npz", allow_pickle=True) as data:
+        np.savez(tmp_path / "edited.npz", **_edited(dict(data), edit))
+    buf = make_buffer(10, memory=False)
+    add_stream(buf, 3)
+    before = {name: np.copy(getattr(buf, name)) for name in ("actions", "rewards", "terminated", "dones")}
+    observations, pos, finals = np.copy(buf._obs[None]), buf.pos, sorted(buf.final_observations)
+    with pytest.raises(ValueError, match=message):
+        buf.load(tmp_path / "edited.npz")
+    for key, value in before.items():
+        np.testing.assert_array_equal(getattr(buf, key), value)
+    np.testing.assert_array_equal(buf._obs[None], observations)
+    assert buf.pos == pos and sorted(buf.final_observations) == finals
+
+
 def test_a_file_that_cannot_be_read_is_closed(tmp_path):
     """The error leaves no file open: NumPy's np.load kept the file of a truncated archive open until the garbage
     collector found it (a ResourceWarning, an error under ``-W error``)."""

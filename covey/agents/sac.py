@@ -896,7 +896,7 @@ class SAC(BaseAgent):
         ``truncate_last_traj`` ends the episodes the file left running, as SB3 does (and warns where there are
         some)."""
         path, data = read_buffer_file(path)
-        capacity, n_envs, optimize = file_layout(data)
+        capacity, n_envs, optimize = file_layout(path, data)
         buffer = self.replay_buffer
         if n_envs == buffer.n_envs and (capacity, optimize) != (buffer.capacity, buffer.optimize_memory_usage):
             cfg, kept = self.config, (self.config.buffer_size, self.config.optimize_memory_usage)

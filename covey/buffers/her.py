@@ -203,12 +203,33 @@ class HerReplayBuffer(ReplayBuffer):
             arrays["her/infos"] = np.frombuffer(json.dumps(rows).encode(), dtype=np.uint8)
         return arrays
 
-    def _check_extra(self, data) -> None:
+    def _check_extra(self, path, data, rows: int) -> None:
         if "her/ep_length" not in data:
             raise ValueError(
                 "The replay buffer file holds no episode bookkeeping for hindsight replay (it was saved from a "
                 "buffer without HerReplayBuffer); load it into a model with the same replay_buffer_class."
             )
+        shapes = {
+            "her/ep_start": (rows, self.n_envs),
+            "her/ep_length": (rows, self.n_envs),
+            "her/current": (self.n_envs,),
+        }
+        for name, shape in shapes.items():
+            every_row = (self.capacity, *shape[1:]) if name != "her/current" else shape  # older files' layout
+            if name not in data or data[name].shape not in (shape, every_row):
+                found = data[name].shape if name in data else "none"
+                raise ValueError(
+                    f"{path} holds {name} of shape {found} where its {rows} rows of {self.n_envs} envs take {shape}: "
+                    "the file is damaged (or was edited). The buffer is unchanged."
+                )
+        if self.infos is not None and "her/infos" in data:
+            try:
+                json.loads(data["her/infos"].tobytes())
+            except ValueError as error:
+                raise ValueError(
+                    f"{path} holds infos that are not the JSON covey writes ({error}): the file is damaged (or was "
+                    "edited). The buffer is unchanged."
+                ) from None
 
     def _load_extra(self, data) -> None:
         fill_rows(self.ep_start, data["her/ep_start"])

@@ -390,8 +390,9 @@ class ReplayBuffer:
         self.fill(*read_buffer_file(path))
 
     def fill(self, path: Any, data: dict[str, np.ndarray]) -> None:
-        """Fill this buffer from the arrays of its file at ``path`` (:func:`read_buffer_file`)."""
-        capacity, n_envs, pos, full, optimize = (int(x) for x in data["meta"])
+        """Fill this buffer from the arrays of its file at ``path`` (:func:`read_buffer_file`). Every array is
+        checked first (names, shapes, rows, positions): a file this buffer cannot take leaves it unchanged."""
+        capacity, n_envs, pos, full, optimize = file_meta(path, data)
         if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):
             raise ValueError(
                 f"Replay buffer file has capacity {capacity} x {n_envs} envs (optimize_memory_usage="
@@ -400,21 +401,33 @@ class ReplayBuffer:
             )
         # Each array as this buffer stores it, but for its rows (the steps stored: a file of another env is
         # named here, where NumPy would have broadcast a width of 1 or failed with its shapes).
-        expected = {"actions": self.actions, "rewards": self.rewards, "terminated": self.terminated}
+        expected = {
+            "actions": self.actions,
+            "rewards": self.rewards,
+            "terminated": self.terminated,
+            "dones": self.dones,
+        }
         expected.update({f"obs/{key}": value for key, value in self._obs.items()})
         if self._next_obs is not None:
             expected.update({f"next_obs/{key}": value for key, value in self._next_obs.items()})
+        rows = capacity if full else pos  # the rows save() wrote
         for name, target in expected.items():
             if name not in data:
                 raise ValueError(f"{path} holds no {name!r}: it is not a replay buffer of this model's spaces.")
             stored = data[name]
-            if stored.shape[1:] != target.shape[1:] or len(stored) > len(target):
+            if stored.shape[1:] != target.shape[1:]:
                 raise ValueError(
                     f"{path} holds {name} of shape {stored.shape[1:]} per step (envs first); this buffer stores "
                     f"{target.shape[1:]} ({self.observation_space} observations, {self.action_space} actions, "
                     f"{self.n_envs} envs). Load it into a model of the env it was saved from."
                 )
-        self._check_extra(data)
+            if len(stored) not in (rows, len(target)):  # the rows written (older files: every row)
+                raise ValueError(
+                    f"{path} holds {len(stored)} rows of {name} where its position says {rows} were saved: the "
+                    "file is damaged (or was edited). The buffer is unchanged."
+                )
+        self._check_finals(path, data, rows)
+        self._check_extra(path, data, rows)
         # Files hold the rows written so far (older ones every row): the rows after them are zeros.
         fill_rows(self.actions, data["actions"])
         fill_rows(self.rewards, data["rewards"])
@@ -432,13 +445,36 @@ class ReplayBuffer:
         self._load_extra(data)
         self.pos, self.full = pos, bool(full)
 
+    def _check_finals(self, path: Any, data: dict[str, np.ndarray], rows: int) -> None:
+        """Raise where the file's final observations (the rows and envs of episodes' last steps, and their
+        observations) do not fit this buffer's ``rows`` saved rows and its spaces."""
+        if "final_index" not in data:
+            raise ValueError(f"{path} holds no 'final_index': it is not a replay buffer file of this covey.")
+        index = data["final_index"]
+        if index.ndim != 2 or index.shape[1] != 2 or not np.issubdtype(index.dtype, np.integer):
+            raise ValueError(f"{path} holds a final_index of shape {index.shape} ({index.dtype}), not (k, 2) ints.")
+        if len(index) and (index.min() < 0 or index[:, 0].max() >= rows or index[:, 1].max() >= self.n_envs):
+            raise ValueError(
+                f"{path} holds final observations for rows or envs outside its {rows} rows of {self.n_envs} envs: "
+                "the file is damaged (or was edited). The buffer is unchanged."
+            )
+        for key, space in self.spaces.items():
+            name = f"final_obs/{key}"
+            if name not in data or data[name].shape != (len(index), *space.shape):
+                found = data[name].shape if name in data else "none"
+                raise ValueError(
+                    f"{path} holds {name} of shape {found}, where its {len(index)} final observations of "
+                    f"{space} take {(len(index), *space.shape)}. Load it into a model of the env it was saved from."
+                )
+
     def _extra_arrays(self, stored: int) -> dict[str, np.ndarray]:
         """Arrays a subclass keeps beside the transitions, saved with them (of per-row arrays, the first
         ``stored`` rows, as :meth:`save` keeps of the transitions)."""
         return {}
 
-    def _check_extra(self, data: dict[str, np.ndarray]) -> None:
-        """Raise where the file's arrays ``data`` lack what :meth:`_load_extra` reads, before the buffer changes."""
+    def _check_extra(self, path: Any, data: dict[str, np.ndarray], rows: int) -> None:
+        """Raise where the file's arrays ``data`` (of ``rows`` saved rows) lack what :meth:`_load_extra` reads, or
+        hold it in other shapes, before the buffer changes."""
 
     def _load_extra(self, data) -> None:
         """Read back what :meth:`_extra_arrays` saved."""
@@ -454,10 +490,29 @@ def read_buffer_file(path: Any) -> tuple[Any, dict[str, np.ndarray]]:
     return path, _read_arrays(path)
 
 
-def file_layout(data: dict[str, np.ndarray]) -> tuple[int, int, bool]:
+def file_meta(path: Any, data: dict[str, np.ndarray]) -> tuple[int, int, int, bool, bool]:
+    """``(capacity, n_envs, pos, full, optimize_memory_usage)`` from the file's ``meta`` array, or the error that
+    says the file is damaged where they are not a buffer's."""
+    meta = data["meta"]
+    if meta.shape != (5,) or not np.issubdtype(meta.dtype, np.integer):
+        raise ValueError(
+            f"{path} holds a meta array of shape {meta.shape} ({meta.dtype}) where covey's save_replay_buffer writes "
+            "5 integers: the file is damaged (or was edited). The buffer is unchanged."
+        )
+    capacity, n_envs, pos, full, optimize = (int(x) for x in meta)
+    if capacity < 1 or n_envs < 1 or not 0 <= pos < capacity or full not in (0, 1) or optimize not in (0, 1):
+        raise ValueError(
+            f"{path} holds meta {meta.tolist()} (capacity, n_envs, position, full, optimize_memory_usage), which no "
+            "buffer has (the position must lie in [0, capacity)): the file is damaged (or was edited). The buffer "
+            "is unchanged."
+        )
+    return capacity, n_envs, pos, bool(full), bool(optimize)
+
+
+def file_layout(path: Any, data: dict[str, np.ndarray]) -> tuple[int, int, bool]:
     """``(capacity, n_envs, optimize_memory_usage)`` of the buffer whose file's arrays are ``data``."""
-    capacity, n_envs, _, _, optimize = (int(x) for x in data["meta"])
-    return capacity, n_envs, bool(optimize)
+    capacity, n_envs, _, _, optimize = file_meta(path, data)
+    return capacity, n_envs, optimize
 
 
 def _read_arrays(path: Any) -> dict[str, np.ndarray]:
@@ -485,6 +540,11 @@ def _read_arrays(path: Any) -> dict[str, np.ndarray]:
                         return {name: archive[name] for name in archive.files}
                     except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as error:
                         raise _corrupt(path, error) from error
+                    except ValueError as error:  # an array of Python objects, which only unpickling reads
+                        raise ValueError(
+                            f"{path} holds an array of Python objects ({error}), which covey never unpickles: it "
+                            "is not a replay buffer file from covey's save_replay_buffer. The buffer is unchanged."
+                        ) from None
         raise ValueError(
             f"{path} is not a replay buffer file: covey's save_replay_buffer writes an .npz archive with the "
             "buffer's arrays (a model's .zip file holds none)."
