@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pathlib
 import stat
@@ -51,7 +52,10 @@ def write_atomically(
         raise NotADirectoryError(f"Cannot write {target}: {blocking} is a file, not a folder.") from err
     except OSError as err:  # named by the file asked for, not the temporary one beside it (a read-only folder)
         raise type(err)(
-            err.errno, f"Cannot write {target}: {err.strerror} (creating a file in {target.parent})"
+            err.errno,
+            f"Cannot write {target}: {err.strerror} (creating a file in {target.parent}). Saves write a new file "
+            "beside the target and rename it over the target, so that a crash never leaves half a file: give "
+            "this folder write access, or save to another folder.",
         ) from err
     try:
         with os.fdopen(fd, "wb") as f:
@@ -70,3 +74,13 @@ def write_atomically(
 def write_text_atomically(target: pathlib.Path, text: str) -> None:
     """A text file written as :func:`write_atomically` writes: never half-written."""
     write_atomically(target, lambda f: f.write(text.encode()))
+
+
+def require_binary(file: Any, doing: str) -> None:
+    """A TypeError naming the fix where ``file``, a file object given in place of a path, was opened in text mode
+    (``open(path, "w")``): model and buffer files are bytes."""
+    if isinstance(file, io.TextIOBase):
+        raise TypeError(
+            f"Cannot {doing} a file opened in text mode ({file!r}): open it in binary mode (open(path, 'wb') to "
+            "save, 'rb' to load), or pass the path."
+        )

@@ -317,7 +317,8 @@ def _not_covey(name: str, found: str) -> serialization.ModelFileError:
 
 
 def _load_tensors(zf: zipfile.ZipFile, entry: str, name: str) -> dict:
-    return serialization.load_tensors(zf.read(entry), name, entry, "Stable-Baselines3 model file")
+    kind = "Stable-Baselines3 model file"
+    return serialization.load_tensors(serialization.read_tensor_entry(zf, entry, name, kind), name, entry, kind)
 
 
 def _policy_module(data: dict) -> str:

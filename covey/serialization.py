@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from covey.files import write_atomically
+from covey.files import require_binary, write_atomically
 
 FORMAT_VERSION = 1
 SETTINGS_ENTRY = "covey.json"
@@ -46,6 +46,7 @@ def save_model_file(path: str | os.PathLike | io.BufferedIOBase, settings: dict,
     payload = io.BytesIO()
     torch.save(tensors, payload)
     if not isinstance(path, (str, os.PathLike)):
+        require_binary(path, "save to")
         _write_zip(path, settings, payload.getvalue())
         return
     write_atomically(model_path(path), lambda f: _write_zip(f, settings, payload.getvalue()))
@@ -81,6 +82,7 @@ def resolve_model_path(path: str | os.PathLike | io.BufferedIOBase) -> tuple[str
     """``(name for messages, what zipfile opens)``: a path as given, or with ``.zip`` added when only that
     exists (SB3's rule), or a binary file object."""
     if not isinstance(path, (str, os.PathLike)):
+        require_binary(path, "load from")
         return "the given file object", path
     source = pathlib.Path(path)
     if not source.exists() and model_path(source).exists():
@@ -111,6 +113,14 @@ def _read_entries(path: str | os.PathLike | io.BufferedIOBase) -> tuple[str, dic
     try:
         with zipfile.ZipFile(source) as zf:
             names = set(zf.namelist())
+            if any(entry.endswith("/data.pkl") for entry in names):
+                raise ModelFileError(
+                    f"{name} is a PyTorch archive (what torch.save and SB3's policy.save write; the entries of a "
+                    "truncated SB3 model file read as one too), not a model file. covey loads SB3's model files "
+                    "(model.save) with PPO.load or SAC.load, and its own policy files (model.policy.save) with "
+                    "its policy classes' load; an SB3 policy file does not load: load the SB3 model, and take its "
+                    ".policy."
+                )
             if SETTINGS_ENTRY not in names or TENSORS_ENTRY not in names:
                 raise ModelFileError(
                     f"{name} is a zip file but not a covey model (it lacks {SETTINGS_ENTRY} or {TENSORS_ENTRY}). "
@@ -118,20 +128,29 @@ def _read_entries(path: str | os.PathLike | io.BufferedIOBase) -> tuple[str, dic
                     "without unpickling."
                 )
             settings = json.loads(zf.read(SETTINGS_ENTRY))
-            tensor_bytes = zf.read(TENSORS_ENTRY)
+            _check_version(name, settings)
+            tensor_bytes = read_tensor_entry(zf, TENSORS_ENTRY, name, "covey model file")
     except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile) as err:
         raise ModelFileError(f"{name} is not a readable covey model file (corrupt or truncated zip: {err}).") from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ModelFileError(f"{name} has corrupt settings ({SETTINGS_ENTRY}: {err}).") from err
     except (OSError, RuntimeError) as err:  # CRC errors, bad compressed data
         raise ModelFileError(f"{name} is corrupt ({err}).") from err
+    return name, settings, tensor_bytes
+
+
+def _check_version(name: str, settings: Any) -> None:
     version = settings.get("format_version") if isinstance(settings, dict) else None
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ModelFileError(
+            f"{name}'s settings ({SETTINGS_ENTRY}) hold no format version (an int): the file is damaged, or was "
+            "edited, or was not written by covey's save."
+        )
+    if version > FORMAT_VERSION:
         raise ModelFileError(
             f"{name} has model format version {version!r}; this covey reads versions up to {FORMAT_VERSION}. "
             "Upgrade covey to load it."
         )
-    return name, settings, tensor_bytes
 
 
 def load_model_file(
@@ -139,7 +158,85 @@ def load_model_file(
 ) -> tuple[dict, dict]:
     """Read ``(settings, tensors)`` from a covey model file, with clear errors for bad files."""
     name, settings, tensor_bytes = _read_entries(path)
+    check_settings(name, settings)
     return settings, load_tensors(tensor_bytes, name, TENSORS_ENTRY, "covey model file", device)
+
+
+# The settings every covey model file holds, and the JSON types of those a load reads when present.
+_REQUIRED_SETTINGS = {
+    "agent": str,
+    "policy": str,
+    "hyperparameters": dict,
+    "policy_kwargs": dict,
+    "observation_space": dict,
+    "action_space": dict,
+}
+_OPTIONAL_SETTINGS = {
+    "n_envs": int,
+    "num_timesteps": int,
+    "n_updates": int,
+    "episode_num": int,
+    "seed": (int, type(None)),
+    "verbose": int,
+    "tensorboard_log": (str, type(None)),
+    "unread": list,
+    "ep_info_buffer": list,
+    "ep_success_buffer": list,
+    "current_progress_remaining": (int, float),
+}
+
+
+def check_settings(name: str, settings: dict) -> None:
+    """A ModelFileError naming the first setting of a covey model file that is missing or of another JSON type
+    than save writes (a hand-edited or damaged ``covey.json``), and the spaces that do not read as spaces: load
+    failed with Python's KeyError or AttributeError on them, or took defaults for hyperparameters silently."""
+    for key, kind in {**_REQUIRED_SETTINGS, **_OPTIONAL_SETTINGS}.items():
+        if key not in settings:
+            if key in _REQUIRED_SETTINGS:
+                raise ModelFileError(
+                    f"{name}'s settings ({SETTINGS_ENTRY}) lack {key!r}, which every covey model file holds: the "
+                    "file is damaged, or was edited. Save the model again from a trusted copy."
+                )
+            continue
+        value = settings[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            what = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise ModelFileError(
+                f"{name}'s settings ({SETTINGS_ENTRY}) hold {key}={value!r}, where save writes {what} (in JSON): the "
+                "file is damaged, or was edited."
+            )
+    for key in ("observation_space", "action_space"):
+        try:
+            space_from_json(settings[key])
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ModelFileError(
+                f"{name}'s settings ({SETTINGS_ENTRY}) hold an {key} that is not a space ({type(err).__name__}: "
+                f"{err}): the file is damaged, or was edited. Pass the space at load "
+                f"(custom_objects={{{key!r}: <the space>}}) if you know it."
+            ) from err
+
+
+_TORCH_ARCHIVE = b"PK\x03\x04"  # how every file torch.save writes begins (a zip archive, since torch 1.6)
+
+
+def read_tensor_entry(zf: zipfile.ZipFile, entry: str, name: str, kind: str) -> bytes:
+    """The bytes of the entry ``entry`` of the model file ``name`` (a ``kind``, open as ``zf``) that torch.save
+    wrote, read whole only once its first bytes show a torch archive: an entry crafted to inflate to gigabytes (of
+    zeros, or of anything else) is refused before it takes the memory."""
+    with zf.open(entry) as f:
+        head = f.read(len(_TORCH_ARCHIVE))
+        if not head:
+            raise ModelFileError(f"{name} is a corrupt {kind}: its {entry} cannot be read (empty).")
+        if head != _TORCH_ARCHIVE:
+            raise _not_plain_tensors(name, entry)
+        return head + f.read()
+
+
+def _not_plain_tensors(name: str, entry: str, detail: str = "") -> ModelFileError:
+    return ModelFileError(
+        f"Refusing to load {name}: its {entry} is not a plain tensor file. It is corrupt, or it names Python objects "
+        f"that could run code when unpickled, which covey never does. Re-save the model from a trusted source.{detail}"
+    )
 
 
 def load_tensors(data: bytes, name: str, entry: str, kind: str, device: torch.device | str = "cpu") -> dict[str, Any]:
@@ -151,11 +248,7 @@ def load_tensors(data: bytes, name: str, entry: str, kind: str, device: torch.de
         # weights_only refuses every pickled object that is not tensors and plain data, so a crafted file
         # never runs code here; it is reported together with plain corruption, which looks the same to it.
         detail = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line or "operand" in line]
-        raise ModelFileError(
-            f"Refusing to load {name}: its {entry} is not a plain tensor file. It is corrupt, or it names "
-            "Python objects that could run code when unpickled, which covey never does. Re-save the model from "
-            f"a trusted source.{f' ({detail[0]})' if detail else ''}"
-        ) from err
+        raise _not_plain_tensors(name, entry, f" ({detail[0]})" if detail else "") from err
     except (RuntimeError, EOFError, ValueError) as err:
         problem = str(err).strip().splitlines()[0] if str(err).strip() else "empty"
         raise ModelFileError(f"{name} is a corrupt {kind}: its {entry} cannot be read ({problem}).") from err

@@ -455,3 +455,121 @@ def test_numpy_scalar_hyperparameters_save_load_and_copy_as_sb3s_do(tmp_path):
     loaded = SAC.load(tmp_path / "sac")
     assert (loaded.buffer_size, loaded.learning_starts, loaded.train_freq.frequency) == (500, 8, 2)
     assert loaded.tau == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("entry", ["tensors.pt", "policy.pth"])
+def test_an_entry_crafted_to_inflate_is_refused_before_it_is_read(saved, tmp_path, entry):
+    """A model file of a few hundred kB whose tensor entry inflates to 64 MiB of zeros (gigabytes in a real
+    attack) is refused from its first bytes, which are not a torch archive's: it used to be read whole into
+    memory before torch refused it. Its settings' format is checked before its tensors."""
+    import tracemalloc
+
+    import stable_baselines3
+
+    _, path = saved
+    source = path if entry == "tensors.pt" else tmp_path / "sb3.zip"
+    if entry == "policy.pth":
+        stable_baselines3.PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(source)
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as dst:
+        for name in src.namelist():
+            if name != entry:
+                dst.writestr(name, src.read(name))
+        with dst.open(entry, "w") as f:
+            for _ in range(64):
+                f.write(bytes(1 << 20))
+    assert bomb.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelFileError, match=f"its {entry} is not a plain tensor file"):
+            PPO.load(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    with zipfile.ZipFile(path) as src:
+        settings = json.loads(src.read("covey.json"))
+    for version, message in ((99, "format version 99; this covey reads versions up to"), ("1", "hold no format")):
+        with zipfile.ZipFile(bomb, "w") as dst:
+            dst.writestr("covey.json", json.dumps({**settings, "format_version": version}))
+            dst.writestr("tensors.pt", b"")
+        with pytest.raises(ModelFileError, match=message):
+            PPO.load(bomb)
+
+
+def test_a_pytorch_archive_is_named_as_one_with_the_files_that_do_load(tmp_path):
+    """SB3's ``policy.save`` (a torch archive) and an SB3 model file cut in half (whose entries read as the torch
+    archive inside it) were answered with "load it with PPO.load", the call that had just failed."""
+    import stable_baselines3
+
+    model = stable_baselines3.PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32)
+    model.policy.save(tmp_path / "policy")
+    model.save(tmp_path / "model.zip")
+    raw = (tmp_path / "model.zip").read_bytes()
+    (tmp_path / "half.zip").write_bytes(raw[: len(raw) // 2])
+    torch.save({"w": torch.zeros(2)}, tmp_path / "weights.pt")
+    for name in ("policy", "half.zip", "weights.pt"):
+        with pytest.raises(ModelFileError, match=r"is a PyTorch archive .*not a model file.*load the SB3 model"):
+            PPO.load(tmp_path / name)
+
+
+def test_a_folder_that_takes_no_new_file_is_named_with_the_way_out(saved, monkeypatch):
+    """A save writes a new file beside the target and renames it over it; in a folder where no file can be made
+    (read-only, immutable) the error says why and what to do, and the previous file stays."""
+    import tempfile
+
+    model, path = saved
+    before = path.read_bytes()
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    with pytest.raises(PermissionError, match=r"creating a file in .*give this folder write access, or save to"):
+        model.save(path)
+    assert path.read_bytes() == before
+
+
+def test_a_file_opened_in_text_mode_is_named_with_binary_mode(saved, tmp_path):
+    """zipfile's and NumPy's own errors ("write() argument must be str, not bytes") named no file mode."""
+    model, path = saved
+    with open(tmp_path / "text.zip", "w") as f, pytest.raises(TypeError, match=r"text mode .*open\(path, 'wb'\)"):
+        model.save(f)
+    with open(path) as f, pytest.raises(TypeError, match=r"Cannot load from a file opened in text mode"):
+        PPO.load(f)
+    sac = SAC("MlpPolicy", "Pendulum-v1", learning_starts=4, buffer_size=100)
+    sac.learn(8)
+    with open(tmp_path / "buffer.pkl", "w") as f, pytest.raises(TypeError, match=r"save a replay buffer to a file"):
+        sac.save_replay_buffer(f)
+    sac.save_replay_buffer(tmp_path / "buffer.pkl")
+    with open(tmp_path / "buffer.pkl") as f, pytest.raises(TypeError, match=r"load a replay buffer from a file"):
+        sac.load_replay_buffer(f)
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda s: {k: v for k, v in s.items() if k != "hyperparameters"}, r"lack 'hyperparameters'"),
+        (lambda s: {k: v for k, v in s.items() if k != "agent"}, r"lack 'agent'"),
+        (lambda s: {**s, "hyperparameters": []}, r"hold hyperparameters=\[\], where save writes dict"),
+        (lambda s: {**s, "n_envs": "x"}, r"hold n_envs='x', where save writes int"),
+        (lambda s: {**s, "observation_space": "Box"}, r"hold observation_space='Box', where save writes dict"),
+        (lambda s: {**s, "action_space": {"type": "Box"}}, r"hold an action_space that is not a space \(KeyError"),
+        (lambda s: [1, 2], r"hold no format version \(an int\)"),
+    ],
+    ids=["no hyperparameters", "no agent", "listed hyperparameters", "n_envs", "space", "half a space", "a list"],
+)
+def test_hand_edited_settings_are_named_at_load(saved, tmp_path, edit, message):
+    """A ``covey.json`` missing a setting or holding one of another type failed with KeyError, AttributeError or
+    TypeError from inside load, told to "load it with covey.None.load", or (hyperparameters as a list) loaded
+    with every hyperparameter at its default, silently."""
+    _, path = saved
+    with zipfile.ZipFile(path) as src:
+        settings = json.loads(src.read("covey.json"))
+        tensors = src.read("tensors.pt")
+    edited = tmp_path / "edited.zip"
+    with zipfile.ZipFile(edited, "w") as dst:
+        dst.writestr("covey.json", json.dumps(edit(settings)))
+        dst.writestr("tensors.pt", tensors)
+    with pytest.raises(ModelFileError, match=message):
+        PPO.load(edited)

@@ -15,7 +15,7 @@ from gymnasium import spaces
 from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 
-from covey.files import write_atomically
+from covey.files import require_binary, write_atomically
 from covey.networks.obs import ObsTensor, batch_to_tensor
 
 
@@ -380,6 +380,7 @@ class ReplayBuffer:
             )
         arrays.update(self._extra_arrays(stored))
         if not isinstance(path, (str, os.PathLike)):  # an open binary file
+            require_binary(path, "save a replay buffer to")
             np.savez(path, **arrays)
             return
         write_atomically(buffer_path(path), lambda f: np.savez(f, **arrays))
@@ -521,6 +522,7 @@ def _read_arrays(path: Any) -> dict[str, np.ndarray]:
     truncated to read."""
     with contextlib.ExitStack() as stack:
         source = stack.enter_context(open(path, "rb")) if isinstance(path, pathlib.Path) else path
+        require_binary(source, "load a replay buffer from")
         try:
             archive = np.load(source, allow_pickle=False)
         except (zipfile.BadZipFile, EOFError) as error:  # a truncated or damaged file
