@@ -267,6 +267,7 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         "action_space": serialization.space_to_json(action_space),
         "n_envs": int(data.get("n_envs") or 1),
         "num_timesteps": int(data.get("num_timesteps") or 0),
+        "total_timesteps": int(data.get("_total_timesteps") or 0),
         "n_updates": int(data.get("_n_updates") or 0),
         "current_progress_remaining": _plain(data.get("_current_progress_remaining"), float, 1.0),
         "seed": data.get("seed"),

@@ -174,6 +174,7 @@ _REQUIRED_SETTINGS = {
 _OPTIONAL_SETTINGS = {
     "n_envs": int,
     "num_timesteps": int,
+    "total_timesteps": int,
     "n_updates": int,
     "episode_num": int,
     "seed": (int, type(None)),

@@ -573,3 +573,14 @@ def test_hand_edited_settings_are_named_at_load(saved, tmp_path, edit, message):
         dst.writestr("tensors.pt", tensors)
     with pytest.raises(ModelFileError, match=message):
         PPO.load(edited)
+
+
+def test_the_last_learns_total_timesteps_is_kept_as_sb3_keeps_it(tmp_path):
+    """``_total_timesteps`` (the last ``learn``'s budget, which callbacks read for progress) came back as 0."""
+    import stable_baselines3
+
+    for lib in (stable_baselines3, __import__("covey")):
+        model = lib.PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64).learn(100)
+        model.save(tmp_path / lib.__name__)
+        assert model._total_timesteps == 100
+        assert PPO.load(tmp_path / lib.__name__)._total_timesteps == 100, lib.__name__

@@ -123,6 +123,7 @@ def require_numbers(config: Any, agent: str) -> None:
 _SAVED_ATTRIBUTES = frozenset(
     {
         "num_timesteps",
+        "_total_timesteps",
         "_n_updates",
         "seed",
         "verbose",
@@ -1531,6 +1532,7 @@ class BaseAgent:
             "action_space": serialization.space_to_json(self.action_space),
             "n_envs": self.n_envs,
             "num_timesteps": self.num_timesteps,
+            "total_timesteps": self._total_timesteps,
             "n_updates": self._n_updates,
             "current_progress_remaining": float(self._current_progress_remaining),
             "seed": self.seed,
@@ -1757,6 +1759,7 @@ class BaseAgent:
                 owner.optimizer = optimizer_class(owner.parameters(), **settings_)
         model.set_parameters(tensors, exact_match=True, device=model.device)
         model.num_timesteps = int(settings.get("num_timesteps", 0))
+        model._total_timesteps = int(settings.get("total_timesteps", 0))  # the last learn's, as SB3 keeps it
         model._n_updates = int(settings.get("n_updates", 0))
         model._episode_num = int(settings.get("episode_num", 0))
         model._current_progress_remaining = float(settings.get("current_progress_remaining", 1.0))
