@@ -442,3 +442,71 @@ def test_a_subclass_whose_train_is_sb3s_trains_and_logs_the_learning_rate(name):
     for k, m in parts.items():
         assert not torch.equal(torch.nn.utils.parameters_to_vector(m.parameters()), before[k]), k
     assert model.logger.name_to_value["train/learning_rate"] == pytest.approx(3e-4)
+
+
+def test_a_subclass_whose_collect_rollouts_is_sb3s_fills_the_buffer_as_sb3s_does():
+    """SB3's own ``collect_rollouts`` in a subclass (the start of an intrinsic bonus, say) passes the step's
+    values and log-probs to ``rollout_buffer.add`` in SB3's order and folds time limits' bootstraps into the
+    rewards: covey's buffer takes that form, and its advantages and returns are SB3's, time limits included.
+    The values went where covey keeps episode starts, and the rollout failed at its end."""
+    import gymnasium as gym
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+    import covey
+
+    class Mine(covey.PPO):
+        collect_rollouts = OnPolicyAlgorithm.collect_rollouts
+
+    class Keep(BaseCallback):
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            buffer = self.model.rollout_buffer
+            self.kept = {k: np.array(getattr(buffer, k), dtype=np.float64).reshape(64, 2) for k in fields}
+
+    fields = ("actions", "rewards", "episode_starts", "values", "log_probs", "advantages", "returns")
+    models = []
+    for cls in (stable_baselines3.PPO, Mine):
+        env = make_vec_env(lambda: gym.make("CartPole-v1", max_episode_steps=20), n_envs=2, seed=3)
+        models.append(cls("MlpPolicy", env, n_steps=64, batch_size=64, n_epochs=1, gamma=0.9, gae_lambda=0.8, seed=0))
+    theirs, ours = models
+    ours.policy.load_state_dict(theirs.policy.state_dict())
+    rollouts = []
+    for model in models:
+        torch.manual_seed(5)
+        callback = Keep()
+        model.learn(64, callback=callback)
+        rollouts.append(callback.kept)
+    their_rollout, our_rollout = rollouts
+    assert their_rollout["episode_starts"][1:].sum() >= 4  # time limits inside the rollout
+    for k in fields:
+        np.testing.assert_allclose(our_rollout[k], their_rollout[k], rtol=1e-5, atol=1e-5, err_msg=k)
+    assert ours._n_updates == theirs._n_updates == 1
+
+
+def test_a_subclass_whose_sac_collect_rollouts_is_sb3s_trains_as_covey_collects():
+    """SB3's own off-policy ``collect_rollouts`` in a SAC subclass calls SB3's helpers by SB3's signatures
+    (``_sample_action``, ``_store_transition(replay_buffer, ...)``, ``_on_step``, ``_dump_logs()``,
+    ``_update_current_progress_remaining(num_timesteps, total)``): the run is the one covey's own collection
+    makes, step for step, where it failed at the first step."""
+    from stable_baselines3.common.noise import NormalActionNoise
+    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+
+    import covey
+
+    class Mine(covey.SAC):
+        collect_rollouts = OffPolicyAlgorithm.collect_rollouts
+
+    runs = []
+    for cls in (covey.SAC, Mine):
+        noise = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
+        model = cls("MlpPolicy", "Pendulum-v1", learning_starts=20, batch_size=16, action_noise=noise, seed=0)
+        model.learn(260, log_interval=1)
+        runs.append(model)
+    ours, mine = runs
+    assert mine._episode_num == ours._episode_num == 1
+    np.testing.assert_array_equal(mine.replay_buffer.actions[:260], ours.replay_buffer.actions[:260])
+    for name, value in weights(ours, sb3=False).items():
+        torch.testing.assert_close(weights(mine, sb3=False)[name], value, rtol=0, atol=0, msg=name)

@@ -1126,6 +1126,7 @@ class BaseAgent:
         iteration = 0  # before on_training_start, which passes it to callbacks (as SB3 does)
         callback.on_training_start(locals(), globals())
         while self.num_timesteps < total_timesteps:
+            self._before_rollout()
             if not self.collect_rollouts(self.env, callback, self.rollout_buffer, n_rollout_steps=self.config.n_steps):
                 break
             iteration += 1
@@ -1136,6 +1137,9 @@ class BaseAgent:
                 self.train()
         callback.on_training_end()
         return self
+
+    def _before_rollout(self) -> None:
+        """What the on-policy loop does before each ``collect_rollouts`` (its own, or a subclass's)."""
 
     def _check_collection(self, env: Any, buffer: Any, buffer_name: str, steps: int | None = None) -> None:
         """SB3's ``collect_rollouts`` takes the env, the buffer and the steps as arguments; covey's collects from
@@ -1153,10 +1157,15 @@ class BaseAgent:
                 + " (as learn() does; set_env() changes the env)."
             )
 
-    def _update_current_progress_remaining(self) -> None:
+    def _update_current_progress_remaining(
+        self, num_timesteps: int | None = None, total_timesteps: int | None = None
+    ) -> None:
         """Schedules' progress remaining, 1 -> 0 over the budget counted from step 0 (as SB3 counts it): a
-        ``learn(n, reset_num_timesteps=False)`` that continues a run continues its schedules too."""
-        self._current_progress_remaining = 1.0 - float(self.num_timesteps) / max(self._total_timesteps, 1)
+        ``learn(n, reset_num_timesteps=False)`` that continues a run continues its schedules too. SB3's
+        signature: the counts default to the model's."""
+        done = self.num_timesteps if num_timesteps is None else num_timesteps
+        total = self._total_timesteps if total_timesteps is None else total_timesteps
+        self._current_progress_remaining = 1.0 - float(done) / max(total, 1)
 
     def _update_info_buffer(self, infos: list[dict], dones: np.ndarray) -> None:
         for i, info in enumerate(infos):

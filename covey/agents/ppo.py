@@ -855,6 +855,12 @@ class PPO(BaseAgent):
             total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar
         )
 
+    def _before_rollout(self) -> None:
+        # A subclass's collect_rollouts that is SB3's calls rollout_buffer.compute_returns_and_advantage, which
+        # computes with the buffer's gamma and gae_lambda, as SB3's buffer does: the model's.
+        self.rollout_buffer.gamma, self.rollout_buffer.gae_lambda = self.config.gamma, self.config.gae_lambda
+        self._value_entropy = None  # a two-hot critic's, which covey's collect_rollouts measures
+
     def collect_rollouts(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:

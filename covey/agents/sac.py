@@ -998,25 +998,7 @@ class SAC(BaseAgent):
         ) < train_freq.frequency:
             if use_sde and sde_sample_freq > 0 and num_collected_steps % sde_sample_freq == 0:
                 actor.reset_noise(env.num_envs)
-            if self.num_timesteps < learning_starts and not (use_sde and cfg.use_sde_at_warmup):
-                actions = np.array([self.action_space.sample() for _ in range(env.num_envs)])
-                buffer_actions = self._to_buffer_actions(actions)
-            elif self._sb3_policy_class is not None:
-                # as SB3's SAC: the policy's actions for the env, scaled to [-1, 1]
-                buffer_actions = self.policy.scale_action(self.policy.predict(self._last_obs)[0])
-                actions = self.policy.unscale_action(buffer_actions)
-            else:
-                obs = batch_to_tensor(self._last_obs, self.observation_space, self.device)
-                with torch.inference_mode():
-                    buffer_actions = actor.act(obs).cpu().numpy()
-                actions = actor.to_env_actions(buffer_actions)
-            if action_noise is not None:  # as SB3: on the actions in [-1, 1], also while acting at random
-                buffer_actions = np.clip(buffer_actions + action_noise(), -1.0, 1.0).astype(buffer_actions.dtype)
-                actions = (
-                    actor.to_env_actions(buffer_actions)
-                    if self._sb3_policy_class is None
-                    else self.policy.unscale_action(buffer_actions)
-                )
+            actions, buffer_actions = self._sample_action(learning_starts, action_noise, env.num_envs)
             new_obs, rewards, dones, infos = env.step(actions)
             self.num_timesteps += env.num_envs
             num_collected_steps += 1
@@ -1024,16 +1006,47 @@ class SAC(BaseAgent):
             if not callback.on_step():
                 return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, False)
             self._update_info_buffer(infos, dones)
-            self._store_transition(buffer_actions, new_obs, rewards, dones, infos)
+            self._store_transition(replay_buffer, buffer_actions, new_obs, rewards, dones, infos)
             for idx in np.flatnonzero(dones):
                 num_collected_episodes += 1
                 self._episode_num += 1
                 if action_noise is not None:  # a fresh noise process for the env's next episode
                     action_noise.reset(**({"indices": [int(idx)]} if env.num_envs > 1 else {}))
                 if log_interval is not None and self._episode_num % log_interval == 0:
-                    self._dump_logs(self._episode_num, "time/episodes")
+                    self._dump_logs()
         callback.on_rollout_end()
         return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, True)
+
+    def _sample_action(
+        self, learning_starts: int, action_noise: ActionNoise | None = None, n_envs: int = 1
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """SB3's: ``(actions for the env, actions for the buffer)`` of one step of ``n_envs`` envs, at random before
+        ``learning_starts`` steps (but with gSDE at warm-up), then the policy's; ``action_noise`` is added to the
+        buffer's actions in [-1, 1], also while acting at random."""
+        cfg, actor = self.config, self.actor
+        if self.num_timesteps < learning_starts and not (cfg.use_sde and cfg.use_sde_at_warmup):
+            actions = np.array([self.action_space.sample() for _ in range(n_envs)])
+            buffer_actions = self._to_buffer_actions(actions)
+        elif self._sb3_policy_class is not None:
+            # as SB3's SAC: the policy's actions for the env, scaled to [-1, 1]
+            buffer_actions = self.policy.scale_action(self.policy.predict(self._last_obs)[0])
+            actions = self.policy.unscale_action(buffer_actions)
+        else:
+            obs = batch_to_tensor(self._last_obs, self.observation_space, self.device)
+            with torch.inference_mode():
+                buffer_actions = actor.act(obs).cpu().numpy()
+            actions = actor.to_env_actions(buffer_actions)
+        if action_noise is not None:
+            buffer_actions = np.clip(buffer_actions + action_noise(), -1.0, 1.0).astype(buffer_actions.dtype)
+            actions = (
+                actor.to_env_actions(buffer_actions)
+                if self._sb3_policy_class is None
+                else self.policy.unscale_action(buffer_actions)
+            )
+        return actions, buffer_actions
+
+    def _on_step(self) -> None:
+        """SB3's hook after each collected step (a no-op in SB3's SAC, whose target critics move in ``train``)."""
 
     def _to_buffer_actions(self, env_actions: np.ndarray) -> np.ndarray:
         """Env actions to what the buffer stores: Box actions rescaled into [-1, 1]."""
@@ -1057,7 +1070,9 @@ class SAC(BaseAgent):
         obs = vec_normalize.get_original_obs()
         return self.env._fit(obs) if isinstance(self.env, VecImageLayout) else obs
 
-    def _store_transition(self, actions, new_obs, rewards, dones, infos) -> None:
+    def _store_transition(self, replay_buffer, actions, new_obs, rewards, dones, infos) -> None:
+        """SB3's: store one step of every env in ``replay_buffer`` (the model's), and move on to ``new_obs``."""
+        self._check_collection(self.env, replay_buffer, "replay_buffer")
         # Behind a VecNormalize the buffer keeps the original observations and rewards, normalized when sampled
         # with the statistics of that time (as SB3 does): stored normalized ones would go stale as they move.
         vec_normalize = self.get_vec_normalize_env()
@@ -1139,9 +1154,12 @@ class SAC(BaseAgent):
 
     def dump_logs(self) -> None:
         """Write one row of logs now, as training does every ``log_interval`` episodes (SB3's public method)."""
-        self._dump_logs(self._episode_num, "time/episodes")
+        self._dump_logs()
 
-    def _dump_logs(self, iteration: int, counter: str | None = "time/iterations") -> None:
+    def _dump_logs(self, iteration: int | None = None, counter: str | None = "time/episodes") -> None:
+        """SB3's: one row of logs, counted in episodes (``iteration``: the model's episodes, by default)."""
+        if iteration is None:
+            iteration = self._episode_num
         # The critics' diagnostics of the last train() call, like its losses; reduced only when a row of logs
         # is written, not at every gradient step.
         pairs = getattr(self, "_q_and_targets", None)

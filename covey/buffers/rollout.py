@@ -134,6 +134,7 @@ class RolloutBuffer:
         self.gamma, self.gae_lambda = 0.99, 0.95  # those of the last compute_returns
         self.pos = 0
         self.td_error_abs = 0.0
+        self._sb3_steps = False  # whether add() was given SB3's form (values and log-probs with each step)
 
     # SB3's fields, as NumPy arrays
     @property
@@ -180,7 +181,41 @@ class RolloutBuffer:
         """Store one step of every env: the observation acted on, the action, and what followed. The
         observation and the action may be tensors or NumPy arrays, converted to the buffer's dtypes as PyTorch
         converts them (a CPU buffer writes arrays through its NumPy views). ``episode_starts`` says which
-        observations begin an episode; without it the buffer follows the ``dones`` it was given."""
+        observations begin an episode; without it the buffer follows the ``dones`` it was given.
+
+        SB3's ``add(obs, action, reward, episode_start, value, log_prob)`` (``value`` and ``log_prob`` tensors, as
+        SB3's ``collect_rollouts`` passes them in a subclass's copy of it) is taken as SB3's: see :meth:`_add_sb3`."""
+        if isinstance(dones, torch.Tensor) and isinstance(episode_starts, torch.Tensor):
+            self._add_sb3(obs, actions, rewards, terminated, dones, episode_starts)
+            return
+        self._sb3_steps = False
+        self._store(obs, actions)
+        t = self.pos
+        self.rewards[t] = rewards
+        self.terminated[t] = terminated
+        self.dones[t] = dones
+        self.episode_starts[t] = self._next_starts if episode_starts is None else episode_starts
+        self._next_starts = np.array(dones, dtype=bool)  # a copy: a caller may refill its array in place
+        self.pos += 1
+
+    def _add_sb3(self, obs, actions, rewards, episode_starts, values: torch.Tensor, log_probs: torch.Tensor) -> None:
+        """One step in SB3's form: the step's values and log-probabilities come with it, and the rewards hold
+        the time limits' bootstraps (SB3's loop adds them), so every episode end is a terminal one for GAE. The
+        ends are known one step late, from the next step's ``episode_starts``, and the last step's from the
+        ``dones`` given to :meth:`compute_returns_and_advantage`."""
+        self._sb3_steps = True
+        self._store(obs, actions)
+        t = self.pos
+        self.rewards[t] = rewards
+        self.episode_starts[t] = episode_starts
+        if t > 0:
+            self.dones[t - 1] = self.terminated[t - 1] = np.asarray(episode_starts, dtype=bool)
+        self.dones[t] = self.terminated[t] = False
+        self.values_tensor[t] = values.detach().reshape(self.n_envs)
+        self.log_probs_tensor[t] = log_probs.detach().reshape(self.n_envs)
+        self.pos += 1
+
+    def _store(self, obs: ObsTensor | np.ndarray, actions: torch.Tensor | np.ndarray) -> None:
         t = self.pos
         if isinstance(obs, dict):
             for key, value in obs.items():
@@ -193,12 +228,6 @@ class RolloutBuffer:
             self._actions_np[t] = actions.reshape(self._actions_np.shape[1:])
         else:
             self.actions_tensor[t] = torch.as_tensor(actions).reshape(self.actions_tensor.shape[1:])
-        self.rewards[t] = rewards
-        self.terminated[t] = terminated
-        self.dones[t] = dones
-        self.episode_starts[t] = self._next_starts if episode_starts is None else episode_starts
-        self._next_starts = np.array(dones, dtype=bool)  # a copy: a caller may refill its array in place
-        self.pos += 1
 
     def flat_observations(self) -> ObsTensor:
         """All stored observations as one batch ``(n_steps * n_envs, ...)``."""
@@ -238,7 +267,9 @@ class RolloutBuffer:
                 f"last_values has shape {last_values.shape}: pass one value per env ({self.n_envs},), e.g. "
                 "policy.predict_values(obs_tensor) of the observation after the rollout's last step."
             )
-        if not np.array_equal(np.asarray(dones, dtype=bool).reshape(-1), self.dones[self.pos - 1]):
+        if self._sb3_steps:  # steps stored in SB3's form: their last ends are these
+            self.dones[self.pos - 1] = self.terminated[self.pos - 1] = np.asarray(dones, dtype=bool).reshape(-1)
+        elif not np.array_equal(np.asarray(dones, dtype=bool).reshape(-1), self.dones[self.pos - 1]):
             raise ValueError(
                 "dones are not the rollout's last step's: pass the callback's self.locals['dones'] (the buffer "
                 "holds every step's, and computes with them)."
