@@ -1380,3 +1380,72 @@ def test_poca_goes_on_after_an_exception_in_an_envs_reset(monkeypatch):
     before = model.num_timesteps
     model.learn(64, reset_num_timesteps=False)
     assert model.num_timesteps >= before + 64
+
+
+class BrokenStep(OneStepTeam):
+    """OneStepTeam whose step breaks PettingZoo's API one way (``bug``), or whose observations are Discrete(4,
+    start=10) given from 0 (an env that forgot the start)."""
+
+    def __init__(self, bug):
+        super().__init__(("truncated",))
+        self.bug = bug
+
+    def observation_space(self, agent):
+        return spaces.Discrete(4, start=10) if self.bug == "discrete from 0" else super().observation_space(agent)
+
+    def reset(self, seed=None, options=None):
+        observations, infos = super().reset(seed=seed)
+        if self.bug == "discrete from 0":
+            observations = {agent: 1 for agent in observations}
+        return observations, infos
+
+    def step(self, actions):
+        observations, rewards, term, trunc, infos = super().step(actions)
+        if self.bug == "no truncations":
+            trunc = {}
+        elif self.bug == "string flag":
+            term = {agent: "False" for agent in term}
+        elif self.bug == "infos None":
+            infos = None
+        elif self.bug == "reward None":
+            rewards["b"] = None
+        elif self.bug == "no reward":
+            del rewards["b"]
+        return observations, rewards, term, trunc, infos
+
+
+@pytest.mark.parametrize(
+    "bug,message",
+    [
+        ("discrete from 0", r"gave agent 'a' an observation .*value 1 outside Discrete\(4, start=10\)"),
+        ("no truncations", r"gave no truncations entry for 'a', 'b', which acted"),
+        ("string flag", r"gave agent 'a' the terminations flag 'False': a string, not a bool"),
+        ("infos None", r"returned its infos as NoneType, not a dict keyed by agent"),
+        ("reward None", r"gave agent 'b' the reward None, which is not a number"),
+    ],
+)
+def test_a_step_off_pettingzoos_api_is_named(bug, message):
+    """Each of these trained silently (a Discrete observation outside its space read as the nearest value, a
+    time limit without its truncations as the group's true end, "False" as true) or failed with Python's
+    AttributeError, or named None a NaN."""
+    venv = GroupVecEnv([lambda: BrokenStep(bug)])
+    with pytest.raises(ValueError, match=message):
+        venv.reset(seed=0)
+        venv.step(np.zeros((1, 2), np.int64))
+
+
+def test_a_missing_reward_and_a_reward_no_agent_trains_on_are_warned_of_once():
+    """A live agent left out of the rewards trains on 0, and a reward under a key that is no acting agent's counts
+    in the logged return only: both were silent (PettingZoo's API test warns of them)."""
+    venv = GroupVecEnv([lambda: BrokenStep("no reward")])
+    venv.reset(seed=0)
+    with pytest.warns(UserWarning, match=r"gave no reward for 'b', which acted in this step: it trains on 0"):
+        step = venv.step(np.zeros((1, 2), np.int64))
+    np.testing.assert_array_equal(step.rewards[0], [1.0, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        venv.step(np.zeros((1, 2), np.int64))  # once
+    venv = GroupVecEnv([lambda: OneStepTeam(team_reward=10.0)])
+    venv.reset(seed=0)
+    with pytest.warns(UserWarning, match=r"reward of 10.0 under 'team', which did not act .* no agent trains on it"):
+        venv.step(np.zeros((1, 2), np.int64))

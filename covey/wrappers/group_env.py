@@ -22,6 +22,7 @@ from gymnasium import spaces
 from stable_baselines3.common.vec_env.base_vec_env import tile_images
 
 from covey.networks.encoders import FlatDict
+from covey.networks.obs import discrete_range_problem
 from covey.spaces import check_action_space, check_observation_space
 from covey.warning import warn_user
 from covey.wrappers.vec_env import own_info, returned
@@ -245,6 +246,8 @@ class GroupVecEnv:
         self.n_envs, self.n_slots = len(self.envs), len(self.agent_ids)
         # Dict observations are stored flat, one float32 vector per slot (the networks unflatten them)
         self.flat_dict = FlatDict(self.observation_space) if isinstance(self.observation_space, spaces.Dict) else None
+        self._discrete = _has_discrete(self.observation_space)  # observations one-hot encoded: checked for range
+        self._warned_unused_rewards = self._warned_missing_reward = False  # each warned of once
         self._live = [LiveAgents() for _ in self.envs]
         stored = self.observation_space if self.flat_dict is None else self.flat_dict.flat_space
         self.obs_shape, self.obs_dtype = tuple(stored.shape), _storage_dtype(stored)
@@ -319,6 +322,10 @@ class GroupVecEnv:
             stored = self._stored(obs, agent)
             if np.shape(stored) != self._obs.shape[2:]:  # NumPy would broadcast a (1,) observation, silently
                 raise ValueError(f"shape {np.shape(stored)}, not {self._obs.shape[2:]}")
+            if self._discrete:  # a one-hot encoding would read a value outside the space as the nearest one
+                problem = discrete_range_problem(obs, self.observation_space)
+                if problem is not None:
+                    raise ValueError(problem)
             self._obs[e, s] = stored
         except ValueError as exc:
             shape = "" if self.flat_dict is not None else f" of shape {np.shape(obs)}"
@@ -367,6 +374,7 @@ class GroupVecEnv:
             if len(out) != 5:
                 raise _api_error("step()", f"returned {len(out)} values, not 5")
             observations, rew, term, trunc, agent_infos = out
+            _check_step_dicts(observations, rew, term, trunc, agent_infos, acting)
             # the env's, keyed by agent, copied as SB3's DummyVecEnv copies infos: an env may update them in place
             infos[e]["agents"] = {
                 agent: own_info(info) if isinstance(info, dict) else copy.deepcopy(info)
@@ -379,12 +387,21 @@ class GroupVecEnv:
             still = set(after)
             for agent in acting:
                 s = self.slot[agent]
+                reward = rew.get(agent, 0.0)
+                if agent not in rew and not self._warned_missing_reward:
+                    self._warned_missing_reward = True
+                    warn_user(
+                        f"The env's step() gave no reward for {agent!r}, which acted in this step: it trains on 0 "
+                        "there. PettingZoo's API gives every agent that acted a reward (0.0 where it earned none)."
+                    )
                 try:
-                    rewards[e, s] = rew.get(agent, 0.0)
+                    if reward is None:
+                        raise TypeError("None")
+                    rewards[e, s] = reward
                 except (TypeError, ValueError) as exc:
-                    raise _api_error("step()", _not_a_reward(agent, rew.get(agent))) from exc
-                terminated[e, s] = bool(term.get(agent, False))
-                truncated[e, s] = bool(trunc.get(agent, False)) and not terminated[e, s]
+                    raise _api_error("step()", _not_a_reward(agent, reward)) from exc
+                terminated[e, s] = bool(term[agent])
+                truncated[e, s] = bool(trunc[agent]) and not terminated[e, s]
                 if agent not in still:
                     # The agent is gone: keep its last observation for the (posthumous) bootstrap.
                     left[e, s] = True
@@ -398,6 +415,15 @@ class GroupVecEnv:
                             self._ep_return[e, self.slot[agent]] += r
                         else:  # a key that is no agent's: the group return still counts what the env paid
                             self._ep_other_return[e] += r
+                        if r and not self._warned_unused_rewards:
+                            self._warned_unused_rewards = True
+                            warn_user(
+                                f"The env paid a reward of {r!r} under {agent!r}, which did not act in this step (an "
+                                "agent that had already ended, one not yet in the episode, or a key that is no "
+                                "agent's, such as a shared 'team' reward). The logged group return "
+                                "(rollout/ep_rew_mean) counts it, but no agent trains on it: pay shared rewards to "
+                                "every agent that acted (POCA trains on the group's rewards summed)."
+                            )
             self._obs[e] = 0
             self._mask[e] = False
             self._put_all(e, after, observations, "step()")  # live agents, including ones that just appeared
@@ -493,6 +519,44 @@ class GroupVecEnv:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def _has_discrete(space: spaces.Space) -> bool:
+    """Whether ``space`` is, or a Dict space holds, a Discrete or MultiDiscrete space."""
+    if isinstance(space, spaces.Dict):
+        return any(_has_discrete(sub) for sub in space.spaces.values())
+    return isinstance(space, (spaces.Discrete, spaces.MultiDiscrete))
+
+
+def _check_step_dicts(observations: Any, rewards: Any, terminations: Any, truncations: Any, infos: Any, acting) -> None:
+    """Raise where a step's five returns are not dicts keyed by agent, or where the terminations or truncations
+    leave out an agent that acted, or give one a string (``"False"`` is true): a missing truncation made a time
+    limit a true end of the group's episode, silently. (A missing reward counts 0, with a warning, as PettingZoo's
+    API test warns of it.)"""
+    named = {
+        "observations": observations,
+        "rewards": rewards,
+        "terminations": terminations,
+        "truncations": truncations,
+        "infos": infos,
+    }
+    for name, value in named.items():
+        if not isinstance(value, dict):
+            raise _api_error("step()", f"returned its {name} as {type(value).__name__}, not a dict keyed by agent")
+    for name in ("terminations", "truncations"):
+        flags = named[name]
+        missing = [agent for agent in acting if agent not in flags]
+        if missing:
+            raise _api_error(
+                "step()",
+                f"gave no {name} entry for {', '.join(map(repr, missing))}, which acted in this step. Every agent "
+                f"that acted needs its termination and truncation flags (a time limit that leaves them out would "
+                "read as the end of the episode, not as a truncation)",
+            )
+        text = next((agent for agent in acting if isinstance(flags[agent], (str, bytes))), None)
+        if text is not None:
+            flag = flags[text]
+            raise _api_error("step()", f"gave agent {text!r} the {name} flag {flag!r}: a string, not a bool")
 
 
 def _not_a_reward(agent: Any, reward: Any) -> str:
