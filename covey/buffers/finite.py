@@ -71,18 +71,21 @@ def check_discrete_observations(when: str, observations: Any, space: spaces.Spac
 def check_terminal_observation(final: Any, new_obs: Any, i: int) -> None:
     """Raise where env ``i``'s ``terminal_observation`` (in its info) is not an observation of the kind and shape
     of the step's observations ``new_obs`` (one per env): a VecEnv wrapper that changes the observations (as
-    SB3's docs' ``VecExtractDictObs``) must change that one too, which a truncated episode bootstraps from."""
+    SB3's docs' ``VecExtractDictObs``) must change that one too, which a truncated episode bootstraps from. Keys a
+    Dict observation holds beyond the step's are left out, as everywhere."""
     if isinstance(new_obs, dict):
-        fits = isinstance(final, dict) and final.keys() == new_obs.keys()
+        fits = isinstance(final, dict) and new_obs.keys() <= final.keys()
         fits = fits and all(np.shape(final[key]) == np.shape(value)[1:] for key, value in new_obs.items())
     else:
         fits = not isinstance(final, dict) and np.shape(final) == np.shape(new_obs)[1:]
     if not fits:
         raise ValueError(
             f"infos[{i}]['terminal_observation'] is {_what(final)}, where the step's observations are "
-            f"{_what(new_obs, batch=True)}: a VecEnv wrapper that changes the observations must change "
-            "infos[i]['terminal_observation'] alike (the true last observation of an episode, which a time limit's "
-            "bootstrap reads), as its step_wait changes obs."
+            f"{_what(new_obs, batch=True)} (the true last observation of an episode, which a time limit's bootstrap "
+            "reads, must be one of them). Either the env returns observations of another shape or keys than its "
+            "observation_space, which its VecEnv copied into the space's (fix the env; SB3's "
+            "stable_baselines3.common.env_checker.check_env(env) names it), or a VecEnv wrapper changes the "
+            "observations and not infos[i]['terminal_observation'] alike (change it as step_wait changes obs)."
         )
 
 

@@ -7,12 +7,14 @@ adds two adapters: a lean in-process VecEnv and a view of a Gymnasium vector env
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import stable_baselines3
 from gymnasium import spaces
 from stable_baselines3.common.env_util import is_wrapped
 from stable_baselines3.common.monitor import Monitor
@@ -64,7 +66,13 @@ class FastVecEnv(DummyVecEnv):
 
     def _save_obs(self, env_idx: int, obs: Any) -> None:
         for key in self.keys:
-            value = obs if key is None else obs[key]
+            try:
+                value = obs if key is None else obs[key]
+            except (KeyError, TypeError, IndexError):  # a Dict observation without the key, or not a dict
+                problem = observation_problem(obs, self.observation_space)
+                if problem is None:
+                    raise
+                raise ValueError(f"The env returned an observation {problem}. {GYMNASIUM_API}") from None
             if np.shape(value) != self.buf_obs[key].shape[1:]:
                 # NumPy would broadcast an observation of shape (1,) or () into every entry, silently.
                 problem = observation_problem(obs, self.observation_space)
@@ -74,11 +82,12 @@ class FastVecEnv(DummyVecEnv):
 
     def step_wait(self):
         infos = []
+        i = 0
         try:
             for i, env in enumerate(self.envs):
                 obs, reward, terminated, truncated, info = env.step(self.actions[i])
                 if not isinstance(info, dict):
-                    raise TypeError(f"info of type {type(info).__name__}")  # named by _explain
+                    raise ValueError(_info_problem(f"{type(env.unwrapped).__name__}.step()", info))
                 info = own_info(info)  # this step's own: an env may update its info's arrays or dict in place
                 done = terminated or truncated
                 info["TimeLimit.truncated"] = truncated and not terminated
@@ -90,15 +99,22 @@ class FastVecEnv(DummyVecEnv):
                 self.buf_dones[i] = done
                 infos.append(info)
         except API_SYMPTOMS as exc:
-            self._explain(exc, "step")
+            # Raised by the env's own code: its error says what went wrong (stepping it again to look for an API
+            # problem would move it on a step). Raised where a wrapper or this VecEnv read what it returned (a
+            # 4-tuple unpacked, a reward of shape (1,) made a float): the copy that failed is stepped once more
+            # with the same action, to name the problem.
+            if _raised_reading_returns(exc):
+                problem = env_api_problem(_inner(self.envs[i]), "step", self.actions[i])
+                if problem is not None:
+                    raise ValueError(problem) from exc
             raise
         return self._obs_from_buf(), self.buf_rews.copy(), self.buf_dones.copy(), infos
 
     def _explain(self, exc: Exception, call: str) -> None:
-        """Raise a clear error where ``exc`` (raised by ``reset()`` or ``step()``) came from an env that breaks the
-        Gymnasium API (:func:`env_api_problem`); return where none does (``exc`` is then the env's own error)."""
-        for i, env in enumerate(self.envs):
-            problem = env_api_problem(_inner(env), call, None if call == "reset" else self.actions[i])
+        """Raise a clear error where ``exc`` (raised by ``reset()``) came from an env that breaks the Gymnasium API
+        (:func:`env_api_problem`); return where none does (``exc`` is then the env's own error)."""
+        for env in self.envs:
+            problem = env_api_problem(_inner(env), call)
             if problem is not None:
                 raise ValueError(problem) from exc
 
@@ -106,9 +122,29 @@ class FastVecEnv(DummyVecEnv):
         return dict_to_obs(self.observation_space, {k: v.copy() for k, v in self.buf_obs.items()})
 
 
+_READERS = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep for path in (gym.__file__, stable_baselines3.__file__, __file__)
+)
+
+
+def _raised_reading_returns(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised in Gymnasium's wrappers, SB3's Monitor or this module, which read what an env
+    returned, rather than in the env's own code (the innermost Python frame of its traceback)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_READERS)
+
+
 def _inner(env: gym.Env) -> gym.Env:
     """The env under the ``Monitor`` that :func:`as_vec_env` adds (the user's env, whose API is in question)."""
     return env.env if isinstance(env, Monitor) else env
+
+
+def _info_problem(name: str, info: Any) -> str:
+    return f"{name} returned the info {info!r}, where a dict belongs ({{}} for none). {GYMNASIUM_API}"
 
 
 def _reset_info_problem(info: Any) -> str:
@@ -134,7 +170,13 @@ def env_api_problem(env: gym.Env, call: str, action: Any = None) -> str | None:
     if call == "reset" and not isinstance(out[1], dict):
         return _reset_info_problem(out[1])
     if call == "step" and not isinstance(out[4], dict):
-        return f"{name} returned the info {out[4]!r}, where a dict belongs ({{}} for none). {GYMNASIUM_API}"
+        return _info_problem(name, out[4])
+    if call == "step" and (np.ndim(out[1]) != 0 or isinstance(out[1], (str, bytes, type(None)))):
+        shape = f" of shape {np.shape(out[1])}" if np.ndim(out[1]) else ""
+        return (
+            f"{name} returned the reward {out[1]!r}{shape}, where one float belongs (for an array of one element, "
+            f"float(reward) or reward.item() in the env or a wrapper). {GYMNASIUM_API}"
+        )
     problem = observation_problem(out[0], env.observation_space)
     if problem is not None:
         return f"{name} returned an observation {problem}. {GYMNASIUM_API}"
