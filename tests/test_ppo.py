@@ -566,3 +566,28 @@ def test_training_updates_whatever_grad_mode_the_process_is_in(which):
     finally:
         torch.set_grad_enabled(True)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))
+
+
+def test_a_rollout_of_one_sample_trains_without_warnings_as_sb3s_does():
+    """SB3 takes n_steps * n_envs == 1 with normalize_advantage=False; covey's train/value_std of one value
+    warned (torch's degrees of freedom) at every update and was logged as NaN."""
+    import warnings
+
+    from stable_baselines3.common.logger import KVWriter, Logger
+
+    rows = []
+
+    class Rows(KVWriter):
+        def write(self, key_values, key_excluded, step=0):
+            rows.append(dict(key_values))
+
+        def close(self):
+            pass
+
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=1, batch_size=1, normalize_advantage=False, n_epochs=2, seed=0)
+    model.set_logger(Logger(None, [Rows()]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.learn(3)
+    assert model._n_updates == 6 and len(rows) == 3
+    assert all("train/value_std" not in row for row in rows) and "train/value_mean" in rows[-1]

@@ -616,8 +616,10 @@ def test_train_freq_in_steps():
     assert model._n_updates == 20  # 10 collections of 3 steps, 2 gradient steps each
 
 
-def test_gradient_steps_minus_one_matches_collected_steps():
-    model = sac(CounterEnv(length=5), train_freq=4, gradient_steps=-1, learning_starts=0).learn(40)
+@pytest.mark.parametrize("negative", [-1, -2])
+def test_gradient_steps_minus_one_matches_collected_steps(negative):
+    """Any negative gradient_steps means as many as env steps collected, as in SB3 (-2 was refused)."""
+    model = sac(CounterEnv(length=5), train_freq=4, gradient_steps=negative, learning_starts=0).learn(40)
     assert model._n_updates == 40  # 10 collections of 4 env steps, 4 gradient steps each
     # learning_starts=10: collections end at 4, 8, 12, ..., 40; training starts once past 10: 8 x 4.
     model = sac(CounterEnv(length=5), train_freq=4, gradient_steps=-1, learning_starts=10).learn(40)

@@ -1142,7 +1142,8 @@ class PPO(BaseAgent):
         )
         values = buffer.values_tensor
         self.logger.record("train/value_mean", values.mean().item())
-        self.logger.record("train/value_std", values.std().item())
+        if values.numel() > 1:  # a rollout of one sample has no spread
+            self.logger.record("train/value_std", values.std().item())
         self.logger.record("train/td_error_abs", buffer.td_error_abs)
         if self._value_entropy is not None:
             self.logger.record("train/value_entropy", self._value_entropy)

@@ -115,7 +115,6 @@ class SACConfig:
         need(self.batch_size >= 1, "batch_size", "it must be >= 1")
         need(0.0 < self.tau <= 1.0, "tau", "it must lie in (0, 1]")
         need(0.0 <= self.gamma <= 1.0, "gamma", "it must lie in [0, 1]")
-        need(self.gradient_steps == -1 or self.gradient_steps >= 0, "gradient_steps", "it must be >= 0, or -1")
         need(self.target_update_interval >= 1, "target_update_interval", "it must be >= 1")
         need(isinstance(self.n_steps, (int, np.integer)) and self.n_steps >= 1, "n_steps", "it must be an int >= 1")
         need(
