@@ -477,3 +477,22 @@ def test_a_corrupt_tensor_entry_is_named_as_corrupt_in_covey_and_sb3_files_alike
     _rewrite_zip(tmp_path / "ours.zip", "tensors.pt", b"")
     with pytest.raises(ModelFileError, match=r"corrupt covey model file: its tensors\.pt cannot be read \(empty\)"):
         PPO.load(tmp_path / "ours.zip")
+
+
+def test_sb3s_own_extractor_and_optimizer_classes_load_by_name_from_either_libraries_file(tmp_path):
+    """``features_extractor_class=FlattenExtractor`` (SB3's default, named) and ``RMSpropTFLike`` were refused
+    at load without custom_objects, from covey's file and SB3's alike: they are SB3's, named in the file."""
+    from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+    from stable_baselines3.common.torch_layers import FlattenExtractor
+
+    kwargs = dict(features_extractor_class=FlattenExtractor, optimizer_class=RMSpropTFLike)
+    theirs = sb3.PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, policy_kwargs=kwargs, seed=0)
+    theirs.save(tmp_path / "theirs.zip")
+    PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, policy_kwargs=kwargs).save(tmp_path / "ours.zip")
+    obs = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
+    for name in ("theirs.zip", "ours.zip"):
+        loaded = PPO.load(tmp_path / name)
+        assert loaded.policy_kwargs["features_extractor_class"] is FlattenExtractor
+        assert type(loaded.policy.optimizer) is RMSpropTFLike
+    actions = PPO.load(tmp_path / "theirs.zip").predict(obs, deterministic=True)[0]
+    np.testing.assert_array_equal(actions, theirs.predict(obs, deterministic=True)[0])

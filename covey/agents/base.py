@@ -29,6 +29,7 @@ import stable_baselines3
 import torch
 from gymnasium import spaces
 from gymnasium.utils import EzPickle
+from stable_baselines3.common import torch_layers
 from stable_baselines3.common.callbacks import (
     BaseCallback,
     CallbackList,
@@ -36,6 +37,7 @@ from stable_baselines3.common.callbacks import (
     ProgressBarCallback,
 )
 from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
 from stable_baselines3.common.utils import ConstantSchedule as SB3ConstantSchedule
 from stable_baselines3.common.utils import FloatSchedule, LinearSchedule, configure_logger, safe_mean
 from stable_baselines3.common.vec_env import VecEnv, VecTransposeImage, unwrap_vec_normalize
@@ -84,6 +86,12 @@ _ALLOWED_CLASSES: dict[str, type] = {
         f"torch.optim.{n}": getattr(torch.optim, n)
         for n in ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam")
     },
+    # SB3's own features extractors and its TF-like RMSprop, which scripts name in policy_kwargs
+    **{
+        f"stable_baselines3.common.torch_layers.{n}": getattr(torch_layers, n)
+        for n in ("FlattenExtractor", "NatureCNN", "CombinedExtractor")
+    },
+    "stable_baselines3.common.sb2_compat.rmsprop_tf_like.RMSpropTFLike": RMSpropTFLike,
 }
 
 
