@@ -168,6 +168,9 @@ def test_exclude_keeps_the_weights_and_include_names_the_replay_buffers_own_file
     with pytest.raises(ValueError, match=r"include=\['replay_buffer'\].*model.save_replay_buffer\(path\)"):
         sac.save(tmp_path / "sac.zip", include=["replay_buffer"])
     assert not (tmp_path / "sac.zip").exists()
+    with pytest.raises(ValueError, match=r"include=\['env'\].*never pickled objects: pass the env to load") as info:
+        model.save(tmp_path / "env.zip", include=["env"])  # the advice is the env's alone
+    assert "replay" not in str(info.value)
 
 
 def test_excluded_hyperparameters_load_as_the_constructors_defaults_as_in_sb3(tmp_path):

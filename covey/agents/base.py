@@ -1529,11 +1529,16 @@ class BaseAgent:
             saved |= {"_last_obs", "_last_episode_starts", "_last_original_obs"}
         extra = sorted(set(include or []) - saved)
         if extra:
+            ways = {  # what to do instead, for the names SB3's scripts include
+                "env": "pass the env to load(path, env=...)",
+                "replay_buffer": "save the replay buffer beside the model with model.save_replay_buffer(path) "
+                "(model.load_replay_buffer(path) reads it back)",
+            }
+            advice = "; ".join(ways[name] for name in extra if name in ways)
             raise ValueError(
                 f"save(include={extra}): covey's model file holds the settings (hyperparameters, counters, spaces) "
-                f"and the parameter groups {sorted(groups)}, never pickled objects. Save a replay buffer beside "
-                "the model with model.save_replay_buffer(path) (model.load_replay_buffer(path) reads it back); pass "
-                "an env to load(path, env=...)."
+                f"and the parameter groups {sorted(groups)}, never pickled objects"
+                + (f": {advice}." if advice else ".")
             )
         tensors = {name: group.state_dict() for name, group in groups.items() if name not in exclude}
         if place is not None:
