@@ -532,7 +532,24 @@ def _check_step_dicts(observations: Any, rewards: Any, terminations: Any, trunca
     """Raise where a step's five returns are not dicts keyed by agent, or where the terminations or truncations
     leave out an agent that acted, or give one a string (``"False"`` is true): a missing truncation made a time
     limit a true end of the group's episode, silently. (A missing reward counts 0, with a warning, as PettingZoo's
-    API test warns of it.)"""
+    API test warns of it.) A step that keeps to the API takes one pass over the agents that acted."""
+    if (
+        type(observations) is dict
+        and type(rewards) is dict
+        and type(terminations) is dict
+        and type(truncations) is dict
+        and type(infos) is dict
+    ):
+        for agent in acting:
+            if (
+                agent not in terminations
+                or agent not in truncations
+                or isinstance(terminations[agent], (str, bytes))
+                or isinstance(truncations[agent], (str, bytes))
+            ):
+                break
+        else:
+            return
     named = {
         "observations": observations,
         "rewards": rewards,
