@@ -864,6 +864,32 @@ def test_update_statistics_are_reduced_as_sb3s_ppo_logs_them(monkeypatch):
         assert logged[f"train/{key}"] == pytest.approx(np.mean([stats[key] for stats in seen]), rel=1e-6), key
 
 
+@pytest.mark.parametrize("recurrent", [False, True], ids=["feed-forward", "recurrent"])
+def test_advantages_are_normalized_once_over_the_update_buffer_as_ma_pocas(monkeypatch, recurrent):
+    """ALGORITHMS.md (and ML-Agents' POCA): the advantages are normalized over the update buffer, before the
+    epochs. Each minibatch used to be normalized to its own mean 0 and std 1, so an agent-step's sign depended on
+    the steps shuffled in with it. The buffer keeps the rollout's advantages (callbacks read them)."""
+    seen = []
+    surrogate = poca_module.clipped_surrogate_loss
+
+    def recording(log_prob, old_log_prob, advantages, clip_range):
+        seen.append(advantages.detach().clone())
+        return surrogate(log_prob, old_log_prob, advantages, clip_range)
+
+    monkeypatch.setattr(poca_module, "clipped_surrogate_loss", recording)
+    policy = "MlpLstmPolicy" if recurrent else "MlpPolicy"
+    model = POCA(policy, EarlyExitEnv, n_envs=2, n_steps=16, batch_size=8, n_epochs=1, seed=0)
+    model.learn(32)  # one update of 4 minibatches
+    buf = model.rollout_buffer
+    raw = buf.advantages_tensor[buf.present_tensor]
+    expected = (raw - raw.mean()) / (raw.std() + 1e-8)
+    used = torch.cat(seen)
+    assert len(seen) >= 2 and used.numel() == raw.numel()
+    torch.testing.assert_close(used.sort().values, expected.sort().values, rtol=1e-5, atol=1e-5)
+    assert any(abs(float(batch.mean())) > 0.05 for batch in seen)  # no minibatch is centred on its own
+    assert abs(float(raw.std()) - 1.0) > 0.05  # the buffer's advantages are the rollout's
+
+
 # ============================================================================================ 5. bad input
 
 

@@ -640,7 +640,21 @@ class POCA(BaseAgent):
         history: list[dict[str, torch.Tensor]] = []
         ema = self.critic_ema.model if self.critic_ema is not None else None
         ema_coef = self.policy_config.critic_ema_coef
-        last_epoch = 0  # the index in history of the last epoch's first minibatch
+        buf = self.rollout_buffer
+        advantages = buf.advantages_tensor  # as the rollout computed them, which the buffer keeps for callbacks
+        if cfg.normalize_advantage:  # once over the update buffer's present agent-steps, as MA-POCA's
+            buf.advantages_tensor = normalized_advantages(advantages, buf.present_tensor)
+        try:
+            last_epoch = self._epochs(clip_range, ema, ema_coef, history)
+        finally:
+            buf.advantages_tensor = advantages
+        self._log_train(history, last_epoch, clip_range)
+
+    def _epochs(self, clip_range: float, ema: Any, ema_coef: float, history: list) -> int:
+        """``n_epochs`` passes of minibatch updates (fewer where ``target_kl`` stops them), their stats appended to
+        ``history``. Returns the index in ``history`` of the last epoch's first minibatch."""
+        cfg = self.config
+        last_epoch = 0
         continue_training = True
         for epoch in range(cfg.n_epochs):
             last_epoch = len(history)
@@ -671,6 +685,9 @@ class POCA(BaseAgent):
             self._n_updates += 1
             if not continue_training:
                 break
+        return last_epoch
+
+    def _log_train(self, history: list, last_epoch: int, clip_range: float) -> None:
         for key, value in sb3_train_log(history, last_epoch).items():  # reduced as SB3's PPO logs them
             self.logger.record(f"train/{key}", value)
         buf = self.rollout_buffer
@@ -761,6 +778,18 @@ def poca_outputs(batch: GroupBatch, actor: Actor, critic: POCACritic, critic_ema
     return log_prob, entropy, raw_value, raw_baseline, ema_raw, batch
 
 
+def normalized_advantages(advantages: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """``advantages`` ``(T, E, S)`` with their present entries normalized to mean 0 and standard deviation 1 over
+    the whole update buffer, as MA-POCA normalizes them once before the epochs (a minibatch's own mean would set
+    the sign of an agent-step by the steps shuffled in with it); absent entries stay 0."""
+    values = advantages[present]
+    if values.numel() < 2:
+        return advantages
+    out = torch.zeros_like(advantages)
+    out[present] = (values - values.mean()) / (values.std() + 1e-8)
+    return out
+
+
 def poca_objective(
     log_prob: torch.Tensor,
     entropy: torch.Tensor,
@@ -784,9 +813,7 @@ def poca_objective(
     """
     present = batch.present  # (B, S)
     select = _present_rows(present)
-    advantages = select(batch.advantages)
-    if cfg.normalize_advantage and advantages.numel() > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    advantages = select(batch.advantages)  # normalized over the update buffer already (normalize_advantage)
     policy_loss, approx_kl, clip_fraction = clipped_surrogate_loss(
         log_prob, select(batch.old_log_prob), advantages, clip_range
     )
