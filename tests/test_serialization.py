@@ -587,3 +587,24 @@ def test_the_last_learns_total_timesteps_is_kept_as_sb3_keeps_it(tmp_path):
         model.save(tmp_path / lib.__name__)
         assert model._total_timesteps == 100
         assert PPO.load(tmp_path / lib.__name__)._total_timesteps == 100, lib.__name__
+
+
+@pytest.mark.parametrize("copier", ["deepcopy", "pickle"])
+def test_a_model_on_worker_processes_is_refused_a_copy_and_keeps_training(copier):
+    """A copy of a model whose env is SB3's SubprocVecEnv failed on the pipes ("AuthenticationString"), and on the
+    way closed the original's ends of them: its next step failed with 'Bad file descriptor'. Now it is refused
+    before anything is copied, with the way to a copy, as covey's SubprocGroupVecEnv is."""
+    import copy
+
+    from stable_baselines3.common.vec_env import SubprocVecEnv, VecNormalize
+
+    env = VecNormalize(
+        make_vec_env("CartPole-v1", n_envs=2, vec_env_cls=SubprocVecEnv, vec_env_kwargs={"start_method": "fork"})
+    )
+    try:
+        model = PPO("MlpPolicy", env, n_steps=16, batch_size=32, seed=0).learn(32)
+        with pytest.raises(TypeError, match=r"env is a SubprocVecEnv, whose env copies live in worker processes"):
+            copy.deepcopy(model) if copier == "deepcopy" else pickle.dumps(model)
+        assert model.learn(32, reset_num_timesteps=False).num_timesteps == 64
+    finally:
+        env.close()

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import gymnasium as gym
 import numpy as np
 import stable_baselines3
 import torch
@@ -40,7 +41,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
 from stable_baselines3.common.utils import ConstantSchedule as SB3ConstantSchedule
 from stable_baselines3.common.utils import FloatSchedule, LinearSchedule, configure_logger, safe_mean
-from stable_baselines3.common.vec_env import VecEnv, VecTransposeImage, unwrap_vec_normalize
+from stable_baselines3.common.vec_env import SubprocVecEnv, VecEnv, VecTransposeImage, unwrap_vec_normalize
 from torch.nn.modules import module as _module_module
 from torch.optim import optimizer as _optimizer_module
 
@@ -1014,7 +1015,24 @@ class BaseAgent:
         # view; a copy of its attributes would break those views. It is rebuilt from its file instead.
         if self.observation_space is None or getattr(self, "policy", None) is None:
             return super().__reduce__()
+        self._refuse_copying_worker_processes()
         return _rebuild_agent, (type(self), self._snapshot())
+
+    def _refuse_copying_worker_processes(self) -> None:
+        """A TypeError, before anything is copied, where the model's env keeps its copies in worker processes
+        (SB3's ``SubprocVecEnv``, Gymnasium's ``AsyncVectorEnv``): copying one fails on its pipes, and closes the
+        original's ends of them on the way (its next step fails with 'Bad file descriptor')."""
+        env = self.env
+        for _ in range(64):  # down the wrappers: SB3's VecEnv wrappers' venv, Gymnasium's wrappers' env
+            if env is None:
+                return
+            if isinstance(env, (SubprocVecEnv, gym.vector.AsyncVectorEnv)):
+                raise TypeError(
+                    f"This model's env is a {type(env).__name__}, whose env copies live in worker processes, which "
+                    f"cannot be copied or pickled. To copy the model, save it and load it with an env of its own: "
+                    f"model.save(path); {type(self).__name__}.load(path, env=...)."
+                )
+            env = getattr(env, "venv", None) or getattr(env, "env", None)
 
     def __copy__(self) -> BaseAgent:
         # A shallow copy shares everything, flat buffers included, as any object's does.
@@ -1028,6 +1046,7 @@ class BaseAgent:
             memo[id(self)] = clone
             clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
             return clone
+        self._refuse_copying_worker_processes()
         clone = _rebuild_agent(type(self), copy.deepcopy(self._snapshot(), memo))
         memo[id(self)] = clone
         return clone
