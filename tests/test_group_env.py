@@ -985,6 +985,51 @@ def test_ctrl_c_while_a_workers_message_is_read_or_sent_leaves_the_pipe_in_step(
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_in_the_middle_of_a_message_waits_for_its_end(monkeypatch):
+    """Ctrl-C landing after an answer's 4-byte length was read and before its body: the KeyboardInterrupt left
+    the body on the pipe, the next read took it for a message, and the env reported its worker lost ("ended
+    without answering") while it ran on. The answer is now read whole first, then the KeyboardInterrupt is
+    raised, and the env goes on stepping."""
+    import multiprocessing.connection
+
+    connection = multiprocessing.connection.Connection
+    armed = {"on": False}
+    original = connection._recv
+
+    def ctrl_c_between_length_and_body(self, size, *args, **kwargs):
+        out = original(self, size, *args, **kwargs)
+        if armed["on"] and size == 4:
+            armed["on"] = False
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    def stuck(signum, frame):
+        raise TimeoutError("the env waited 20 s for a worker's answer")
+
+    venv = SubprocGroupVecEnv([InterruptedAtStepEnv] * 2, n_processes=2)
+    previous = signal.signal(signal.SIGALRM, stuck)
+    try:
+        venv.reset(seed=0)
+        monkeypatch.setattr(connection, "_recv", ctrl_c_between_length_and_body)
+        actions = np.zeros((2, 3), np.int64)
+        armed["on"] = True
+        with pytest.raises(KeyboardInterrupt):
+            venv.step(actions)
+        assert not armed["on"]
+        signal.alarm(20)
+        venv.step(actions)  # a copy cut short by the interrupt ends its episode here
+        before = venv.get_attr("steps")
+        for _ in range(2):
+            venv.step(actions)
+        assert venv.get_attr("steps") == [n + 2 for n in before]
+        signal.alarm(0)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        venv.close()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_reaching_a_worker_leaves_its_copies_running():
     """Ctrl-C in a terminal reaches every process of the group: the workers let the training process decide,
     so a run that catches the KeyboardInterrupt can go on with the same env."""

@@ -11,6 +11,7 @@ import copy
 import itertools
 import re
 import signal
+import threading
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -521,6 +522,31 @@ class GroupVecEnv:
             env.close()
 
 
+class _HeldInterrupts:
+    """Ctrl-C held back while a message crosses a pipe, and raised once it has (in the main thread, where Python
+    handles signals): a KeyboardInterrupt in the middle of one left part of it on the pipe, so the next read took
+    the rest for a message, and the worker was reported lost while it ran on."""
+
+    def __enter__(self) -> _HeldInterrupts:
+        self.held = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if previous is not None:  # None: a handler from outside Python, which could not be put back
+                signal.signal(signal.SIGINT, self._hold)
+                self.previous = previous
+        return self
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        self.held = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            if self.held:
+                signal.raise_signal(signal.SIGINT)  # to the handler in force again: a KeyboardInterrupt by default
+
+
 def _has_discrete(space: spaces.Space) -> bool:
     """Whether ``space`` is, or a Dict space holds, a Discrete or MultiDiscrete space."""
     if isinstance(space, spaces.Dict):
@@ -847,10 +873,13 @@ class SubprocGroupVecEnv(GroupVecEnv):
         return [result for _, result in answers]
 
     def _receive(self, remote: Any) -> tuple[bool, Any]:
-        """The next answer of the worker at ``remote``, or :class:`WorkerLost` where it ended without one."""
+        """The next answer of the worker at ``remote``, or :class:`WorkerLost` where it ended without one. The wait
+        for it can be interrupted (Ctrl-C); reading it cannot (:class:`_HeldInterrupts`)."""
         try:
-            answer = remote.recv()
-            self._owed[remote] -= 1
+            remote.poll(None)  # until the answer (or the end of the pipe) is there: nothing read yet
+            with _HeldInterrupts():
+                answer = remote.recv()
+                self._owed[remote] -= 1
         except (EOFError, ConnectionError) as exc:
             raise self._lost(remote) from exc
         except BaseException:  # a KeyboardInterrupt, maybe after the answer left the pipe and before its count
@@ -866,8 +895,9 @@ class SubprocGroupVecEnv(GroupVecEnv):
         while self._owed[remote]:
             self._receive(remote)
         try:
-            remote.send(message)
-            self._owed[remote] += 1
+            with _HeldInterrupts():
+                remote.send(message)
+                self._owed[remote] += 1
         except ConnectionError as exc:  # the worker has ended
             raise self._lost(remote) from exc
         except BaseException:  # a KeyboardInterrupt, maybe after the command went and before its count
@@ -880,9 +910,12 @@ class SubprocGroupVecEnv(GroupVecEnv):
         echo, so that the worker owes none. Interrupted, it is redone with a new mark."""
         mark = _Echo(next(self._marks))
         try:
-            remote.send(("echo", mark))
+            with _HeldInterrupts():
+                remote.send(("echo", mark))
             while True:
-                ok, answer = remote.recv()
+                remote.poll(None)
+                with _HeldInterrupts():
+                    ok, answer = remote.recv()
                 if ok and type(answer) is _Echo and answer == mark:
                     break
         except (EOFError, ConnectionError) as exc:
