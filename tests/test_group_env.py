@@ -936,6 +936,26 @@ def test_ctrl_c_while_this_process_steps_its_block_leaves_no_answer_behind():
         venv.close()
 
 
+def step_on_after_the_interrupt(venv, actions) -> None:
+    """The env steps on after a KeyboardInterrupt (within 20 s): a copy cut short ends its episode at the first
+    step, and each answer after it is its call's own."""
+
+    def stuck(signum, frame):
+        raise TimeoutError("the env waited 20 s for a worker's answer")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(20)
+    try:
+        venv.step(actions)
+        before = venv.get_attr("steps")
+        for _ in range(2):
+            venv.step(actions)
+        assert venv.get_attr("steps") == [n + 2 for n in before]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 @pytest.mark.parametrize("raised", [False, True], ids=["sigint", "raised"])
 @pytest.mark.parametrize("when", ["reading", "sending"])
@@ -959,11 +979,7 @@ def test_ctrl_c_while_a_workers_message_is_read_or_sent_leaves_the_pipe_in_step(
             os.kill(os.getpid(), signal.SIGINT)
         return out
 
-    def stuck(signum, frame):
-        raise TimeoutError("the env waited 20 s for a worker's answer")
-
     venv = SubprocGroupVecEnv([InterruptedAtStepEnv] * 2, n_processes=2)
-    previous = signal.signal(signal.SIGALRM, stuck)
     try:
         monkeypatch.setattr(pickler, "loads" if when == "reading" else "dumps", staticmethod(then_ctrl_c))
         venv.reset(seed=0)
@@ -971,16 +987,8 @@ def test_ctrl_c_while_a_workers_message_is_read_or_sent_leaves_the_pipe_in_step(
         armed["on"] = True
         with pytest.raises(KeyboardInterrupt):
             venv.step(actions)
-        signal.alarm(20)
-        venv.step(actions)  # a copy cut short by the interrupt ends its episode here, as GroupVecEnv settles one
-        before = venv.get_attr("steps")
-        for _ in range(2):
-            venv.step(actions)
-        assert venv.get_attr("steps") == [n + 2 for n in before]  # each answer is the call's own
-        signal.alarm(0)
+        step_on_after_the_interrupt(venv, actions)
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
         venv.close()
 
 
@@ -1003,11 +1011,7 @@ def test_ctrl_c_in_the_middle_of_a_message_waits_for_its_end(monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
         return out
 
-    def stuck(signum, frame):
-        raise TimeoutError("the env waited 20 s for a worker's answer")
-
     venv = SubprocGroupVecEnv([InterruptedAtStepEnv] * 2, n_processes=2)
-    previous = signal.signal(signal.SIGALRM, stuck)
     try:
         venv.reset(seed=0)
         monkeypatch.setattr(connection, "_recv", ctrl_c_between_length_and_body)
@@ -1016,16 +1020,8 @@ def test_ctrl_c_in_the_middle_of_a_message_waits_for_its_end(monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             venv.step(actions)
         assert not armed["on"]
-        signal.alarm(20)
-        venv.step(actions)  # a copy cut short by the interrupt ends its episode here
-        before = venv.get_attr("steps")
-        for _ in range(2):
-            venv.step(actions)
-        assert venv.get_attr("steps") == [n + 2 for n in before]
-        signal.alarm(0)
+        step_on_after_the_interrupt(venv, actions)
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
         venv.close()
 
 
