@@ -55,15 +55,38 @@ def test_memory_sequences_with_resets_equal_stepping(kind):
     torch.testing.assert_close(memory.sequences(x, state, valid, resets), finished[0])
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_reset_on_a_padding_step_is_ignored(kind):
+    """Training pads sequences with another step's data, its reset flag included: a reset there must not
+    wipe the memory the sequence starts from, on the step-by-step path or the fused one."""
+    torch.manual_seed(2)
+    memory = Memory(3, 5, kind)
+    x = torch.randn(3, 4, 3)
+    valid = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    state = tuple(torch.randn(1, 3, 5) for _ in range(memory.n_state))
+    padding_resets = ~valid
+    expected = memory.run(x, state, valid)[1][0]
+    torch.testing.assert_close(memory.run(x, state, valid, padding_resets)[1][0], expected)
+    torch.testing.assert_close(memory.sequences(x, state, valid, padding_resets)[valid], expected[valid])
+    gap = valid.clone()
+    gap[2, 1] = False  # not front-padded: the step-by-step path
+    torch.testing.assert_close(memory.sequences(x, state, gap, ~gap)[gap], memory.run(x, state, gap)[1][0][gap])
+
+
 # ------------------------------------------------------------------------------------------------ collection
-@pytest.fixture
-def scripted():
+@pytest.fixture(params=[(13, 2), (10, 1)], ids=["mid-episode", "copy-0-starts-an-episode"])
+def scripted(request):
     """Two copies of ScriptedEnv (a, b at reset; c joins after 2 steps; a terminates at its 3rd; the copy ends
-    at step 5 or 6), a few rollouts so memories cross rollout boundaries, then one more collected rollout."""
+    at step 5 or 6), a few rollouts so memories cross rollout boundaries, then one more collected rollout.
+    With 10 steps a rollout, the collected one starts an episode in copy 0 and goes on with one in copy 1 for 2
+    steps: that sequence is padded at the front with copy 0's first step, where every slot starts."""
+    n_steps, rollouts = request.param
     env = GroupVecEnv([lambda end=end: ScriptedEnv(end) for end in (5, 6)])
-    model = POCA("MlpLstmPolicy", env, n_steps=13, batch_size=26, n_epochs=1, seed=0, policy_kwargs=MEMORY)
-    model.learn(26 * 2)
-    _, callback = model._setup_learn(26, None, False, "test", False)
+    model = POCA(
+        "MlpLstmPolicy", env, n_steps=n_steps, batch_size=2 * n_steps, n_epochs=1, seed=0, policy_kwargs=MEMORY
+    )
+    model.learn(2 * n_steps * rollouts)
+    _, callback = model._setup_learn(2 * n_steps, None, False, "test", False)
     assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     return model
 

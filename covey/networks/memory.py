@@ -73,9 +73,9 @@ class Memory(nn.Module):
         self, x: torch.Tensor, state: State, valid: torch.Tensor, resets: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Run ``x`` ``(S, L, in_dim)`` from ``state`` (one per sequence); padding steps (``valid`` False)
-        keep the state as it is; ``resets`` ``(S, L)`` (optional) zeroes the state before the steps where a
-        new trajectory starts inside a sequence. Returns the outputs ``(S, L, hidden)`` (meaningless on
-        padding).
+        keep the state as it is; ``resets`` ``(S, L)`` (optional) zeroes the state before the real steps where
+        a new trajectory starts inside a sequence (a reset on a padding step is ignored: padding holds another
+        step's data). Returns the outputs ``(S, L, hidden)`` (meaningless on padding).
 
         Sequences padded only at the front and reset at most at their first real step (what training cuts)
         run as one fused recurrent op over left-aligned steps, several times faster than step by step."""
@@ -107,8 +107,8 @@ class Memory(nn.Module):
         is ``finished[0]``)."""
         started, finished = [], []
         for t in range(x.shape[1]):
-            if resets is not None:
-                keep = (~resets[:, t]).to(x.dtype).view(1, -1, 1)
+            if resets is not None:  # a padding step starts nothing (its data is another step's)
+                keep = (~(resets[:, t] & valid[:, t])).to(x.dtype).view(1, -1, 1)
                 state = tuple(s * keep for s in state)
             started.append(state)
             new = self._cell(x[:, t], state)
