@@ -228,6 +228,24 @@ def test_sac_takes_sb3s_her_arguments_and_keeps_them_in_its_file(tmp_path):
     loaded.learn(20)
 
 
+def test_her_computes_rewards_on_gymnasium_vector_envs_of_either_mode():
+    """An AsyncVectorEnv calls a method on every copy at once, so relabeled rewards come from copy 0's answer
+    there (asking for copy 0 alone failed at the first gradient step)."""
+    import gymnasium as gym
+
+    make = [lambda: BitFlippingEnv(n_bits=4, continuous=True, max_steps=4)] * 2
+    for venv in (gym.vector.SyncVectorEnv(make), gym.vector.AsyncVectorEnv(make)):
+        model = her_sac(venv).learn(60)
+        assert model._n_updates > 0
+        batch = model.replay_buffer.sample(64)
+        achieved = batch.next_observations["achieved_goal"].numpy()
+        expected = BitFlippingEnv(n_bits=4, continuous=True).compute_reward(
+            achieved, batch.observations["desired_goal"].numpy(), None
+        )
+        np.testing.assert_array_equal(batch.rewards.numpy().ravel(), expected)
+        model.env.close()
+
+
 def test_a_new_learn_ends_the_running_episode_where_its_reset_cuts_it():
     """learn() resets the env: the episode running at the newest stored step ends there, so relabeled goals never
     come from the next episode (SB3 2.9.2 joins the two into one episode)."""

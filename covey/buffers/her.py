@@ -179,7 +179,9 @@ class HerReplayBuffer(ReplayBuffer):
             infos = [dict(info) for info in self.infos[rows, envs]]
         else:
             infos = [{} for _ in range(len(rows))]
-        rewards = self.env.env_method("compute_reward", achieved, goals, infos, indices=[0])[0]
+        # One copy computes them; Gymnasium's AsyncVectorEnv calls every copy at once, and copy 0 answers.
+        one = [0] if getattr(self.env, "calls_copies_alone", True) else None
+        rewards = self.env.env_method("compute_reward", achieved, goals, infos, indices=one)[0]
         return np.asarray(rewards, dtype=np.float32)
 
     # The episode bookkeeping travels with the buffer's file, and so do the infos of copy_info_dict, as JSON
