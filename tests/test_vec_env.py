@@ -1,12 +1,14 @@
 """The env adapters: every accepted kind of env becomes an SB3 VecEnv with SB3's done/final-observation rules."""
 
 import re
+import warnings
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from covey import PPO
@@ -139,6 +141,37 @@ def test_a_vector_env_that_resets_every_copy_at_once_is_refused():
     episode's end would have cut every other copy's episode."""
     with pytest.raises(ValueError, match="CartPoleVectorEnv resets its copies with.*vectorization_mode='sync'"):
         PPO("MlpPolicy", gym.make_vec("CartPole-v1", num_envs=2))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_env_is_wrapped_looks_into_gymnasium_copies(mode):
+    """evaluate_policy reads Monitor's episode returns only where env_is_wrapped(Monitor) says so: copies of a
+    Gymnasium vector env wrapped in Monitor, then in a reward scale, score their raw returns as DummyVecEnv's do
+    (they scored the scaled ones, and evaluate_policy warned that no Monitor was there)."""
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    def scale(env):
+        return gym.wrappers.TransformReward(env, lambda r: 10.0 * r)
+
+    wrappers = [Monitor, scale]
+    venv = as_vec_env(gym.make_vec("CartPole-v1", 2, vectorization_mode=mode, wrappers=wrappers))
+    bare = as_vec_env(gym.make_vec("CartPole-v1", 2, vectorization_mode=mode))
+    try:
+        assert venv.env_is_wrapped(Monitor) == [True, True] and venv.env_is_wrapped(Monitor, indices=[1]) == [True]
+        assert bare.env_is_wrapped(Monitor) == [False, False]
+        if mode == "sync":
+            assert venv.env_is_wrapped(gym.wrappers.TransformReward) == [True, True]
+            assert venv.env_is_wrapped(gym.wrappers.TimeAwareObservation) == [False, False]
+            model = PPO("MlpPolicy", "CartPole-v1", seed=0)
+            dummy = DummyVecEnv([lambda: scale(Monitor(gym.make("CartPole-v1")))] * 2)
+            dummy.seed(0)
+            venv.seed(0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # no "not wrapped with a Monitor" warning
+                assert evaluate_policy(model, venv, n_eval_episodes=4) == evaluate_policy(model, dummy, 4)
+    finally:
+        venv.close()
+        bare.close()
 
 
 def test_env_method_and_set_attr_reach_only_the_copies_named():

@@ -340,8 +340,29 @@ class GymnasiumVecEnv(VecEnv):
             results.append(attr(*method_args, **method_kwargs) if callable(attr) else attr)
         return results
 
+    @property
+    def calls_copies_alone(self) -> bool:
+        """Whether :meth:`env_method` can call some copies only (a ``SyncVectorEnv``'s, in this process): an
+        ``AsyncVectorEnv`` calls a method on every copy at once."""
+        return getattr(self.venv.unwrapped, "envs", None) is not None
+
     def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
-        return [False for _ in self._get_indices(indices)]
+        chosen = list(self._get_indices(indices))
+        envs = getattr(self.venv.unwrapped, "envs", None)
+        if envs is not None:
+            return [is_wrapped(envs[i], wrapper_class) for i in chosen]
+        # The copies live in worker processes, which can only be asked for attributes: a copy counts as wrapped
+        # when it has every public method and attribute wrapper_class adds to gym.Wrapper's (Monitor's
+        # get_episode_rewards, ...), so a subclass counts too, as with isinstance.
+        names = sorted(
+            {name for cls in wrapper_class.__mro__ if cls not in gym.Wrapper.__mro__ for name in vars(cls)}
+            - set(dir(gym.Wrapper))
+        )
+        names = [name for name in names if not name.startswith("_")]
+        if not names:
+            return [False for _ in chosen]
+        found = [self.venv.unwrapped.call("has_wrapper_attr", name) for name in names]
+        return [all(has[i] for has in found) for i in chosen]
 
     def get_images(self):
         return list(self.venv.render() or [])
