@@ -400,9 +400,25 @@ def _hyperparameters(data: dict, agent: str, config_class: type) -> tuple[dict, 
                 unread.append(field.name)
                 continue
         hyper[field.name] = value
-    if agent == "SAC" and _class_of(data.get("replay_buffer_class")) not in _OWN_BUFFERS:
-        unread.append("replay_buffer_class")  # e.g. HerReplayBuffer, whose settings come with the env
+    if agent == "SAC":
+        buffer = _class_of(data.get("replay_buffer_class"))
+        kwargs = data.get("replay_buffer_kwargs") or {}
+        readable = isinstance(kwargs, dict) and ":serialized:" not in kwargs  # SB3 pickles a dict with an object
+        if buffer == "HerReplayBuffer":  # hindsight replay, with the file's settings: covey's takes SB3's
+            hyper["replay_buffer_class"] = "HerReplayBuffer"
+            if readable:
+                hyper["replay_buffer_kwargs"] = {k: v for k, v in kwargs.items() if k in _HER_SETTINGS}
+            else:
+                unread.append("replay_buffer_kwargs")
+        elif buffer not in _OWN_BUFFERS:
+            unread.append("replay_buffer_class")
+        elif readable and "handle_timeout_termination" in kwargs:
+            hyper["replay_buffer_kwargs"] = {"handle_timeout_termination": kwargs["handle_timeout_termination"]}
     return hyper, unread
+
+
+_HER_SETTINGS = {"n_sampled_goal", "goal_selection_strategy", "copy_info_dict", "handle_timeout_termination"}
+"""SB3's HerReplayBuffer arguments that covey's takes (its others, such as device, are the model's)."""
 
 
 _OWN_BUFFERS = {None, "ReplayBuffer", "DictReplayBuffer", "NStepReplayBuffer"}

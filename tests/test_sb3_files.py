@@ -236,6 +236,42 @@ def test_sac_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
     assert ours.num_timesteps == theirs.num_timesteps + 60
 
 
+def test_an_sb3_sac_files_replay_buffer_settings_are_kept(tmp_path, no_unpickling):
+    """SB3's HerReplayBuffer and its JSON settings load as covey's hindsight replay, as SB3's load keeps them (the
+    model loaded a plain buffer, and with the class passed again it dropped the file's strategy); settings SB3
+    pickled are named; a plain buffer's handle_timeout_termination is kept."""
+    from stable_baselines3.common.envs import BitFlippingEnv
+    from stable_baselines3.her.goal_selection_strategy import GoalSelectionStrategy
+
+    from covey.buffers.her import HerReplayBuffer
+
+    def env():
+        return BitFlippingEnv(n_bits=4, continuous=True, max_steps=4)
+
+    her = dict(replay_buffer_class=sb3.HerReplayBuffer, learning_starts=10, batch_size=16, seed=0)
+    sb3.SAC(
+        "MultiInputPolicy", env(), replay_buffer_kwargs=dict(n_sampled_goal=2, goal_selection_strategy="final"), **her
+    ).learn(20).save(tmp_path / "her")
+    for custom_objects in (None, {"replay_buffer_class": sb3.HerReplayBuffer}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            loaded = SAC.load(tmp_path / "her", env=env(), custom_objects=custom_objects)
+        buf = loaded.replay_buffer
+        assert isinstance(buf, HerReplayBuffer) and buf.env is loaded.get_env()
+        assert (buf.goal_selection_strategy, buf.n_sampled_goal) == (GoalSelectionStrategy.FINAL, 2)
+    # an enum in the settings makes SB3 pickle them all: named, and given again
+    strategy = dict(goal_selection_strategy=GoalSelectionStrategy.EPISODE)
+    sb3.SAC("MultiInputPolicy", env(), replay_buffer_kwargs=strategy, **her).learn(20).save(tmp_path / "pickled")
+    with pytest.warns(UserWarning, match="pickled replay_buffer_kwargs"):
+        loaded = SAC.load(tmp_path / "pickled", env=env())
+    assert isinstance(loaded.replay_buffer, HerReplayBuffer)
+    loaded = SAC.load(tmp_path / "pickled", env=env(), custom_objects={"replay_buffer_kwargs": strategy})
+    assert loaded.replay_buffer.goal_selection_strategy is GoalSelectionStrategy.EPISODE
+    plain = dict(replay_buffer_kwargs=dict(handle_timeout_termination=False), learning_starts=10, batch_size=16)
+    sb3.SAC("MlpPolicy", "Pendulum-v1", **plain).learn(20).save(tmp_path / "plain")
+    assert SAC.load(tmp_path / "plain")._handle_timeouts is False
+
+
 def test_an_sb3_sac_files_fixed_temperature_is_the_one_in_force(tmp_path):
     """SB3 saves a fixed temperature as its ent_coef_tensor, which a callback may have changed from the ent_coef
     the model was built with: that tensor is the temperature covey's model trains with, and saves again."""
