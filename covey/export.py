@@ -9,7 +9,8 @@ SAC's squashed mean is rescaled from [-1, 1] to the bounds.
 
 Graph inputs (batch dimension dynamic):
 
-- Box observations: ``float32`` (``uint8`` for uint8 images, scaled inside the graph as covey's encoder does);
+- Box observations: ``float32`` (``uint8`` for uint8 images, scaled inside the graph as covey's encoder does; a
+  uint8 Box that is not an image, such as an Atari RAM, is ``float32`` as ``predict`` takes it);
   Discrete and MultiDiscrete: ``int64``; MultiBinary: ``int8`` (the dtypes the env gives, or float32 for Box);
 - a Dict observation: one input per key, named after the key;
 - recurrent actors also take ``state_h`` (and ``state_c`` for an LSTM), each ``(1, batch, hidden)``, and
@@ -45,6 +46,7 @@ from torch import nn
 
 from covey.files import write_atomically
 from covey.requirements import release
+from covey.spaces import is_image_space
 from covey.version import __version__
 from covey.warning import warn_user
 
@@ -84,14 +86,15 @@ def _require(module: str, purpose: str) -> Any:
 
 
 def _input_dtype(space: spaces.Space) -> np.dtype:
-    """The dtype a graph input takes for observations of ``space`` (what the env gives, float32 for Box)."""
+    """The dtype a graph input takes for observations of ``space`` (what the env gives, float32 for a Box that
+    is not an image)."""
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
         return np.dtype(np.int64)
     if isinstance(space, spaces.MultiBinary):
         return np.dtype(np.int8)
-    if isinstance(space, spaces.Box) and space.dtype == np.uint8:
+    if is_image_space(space):  # pixels stay whole, as covey stores them (obs_dtype)
         return np.dtype(np.uint8)
-    return np.dtype(np.float32)
+    return np.dtype(np.float32)  # another uint8 Box too: SB3's VecNormalize gives it as floats
 
 
 def _input_shape(space: spaces.Space) -> tuple[int, ...]:
@@ -248,20 +251,31 @@ def _export_bytes(wrapper: ExportedActor, actor: nn.Module) -> bytes:
 
 def _unique_value_names(model: Any) -> None:
     """Rename the graph's inner values that carry an input's or output's name: the exporter names values after the
-    ops that make them (``view``, ``cat``, ...), so a Dict key of that name would otherwise appear twice in the
-    graph, which ONNX refuses."""
+    ops that make them (``view``, ``cat``, ...) and constants after the module's buffers (the action bounds
+    ``low`` and ``high``), so a Dict key of that name would otherwise appear twice in the graph, which ONNX refuses
+    or reads as the constant."""
     graph = model.graph
     ends = [*graph.inputs, *graph.outputs]
     reserved, own = {v.name for v in ends}, {id(v) for v in ends}
     taken = reserved | {value.name for node in graph for value in node.outputs} | set(graph.initializers)
+
+    def rename(value: Any) -> None:
+        k = 1
+        while f"{value.name}_{k}" in taken:
+            k += 1
+        value.name = f"{value.name}_{k}"
+        taken.add(value.name)
+
+    for value in list(graph.initializers.values()):
+        if value.name in reserved and id(value) not in own:
+            name = value.name
+            rename(value)
+            if name in graph.initializers:  # a container that does not follow its values' names
+                graph.initializers[value.name] = graph.initializers.pop(name)
     for node in graph:
         for value in node.outputs:
             if value.name in reserved and id(value) not in own:
-                k = 1
-                while f"{value.name}_{k}" in taken:
-                    k += 1
-                value.name = f"{value.name}_{k}"
-                taken.add(value.name)
+                rename(value)
 
 
 def _add_metadata(onnx_bytes: bytes, agent: Any) -> bytes:
@@ -457,6 +471,14 @@ def export_onnx(
         modes = [(m, m.training) for network in agent._networks().values() for m in network.modules()]
         try:
             verdict = _verify(agent, actor, space, tmp, int(n_samples), seed)
+        except Exception as err:  # onnxruntime's own errors (its Fail, InvalidArgument, ...) are no RuntimeError
+            if type(err).__module__.split(".")[0] != "onnxruntime":
+                raise
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise RuntimeError(
+                f"onnxruntime could not run the exported graph, so {str(target)!r} was not written: {first}. "
+                "Pass verify=False to write it anyway, and report the model's spaces and policy_kwargs as a bug."
+            ) from err
         finally:
             for module, mode in modes:
                 module.training = mode

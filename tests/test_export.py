@@ -19,6 +19,7 @@ from covey import POCA, PPO, SAC
 from covey.envs import EarlyExitEnv
 from covey.export import ExportedActor, export_onnx
 from covey.serialization import ModelFileError
+from covey.spaces import is_image_space
 
 pytestmark = needs_onnx_exporter()
 
@@ -36,8 +37,8 @@ def fresh_obs(space: spaces.Space, n: int, seed: int):
         return (space.start + rng.integers(0, space.nvec, size=(n, *space.shape))).astype(np.int64)
     if isinstance(space, spaces.MultiBinary):
         return rng.integers(0, 2, size=(n, *space.shape)).astype(np.int8)
-    if space.dtype == np.uint8:
-        return rng.integers(0, 256, size=(n, *space.shape)).astype(np.uint8)
+    if space.dtype == np.uint8:  # pixels whole; another uint8 Box as floats (the graph takes it as predict does)
+        return rng.integers(0, 256, size=(n, *space.shape)).astype(np.uint8 if is_image_space(space) else np.float32)
     low = np.where(np.isfinite(space.low), space.low, -3.0)
     high = np.where(np.isfinite(space.high), space.high, 3.0)
     return rng.uniform(low, high, size=(n, *space.shape)).astype(np.float32)
@@ -442,6 +443,48 @@ def test_keys_named_like_the_graphs_ops_are_still_the_inputs_names(tmp_path):
     assert result["verified"] and result["inputs"] == list(obs_space.spaces) == ["cat", "view"]
     onnx.checker.check_model(onnx.load(result["path"]))
     assert_same_actions(model, result["path"])
+
+
+@pytest.mark.parametrize("agent", [PPO, SAC])
+def test_keys_named_like_the_action_bounds_are_inputs_not_the_bounds(tmp_path, agent):
+    """The action bounds are constants named ``low`` and ``high`` in the graph: Dict keys of those names stay the
+    inputs, and the bounds stay the bounds (the file failed to load, or with a scalar key read it as a bound)."""
+    obs_space = spaces.Dict({"low": spaces.Box(-1, 1, (), np.float32), "high": spaces.Box(-1, 1, (2,), np.float32)})
+    env = SpaceEnv(obs_space, ASYMMETRIC_BOX, episode_length=8)
+    kwargs = dict(n_steps=16, batch_size=16) if agent is PPO else dict(learning_starts=8, batch_size=8)
+    model = agent("MultiInputPolicy", env, seed=0, **kwargs).learn(16)
+    result = export_onnx(model, tmp_path / "bounds.onnx")
+    assert result["verified"] and result["inputs"] == ["high", "low"]
+    onnx.checker.check_model(onnx.load(result["path"]))
+    assert_same_actions(model, result["path"], discrete=False)
+
+
+def test_a_graph_onnxruntime_cannot_load_is_a_runtime_error_that_keeps_the_previous_file(tmp_path, monkeypatch):
+    """onnxruntime's errors are no RuntimeError, which ``covey export`` reports: one at verification becomes one,
+    naming the file not written and verify=False."""
+    import covey.export
+
+    obs_space = spaces.Dict({"low": spaces.Box(-1, 1, (3,), np.float32), "high": spaces.Box(-1, 1, (2,), np.float32)})
+    model = PPO("MultiInputPolicy", SpaceEnv(obs_space, ASYMMETRIC_BOX), n_steps=16, batch_size=16, seed=0)
+    target = tmp_path / "broken.onnx"
+    target.write_bytes(b"previous")
+    monkeypatch.setattr(covey.export, "_unique_value_names", lambda model: None)  # the bounds clash with the keys
+    with pytest.raises(RuntimeError, match=r"onnxruntime could not run the exported graph.*broken.onnx.*verify=False"):
+        export_onnx(model, target)
+    assert target.read_bytes() == b"previous"
+
+
+def test_a_uint8_box_that_is_not_an_image_is_a_float_input(tmp_path):
+    """A uint8 vector (an Atari RAM) reaches predict as floats where SB3's VecNormalize scales it, so the graph
+    takes float32 as predict does (it took uint8, which refused the normalized observations)."""
+    env = SpaceEnv(spaces.Box(0, 255, (8,), np.uint8), spaces.Discrete(3), episode_length=8)
+    model = PPO("MlpPolicy", env, n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(16)
+    result = export_onnx(model, tmp_path / "ram.onnx")
+    assert result["verified"] and input_types(result["path"]) == {"obs": "tensor(float)"}
+    assert_same_actions(model, result["path"])
+    normalized = np.random.default_rng(0).normal(size=(20, 8)).astype(np.float32)  # what VecNormalize gives
+    (actions,) = session(result["path"]).run(None, {"obs": normalized})
+    np.testing.assert_array_equal(actions, model.predict(normalized, deterministic=True)[0])
 
 
 @pytest.mark.parametrize("agent", ["ppo", "sac"])
