@@ -455,6 +455,31 @@ def test_a_replay_buffer_file_of_another_size_replaces_the_buffer_as_in_sb3(tmp_
         assert model.replay_buffer.size() == 40 + -(-10 // n_envs)
 
 
+def test_warm_up_actions_reach_the_env_as_sb3s_do():
+    """Before learning_starts SB3 steps the env with the random sample scaled into [-1, 1] and back, which may
+    differ from the sample in its last bit; covey's env gets the same actions, so a seeded run follows SB3's
+    trajectory bit for bit (the env got the raw sample)."""
+    import stable_baselines3
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Actions(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def _on_step(self) -> bool:
+            self.seen.append(np.array(self.locals["actions"]))
+            self.seen.append(np.array(self.locals["new_obs"]))
+            return True
+
+    runs = []
+    for lib in (stable_baselines3, covey):
+        actions = Actions()
+        lib.SAC("MlpPolicy", "Pendulum-v1", learning_starts=1_000, seed=0).learn(100, callback=actions)
+        runs.append(np.concatenate([x.ravel() for x in actions.seen]))
+    np.testing.assert_array_equal(runs[1], runs[0])
+
+
 def make_cartpole_buffer(tmp_path, n_envs: int) -> pathlib.Path:
     """A replay buffer file of SAC on CartPole (other observations and actions than Pendulum's), of 100 rows."""
     from stable_baselines3.common.env_util import make_vec_env

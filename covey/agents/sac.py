@@ -1026,6 +1026,8 @@ class SAC(BaseAgent):
         if self.num_timesteps < learning_starts and not (cfg.use_sde and cfg.use_sde_at_warmup):
             actions = np.array([self.action_space.sample() for _ in range(n_envs)])
             buffer_actions = self._to_buffer_actions(actions)
+            if not self.discrete:  # as SB3 steps the env: the sample scaled into [-1, 1] and back (bits may differ)
+                actions = self._to_env_actions(buffer_actions)
         elif self._sb3_policy_class is not None:
             # as SB3's SAC: the policy's actions for the env, scaled to [-1, 1]
             buffer_actions = self.policy.scale_action(self.policy.predict(self._last_obs)[0])
@@ -1037,12 +1039,14 @@ class SAC(BaseAgent):
             actions = actor.to_env_actions(buffer_actions)
         if action_noise is not None:
             buffer_actions = np.clip(buffer_actions + action_noise(), -1.0, 1.0).astype(buffer_actions.dtype)
-            actions = (
-                actor.to_env_actions(buffer_actions)
-                if self._sb3_policy_class is None
-                else self.policy.unscale_action(buffer_actions)
-            )
+            actions = self._to_env_actions(buffer_actions)
         return actions, buffer_actions
+
+    def _to_env_actions(self, buffer_actions: np.ndarray) -> np.ndarray:
+        """Box actions in [-1, 1] rescaled to the env's bounds, by the policy that acts."""
+        if self._sb3_policy_class is not None:
+            return self.policy.unscale_action(buffer_actions)
+        return self.actor.to_env_actions(buffer_actions)
 
     def _on_step(self) -> None:
         """SB3's hook after each collected step (a no-op in SB3's SAC, whose target critics move in ``train``)."""
