@@ -323,6 +323,54 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
     return _save(fig, out if out is not None else run.path / CURVE_FILE)
 
 
+_NOT_THE_SETUP = {
+    "seed",
+    "timesteps",
+    "eval_freq",
+    "eval_episodes",
+    "eval_deterministic",
+    "checkpoint_freq",
+    "torch_threads",
+    "n_processes",
+    "hyperparameters.device",
+}
+"""config.yaml entries that leave the learning problem as it is: runs that differ in these alone are seeds of one
+setup."""
+
+
+def _setup(config: dict, prefix: str = "") -> dict[str, str]:
+    """A run's config.yaml flattened to ``{"hyperparameters.learning_rate": "1e-05", ...}``, without the entries
+    in :data:`_NOT_THE_SETUP`."""
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if name in _NOT_THE_SETUP:
+            continue
+        if isinstance(value, dict) and value:
+            flat.update(_setup(value, f"{name}."))
+        else:
+            flat[name] = repr(value) if not isinstance(value, str) else value
+    return flat
+
+
+def _default_labels(runs: list[_Run]) -> list[str]:
+    """Each run's label: its agent and env, and where runs of those differ in their setup, the settings that
+    differ (``"ppo CartPole-v1 learning_rate=1e-05"``: a hyperparameter by its name, another entry by its path)."""
+    labels = [run.label for run in runs]
+    setups = [_setup(run.config) for run in runs]
+    for title in dict.fromkeys(labels):
+        members = [i for i, label in enumerate(labels) if label == title]
+        keys = sorted({key for i in members for key in setups[i]})
+        differing = [key for key in keys if len({setups[i].get(key) for i in members}) > 1]
+        for i in members:
+            if differing:
+                shown = ", ".join(
+                    f"{key.removeprefix('hyperparameters.')}={setups[i].get(key, '(unset)')}" for key in differing
+                )
+                labels[i] = f"{title} {shown}"
+    return labels
+
+
 def plot_runs(
     run_dirs: Sequence[str | os.PathLike],
     out: str | os.PathLike,
@@ -332,7 +380,9 @@ def plot_runs(
 
     A label's runs are drawn as their mean and min-max band on a common step grid (see
     :func:`aggregate_curves`). Labels default to ``"<agent> <env>"`` from each run's config.yaml (else the
-    folder name). Evaluation returns are used when every run has them, else training returns; the y-axis
+    folder name), followed by the settings that differ where runs of one agent and env differ in more than
+    their seed, budget, evaluation and checkpoint schedule, threads and device (so only the seeds of one setup
+    are averaged). Evaluation returns are used when every run has them, else training returns; the y-axis
     says which. Returns ``out``.
     """
     run_dirs = list(run_dirs)
@@ -346,7 +396,7 @@ def plot_runs(
                 "(repeat a label to average those runs) or none."
             )
     runs = [_load_run(d) for d in run_dirs]
-    labels = [str(label) for label in labels] if labels is not None else [run.label for run in runs]
+    labels = [str(label) for label in labels] if labels is not None else _default_labels(runs)
     use_evaluations = all(run.evaluation_curve() is not None for run in runs)
     groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for run, label in zip(runs, labels):

@@ -285,6 +285,30 @@ def test_plot_runs_uses_evaluations_when_every_run_has_them_and_explicit_labels(
     assert line.get_ydata()[0] == pytest.approx(7.0) and line.get_ydata()[-1] == pytest.approx(9.0)
 
 
+def test_plot_runs_averages_only_runs_of_one_setup(tmp_path, figures):
+    """Runs of one agent and env that differ in a hyperparameter are separate lines, labelled with it; runs that
+    differ only in their seed, budget and evaluation schedule are averaged (all four were averaged as seeds)."""
+    config = (
+        "agent: ppo\nenv: CartPole-v1\nhyperparameters:\n  learning_rate: {}\n  device: cpu\nseed: {}\ntimesteps: {}\n"
+    )
+    runs = [
+        write_run(tmp_path / "a", [0, 10], [0.0, 10.0], config=config.format("0.001", 0, 10)),
+        write_run(tmp_path / "b", [0, 10, 20], [2.0, 4.0, 6.0], config=config.format("0.001", 1, 20)),
+        write_run(tmp_path / "c", [0, 10], [5.0, 5.0], config=config.format("1.0e-05", 0, 10)),
+        write_run(tmp_path / "d", [0, 10], [7.0, 7.0], config=config.format("1.0e-05", 0, 10).replace("cpu", "cuda")),
+    ]
+    plot_runs(runs, tmp_path / "out.png")
+    lines = {line.get_label(): line for line in figures[-1].axes[0].get_lines()}
+    assert set(lines) == {
+        "ppo CartPole-v1 learning_rate=0.001 (mean of 2, min-max band)",
+        "ppo CartPole-v1 learning_rate=1e-05 (mean of 2, min-max band)",
+    }
+    fast = lines["ppo CartPole-v1 learning_rate=0.001 (mean of 2, min-max band)"]
+    assert (fast.get_ydata()[0], fast.get_ydata()[-1]) == pytest.approx((1.0, 7.0))  # (0+2)/2 and (10+4)/2
+    slow = lines["ppo CartPole-v1 learning_rate=1e-05 (mean of 2, min-max band)"]
+    np.testing.assert_allclose(slow.get_ydata(), 6.0)
+
+
 def test_plot_runs_default_label_is_the_folder_name(tmp_path, figures):
     a = write_run(tmp_path / "first", [10, 20], [1.0, 2.0])
     b = write_run(tmp_path / "second", [10, 20], [3.0, 4.0])

@@ -187,7 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--max-frames", type=int, default=1000, help="stop recording after (default 1000)")
         cmd.set_defaults(func=_run(f"cmd_{name}"))
 
-    plot_help = "overlay the learning curves of runs (mean and spread across seeds)"
+    plot_help = (
+        "overlay the learning curves of runs (runs whose configs differ only in seed, budget or evaluation "
+        "schedule: mean and spread; others: one line each, labelled with the settings that differ)"
+    )
     plot = sub.add_parser("plot", help=plot_help, description=plot_help[0].upper() + plot_help[1:] + ".")
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (progress.csv is read)")
     plot.add_argument("--out", default="curves.png", help="output PNG (default curves.png)")
