@@ -143,6 +143,33 @@ def test_a_vector_env_that_resets_every_copy_at_once_is_refused():
         PPO("MlpPolicy", gym.make_vec("CartPole-v1", num_envs=2))
 
 
+def test_episode_statistics_of_gymnasium_vector_envs_are_monitors_numbers():
+    """covey's own episode count is rounded as SB3's Monitor rounds it, and a vector RecordEpisodeStatistics'
+    NumPy scalars come as Python numbers (ep_rew_mean differed from Monitor's in its last digits, and the
+    statistics did not go to JSON)."""
+    import json
+
+    def tenths():
+        return gym.wrappers.TransformReward(CountEnv(length=3), lambda r: 0.1 * r)  # 0.1 + 0.1 + 0.1
+
+    monitor = DummyVecEnv([lambda: Monitor(tenths())])
+    same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    gymnasium_envs = [
+        as_vec_env(gym.vector.SyncVectorEnv([tenths])),
+        as_vec_env(gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv([tenths], **same_step))),
+    ]
+    for venv in [monitor, *gymnasium_envs]:
+        venv.reset()
+        for _ in range(2):
+            _, _, dones, infos = venv.step(np.zeros(1, dtype=np.int64))
+        _, _, dones, infos = venv.step(np.zeros(1, dtype=np.int64))
+        episode = infos[0]["episode"]
+        assert dones[0] and type(episode["r"]) is float and type(episode["l"]) is int, episode
+        json.dumps(episode)
+        expected = 0.3 if venv is not gymnasium_envs[1] else 0.1 + 0.1 + 0.1  # the wrapper's own sum, unrounded
+        assert (episode["r"], episode["l"]) == (expected, 3)
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_env_is_wrapped_looks_into_gymnasium_copies(mode):
     """evaluate_policy reads Monitor's episode returns only where env_is_wrapped(Monitor) says so: copies of a

@@ -294,14 +294,14 @@ class GymnasiumVecEnv(VecEnv):
                 infos[i]["terminal_observation"] = _env_slice(final_obs, i)
                 infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
                 elapsed = round(time.time() - self._t0, 6)
-                episode = {"r": float(self._ep_return[i]), "l": int(self._ep_length[i]), "t": elapsed}
+                # rounded as SB3's Monitor rounds it
+                episode = {"r": round(float(self._ep_return[i]), 6), "l": int(self._ep_length[i]), "t": elapsed}
                 if self._own_statistics:
                     infos[i]["episode"] = episode
                 elif "episode" not in infos[i]:  # the env's own statistics, where it gives them: a copy's (in its
-                    # final infos) or a vector RecordEpisodeStatistics' (beside them)
-                    infos[i]["episode"] = _copy_info({k: info[k] for k in ("episode", "_episode") if k in info}, i).get(
-                        "episode", episode
-                    )
+                    # final infos) or a vector RecordEpisodeStatistics' (beside them), as plain numbers
+                    own = _copy_info({k: info[k] for k in ("episode", "_episode") if k in info}, i).get("episode")
+                    infos[i]["episode"] = episode if own is None else _plain_numbers(own)
             self._ep_return[dones] = 0.0
             self._ep_length[dones] = 0
         return obs, rewards.astype(np.float32), dones, infos
@@ -438,6 +438,14 @@ def _copy_info(info: dict[str, Any], i: int) -> dict[str, Any]:
             continue
         out[key] = _copy_info(value, i) if isinstance(value, dict) else copy.deepcopy(value[i])
     return out
+
+
+def _plain_numbers(episode: dict[str, Any]) -> dict[str, Any]:
+    """An episode's statistics with NumPy scalars as Python numbers, as SB3's Monitor gives them (JSON takes them)."""
+    return {
+        k: v.item() if isinstance(v, np.generic) or (isinstance(v, np.ndarray) and v.ndim == 0) else v
+        for k, v in episode.items()
+    }
 
 
 def _env_slice(obs, i: int):
