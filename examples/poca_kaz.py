@@ -52,7 +52,7 @@ def main() -> None:
     # KAZ's sampled policy is what was trained; its argmax tends to freeze the heroes early in training.
     trained = evaluate_group(model, make_env, n_eval_episodes=10, seed=1000, deterministic=False)
     random = evaluate_group(None, make_env, n_eval_episodes=10, seed=1000)
-    print(f"POCA KAZ: {args.timesteps} env steps ({model.agent_steps} agent-steps) in {elapsed:.0f} s")
+    print(f"POCA KAZ: {model.num_timesteps} env steps ({model.agent_steps} agent-steps) in {elapsed:.0f} s")
     print(
         f"group return (zombies killed, sampled actions): trained {trained['group_return']:.1f}, "
         f"random {random['group_return']:.1f}; episode length {trained['episode_length']:.0f} vs "

@@ -50,7 +50,7 @@ def main() -> None:
 
     trained = evaluate_group(model, make_env, n_eval_episodes=5, seed=1000)
     random = evaluate_group(None, make_env, n_eval_episodes=5, seed=1000)
-    print(f"POCA multiwalker: {args.timesteps} env steps ({model.agent_steps} agent-steps) in {elapsed:.0f} s")
+    print(f"POCA multiwalker: {model.num_timesteps} env steps ({model.agent_steps} agent-steps) in {elapsed:.0f} s")
     print(
         f"group return: trained {trained['group_return']:.1f} (episode length {trained['episode_length']:.0f}), "
         f"random {random['group_return']:.1f} (episode length {random['episode_length']:.0f})"

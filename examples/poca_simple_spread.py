@@ -41,7 +41,7 @@ def main() -> None:
 
     trained = evaluate_group(model, make_env, n_eval_episodes=20, seed=1000)
     random = evaluate_group(None, make_env, n_eval_episodes=20, seed=1000)
-    print(f"POCA simple_spread: {args.timesteps} env steps ({model.agent_steps} agent-steps) in {elapsed:.0f} s")
+    print(f"POCA simple_spread: {model.num_timesteps} env steps ({model.agent_steps} agent-steps) in {elapsed:.0f} s")
     print(f"mean per-agent return: trained {trained['agent_return']:.1f}, random {random['agent_return']:.1f}")
 
 

@@ -48,7 +48,9 @@ def main() -> None:
     eval_env = make_vec_env("CartPole-v1", n_envs=1, seed=args.seed + 1000)
     mean, std = evaluate_policy(model, eval_env, n_eval_episodes=20, deterministic=True)
     model.save(args.save)
-    print(f"PPO CartPole-v1: {args.timesteps} steps in {elapsed:.1f} s ({args.timesteps / elapsed:.0f} steps/s)")
+    print(
+        f"PPO CartPole-v1: {model.num_timesteps} steps in {elapsed:.1f} s ({model.num_timesteps / elapsed:.0f} steps/s)"
+    )
     print(f"evaluation over 20 episodes: {mean:.1f} +/- {std:.1f} (the maximum is 500)")
     print(f"saved to {args.save}; reload with PPO.load({args.save!r})")
 

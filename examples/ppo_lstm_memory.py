@@ -84,7 +84,7 @@ def main() -> None:
     mean, std = evaluate(model, episodes=20, seed=args.seed + 1000)
     model.save(args.save)
     kind = "feed-forward" if args.feed_forward else "LSTM"
-    print(f"PPO ({kind}) CartPole without velocities: {args.timesteps} steps in {elapsed:.1f} s")
+    print(f"PPO ({kind}) CartPole without velocities: {model.num_timesteps} steps in {elapsed:.1f} s")
     print(f"evaluation over 20 episodes: {mean:.1f} +/- {std:.1f} (the maximum is 500)")
     print(f"saved to {args.save}; reload with PPO.load({args.save!r})")
 

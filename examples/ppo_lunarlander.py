@@ -52,8 +52,8 @@ def main() -> None:
     mean, std = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True)
     model.save(args.save)
     kind = "continuous" if args.continuous else "discrete"
-    speed = args.timesteps / elapsed
-    print(f"PPO LunarLander-v3 ({kind}): {args.timesteps} steps in {elapsed:.1f} s ({speed:.0f} steps/s)")
+    speed = model.num_timesteps / elapsed
+    print(f"PPO LunarLander-v3 ({kind}): {model.num_timesteps} steps in {elapsed:.1f} s ({speed:.0f} steps/s)")
     print(f"evaluation over 10 episodes: {mean:.1f} +/- {std:.1f} (200 = solved)")
 
 

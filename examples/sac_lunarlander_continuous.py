@@ -52,8 +52,8 @@ def main() -> None:
     eval_env = make_vec_env("LunarLander-v3", n_envs=1, seed=args.seed + 1000, env_kwargs=env_kwargs)
     mean, std = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True)
     model.save(args.save)
-    speed = args.timesteps / elapsed
-    print(f"SAC LunarLanderContinuous: {args.timesteps} steps in {elapsed:.1f} s ({speed:.0f} steps/s)")
+    speed = model.num_timesteps / elapsed
+    print(f"SAC LunarLanderContinuous: {model.num_timesteps} steps in {elapsed:.1f} s ({speed:.0f} steps/s)")
     print(f"evaluation over 10 episodes: {mean:.1f} +/- {std:.1f} (200 = solved)")
 
 

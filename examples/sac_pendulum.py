@@ -34,7 +34,9 @@ def main() -> None:
     eval_env = make_vec_env("Pendulum-v1", n_envs=1, seed=args.seed + 1000)
     mean, std = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True)
     model.save(args.save)
-    print(f"SAC Pendulum-v1: {args.timesteps} steps in {elapsed:.1f} s ({args.timesteps / elapsed:.0f} steps/s)")
+    print(
+        f"SAC Pendulum-v1: {model.num_timesteps} steps in {elapsed:.1f} s ({model.num_timesteps / elapsed:.0f} steps/s)"
+    )
     print(f"evaluation over 10 episodes: {mean:.1f} +/- {std:.1f} (around -150 is good; random is about -1200)")
 
 

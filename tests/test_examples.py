@@ -1,10 +1,13 @@
-"""Every example runs end to end with a tiny budget and prints its result."""
+"""Every example runs end to end with a tiny budget and prints its result and the steps it trained."""
 
 import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
+
+from covey.agents import load
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
@@ -36,3 +39,5 @@ def test_example_runs(script, extra, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "evaluation over" in result.stdout or "return" in result.stdout
     assert save.exists()
+    trained = load(save).num_timesteps  # whole rollouts: at least the budget asked for
+    assert trained >= 1000 and re.search(rf"\b{trained} (env )?steps", result.stdout), result.stdout
