@@ -621,10 +621,14 @@ def test_resuming_a_run_that_finished_past_its_budget_finds_it_finished(tmp_path
     run = tmp_path / "run"
     sets = ["hyperparameters.n_steps=64", "hyperparameters.batch_size=64", "eval_episodes=0", "checkpoint_freq=0"]
     covey("train", "ppo", "--env", "CartPole-v1", "--timesteps", "100", "--run-dir", run, "--set", *sets, cwd=tmp_path)
-    again = covey("resume", run, cwd=tmp_path, check=False)
-    assert again.returncode == 0, again.stderr
-    assert "already at step 128, its budget 100 spent" in again.stderr
-    assert "Traceback" not in again.stderr
+    logs = sorted(run.glob("events.out.tfevents.*")), (run / "progress.csv").read_text()
+    for _ in range(2):
+        again = covey("resume", run, cwd=tmp_path, check=False)
+        assert again.returncode == 0, again.stderr
+        assert "already at step 128, its budget 100 spent" in again.stderr
+        assert "Traceback" not in again.stderr
+    # nothing trained, nothing logged: no empty TensorBoard file per resume
+    assert (sorted(run.glob("events.out.tfevents.*")), (run / "progress.csv").read_text()) == logs
 
 
 def test_the_latest_model_of_a_run_extended_and_stopped_is_its_latest_checkpoint(tmp_path):

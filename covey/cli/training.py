@@ -647,18 +647,24 @@ def _train(
     model: Any, cfg: RunConfig, folder: RunFolder, state: dict | None, desc: str = "", quiet: bool = False
 ) -> int:
     resumed = state is not None
-    model.set_logger(make_logger(folder, append=resumed))
+    remaining = cfg.timesteps - int(model.num_timesteps)
+    # the final evaluation, which a stop during it left undone
+    evaluate_last = (
+        remaining <= 0 and cfg.eval_episodes > 0 and int(model.num_timesteps) not in _evaluated_steps(folder)
+    )
+    logging = remaining > 0 or evaluate_last
+    if logging:  # (a finished run's resume logs nothing: no empty TensorBoard file)
+        model.set_logger(make_logger(folder, append=resumed))
     if not folder.evaluations.exists():
         folder.evaluations.write_text(EVALUATIONS_HEADER)
     evaluator = None
-    if cfg.eval_episodes > 0:
+    if cfg.eval_episodes > 0 and logging:
         evaluator = Evaluator(cfg, cfg.eval_episodes, cfg.eval_deterministic, seed=cfg.seed + 1000)
     run = Run(folder, cfg, evaluator, Interrupt(), desc=desc)
     if resumed:
         best = state.get("best_mean_return")
         run.best_mean_return = -math.inf if best is None else float(best)
         run.last_checkpoint_step = int(state["num_timesteps"])
-    remaining = cfg.timesteps - int(model.num_timesteps)
     hard_stop = False
     if remaining > 0:
         # The bar closes first at the end, so its steps/s leave out the final evaluation. Where an evaluation and
@@ -688,9 +694,10 @@ def _train(
                 f"covey: the run is already at step {int(model.num_timesteps):,}, its budget {cfg.timesteps:,} spent.",
                 file=sys.stderr,
             )
-        if evaluator is not None and int(model.num_timesteps) not in _evaluated_steps(folder):
-            evaluate_and_log(run, model)  # the final evaluation, which a stop during it left undone
-    model.logger.close()  # progress.csv and the TensorBoard writer, whose thread would outlive the run in-process
+        if evaluate_last:
+            evaluate_and_log(run, model)
+    if logging:
+        model.logger.close()  # progress.csv and the TensorBoard writer, whose thread would outlive the run in-process
     if evaluator is not None:
         evaluator.close()
     model.env.close()
