@@ -20,6 +20,10 @@ Graph inputs (batch dimension dynamic):
 The output is ``action``: ``int64`` for Discrete and MultiDiscrete, ``float32`` otherwise, shaped
 ``(batch, *action_space.shape)``.
 
+The graph checks its inputs' dtypes and ranks only, where ``predict`` checks more: a memory or ``episode_start``
+sized for another batch is broadcast, and Discrete observations outside their space are read without an error.
+Check them where the graph is deployed.
+
 >>> from covey import PPO
 >>> from covey.export import export_onnx
 >>> model = PPO("MlpPolicy", "CartPole-v1").learn(2048)  # doctest: +SKIP
