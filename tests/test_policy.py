@@ -5,6 +5,7 @@ use the policy (ONNX export, parameter vectors) run unchanged."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import numpy as np
@@ -235,6 +236,96 @@ def test_ppo_acts_from_parameters_a_callback_replaced_during_the_rollout(when):
     if switch_at:
         assert not (actions[:switch_at] == 2).all()  # the steps before it acted with the old values
     np.testing.assert_allclose(model.rollout_buffer.log_probs.reshape(-1)[switch_at:], 0.0, atol=1e-6)
+
+
+def test_ppo_keeps_each_steps_log_prob_under_the_std_it_acted_with():
+    """A callback that anneals log_std at every step: each stored old log-prob is the action's density under the
+    std it was sampled with, as SB3 stores it while acting (covey computes them after the rollout, and computed
+    them all with the last step's std: step 0's was -934 where -2.5 is right)."""
+    expected = []
+
+    class Anneal(BaseCallback):
+        def _on_step(self) -> bool:
+            with torch.no_grad():
+                self.model.policy.log_std.fill_(-0.1 * self.n_calls)  # step k acts with log_std -0.1 k
+            return True
+
+        def _on_rollout_end(self) -> None:
+            buffer = self.model.rollout_buffer
+            obs = torch.as_tensor(buffer.observations.reshape(32, -1))
+            with torch.no_grad():
+                mean = self.model.policy.get_distribution(obs).distribution.mean  # only log_std moved
+            std = torch.exp(-0.1 * torch.arange(32.0))[:, None]
+            actions = torch.as_tensor(buffer.actions.reshape(32, -1))
+            expected.append(torch.distributions.Normal(mean, std).log_prob(actions).sum(dim=1))
+            self.stored = torch.as_tensor(buffer.log_probs.reshape(-1)).clone()
+
+    anneal = Anneal()
+    PPO("MlpPolicy", "Pendulum-v1", **FAST).learn(32, callback=anneal)
+    torch.testing.assert_close(anneal.stored, expected[0], rtol=1e-5, atol=1e-4)
+
+
+def test_ppo_values_steps_and_truncations_with_the_weights_in_place_when_sb3s_does():
+    """A callback that changes actor and critic at step 10 of a rollout: steps 0-9 keep the old policy's values and
+    log-probs, the others the new one's; a truncation is valued after its step's callbacks, as in SB3 (the old
+    critic before step 9, the new from step 9)."""
+    switch = 10
+    finals = []
+
+    class Change(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.n_calls == switch:
+                with torch.no_grad():
+                    self.model.policy.value_net.bias += 5.0
+                    self.model.actor.head.proj.bias += torch.tensor([3.0, 0.0, -3.0])
+            for i, info in enumerate(self.locals["infos"]):
+                if info.get("TimeLimit.truncated"):
+                    finals.append((self.locals["n_steps"], i, info["terminal_observation"]))
+            return True
+
+    env = SpaceEnv(BOX_OBS, ACTION_SPACES["discrete"], episode_length=3, truncate=True)
+    model = PPO("MlpPolicy", env, **{**FAST, "learning_rate": 0.0})
+    old = copy.deepcopy(model)
+    model.learn(32, callback=Change())
+    buffer = model.rollout_buffer
+    obs, actions = torch.as_tensor(buffer.observations.reshape(32, -1)), torch.as_tensor(buffer.actions.reshape(-1))
+    with torch.no_grad():
+        old_values, old_log_probs, _ = old.policy.evaluate_actions(obs, actions)
+        new_values, new_log_probs, _ = model.policy.evaluate_actions(obs, actions)
+    log_probs, values = torch.as_tensor(buffer.log_probs.reshape(-1)), torch.as_tensor(buffer.values.reshape(-1))
+    torch.testing.assert_close(log_probs[:switch], old_log_probs[:switch])
+    torch.testing.assert_close(log_probs[switch:], new_log_probs[switch:])
+    torch.testing.assert_close(values[:switch], old_values.reshape(-1)[:switch])
+    torch.testing.assert_close(values[switch:], new_values.reshape(-1)[switch:])
+    assert {step for step, _, _ in finals} >= {2, 5, 8, 11}
+    for step, i, final in finals:
+        critic = old if step < switch - 1 else model
+        with torch.no_grad():
+            value = critic.policy.predict_values(torch.as_tensor(final)[None]).item()
+        assert buffer.truncation_values[step, i] == pytest.approx(value, abs=1e-5), step
+
+
+@pytest.mark.parametrize("agent", ["recurrent PPO", "POCA"])
+def test_a_weight_change_inside_a_rollout_is_named_where_the_rollout_is_evaluated_after_it(agent):
+    """Recurrent PPO and POCA evaluate a rollout after it, with the weights at its end: a callback's change between
+    steps is named, with where to make it instead."""
+
+    class Change(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.n_calls == 3:
+                with torch.no_grad():
+                    next(self.model.actor.parameters()).add_(0.1)
+            return True
+
+    if agent == "POCA":
+        from covey import POCA
+        from covey.envs import GroupCueEnv
+
+        model = POCA("MlpPolicy", GroupCueEnv, n_steps=8, batch_size=8, n_epochs=1, seed=0)
+    else:
+        model = PPO("MlpLstmPolicy", "CartPole-v1", **FAST)
+    with pytest.warns(UserWarning, match="changed the policy's weights between the steps.*_on_rollout_end"):
+        model.learn(8, callback=Change())
 
 
 def test_sac_target_critics_follow_critics_whose_data_was_replaced():

@@ -12,7 +12,15 @@ from gymnasium import spaces
 from stable_baselines3.common.utils import explained_variance
 
 from covey.agents.base import BaseAgent, Schedule, warn_batch_size
-from covey.agents.ppo import OnPolicyConfig, clipped_surrogate_loss, print_early_stop, sb3_train_log, value_loss
+from covey.agents.ppo import (
+    OnPolicyConfig,
+    WeightWatch,
+    clipped_surrogate_loss,
+    print_early_stop,
+    sb3_train_log,
+    value_loss,
+    warn_weights_changed_in_rollout,
+)
 from covey.agents.recurrent import GroupRecurrentRollout
 from covey.buffers.finite import check_finite
 from covey.buffers.group import GroupBatch, GroupRolloutBuffer
@@ -482,6 +490,7 @@ class POCA(BaseAgent):
         self._restart_unsettled(env)
         # only a callback plays the env behind training's back (between steps): with none, no check per step
         restart = self._restart_unsettled if self._runs_user_code(callback) else None
+        watch = WeightWatch(self._flat_parameters()) if restart is not None else None
         n_envs, n_slots = env.n_envs, env.n_slots
         dtype = obs_dtype(self._stored_space)
         for n_steps in range(self.config.n_steps):
@@ -517,6 +526,9 @@ class POCA(BaseAgent):
                 return False
             if restart is not None:
                 restart(env, step, present)
+            if watch is not None and watch.changed():
+                watch.take_new_weights()
+                warn_weights_changed_in_rollout("POCA")
             self._update_info_buffer(infos, dones)
             # The state after the step that the leavers' bootstrap uses: leavers' final observations plus
             # the agents still there (none of the new episode's when the copy was reset).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -881,6 +882,11 @@ class PPO(BaseAgent):
         take_back = self._take_back_replaced_parameters if self._runs_user_code(callback) else None
         truncations: list[tuple[int, int, Any]] = []
         acted: list[tuple[torch.Tensor, torch.Tensor]] = []  # (critic's raw output, log-prob) per step
+        # Values and old log-probs come after the rollout; where a callback of the user's changes the weights
+        # between steps (an exploration schedule on log_std, load_state_dict), the steps before the change are
+        # evaluated with the weights they acted with first, as SB3 stores each step's as it acts.
+        watch = WeightWatch(self._flat_parameters()) if take_back is not None else None
+        earlier = _Evaluated()
         new_obs = self._last_obs
         trainer = self._sb3_trainer  # a user's SB3 policy class acts and gives values through it
         self._hooked = trainer is None and has_hooks(actor, self.critic)
@@ -913,6 +919,7 @@ class PPO(BaseAgent):
                 stopped = not callback.on_step()
                 if take_back is not None:
                     take_back()
+                changed = watch is not None and watch.changed()
             finally:  # a callback's stop, or an env's or a callback's exception or an interrupt (then raised)
                 if stopped and self.recurrent is not None:  # memories as after the steps stored (this one is redone)
                     self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
@@ -931,6 +938,12 @@ class PPO(BaseAgent):
             rollout_buffer.add(stored_obs, stored_actions, rewards, terminated, dones, self._last_episode_starts)
             self._last_obs = new_obs
             self._last_episode_starts = np.asarray(dones, dtype=bool)  # a VecEnv may give 0/1 ints
+            if changed and self.recurrent is not None:
+                watch.take_new_weights()
+                warn_weights_changed_in_rollout("A recurrent PPO")
+            elif changed:  # steps up to this one acted with the weights before the callback's change
+                with watch.earlier_weights():  # (this step's truncations are valued after its callbacks, by the new)
+                    self._evaluate_steps(earlier, n_steps + 1, n_steps, truncations, acted)
         check_finite(
             "in this rollout",
             observations=(rollout_buffer.observations_tensor, new_obs, [obs for _, _, obs in truncations]),
@@ -939,7 +952,7 @@ class PPO(BaseAgent):
         check_discrete_observations(
             "in this rollout", (rollout_buffer.observations_tensor, new_obs), self.observation_space
         )
-        last_values = self._evaluate_rollout(new_obs, truncations, acted)
+        last_values = self._evaluate_rollout(new_obs, truncations, acted, earlier)
         rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
         n_steps = n_rollout_steps  # SB3's count at the rollout's end (steps 0 .. n - 1 while stepping)
         values = torch.as_tensor(last_values).reshape(-1, 1)  # as SB3's locals: V(last observations)
@@ -987,10 +1000,12 @@ class PPO(BaseAgent):
         last_obs: Any,
         truncations: list[tuple[int, int, Any]],
         acted: list[tuple[torch.Tensor, torch.Tensor]],
+        earlier: _Evaluated | None = None,
     ) -> np.ndarray:
         """Values and old log-probs of the whole rollout in batched passes (parameters are unchanged
         since acting), or from ``acted``, the critic's raw outputs and the log-probs computed with each
-        action; returns V(last observation) per env and fills the truncation bootstraps."""
+        action; returns V(last observation) per env and fills the truncation bootstraps. ``earlier`` holds the
+        steps already evaluated with the weights they acted with (see :meth:`_evaluate_steps`)."""
         buffer = self.rollout_buffer
         if self.recurrent is not None:
             last_values, self._value_entropy = self.recurrent.evaluate(
@@ -1003,41 +1018,68 @@ class PPO(BaseAgent):
                 self.observation_space,
             )
             return last_values
+        earlier = earlier if earlier is not None else _Evaluated()
+        self._evaluate_steps(earlier, buffer.n_steps, buffer.n_steps, truncations, acted)
         head = self.critic.value_head if self._sb3_trainer is None else None  # an SB3 policy gives values
+        self._value_entropy = None
+        if acted:  # the critic's raw outputs (values, or two-hot logits) of the whole rollout, per step
+            raw = torch.cat([raw for raw, _ in acted])
+            values, log_probs = raw if head is None else head.value(raw), torch.cat([lp for _, lp in acted])
+            raws = [raw]
+        else:
+            values, log_probs, raws = torch.cat(earlier.values), torch.cat(earlier.log_probs), earlier.raws
+        if raws and head is not None and head.distributional:
+            self._value_entropy = head.entropy(torch.cat(raws)).mean().item()
+        buffer.values_tensor = values.reshape(buffer.n_steps, buffer.n_envs)
+        buffer.log_probs_tensor = log_probs.reshape(buffer.n_steps, buffer.n_envs)
+        return self._critic_values(last_obs)
+
+    def _critic_values(self, obs: Any) -> np.ndarray:
+        """V(obs) for a batch of env observations, as the rollout's values are computed."""
         manual = None if self._hooked else self._manual
-        # The hand-differentiated update evaluates with its own arithmetic, so that both agree exactly.
         trainer = self._sb3_trainer
         critic = manual.value if manual is not None else self.critic if trainer is None else trainer.values
-        values, log_probs, raws = [], [], []
-        if acted:
-            raws = [raw for raw, _ in acted]
-            log_probs = [log_prob for _, log_prob in acted]
-        else:
+        return critic(batch_to_tensor(obs, self.observation_space, self.device)).cpu().numpy()
+
+    @torch.no_grad()
+    def _evaluate_steps(
+        self,
+        earlier: _Evaluated,
+        end: int,
+        truncated_until: int,
+        truncations: list[tuple[int, int, Any]],
+        acted: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> None:
+        """Evaluate the stored steps from ``earlier.end`` up to ``end`` (exclusive) with the weights in place:
+        their values and old log-probs (unless ``acted`` holds them, computed with each action), and the
+        bootstraps of the truncations at steps before ``truncated_until`` (SB3 values a truncation after its
+        step's callbacks), in batched passes."""
+        buffer, n_envs = self.rollout_buffer, self.rollout_buffer.n_envs
+        first = earlier.end
+        if not acted and end > first:
+            manual = None if self._hooked else self._manual
+            # The hand-differentiated update evaluates with its own arithmetic, so that both agree exactly.
             obs, actions = buffer.flat_observations(), buffer.flat_actions()
-            for start in range(0, actions.shape[0], _EVAL_CHUNK):
-                chunk, chunk_actions = _slice(obs, start, start + _EVAL_CHUNK), actions[start : start + _EVAL_CHUNK]
+            for start in range(first * n_envs, end * n_envs, _EVAL_CHUNK):
+                stop = min(start + _EVAL_CHUNK, end * n_envs)
+                chunk, chunk_actions = _slice(obs, start, stop), actions[start:stop]
                 if manual is not None:
                     value, log_prob = manual.evaluate(chunk, chunk_actions)
-                    values.append(value)
+                    earlier.values.append(value)
                 else:
                     params, raw = actor_critic_forward(self.actor, self.critic, chunk)
-                    raws.append(raw)
+                    earlier.raws.append(raw)
+                    head = self.critic.value_head
+                    earlier.values.append(head.value(raw))
                     log_prob = self.actor.evaluate_params(params, chunk_actions)[0]
-                log_probs.append(log_prob)
-        self._value_entropy = None
-        if raws:  # the critic's raw outputs (values, or two-hot logits) of the whole rollout
-            raw = torch.cat(raws)
-            values = [raw if head is None else head.value(raw)]
-            if head is not None and head.distributional:
-                self._value_entropy = head.entropy(raw).mean().item()
-        buffer.values_tensor = torch.cat(values).reshape(buffer.n_steps, buffer.n_envs)
-        buffer.log_probs_tensor = torch.cat(log_probs).reshape(buffer.n_steps, buffer.n_envs)
-        if truncations:
-            finals = _stack_obs([obs_i for _, _, obs_i in truncations])
-            bootstrap = critic(batch_to_tensor(finals, self.observation_space, self.device)).cpu().numpy()
-            for (step, env_idx, _), value in zip(truncations, bootstrap):
+                earlier.log_probs.append(log_prob)
+        earlier.end = end
+        pending = [t for t in truncations if earlier.truncated_until <= t[0] < truncated_until]
+        if pending:
+            bootstrap = self._critic_values(_stack_obs([obs_i for _, _, obs_i in pending]))
+            for (step, env_idx, _), value in zip(pending, bootstrap):
                 buffer.truncation_values[step, env_idx] = value
-        return critic(batch_to_tensor(last_obs, self.observation_space, self.device)).cpu().numpy()
+        earlier.truncated_until = truncated_until
 
     def train(self) -> None:
         """Several epochs of minibatch updates on the collected rollout."""
@@ -1173,6 +1215,67 @@ def _split(tensors: tuple[torch.Tensor, ...], size: int) -> list[tuple[torch.Ten
         if id(x) not in done:
             done[id(x)] = x.split(size)
     return [done[id(x)] for x in tensors]
+
+
+class _Evaluated:
+    """The steps of a rollout evaluated so far: raw critic outputs, values and old log-probs in step order, up
+    to step ``end``, and the truncation bootstraps before step ``truncated_until``."""
+
+    def __init__(self) -> None:
+        self.raws: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.log_probs: list[torch.Tensor] = []
+        self.end = 0
+        self.truncated_until = 0
+
+
+def warn_weights_changed_in_rollout(agent: str) -> None:
+    warn_user(
+        f"A callback changed the policy's weights between the steps of a rollout. {agent} computes a rollout's old "
+        "log-probs and values after it, with the weights at its end, where SB3's PPO keeps each step's as it acted: "
+        "change them in _on_rollout_start or _on_rollout_end."
+    )
+
+
+class WeightWatch:
+    """The weights a rollout acts with (copies of the model's flat parameter buffers), to find a callback's change
+    between steps and to put them back in place while the steps that acted with them are evaluated. Weights are
+    compared as bytes: a few microseconds for PPO's default networks, and a NaN equals itself."""
+
+    def __init__(self, flats: list) -> None:
+        self.flats = flats
+        self._data: list[torch.Tensor] = []
+        self._arrays: list[np.ndarray | None] = []
+        self.take_new_weights()
+
+    def _bytes(self) -> list[bytes]:
+        data = [flat.data for flat in self.flats]
+        if len(data) != len(self._data) or any(a is not b for a, b in zip(data, self._data)):  # views of new ones
+            self._data = data
+            self._arrays = [x.detach().numpy() if x.device.type == "cpu" else None for x in data]
+        return [x.detach().cpu().numpy().tobytes() if a is None else a.tobytes() for x, a in zip(data, self._arrays)]
+
+    def changed(self) -> bool:
+        return self._bytes() != self.saved
+
+    def take_new_weights(self) -> None:
+        self.weights = [flat.data.detach().clone() for flat in self.flats]
+        self.saved = self._bytes()
+
+    @contextlib.contextmanager
+    def earlier_weights(self):
+        """The weights before the change in place; after, the new ones back, and kept as those acting now."""
+        new = [flat.data.detach().clone() for flat in self.flats]
+        with torch.no_grad():
+            for flat, weights in zip(self.flats, self.weights):
+                flat.data.copy_(weights)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for flat, weights in zip(self.flats, new):
+                    flat.data.copy_(weights)
+            self.take_new_weights()
 
 
 def _slice(obs: ObsTensor, start: int, stop: int) -> ObsTensor:
