@@ -480,6 +480,43 @@ def test_warm_up_actions_reach_the_env_as_sb3s_do():
     np.testing.assert_array_equal(runs[1], runs[0])
 
 
+def test_each_collected_step_moves_progress_and_calls_the_models_on_step_as_in_sb3():
+    """SB3's off-policy loop updates the schedules' progress and calls the model's ``_on_step`` hook after every
+    stored step (DQN-style subclasses move their targets there); covey's did neither (the progress moved only when
+    training ran, and a subclass's ``_on_step`` was never called)."""
+    import stable_baselines3
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Progress(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def _on_step(self) -> bool:
+            assert self.locals["continue_training"] is True
+            return True
+
+        def _on_rollout_end(self) -> None:
+            self.seen.append(self.model._current_progress_remaining)
+
+    seen = {}
+    for lib in (stable_baselines3, covey):
+
+        class Counting(lib.SAC):
+            hooks = 0
+
+            def _on_step(self) -> None:
+                super()._on_step()
+                self.hooks += 1
+
+        progress = Progress()
+        model = Counting("MlpPolicy", "Pendulum-v1", learning_starts=60, train_freq=8, buffer_size=500, seed=0)
+        model.learn(100, callback=progress)
+        seen[lib.__name__] = (model.hooks, progress.seen)
+    assert seen["covey"] == seen["stable_baselines3"]
+    assert seen["covey"][0] == 104 and seen["covey"][1][0] == pytest.approx(0.92)
+
+
 def make_cartpole_buffer(tmp_path, n_envs: int) -> pathlib.Path:
     """A replay buffer file of SAC on CartPole (other observations and actions than Pendulum's), of 100 rows."""
     from stable_baselines3.common.env_util import make_vec_env

@@ -992,6 +992,7 @@ class SAC(BaseAgent):
             actor.reset_noise(env.num_envs)
         callback.on_rollout_start()
         num_collected_steps = num_collected_episodes = 0
+        continue_training = True  # SB3's local, which callbacks may read
         while (
             num_collected_steps if train_freq.unit == TrainFrequencyUnit.STEP else num_collected_episodes
         ) < train_freq.frequency:
@@ -1003,9 +1004,13 @@ class SAC(BaseAgent):
             num_collected_steps += 1
             callback.update_locals(locals())
             if not callback.on_step():
-                return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, False)
+                continue_training = False
+                return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, continue_training)
             self._update_info_buffer(infos, dones)
             self._store_transition(replay_buffer, buffer_actions, new_obs, rewards, dones, infos)
+            # as SB3: schedules' progress moves with every step, and the model's own _on_step hook runs
+            self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
+            self._on_step()
             for idx in np.flatnonzero(dones):
                 num_collected_episodes += 1
                 self._episode_num += 1
