@@ -591,3 +591,64 @@ def test_a_rollout_of_one_sample_trains_without_warnings_as_sb3s_does():
         model.learn(3)
     assert model._n_updates == 6 and len(rows) == 3
     assert all("train/value_std" not in row for row in rows) and "train/value_mean" in rows[-1]
+
+
+def test_a_callback_can_assign_the_rollout_buffers_fields_as_in_sb3():
+    """SB3's buffer fields are plain arrays, which callbacks reassign in ``_on_rollout_end``
+    (``rb.advantages = ...``); covey's were read-only properties. An assignment goes into the buffer, and the update
+    trains on it: zero advantages and no value or entropy loss leave the actor as it was."""
+    import stable_baselines3
+
+    import covey
+
+    class Assign(BaseCallback):
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            rb = self.locals["rollout_buffer"]
+            rb.returns = rb.returns + 1.0
+            self.returns = rb.returns.copy()
+            rb.advantages = np.zeros_like(rb.advantages)
+            rb.log_probs = rb.log_probs  # every field takes its own values back
+            rb.values, rb.actions, rb.observations = rb.values, rb.actions, rb.observations
+
+    kwargs = dict(n_steps=32, batch_size=16, n_epochs=2, ent_coef=0.0, vf_coef=0.0, seed=0)
+    for lib in (stable_baselines3, covey):
+        model = lib.PPO("MlpPolicy", "CartPole-v1", **kwargs)
+        actor = [p.detach().clone() for name, p in model.policy.named_parameters() if "value" not in name]
+        assign = Assign()
+        model.learn(32, callback=assign)
+        after = [p.detach() for name, p in model.policy.named_parameters() if "value" not in name]
+        assert all(torch.equal(a, b) for a, b in zip(actor, after)), lib.__name__
+        np.testing.assert_array_equal(model.rollout_buffer.returns, assign.returns)
+    with pytest.raises(ValueError, match=r"rollout_buffer.advantages = an array of shape \(3,\).*\(32, 1\)"):
+        model.rollout_buffer.advantages = np.zeros(3)
+
+
+def test_callbacks_see_the_policy_in_evaluation_mode_and_a_cleared_buffer_as_in_sb3():
+    """During a rollout SB3's policy reads ``training`` False, and at ``_on_rollout_start`` its buffer holds nothing
+    of the last rollout (covey's policy read True, and its buffer the last rollout's rewards and returns)."""
+    import stable_baselines3
+
+    import covey
+
+    class Look(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.modes, self.sums = set(), []
+
+        def _on_rollout_start(self) -> None:
+            rb = self.model.rollout_buffer
+            self.sums.append([float(np.abs(getattr(rb, k)).sum()) for k in ("rewards", "returns", "advantages")])
+
+        def _on_step(self) -> bool:
+            self.modes.add(self.model.policy.training)
+            return True
+
+    for lib in (stable_baselines3, covey):
+        look = Look()
+        model = lib.PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, n_epochs=1, seed=0)
+        model.learn(48, callback=look)
+        assert look.modes == {False} and look.sums == [[0.0, 0.0, 0.0]] * 3, lib.__name__
+        assert model.policy.training  # left in training mode after the update, as SB3 leaves it

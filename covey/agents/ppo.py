@@ -966,6 +966,7 @@ class PPO(BaseAgent):
         else:
             set_train_mode(self.actor, mode)
             set_train_mode(self.critic, mode)
+            self.policy.training = mode  # the SB3 view's own flag, which callbacks read
 
     def _reset_noise(self, n_envs: int) -> None:
         """New gSDE exploration matrices, one per env."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -44,6 +44,33 @@ def _numpy(x: torch.Tensor) -> np.ndarray:
     """The tensor's NumPy view on the CPU, a copy from another device."""
     x = x.detach()
     return x.numpy() if x.device.type == "cpu" else x.cpu().numpy()
+
+
+def _write(stored: ObsTensor, value: Any, name: str) -> None:
+    """``rollout_buffer.<name> = value`` (a callback's, as SB3's buffer fields are plain arrays): the values go into
+    the buffer's memory, in its shape (SB3's trailing axes of size 1 fit)."""
+    if isinstance(stored, dict):
+        if not isinstance(value, dict) or set(value) != set(stored):
+            raise ValueError(f"rollout_buffer.{name} takes a dict of arrays with the keys {sorted(stored)}.")
+        for key in stored:
+            _write(stored[key], value[key], f"{name}[{key!r}]")
+        return
+    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    if array.size != stored.numel():
+        raise ValueError(
+            f"rollout_buffer.{name} = an array of shape {array.shape}: the buffer holds {tuple(stored.shape)} "
+            f"(n_steps, n_envs, ...); give an array of that size."
+        )
+    with torch.no_grad():
+        stored.copy_(torch.as_tensor(array.reshape(stored.shape)).to(stored.dtype))
+
+
+def _written(stored: torch.Tensor, value: Any, name: str) -> torch.Tensor:
+    """:func:`_write` into a new tensor of ``stored``'s shape (the rollout's values and returns may be inference
+    tensors, which take no writes outside inference mode)."""
+    new = torch.zeros_like(stored)
+    _write(new, value, name)
+    return new
 
 
 def _numpy_obs(x: ObsTensor, space: spaces.Space) -> np.ndarray | dict[str, np.ndarray]:
@@ -141,33 +168,66 @@ class RolloutBuffer:
     def observations(self) -> np.ndarray | dict[str, np.ndarray]:
         return _numpy_obs(self.observations_tensor, self.observation_space)
 
+    @observations.setter
+    def observations(self, value) -> None:
+        _write(self.observations_tensor, value, "observations")
+
     @property
     def actions(self) -> np.ndarray:
         return _numpy(self.actions_tensor).reshape(self.n_steps, self.n_envs, -1)
+
+    @actions.setter
+    def actions(self, value) -> None:
+        _write(self.actions_tensor, value, "actions")
 
     @property
     def values(self) -> np.ndarray:
         return _numpy(self.values_tensor)
 
+    @values.setter
+    def values(self, value) -> None:
+        self.values_tensor = _written(self.values_tensor, value, "values")
+
     @property
     def log_probs(self) -> np.ndarray:
         return _numpy(self.log_probs_tensor)
+
+    @log_probs.setter
+    def log_probs(self, value) -> None:
+        self.log_probs_tensor = _written(self.log_probs_tensor, value, "log_probs")
 
     @property
     def advantages(self) -> np.ndarray:
         return _numpy(self.advantages_tensor)
 
+    @advantages.setter
+    def advantages(self, value) -> None:
+        self.advantages_tensor = _written(self.advantages_tensor, value, "advantages")
+
     @property
     def returns(self) -> np.ndarray:
         return _numpy(self.returns_tensor)
+
+    @returns.setter
+    def returns(self, value) -> None:
+        self.returns_tensor = _written(self.returns_tensor, value, "returns")
 
     @property
     def full(self) -> bool:
         return self.pos == self.n_steps
 
     def reset(self) -> None:
+        """Start a rollout: position 0, and its per-step numbers zeroed as SB3's reset zeroes them (a callback's
+        ``_on_rollout_start`` finds none of the last rollout's; the observations and actions are left to be
+        overwritten)."""
         self.pos = 0
         self.truncation_values[:] = 0.0
+        for array in (self.rewards, self.terminated, self.dones, self.episode_starts):
+            array[:] = 0
+        # new zeros, not zero_(): the last rollout's may be inference tensors, or read by a callback still
+        self.values_tensor, self.log_probs_tensor, self.advantages_tensor, self.returns_tensor = (
+            torch.zeros(self.n_steps, self.n_envs, device=self.device) for _ in range(4)
+        )
 
     def add(
         self,
