@@ -406,3 +406,22 @@ def test_callback_locals_hold_sb3_contribs_episode_starts_and_lstm_states():
         for got, want in zip(pi, state, strict=True):
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
     assert np.asarray(model.recurrent.episode_starts).sum() > 2  # episodes ended and restarted in the rollout
+
+
+@pytest.mark.parametrize("episode", [3, 9, 200])
+def test_a_minibatch_holds_batch_size_real_steps_however_short_the_episodes(episode):
+    """sb3-contrib's RecurrentPPO counts batch_size in real steps: a rollout of 1024 steps in minibatches of 256
+    is 4 minibatches, whatever the episodes. covey took batch_size // sequence_length sequences each, padding
+    counted: 22 minibatches of about 47 real steps for 3-step episodes."""
+    from covey.agents.recurrent import Sequences
+
+    starts = np.zeros((1024, 2), dtype=bool)
+    starts[::episode, 0] = True
+    starts[1::episode, 1] = True
+    sequences = Sequences(starts, 16)
+    np.random.seed(0)
+    batches = list(sequences.minibatches(256))
+    assert len(batches) == 8  # 2048 real steps
+    real = [int(sequences.valid[rows].sum()) for rows in batches]
+    assert sum(real) == 2048 and max(abs(n - 256) for n in real) < 16  # within one sequence of batch_size
+    assert sorted(np.concatenate(batches).tolist()) == list(range(sequences.n_sequences))  # each sequence once

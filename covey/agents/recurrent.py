@@ -216,11 +216,15 @@ class Sequences:
         return tuple(picked[:, i].unsqueeze(0) for i in range(picked.shape[1]))
 
     def minibatches(self, batch_size: int) -> Iterator[np.ndarray]:
-        """Shuffled groups of whole sequences, about ``batch_size`` steps each."""
-        per_batch = max(1, batch_size // self.sequence_length)
+        """Shuffled groups of whole sequences, about ``batch_size`` real steps each (padding not counted, as
+        sb3-contrib's RecurrentPPO counts a minibatch): a rollout of ``T`` real steps makes ``ceil(T /
+        batch_size)`` minibatches, however short its episodes. A sequence goes to the minibatch in which its
+        last real step falls."""
         order = np.random.permutation(self.n_sequences)
-        for start in range(0, len(order), per_batch):
-            yield order[start : start + per_batch]
+        ends = np.cumsum(self.valid[order].sum(axis=1))  # real steps up to each shuffled sequence
+        group = (ends - 1) // max(1, batch_size)
+        cuts = np.flatnonzero(np.diff(group)) + 1
+        yield from np.split(order, cuts)
 
 
 class GroupRecurrentRollout:
