@@ -247,14 +247,22 @@ class RecurrentActorCriticPolicy:
     """Stands for sb3_contrib.ppo_recurrent.MlpLstmPolicy, whose class has this name (matched by name)."""
 
 
-def test_sb3_contrib_names_map_to_covey_and_its_options_are_refused_with_covey_s():
+def test_sb3_contrib_names_map_to_covey_and_its_options_are_taken_or_refused_with_covey_s():
     assert PPO(RecurrentActorCriticPolicy, "CartPole-v1", n_steps=16, batch_size=16).actor.memory is not None
     # the values that are covey's behaviour are accepted, sb3-contrib's defaults among them (lstm_kwargs=None)
     same = dict(n_lstm_layers=1, shared_lstm=False, enable_critic_lstm=True)
     for extra in (None, {}):
         PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(same, lstm_kwargs=extra))
+    # lstm_hidden_size is the memory's size, as sb3-contrib's: the same networks (parameters) as memory's
+    sized = PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(same, lstm_hidden_size=64))
+    own = PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(memory=dict(hidden_size=64)))
+    assert sized.actor.memory.hidden_size == sized.critic.memory.hidden_size == 64
+    assert [p.shape for p in sized.policy.parameters()] == [p.shape for p in own.policy.parameters()]
+    with pytest.raises(ValueError, match="lstm_hidden_size=64 and memory hidden_size=32 both set"):
+        PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(lstm_hidden_size=64, memory=dict(hidden_size=32)))
+    with pytest.raises(ValueError, match="policy is 'MlpPolicy': use 'MlpLstmPolicy'"):
+        PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(lstm_hidden_size=64))
     refusals = {
-        "lstm_hidden_size": (64, r"covey's is memory=dict\(hidden_size=64\)"),
         "n_lstm_layers": (2, "covey's memory has one layer"),
         "shared_lstm": (True, "the actor and the critic always have memories of their own"),
         "enable_critic_lstm": (False, "the critic always has a memory of its own"),

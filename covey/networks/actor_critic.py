@@ -101,7 +101,6 @@ _UNSUPPORTED = ("use_sde", "sde_net_arch")
 # sb3-contrib's RecurrentPPO policy_kwargs: (the values that are covey's behaviour, taken and dropped; what to do
 # for the others).
 _RECURRENT_PPO_KWARGS = {
-    "lstm_hidden_size": ((), "covey's is memory=dict(hidden_size={value}), with a *LstmPolicy name"),
     "n_lstm_layers": ((1,), "covey's memory has one layer"),
     "shared_lstm": ((False,), "the actor and the critic always have memories of their own"),
     "enable_critic_lstm": ((True,), "the critic always has a memory of its own"),
@@ -244,6 +243,18 @@ class PolicyConfig:
         for key, what in (refused or {}).items():
             if key in kwargs:
                 raise ValueError(f"policy_kwargs {key} is {what}, not a setting of this agent: remove it.")
+        from_lstm_size = "lstm_hidden_size" in kwargs and kwargs.get("memory") is None
+        if "lstm_hidden_size" in kwargs:  # sb3-contrib's RecurrentPPO name for the memory's size
+            size, memory = kwargs.pop("lstm_hidden_size"), kwargs.get("memory")
+            if not positive_int(size):
+                raise ValueError(f"policy_kwargs lstm_hidden_size={size!r} is invalid: it must be an int >= 1.")
+            if isinstance(memory, dict) and memory.get("hidden_size", size) != size:
+                raise ValueError(
+                    f"policy_kwargs lstm_hidden_size={size!r} and memory hidden_size={memory['hidden_size']!r} both "
+                    "set the memory's size: keep one of them."
+                )
+            if memory is None or isinstance(memory, dict):
+                kwargs["memory"] = {**(memory or {}), "hidden_size": int(size)}
         for key, (same, how) in _RECURRENT_PPO_KWARGS.items():
             if key in kwargs:
                 value = kwargs.pop(key)
@@ -257,6 +268,7 @@ class PolicyConfig:
         if unknown:
             raise ValueError(f"Unknown policy_kwargs {unknown}; supported keys are {sorted(names)}.")
         config = cls(**{**defaults, **kwargs})
+        config._memory_from_lstm_hidden_size = from_lstm_size
         config._check_covey_keys(given=set(kwargs))
         for key, base, example in (
             ("activation_fn", nn.Module, "torch.nn.ReLU"),
@@ -692,6 +704,12 @@ def memory_settings(policy: str, config: PolicyConfig) -> dict | None:
     """The recurrent memory asked for by a *LstmPolicy name or ``policy_kwargs['memory']`` (None: none)."""
     if config.memory is None and policy not in LSTM_POLICIES:
         return None
+    if policy not in LSTM_POLICIES and getattr(config, "_memory_from_lstm_hidden_size", False):
+        raise ValueError(
+            f"policy_kwargs lstm_hidden_size is sb3-contrib's setting of its *LstmPolicy policies, and the policy is "
+            f"{policy!r}: use {next((k for k, v in LSTM_POLICIES.items() if v == policy), 'MlpLstmPolicy')!r} "
+            "for a policy with memory, or remove lstm_hidden_size."
+        )
     settings = {**MEMORY_DEFAULTS, **(config.memory or {})}
     unknown = set(settings) - set(MEMORY_DEFAULTS)
     if unknown:
