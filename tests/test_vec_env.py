@@ -186,9 +186,12 @@ def test_env_is_wrapped_looks_into_gymnasium_copies(mode):
     try:
         assert venv.env_is_wrapped(Monitor) == [True, True] and venv.env_is_wrapped(Monitor, indices=[1]) == [True]
         assert bare.env_is_wrapped(Monitor) == [False, False]
+        assert venv.env_is_wrapped(gym.wrappers.TransformReward) == [True, True]
+        assert venv.env_is_wrapped(gym.wrappers.TimeLimit) == [True, True]  # a wrapper with no names of its own
+        assert venv.env_is_wrapped(gym.Wrapper) == [True, True]  # the base class, as isinstance says
+        for absent in (gym.wrappers.TimeAwareObservation, gym.wrappers.FlattenObservation, gym.wrappers.ClipReward):
+            assert venv.env_is_wrapped(absent) == [False, False], absent  # wrappers of the same methods
         if mode == "sync":
-            assert venv.env_is_wrapped(gym.wrappers.TransformReward) == [True, True]
-            assert venv.env_is_wrapped(gym.wrappers.TimeAwareObservation) == [False, False]
             model = PPO("MlpPolicy", "CartPole-v1", seed=0)
             dummy = DummyVecEnv([lambda: scale(Monitor(gym.make("CartPole-v1")))] * 2)
             dummy.seed(0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -351,18 +352,15 @@ class GymnasiumVecEnv(VecEnv):
         envs = getattr(self.venv.unwrapped, "envs", None)
         if envs is not None:
             return [is_wrapped(envs[i], wrapper_class) for i in chosen]
-        # The copies live in worker processes, which can only be asked for attributes: a copy counts as wrapped
-        # when it has every public method and attribute wrapper_class adds to gym.Wrapper's (Monitor's
-        # get_episode_rewards, ...), so a subclass counts too, as with isinstance.
-        names = sorted(
-            {name for cls in wrapper_class.__mro__ if cls not in gym.Wrapper.__mro__ for name in vars(cls)}
-            - set(dir(gym.Wrapper))
-        )
-        names = [name for name in names if not name.startswith("_")]
-        if not names:
-            return [False for _ in chosen]
-        found = [self.venv.unwrapped.call("has_wrapper_attr", name) for name in names]
-        return [all(has[i] for has in found) for i in chosen]
+        # The copies live in worker processes: each tells its wrappers' class names (a gym.Wrapper's str is
+        # "<Outer<Inner<...<Env>>>"), matched against wrapper_class's name and its subclasses' (isinstance).
+        names, todo = set(), [wrapper_class]
+        while todo:
+            cls = todo.pop()
+            names.add(cls.__name__)
+            todo.extend(cls.__subclasses__())
+        chains = self.venv.unwrapped.call("__str__")
+        return [bool(names & set(re.findall(r"<(\w+)", str(chains[i])))) for i in chosen]
 
     def get_images(self):
         return list(self.venv.render() or [])
