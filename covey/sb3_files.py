@@ -406,8 +406,9 @@ def _hyperparameters(data: dict, agent: str, config_class: type) -> tuple[dict, 
         readable = isinstance(kwargs, dict) and ":serialized:" not in kwargs  # SB3 pickles a dict with an object
         if buffer == "HerReplayBuffer":  # hindsight replay, with the file's settings: covey's takes SB3's
             hyper["replay_buffer_class"] = "HerReplayBuffer"
-            if readable:
-                hyper["replay_buffer_kwargs"] = {k: v for k, v in kwargs.items() if k in _HER_SETTINGS}
+            settings = _her_settings(kwargs) if isinstance(kwargs, dict) else None
+            if settings is not None:
+                hyper["replay_buffer_kwargs"] = settings
             else:
                 unread.append("replay_buffer_kwargs")
         elif buffer not in _OWN_BUFFERS:
@@ -419,6 +420,27 @@ def _hyperparameters(data: dict, agent: str, config_class: type) -> tuple[dict, 
 
 _HER_SETTINGS = {"n_sampled_goal", "goal_selection_strategy", "copy_info_dict", "handle_timeout_termination"}
 """SB3's HerReplayBuffer arguments that covey's takes (its others, such as device, are the model's)."""
+
+
+def _her_settings(kwargs: dict) -> dict | None:
+    """covey's HER settings from SB3's ``replay_buffer_kwargs``: plain JSON, or (a GoalSelectionStrategy in them
+    made SB3 pickle the dict) the entries SB3 writes beside the pickle, the strategy as its text
+    (``"GoalSelectionStrategy.FINAL"``). None where an entry cannot be read so."""
+    kinds = {"n_sampled_goal": int, "copy_info_dict": bool, "handle_timeout_termination": bool}
+    settings = {}
+    for key, value in kwargs.items():
+        if key not in _HER_SETTINGS:
+            continue
+        if key == "goal_selection_strategy":
+            if not isinstance(value, str):
+                return None
+            value = value.rsplit(".", 1)[-1].lower()  # "GoalSelectionStrategy.FINAL" -> "final"
+            if value not in ("future", "final", "episode"):
+                return None
+        elif type(value) is not kinds[key]:
+            return None
+        settings[key] = value
+    return settings
 
 
 _OWN_BUFFERS = {None, "ReplayBuffer", "DictReplayBuffer", "NStepReplayBuffer"}

@@ -238,8 +238,8 @@ def test_sac_loads_an_sb3_file_as_sb3_does(tmp_path, no_unpickling):
 
 def test_an_sb3_sac_files_replay_buffer_settings_are_kept(tmp_path, no_unpickling):
     """SB3's HerReplayBuffer and its JSON settings load as covey's hindsight replay, as SB3's load keeps them (the
-    model loaded a plain buffer, and with the class passed again it dropped the file's strategy); settings SB3
-    pickled are named; a plain buffer's handle_timeout_termination is kept."""
+    model loaded a plain buffer, and with the class passed again it dropped the file's strategy), also where SB3
+    pickled them; a plain buffer's handle_timeout_termination is kept."""
     from stable_baselines3.common.envs import BitFlippingEnv
     from stable_baselines3.her.goal_selection_strategy import GoalSelectionStrategy
 
@@ -259,14 +259,13 @@ def test_an_sb3_sac_files_replay_buffer_settings_are_kept(tmp_path, no_unpicklin
         buf = loaded.replay_buffer
         assert isinstance(buf, HerReplayBuffer) and buf.env is loaded.get_env()
         assert (buf.goal_selection_strategy, buf.n_sampled_goal) == (GoalSelectionStrategy.FINAL, 2)
-    # an enum in the settings makes SB3 pickle them all: named, and given again
-    strategy = dict(goal_selection_strategy=GoalSelectionStrategy.EPISODE)
+    # an enum in the settings makes SB3 pickle them all, and write them beside the pickle as text: read from there
+    strategy = dict(goal_selection_strategy=GoalSelectionStrategy.EPISODE, n_sampled_goal=8)
     sb3.SAC("MultiInputPolicy", env(), replay_buffer_kwargs=strategy, **her).learn(20).save(tmp_path / "pickled")
-    with pytest.warns(UserWarning, match="pickled replay_buffer_kwargs"):
-        loaded = SAC.load(tmp_path / "pickled", env=env())
-    assert isinstance(loaded.replay_buffer, HerReplayBuffer)
-    loaded = SAC.load(tmp_path / "pickled", env=env(), custom_objects={"replay_buffer_kwargs": strategy})
-    assert loaded.replay_buffer.goal_selection_strategy is GoalSelectionStrategy.EPISODE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        buf = SAC.load(tmp_path / "pickled", env=env()).replay_buffer
+    assert (buf.goal_selection_strategy, buf.n_sampled_goal) == (GoalSelectionStrategy.EPISODE, 8)
     plain = dict(replay_buffer_kwargs=dict(handle_timeout_termination=False), learning_starts=10, batch_size=16)
     sb3.SAC("MlpPolicy", "Pendulum-v1", **plain).learn(20).save(tmp_path / "plain")
     assert SAC.load(tmp_path / "plain")._handle_timeouts is False
