@@ -631,6 +631,19 @@ def test_resuming_a_run_that_finished_past_its_budget_finds_it_finished(tmp_path
     assert (sorted(run.glob("events.out.tfevents.*")), (run / "progress.csv").read_text()) == logs
 
 
+def test_resuming_a_finished_run_whose_evaluations_file_is_gone_evaluates_its_model(tmp_path):
+    """A finished run without evaluations.csv (removed by hand) resumes as one whose final evaluation is missing:
+    it evaluates the final model and writes the file (it failed reading the file, with a traceback)."""
+    run = tmp_path / "run"
+    sets = ["hyperparameters.n_steps=64", "hyperparameters.batch_size=64", "eval_episodes=1", "checkpoint_freq=0"]
+    covey("train", "ppo", "--env", "CartPole-v1", "--timesteps", "64", "--run-dir", run, "--set", *sets, cwd=tmp_path)
+    (run / "evaluations.csv").unlink()
+    again = covey("resume", run, cwd=tmp_path, check=False)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    rows = (run / "evaluations.csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].startswith("64,")
+
+
 def test_the_latest_model_of_a_run_extended_and_stopped_is_its_latest_checkpoint(tmp_path):
     """A finished run (model.zip) extended by a resume that was stopped: eval, enjoy and export take the
     checkpoint that is further on, not the older final model."""

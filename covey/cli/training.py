@@ -602,7 +602,9 @@ def resume(run_dir: str | os.PathLike, sets: list[str] | None = None, quiet: boo
 
 
 def _evaluated_steps(folder: RunFolder) -> set[int]:
-    """The steps evaluations.csv has a row for."""
+    """The steps evaluations.csv has a row for (none where it is missing)."""
+    if not folder.evaluations.is_file():
+        return set()
     with open(folder.evaluations, newline="") as f:
         return {int(float(row["timesteps"])) for row in csv.DictReader(f) if row.get("timesteps")}
 
