@@ -218,8 +218,8 @@ class Sequences:
     def minibatches(self, batch_size: int) -> Iterator[np.ndarray]:
         """Shuffled groups of whole sequences, about ``batch_size`` real steps each (padding not counted, as
         sb3-contrib's RecurrentPPO counts a minibatch): a rollout of ``T`` real steps makes ``ceil(T /
-        batch_size)`` minibatches, however short its episodes. A sequence goes to the minibatch in which its
-        last real step falls."""
+        batch_size)`` minibatches, however short its episodes (fewer where a sequence is longer than
+        ``batch_size``). A sequence goes to the minibatch in which its last real step falls."""
         order = np.random.permutation(self.n_sequences)
         ends = np.cumsum(self.valid[order].sum(axis=1))  # real steps up to each shuffled sequence
         group = (ends - 1) // max(1, batch_size)
