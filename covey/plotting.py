@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from covey.cli.config import RESUME_OVERRIDABLE
 from covey.files import write_atomically
 
 log = logging.getLogger(__name__)
@@ -323,19 +324,9 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
     return _save(fig, out if out is not None else run.path / CURVE_FILE)
 
 
-_NOT_THE_SETUP = {
-    "seed",
-    "timesteps",
-    "eval_freq",
-    "eval_episodes",
-    "eval_deterministic",
-    "checkpoint_freq",
-    "torch_threads",
-    "n_processes",
-    "hyperparameters.device",
-}
-"""config.yaml entries that leave the learning problem as it is: runs that differ in these alone are seeds of one
-setup."""
+_NOT_THE_SETUP = {"seed", "hyperparameters.device", *RESUME_OVERRIDABLE}
+"""config.yaml entries that leave the learning problem as it is (those a resume may change too): runs that differ in
+these alone are seeds of one setup."""
 
 
 def _setup(config: dict, prefix: str = "") -> dict[str, str]:
