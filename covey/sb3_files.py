@@ -27,6 +27,7 @@ import numpy as np
 from gymnasium import spaces
 
 from covey import serialization
+from covey.buffers.her import HER_KWARGS, STRATEGIES
 from covey.warning import warn_user
 
 DATA_ENTRY = "data"
@@ -418,7 +419,7 @@ def _hyperparameters(data: dict, agent: str, config_class: type) -> tuple[dict, 
     return hyper, unread
 
 
-_HER_SETTINGS = {"n_sampled_goal", "goal_selection_strategy", "copy_info_dict", "handle_timeout_termination"}
+_HER_SETTINGS = {*HER_KWARGS, "handle_timeout_termination"}
 """SB3's HerReplayBuffer arguments that covey's takes (its others, such as device, are the model's)."""
 
 
@@ -435,7 +436,7 @@ def _her_settings(kwargs: dict) -> dict | None:
             if not isinstance(value, str):
                 return None
             value = value.rsplit(".", 1)[-1].lower()  # "GoalSelectionStrategy.FINAL" -> "final"
-            if value not in ("future", "final", "episode"):
+            if value not in STRATEGIES:
                 return None
         elif type(value) is not kinds[key]:
             return None

@@ -36,7 +36,7 @@ from covey.agents.base import (
 )
 from covey.agents.sb3_policy import sb3_policy_class
 from covey.buffers.finite import check_discrete_observations, check_finite, check_terminal_observation
-from covey.buffers.her import HerReplayBuffer, goal_strategy
+from covey.buffers.her import HER_KWARGS, HerReplayBuffer, goal_strategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer, file_layout, read_buffer_file
 from covey.networks import linear
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks, policy_kwargs_dict
@@ -438,9 +438,6 @@ def check_replay_buffer_args(
             "argument). Remove them."
         )
     return bool(handle_timeouts), n_steps, her
-
-
-HER_KWARGS = ("n_sampled_goal", "goal_selection_strategy", "copy_info_dict")
 
 
 def discount(batch: ReplayBatch, gamma: float) -> torch.Tensor | float:

@@ -17,6 +17,8 @@ GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 _TAG = "__covey__"
 """Marks what JSON has no type for in the infos a buffer file holds: arrays, NumPy scalars, tuples, dicts."""
 STRATEGIES = ("future", "final", "episode")
+HER_KWARGS = ("n_sampled_goal", "goal_selection_strategy", "copy_info_dict")
+"""SB3's HerReplayBuffer arguments that set hindsight replay (its others are the model's, or the buffer's)."""
 
 
 def goal_strategy(value: Any) -> str:
