@@ -6,10 +6,12 @@ Everything here is small and fast (tiny rollouts, a few updates): this checks wi
 
 from __future__ import annotations
 
+import copy
 import csv
 import dataclasses
 import json
 import re
+import warnings
 import zipfile
 
 import numpy as np
@@ -1137,6 +1139,78 @@ def test_a_callback_reads_the_group_buffer_and_the_steps_by_sb3s_names():
     assert (model.rollout_buffer.buffer_size, buffer.gamma, buffer.gae_lambda) == (8, model.gamma, model.gae_lambda)
     assert all(torch.equal(a, b) for a, b in zip(actor, model.actor.parameters(), strict=True))
     assert any(not torch.equal(a, b) for a, b in zip(critic, model.critic.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("how", ["in place", "vector_to_parameters"])
+def test_a_callbacks_weight_change_inside_a_rollout_leaves_earlier_steps_evaluated_with_the_weights_they_acted_with(
+    how,
+):
+    """A callback that changes actor and critic at step 6 of a rollout (in place, or by replacing every
+    parameter's .data as vector_to_parameters does): steps 0-5 keep the old networks' values, baselines and old
+    log-probs, the later ones the new networks'; a step's continuing state (leavers' and time limits' bootstrap) is
+    valued after its callbacks, as SB3 values a truncation (the old critic before step 5, the new from step 5)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    switch = 6
+    nets = ("actor", "critic")
+
+    class Change(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.n_calls == switch:
+                for net in nets:
+                    params = list(getattr(self.model, net).parameters())
+                    vector = torch.nn.utils.parameters_to_vector(params).detach()
+                    noise = 0.3 * torch.randn(vector.shape, generator=torch.Generator().manual_seed(1))
+                    if how == "in place":
+                        with torch.no_grad():
+                            for p in params:
+                                p.add_(noise[: p.numel()].view_as(p))
+                                noise = noise[p.numel() :]
+                    else:
+                        torch.nn.utils.vector_to_parameters(vector + noise, params)
+            return True
+
+    env = lambda: EarlyExitEnv(episode_length=3)  # noqa: E731 - leavers and time limits in every rollout
+    model = POCA("MlpPolicy", env, n_envs=2, n_steps=16, batch_size=32, n_epochs=1, learning_rate=0.0, seed=0)
+    old = {net: copy.deepcopy(getattr(model, net)) for net in nets}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn of: every step is evaluated as it acted
+        model.learn(16, callback=Change())
+    new = {net: getattr(model, net) for net in nets}
+    assert not torch.equal(next(old["actor"].parameters()), next(new["actor"].parameters()))
+    buf = model.rollout_buffer
+    obs, actions, present = (buf.flat(x) for x in (buf.observations_tensor, buf.actions_tensor, buf.present_tensor))
+    cont_obs, cont_present = buf.flat(buf.continuing_obs), buf.flat(buf.continuing_present)
+    needs_bootstrap = (buf.ended.any(axis=-1) & ~buf.group_terminal).reshape(-1)
+    assert needs_bootstrap[: (switch - 1) * 2].any() and needs_bootstrap[(switch - 1) * 2 :].any()
+
+    def evaluate(networks):
+        actor, critic = networks["actor"], networks["critic"]
+        with torch.no_grad():
+            raw, raw_baseline = critic.raw(obs, actions, present)
+            log_probs, _ = actor.evaluate(obs.reshape(-1, *obs.shape[2:]), actions.reshape(-1))
+            continuing = critic.value(cont_obs, cont_present)
+        head = critic.value_head
+        return {
+            "values": head.value(raw).reshape(16, 2),
+            "baselines": head.value(raw_baseline).reshape(16, 2, -1),
+            "log_probs": log_probs.reshape(16, 2, -1),
+            "continuing": torch.where(torch.as_tensor(needs_bootstrap), continuing, 0.0).reshape(16, 2),
+        }
+
+    before, after = evaluate(old), evaluate(new)
+    stored = {
+        "values": buf.values_tensor,
+        "baselines": buf.baselines_tensor,
+        "log_probs": buf.log_probs_tensor,
+        "continuing": torch.as_tensor(buf.continuing_values),
+    }
+    for name in ("values", "baselines", "log_probs"):
+        torch.testing.assert_close(stored[name][:switch], before[name][:switch], msg=name)
+        torch.testing.assert_close(stored[name][switch:], after[name][switch:], msg=name)
+        assert not torch.allclose(before[name][:switch], after[name][:switch])
+    torch.testing.assert_close(stored["continuing"][: switch - 1], before["continuing"][: switch - 1])
+    torch.testing.assert_close(stored["continuing"][switch - 1 :], after["continuing"][switch - 1 :])
 
 
 class InfoTeam(EarlyExitEnv):

@@ -305,7 +305,7 @@ def test_ppo_values_steps_and_truncations_with_the_weights_in_place_when_sb3s_do
         assert buffer.truncation_values[step, i] == pytest.approx(value, abs=1e-5), step
 
 
-@pytest.mark.parametrize("agent", ["recurrent PPO", "POCA"])
+@pytest.mark.parametrize("agent", ["recurrent PPO", "recurrent POCA"])
 def test_a_weight_change_inside_a_rollout_is_named_where_the_rollout_is_evaluated_after_it(agent):
     """Recurrent PPO and POCA evaluate a rollout after it, with the weights at its end: a callback's change between
     steps is named, with where to make it instead."""
@@ -317,11 +317,11 @@ def test_a_weight_change_inside_a_rollout_is_named_where_the_rollout_is_evaluate
                     next(self.model.actor.parameters()).add_(0.1)
             return True
 
-    if agent == "POCA":
+    if agent == "recurrent POCA":
         from covey import POCA
         from covey.envs import GroupCueEnv
 
-        model = POCA("MlpPolicy", GroupCueEnv, n_steps=8, batch_size=8, n_epochs=1, seed=0)
+        model = POCA("MlpLstmPolicy", GroupCueEnv, n_steps=8, batch_size=8, n_epochs=1, seed=0)
     else:
         model = PPO("MlpLstmPolicy", "CartPole-v1", **FAST)
     with pytest.warns(UserWarning, match="changed the policy's weights between the steps.*_on_rollout_end"):

@@ -487,10 +487,17 @@ class POCA(BaseAgent):
         actor.set_training_mode(False)  # both networks act and value the rollout in evaluation mode
         self.critic.train(False)
         callback.on_rollout_start()
+        self._relink_parameters()  # a callback's vector_to_parameters or p.data = ... acts from this step
         self._restart_unsettled(env)
-        # only a callback plays the env behind training's back (between steps): with none, no check per step
-        restart = self._restart_unsettled if self._runs_user_code(callback) else None
-        watch = WeightWatch(self._flat_parameters()) if restart is not None else None
+        # Only a callback plays the env behind training's back or changes the weights between steps: with none,
+        # no check per step. Values, baselines and old log-probs come after the rollout; where a callback
+        # changes the weights between steps (an exploration schedule on log_std, vector_to_parameters), the steps
+        # before the change are evaluated with the weights they acted with first, as PPO's are.
+        user_code = self._runs_user_code(callback)
+        restart = self._restart_unsettled if user_code else None
+        take_back = self._take_back_replaced_parameters if user_code else None
+        watch = WeightWatch(self._flat_parameters()) if user_code else None
+        earlier = _GroupEvaluated(rollout_buffer.n_steps * rollout_buffer.n_envs)
         n_envs, n_slots = env.n_envs, env.n_slots
         dtype = obs_dtype(self._stored_space)
         for n_steps in range(self.config.n_steps):
@@ -519,6 +526,9 @@ class POCA(BaseAgent):
                 infos = step.infos
                 callback.update_locals(locals())
                 stopped = not callback.on_step()
+                if take_back is not None:
+                    take_back()
+                changed = watch is not None and watch.changed()
             finally:  # a callback's stop, or an env's or a callback's exception or an interrupt (then raised)
                 if stopped and self.recurrent is not None:  # memories as after the steps stored (this one is redone)
                     self.recurrent.stop_at(self.critic, rollout_buffer, n_steps)
@@ -526,9 +536,6 @@ class POCA(BaseAgent):
                 return False
             if restart is not None:
                 restart(env, step, present)
-            if watch is not None and watch.changed():
-                watch.take_new_weights()
-                warn_weights_changed_in_rollout("POCA")
             self._update_info_buffer(infos, dones)
             # The state after the step that the leavers' bootstrap uses: leavers' final observations plus
             # the agents still there (none of the new episode's when the copy was reset).
@@ -555,6 +562,12 @@ class POCA(BaseAgent):
             # that joins (or comes back after leaving) starts with a fresh memory.
             self._last_slot_starts = ~present | dones[:, None]
             self._last_obs, self._last_mask, self._last_episode_starts = step.observations, step.mask, dones
+            if changed and self.recurrent is not None:
+                watch.take_new_weights()
+                warn_weights_changed_in_rollout("A recurrent POCA")
+            elif changed:  # steps up to this one acted with the weights before the callback's change
+                with watch.earlier_weights():  # (this step's continuing states are valued after its callbacks)
+                    self._evaluate_steps(earlier, n_steps + 1, n_steps)
         check_finite(
             "in this rollout",
             "Fix the env, or replace those values in a wrapper of it (pettingzoo.utils.BaseParallelWrapper).",
@@ -566,7 +579,7 @@ class POCA(BaseAgent):
             observations=(rollout_buffer.observations_tensor, rollout_buffer.continuing_obs),
             rewards=rollout_buffer.rewards,
         )
-        last_values = self._evaluate_rollout()
+        last_values = self._evaluate_rollout(earlier)
         rollout_buffer.compute_returns(last_values, self.config.gamma, self.config.gae_lambda)
         n_steps = self.config.n_steps  # SB3's count at the rollout's end (steps 0 .. n - 1 while stepping)
         callback.update_locals(locals())
@@ -593,8 +606,10 @@ class POCA(BaseAgent):
             step.observations[e], step.mask[e] = obs, mask
 
     @torch.no_grad()
-    def _evaluate_rollout(self) -> np.ndarray:
-        """Values, continuing values, baselines and old log-probs of the whole rollout in batched passes."""
+    def _evaluate_rollout(self, earlier: _GroupEvaluated | None = None) -> np.ndarray:
+        """Values, continuing values, baselines and old log-probs of the whole rollout in batched passes; returns
+        V(last observations) per copy. ``earlier`` holds the steps already evaluated with the weights they acted
+        with (see :meth:`_evaluate_steps`)."""
         buf, critic = self.rollout_buffer, self.critic
         if self.recurrent is not None:
             last_values, self._value_entropy = self.recurrent.evaluate(
@@ -607,39 +622,52 @@ class POCA(BaseAgent):
                 _chunked,
             )
             return last_values
+        earlier = earlier if earlier is not None else _GroupEvaluated(buf.n_steps * buf.n_envs)
+        self._evaluate_steps(earlier, buf.n_steps, buf.n_steps)
+        shape = (buf.n_steps, buf.n_envs)
+        self._value_entropy = torch.cat(earlier.entropies).mean().item() if earlier.entropies else None
+        buf.values_tensor = torch.cat(earlier.values).reshape(shape)
+        buf.baselines_tensor = torch.cat(earlier.baselines).reshape(*shape, buf.n_slots)
+        buf.log_probs_tensor = torch.cat(earlier.log_probs).reshape(*shape, buf.n_slots)
+        buf.continuing_values = earlier.continuing.reshape(shape)
+        last_obs = torch.as_tensor(self._last_obs, dtype=buf.observations_tensor.dtype)
+        return critic.value(last_obs, torch.as_tensor(self._last_mask)).numpy()
+
+    @torch.no_grad()
+    def _evaluate_steps(self, earlier: _GroupEvaluated, end: int, continuing_until: int) -> None:
+        """Evaluate the stored steps from ``earlier.end`` up to ``end`` (exclusive) with the weights in place:
+        their values, baselines and old log-probs, and the continuing values of the steps before
+        ``continuing_until`` (the state after a step, valued after its callbacks as SB3 values a truncation), in
+        batched passes."""
+        buf, critic = self.rollout_buffer, self.critic
+        head = critic.value_head
         obs, actions, present = (
             buf.flat(buf.observations_tensor),
             buf.flat(buf.actions_tensor),
             buf.flat(buf.present_tensor),
         )
-        n = present.shape[0]
-        head = critic.value_head
-        values, baselines, log_probs, entropies = [], [], [], []
-        for s in range(0, n, _EVAL_CHUNK):
-            sl = slice(s, s + _EVAL_CHUNK)
+        stop = end * buf.n_envs
+        for s in range(earlier.end * buf.n_envs, stop, _EVAL_CHUNK):
+            sl = slice(s, min(s + _EVAL_CHUNK, stop))
             raw, raw_baseline = critic.raw(obs[sl], actions[sl], present[sl])
-            values.append(head.value(raw))
+            earlier.values.append(head.value(raw))
             if head.distributional:
-                entropies.append(head.entropy(raw))
-            baselines.append(head.value(raw_baseline))
+                earlier.entropies.append(head.entropy(raw))
+            earlier.baselines.append(head.value(raw_baseline))
             o, a = obs[sl], actions[sl]
             lp, _ = self.actor.evaluate(o.reshape(-1, *o.shape[2:]), a.reshape(-1, *a.shape[2:]))
-            log_probs.append(lp.reshape(o.shape[:2]))
-        shape = (buf.n_steps, buf.n_envs)
-        self._value_entropy = torch.cat(entropies).mean().item() if entropies else None
-        buf.values_tensor = torch.cat(values).reshape(shape)
-        buf.baselines_tensor = torch.cat(baselines).reshape(*shape, buf.n_slots)
-        buf.log_probs_tensor = torch.cat(log_probs).reshape(*shape, buf.n_slots)
+            earlier.log_probs.append(lp.reshape(o.shape[:2]))
+        earlier.end = end
         # The continuing state is read only where an agent's trajectory ended without the group's terminal
         # (a leaver's bootstrap, a time limit): evaluate those group-steps alone (zeros elsewhere).
-        rows = torch.as_tensor((buf.ended.any(axis=-1) & ~buf.group_terminal).reshape(-1)).nonzero().squeeze(1)
-        continuing = torch.zeros(n)
-        if len(rows):
-            cont_obs, cont_present = buf.flat(buf.continuing_obs)[rows], buf.flat(buf.continuing_present)[rows]
-            continuing[rows] = _chunked(critic.value, cont_obs, cont_present)
-        buf.continuing_values = continuing.reshape(shape)
-        last_obs = torch.as_tensor(self._last_obs, dtype=obs.dtype)
-        return critic.value(last_obs, torch.as_tensor(self._last_mask)).numpy()
+        first, stop = earlier.continuing_until * buf.n_envs, continuing_until * buf.n_envs
+        if stop > first:
+            ended = (buf.ended.any(axis=-1) & ~buf.group_terminal).reshape(-1)[first:stop]
+            rows = torch.as_tensor(ended).nonzero().squeeze(1) + first
+            if len(rows):
+                cont_obs, cont_present = buf.flat(buf.continuing_obs)[rows], buf.flat(buf.continuing_present)[rows]
+                earlier.continuing[rows] = _chunked(critic.value, cont_obs, cont_present)
+            earlier.continuing_until = continuing_until
 
     def train(self) -> None:
         """Several epochs of minibatch updates of the shared policy and the critic."""
@@ -876,6 +904,21 @@ def _present_rows(present: torch.Tensor):
     if RESHAPE_WHEN_ALL_PRESENT and bool(present.all()):
         return lambda x: x.reshape(-1, *x.shape[2:])
     return lambda x: x[present]
+
+
+class _GroupEvaluated:
+    """The group-steps of a rollout evaluated so far: values, baselines and old log-probs (and the two-hot
+    critic's entropies) in step order up to step ``end``, and the continuing values of the ``n`` group-steps,
+    filled before step ``continuing_until``."""
+
+    def __init__(self, n: int) -> None:
+        self.values: list[torch.Tensor] = []
+        self.baselines: list[torch.Tensor] = []
+        self.log_probs: list[torch.Tensor] = []
+        self.entropies: list[torch.Tensor] = []
+        self.continuing = torch.zeros(n)
+        self.end = 0
+        self.continuing_until = 0
 
 
 def _chunked(fn, *tensors: torch.Tensor):
