@@ -178,12 +178,14 @@ def test_an_sb3_files_verbosity_log_folder_and_episode_count_are_kept(tmp_path, 
     assert (ours.verbose, ours.tensorboard_log, ours._episode_num) == (2, str(tmp_path / "tb"), 2)
 
 
-@pytest.mark.parametrize("kind", ["cnn", "dict", "box-actions"])
+@pytest.mark.parametrize("kind", ["cnn", "dict", "dict-image", "box-actions"])
 def test_ppo_loads_sb3s_cnn_dict_and_box_action_files(tmp_path, kind, no_unpickling):
     if kind == "cnn":
         env, policy = SpaceEnv(image_space((36, 36, 3)), spaces.Discrete(3)), "CnnPolicy"
-    elif kind == "dict":
+    elif kind.startswith("dict"):
         obs_space = spaces.Dict({"pos": spaces.Box(-1, 1, (3,)), "mode": spaces.Discrete(4)})
+        if kind == "dict-image":  # SB3's CombinedExtractor: a NatureCNN on the image key
+            obs_space = spaces.Dict({**obs_space.spaces, "frame": image_space((36, 36, 3))})
         env, policy = SpaceEnv(obs_space, spaces.Discrete(2)), "MultiInputPolicy"
     else:
         box = spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))

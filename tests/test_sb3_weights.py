@@ -17,6 +17,7 @@ from envs import SpaceEnv, image_space
 from gymnasium import spaces
 from stable_baselines3 import HerReplayBuffer
 from stable_baselines3.common.envs import BitFlippingEnv
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from stable_baselines3.common.utils import LinearSchedule
 
 import covey
@@ -306,16 +307,57 @@ def test_what_cannot_be_copied_is_refused_clearly():
     model = covey.PPO("MlpPolicy", "CartPole-v1")
     with pytest.raises(ValueError, match=r"Parameters for 'policy' do not fit this model"):
         model.set_parameters({"policy": sb3_model.policy.state_dict()})
-    # SB3's CombinedExtractor (dict observations with an image) has no counterpart in covey
-    space = spaces.Dict({"image": image_space((36, 36, 1)), "vector": spaces.Box(-1, 1, (3,), np.float32)})
-    env = SpaceEnv(space, spaces.Discrete(2))
-    combined = stable_baselines3.PPO("MultiInputPolicy", env, n_steps=16, batch_size=16)
+
+    # a features extractor of the user's (SB3's features_extractor_class) has no counterpart in covey
+    class Custom(BaseFeaturesExtractor):
+        def __init__(self, observation_space):
+            super().__init__(observation_space, features_dim=8)
+            self.net = torch.nn.Linear(4, 8)
+
+        def forward(self, obs):
+            return self.net(obs)
+
+    custom = stable_baselines3.PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(features_extractor_class=Custom))
     with pytest.raises(
-        ValueError, match=r"features_extractor.extractors.image.* no counterpart .* MlpPolicy and CnnPolicy"
+        ValueError, match=r"features_extractor.net.weight' .* no counterpart .* MlpPolicy, CnnPolicy and MultiInput"
     ):
-        covey.PPO("MultiInputPolicy", env, n_steps=16, batch_size=16).set_parameters(
-            {"policy": combined.policy.state_dict()}
-        )
+        model.set_parameters({"policy": custom.policy.state_dict()})
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+@pytest.mark.parametrize("share", [True, False])
+def test_multi_input_policy_weights_with_images_copy_into_covey_dict_encoder(name, share):
+    """SB3's CombinedExtractor is covey's DictEncoder: a NatureCNN per image key (channel-last here, which SB3
+    transposes and covey's NatureCNN permutes) and flattening for the others, in the space's key order. An SB3
+    MultiInputPolicy's weights copy: the same actions, and PPO's values or SAC's Q values."""
+    space = spaces.Dict(
+        {"image": image_space((36, 36, 3)), "vector": spaces.Box(-1, 1, (3,), np.float32), "d": spaces.Discrete(4)}
+    )
+    box = spaces.Box(-1, 1, (2,), np.float32)
+    env = SpaceEnv(space, box)
+    kwargs = dict(policy_kwargs=dict(share_features_extractor=share))
+    kwargs.update(dict(n_steps=16, batch_size=16) if name == "PPO" else dict(buffer_size=100))
+    sb3_model = getattr(stable_baselines3, name)("MultiInputPolicy", env, seed=0, **kwargs)
+    model = getattr(covey, name)("MultiInputPolicy", env, seed=1, **kwargs)
+    model.set_parameters({"policy": sb3_model.policy.state_dict()})
+    rng = np.random.default_rng(0)
+    obs = {
+        "image": rng.integers(0, 256, (8, 36, 36, 3), dtype=np.uint8),
+        "vector": rng.uniform(-1, 1, (8, 3)).astype(np.float32),
+        "d": rng.integers(0, 4, 8),
+    }
+    actions = torch.as_tensor(rng.uniform(-1, 1, (8, 2)).astype(np.float32))
+    np.testing.assert_allclose(
+        model.predict(obs, deterministic=True)[0], sb3_model.predict(obs, deterministic=True)[0], atol=1e-5
+    )
+    with torch.no_grad():
+        sb3_obs, ours = sb3_model.policy.obs_to_tensor(obs)[0], model.policy.obs_to_tensor(obs)[0]
+        if name == "PPO":
+            torch.testing.assert_close(model.policy.predict_values(ours), sb3_model.policy.predict_values(sb3_obs))
+            return
+        for critic, sb3_critic in ((model.critic, sb3_model.critic), (model.critic_target, sb3_model.critic_target)):
+            for q, sb3_q in zip(critic(ours, actions), sb3_critic(sb3_obs, actions), strict=True):
+                torch.testing.assert_close(q, sb3_q, rtol=1e-5, atol=1e-5)
 
 
 def test_multi_input_policy_weights_see_the_dict_keys_in_sb3s_order():
@@ -385,6 +427,7 @@ def _outputs(name: str, model, obs, actions) -> list[torch.Tensor]:
         return out + [q for critic in (model.critic, model.critic_target) for q in critic(obs_t, actions)]
 
 
+IMAGE_AND_VECTOR = spaces.Dict({"image": image_space((36, 36, 3)), "vector": spaces.Box(-1, 1, (3,), np.float32)})
 WAY_BACK = [
     ("PPO", "MlpPolicy", spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(3), {}),
     ("PPO", "MlpPolicy", spaces.Box(-1, 1, (3,), np.float32), spaces.Box(-2, 2, (2,), np.float32), dict(use_sde=True)),
@@ -442,6 +485,8 @@ WAY_BACK = [
         dict(policy_kwargs=dict(share_features_extractor=False)),
     ),
     ("SAC", "MlpPolicy", image_space((6, 5, 3)), spaces.Box(-1, 1, (2,), np.float32), {}),
+    ("PPO", "MultiInputPolicy", IMAGE_AND_VECTOR, spaces.Discrete(3), {}),
+    ("SAC", "MultiInputPolicy", IMAGE_AND_VECTOR, spaces.Box(-1, 1, (2,), np.float32), {}),
 ]
 
 
@@ -464,6 +509,8 @@ WAY_BACK = [
         "SAC CnnPolicy",
         "SAC CnnPolicy separate extractors",
         "SAC MlpPolicy on images",
+        "PPO MultiInputPolicy with an image",
+        "SAC MultiInputPolicy with an image",
     ],
 )
 def test_covey_weights_go_into_an_sb3_model_that_then_acts_values_and_scores_as_covey(
@@ -636,14 +683,22 @@ def test_to_sb3_model_is_sb3s_model_of_the_same_settings_and_training_state(name
     assert loaded.num_timesteps >= model.num_timesteps + steps and loaded._n_updates > model._n_updates
 
 
-def test_to_sb3_model_of_channel_last_images_with_and_without_an_env():
-    """SB3's model sees the images channels first, as SB3 moves them; both act as covey's on the env's frames."""
-    env = SpaceEnv(image_space((36, 36, 3)), spaces.Discrete(3))
-    model = covey.PPO("CnnPolicy", env, n_steps=16, batch_size=16, seed=0)
-    obs = np.stack([env.observation_space.sample() for _ in range(8)])
+@pytest.mark.parametrize("policy", ["CnnPolicy", "MultiInputPolicy"])
+def test_to_sb3_model_of_channel_last_images_with_and_without_an_env(policy):
+    """SB3's model sees the images channels first (a Dict's image keys too), as SB3 moves them; both act as covey's
+    on the env's frames."""
+    space = image_space((36, 36, 3)) if policy == "CnnPolicy" else IMAGE_AND_VECTOR
+    env = SpaceEnv(space, spaces.Discrete(3))
+    model = covey.PPO(policy, env, n_steps=16, batch_size=16, seed=0)
+    raw = [env.observation_space.sample() for _ in range(8)]
+    obs = {k: np.stack([o[k] for o in raw]) for k in raw[0]} if isinstance(raw[0], dict) else np.stack(raw)
     act = model.predict(obs, deterministic=True)[0]
     for sb3_model in (model.to_sb3_model(), model.to_sb3_model(env)):
-        assert sb3_model.observation_space.shape == (3, 36, 36)
+        image_space_seen = sb3_model.observation_space
+        if policy == "MultiInputPolicy":
+            assert sb3_model.observation_space["vector"] == IMAGE_AND_VECTOR["vector"]
+            image_space_seen = sb3_model.observation_space["image"]
+        assert image_space_seen.shape == (3, 36, 36)
         np.testing.assert_array_equal(sb3_model.predict(obs, deterministic=True)[0], act)
 
 

@@ -1427,11 +1427,18 @@ class BaseAgent:
 
     def _sb3_observation_space(self) -> spaces.Space:
         """The observation space SB3's networks of this model see: channel-last images moved channels first, as
-        SB3's ``VecTransposeImage`` moves them (by covey's rule of what is an image, that of its encoders)."""
+        SB3's ``VecTransposeImage`` moves them, a Dict's image keys too (by covey's rule of what is an image, that of
+        its encoders)."""
+
+        def sb3s(space: spaces.Space) -> spaces.Space:
+            if is_image_space(space) and channels_last(space.shape):
+                return VecTransposeImage.transpose_space(space)
+            return space
+
         space = self.observation_space
-        if is_image_space(space) and channels_last(space.shape):
-            space = VecTransposeImage.transpose_space(space)
-        return space
+        if isinstance(space, spaces.Dict):
+            return spaces.Dict({key: sb3s(sub) for key, sub in space.spaces.items()})
+        return sb3s(space)
 
     def _sb3_template(self) -> Any:
         """SB3's policy (with its optimizers) of this model's settings, whose parameter names and order SB3's

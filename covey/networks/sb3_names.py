@@ -4,8 +4,10 @@
 SAC (recognized by SB3's module names) through :func:`from_sb3`. The layers are the same (covey's actor and
 critic trunks are SB3's ``mlp_extractor``/``latent_pi``/``qf`` layers, index for index, and covey's
 ``NatureCNN`` is SB3's, ``convs`` for its ``cnn``); only the names differ, and SAC's mean and log-std layers
-are covey's one head layer. Other SB3 features extractors with weights (``CombinedExtractor`` on images,
-custom classes) have no counterpart here. :func:`to_sb3` is the way back (``model.get_sb3_parameters()``).
+are covey's one head layer. SB3's ``CombinedExtractor`` (``MultiInputPolicy``) is covey's ``DictEncoder``:
+a NatureCNN per image key, flattening for the others, concatenated in the space's key order. Other SB3
+features extractors with weights (custom classes) have no counterpart here. :func:`to_sb3` is the way back
+(``model.get_sb3_parameters()``).
 The optimizers' states go both ways through :func:`move_optimizer_state`: each parameter's moments go where
 its weights go.
 
@@ -33,8 +35,10 @@ _PPO = (
 )
 _SAC_Q = re.compile(r"^(critic|critic_target)\.qf(\d+)\.(\d+)\.(weight|bias)$")
 # A NatureCNN features extractor: PPO's pi_/vf_ ones (features_extractor is pi's under another name) and
-# SAC's, one per network.
-_NATURE_CNN = re.compile(r"^(?:(actor|critic|critic_target)\.)?(pi_|vf_)?features_extractor\.(cnn|linear)\.(.+)$")
+# SAC's, one per network; in a CombinedExtractor (MultiInputPolicy), one per image key of the Dict space.
+_NATURE_CNN = re.compile(
+    r"^(?:(actor|critic|critic_target)\.)?(pi_|vf_)?features_extractor\.(?:extractors\.([^.]+)\.)?(cnn|linear)\.(.+)$"
+)
 _PPO_ENCODERS = {"pi_": "actor.encoder", "vf_": "critic.encoder"}
 
 
@@ -107,7 +111,8 @@ def is_sb3(agent: str, state_dict: dict) -> bool:
 
 
 def from_sb3(agent: str, state_dict: dict) -> dict:
-    """An SB3 PPO or SAC ``MlpPolicy`` or ``CnnPolicy`` state dict renamed to covey's ``model.policy`` names."""
+    """An SB3 PPO or SAC ``MlpPolicy``, ``CnnPolicy`` or ``MultiInputPolicy`` state dict renamed to covey's
+    ``model.policy`` names."""
     nets = {key: value for key, value in state_dict.items() if "features_extractor." not in key}
     out = _ppo(nets) if agent == "PPO" else _sac(nets)
     for key, value in state_dict.items():
@@ -117,12 +122,15 @@ def from_sb3(agent: str, state_dict: dict) -> dict:
         if match is None:
             raise ValueError(
                 f"SB3 parameter {key!r} belongs to a features extractor that covey has no counterpart for: "
-                "weights copy from SB3's MlpPolicy and CnnPolicy (NatureCNN) only."
+                "weights copy from SB3's MlpPolicy, CnnPolicy and MultiInputPolicy (NatureCNN and "
+                "CombinedExtractor) only."
             )
-        network, branch, part, rest = match.groups()
+        network, branch, key_name, part, rest = match.groups()
         if agent == "PPO" and branch is None:
             continue  # PPO's features_extractor is its pi_features_extractor
         encoder = _PPO_ENCODERS[branch] if agent == "PPO" else f"{network}.encoder"
+        if key_name is not None:  # covey's DictEncoder holds one encoder per key, in the space's key order too
+            encoder = f"{encoder}.encoders.{key_name}"
         out[f"{encoder}.{'convs' if part == 'cnn' else part}.{rest}"] = value
     return out
 
