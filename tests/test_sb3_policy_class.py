@@ -146,6 +146,49 @@ def test_box_actions_reach_the_env_clipped_and_the_buffer_keeps_them_as_drawn():
     assert "train/std" in model.logger.name_to_value
 
 
+@pytest.mark.parametrize(
+    "action_space", [spaces.Discrete(3, start=5), spaces.MultiDiscrete([3, 2], start=[5, -1])], ids=str
+)
+def test_actions_of_a_space_with_a_start_reach_the_env_and_predict_in_the_space(action_space):
+    """SB3's policies act from 0 whatever the start; covey's PPO shifts the class's actions into the space, as it
+    does its own networks': the env, the buffer and predict get actions in the space, and the update evaluates the
+    class's own (the stored actions minus the start), so the old log-probs are the class's."""
+    seen = []
+
+    class Recording(gym.Wrapper):
+        def step(self, action):
+            seen.append(np.array(action, copy=True))
+            return super().step(action)
+
+    env = Recording(SpaceEnv(spaces.Box(-1, 1, (3,), np.float32), action_space))
+    model = PPO(PlainPolicy, env, n_steps=32, batch_size=32, n_epochs=1, learning_rate=0.0, seed=0)
+    model.learn(32)
+    assert all(action_space.contains(np.asarray(a, dtype=action_space.dtype)) for a in seen)
+    buffer = model.rollout_buffer
+    stored = buffer.actions.reshape(32, *action_space.shape)
+    np.testing.assert_array_equal(np.stack(seen).reshape(stored.shape), stored)
+    obs = torch.as_tensor(buffer.observations.reshape(32, 3))
+    with torch.no_grad():
+        _, log_probs, _ = model.policy.evaluate_actions(obs, torch.as_tensor(stored - action_space.start))
+    np.testing.assert_allclose(buffer.log_probs.reshape(-1), log_probs.numpy(), rtol=1e-5, atol=1e-6)
+    assert model.logger.name_to_value["train/approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    predicted = model.predict(buffer.observations.reshape(32, 3), deterministic=True)[0]
+    assert all(action_space.contains(np.asarray(a, dtype=action_space.dtype)) for a in predicted)
+    raw = model.policy.predict(buffer.observations.reshape(32, 3), deterministic=True)[0]  # SB3's own call
+    np.testing.assert_array_equal(predicted, raw + action_space.start)
+
+
+def test_discrete_observations_with_a_start_are_refused_at_the_constructor():
+    """SB3's preprocessing one-hots Discrete observations from 0: a start would fail mid-learn in torch."""
+    env = SpaceEnv(spaces.Dict({"mode": spaces.Discrete(3, start=2)}), spaces.Discrete(2))
+    with pytest.raises(ValueError, match=r"Observation key 'mode' is Discrete\(3, start=2\).*TransformObservation"):
+        PPO(MultiInputActorCriticPolicySubclass, env)
+
+
+class MultiInputActorCriticPolicySubclass(MultiInputActorCriticPolicy):
+    pass
+
+
 def test_channel_last_images_are_transposed_for_the_class_as_sb3_does():
     env = SpaceEnv(image_space((36, 36, 3)), spaces.Discrete(2))
     model = PPO(ImagePolicy, env, n_steps=16, batch_size=16, n_epochs=1, seed=0)

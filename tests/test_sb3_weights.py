@@ -702,6 +702,26 @@ def test_to_sb3_model_of_channel_last_images_with_and_without_an_env(policy):
         np.testing.assert_array_equal(sb3_model.predict(obs, deterministic=True)[0], act)
 
 
+def test_to_sb3_model_of_a_space_with_a_start_warns_that_sb3_acts_from_0(tmp_path, capsys):
+    """SB3 ignores a Discrete's start: its model of covey's weights acts covey's actions minus the start, which
+    to_sb3_model says; covey export --sb3 verifies SB3's file against exactly that."""
+    from covey.cli.commands import _export_sb3
+
+    env = SpaceEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(3, start=5))
+    model = _perturbed(covey.PPO("MlpPolicy", env, n_steps=16, batch_size=16, seed=0))
+    with pytest.warns(UserWarning, match=r"Discrete\(3, start=5\) has a start, which SB3 ignores.* minus 5\)"):
+        sb3_model = model.to_sb3_model()
+    obs = np.stack([env.observation_space.sample() for _ in range(32)])
+    ours = model.predict(obs, deterministic=True)[0]
+    assert len(set(ours.tolist())) > 1
+    np.testing.assert_array_equal(sb3_model.predict(obs, deterministic=True)[0], ours - 5)
+    with pytest.warns(UserWarning, match="which SB3 ignores"):
+        assert _export_sb3(model, tmp_path / "m.zip", tmp_path / "m_sb3.zip") == 0
+    assert "verified: True (stable_baselines3.PPO.load of it against model.predict minus the start" in (
+        capsys.readouterr().out
+    )
+
+
 def test_to_sb3_model_says_what_it_needs():
     from stable_baselines3.common.policies import ActorCriticPolicy
 

@@ -46,7 +46,7 @@ from torch.nn.modules import module as _module_module
 from torch.optim import optimizer as _optimizer_module
 
 from covey import sb3_files, serialization
-from covey.agents.sb3_policy import build_policy, class_path, optimizer_owners, sb3_policy_class
+from covey.agents.sb3_policy import action_start, build_policy, class_path, optimizer_owners, sb3_policy_class
 from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import policy_kwargs_dict, policy_name
@@ -1350,12 +1350,20 @@ class BaseAgent:
         """The policy's weights and its optimizers' states under SB3's names and in SB3's parameter order, for an
         SB3 model built with this model's settings: ``sb3_model.set_parameters(model.get_sb3_parameters())``. The
         way back of ``model.set_parameters(sb3_model.get_parameters())``, for PPO and SAC with ``MlpPolicy``,
-        ``CnnPolicy`` (NatureCNN) and ``MultiInputPolicy`` on vectors; a network SB3 does not have (recurrent
-        memory, a two-hot critic) is refused. SAC's learned temperature is ``model.log_ent_coef``, which SB3 keeps
-        outside its parameters (``sb3_model.log_ent_coef.data.copy_(model.log_ent_coef.data)``); its optimizer's
-        state is ``ent_coef_optimizer``, as in SB3."""
+        ``CnnPolicy`` (NatureCNN) and ``MultiInputPolicy`` (CombinedExtractor); a network SB3 does not have
+        (recurrent memory, a two-hot critic) is refused. SAC's learned temperature is ``model.log_ent_coef``, which
+        SB3 keeps outside its parameters (``sb3_model.log_ent_coef.data.copy_(model.log_ent_coef.data)``); its
+        optimizer's state is ``ent_coef_optimizer``, as in SB3. A Discrete or MultiDiscrete action space with a
+        ``start`` is warned of: SB3's model acts from 0 (each action covey's minus the start)."""
         if getattr(stable_baselines3, self.agent_name, None) is None:
             raise ValueError(f"SB3 has no {self.agent_name}: weights go to SB3's PPO and SAC.")
+        start = action_start(self.action_space)
+        if start is not None:
+            warn_user(
+                f"The action space {self.action_space} has a start, which SB3 ignores: SB3's model of these weights "
+                f"acts from 0, outside the space (each action is covey's minus {start.tolist()}). Give SB3's model "
+                "an env whose actions start at 0, or shift its actions by the start."
+            )
         groups = self.get_parameters()
         if self._sb3_policy_class is not None:  # an SB3 policy class: SB3's names and order already
             return {name: groups[name] for name in ("policy", *self._sb3_optimizers) if name in groups}

@@ -103,6 +103,30 @@ def wrap_env(venv: VecEnv, verbose: int) -> VecEnv:
     return BaseAlgorithm._wrap_env(venv, verbose)
 
 
+def action_start(space: spaces.Space) -> np.ndarray | None:
+    """A Discrete's or a MultiDiscrete's ``start`` (shaped as its actions), where it is not 0: where covey's
+    actions are SB3's shifted. None for other spaces."""
+    start = getattr(space, "start", None)
+    if not isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)) or not np.any(start != 0):
+        return None
+    return np.asarray(start, dtype=np.int64)
+
+
+def check_observation_starts(space: spaces.Space, policy_name: str) -> None:
+    """Refuse Discrete and MultiDiscrete observations (a Dict's keys too) with a ``start`` for a user's SB3 policy
+    class: SB3's preprocessing one-hots the values from 0 and fails mid-``learn`` on them."""
+    parts = space.spaces.items() if isinstance(space, spaces.Dict) else [(None, space)]
+    for key, sub in parts:
+        if isinstance(sub, (spaces.Discrete, spaces.MultiDiscrete)) and np.any(sub.start != 0):
+            where = "The observation space" if key is None else f"Observation key {key!r}"
+            raise ValueError(
+                f"{where} is {sub}, whose values start at {sub.start}: SB3's preprocessing, which {policy_name} "
+                "runs, one-hots them from 0 and fails on them. Shift the observations to start at 0 in a "
+                "wrapper of the env (gymnasium.wrappers.TransformObservation), or use a policy name "
+                "('MlpPolicy'), whose encoder reads the space's start."
+            )
+
+
 class SB3PolicyTrainer:
     """The calls PPO makes on a user's SB3 policy class, as SB3's PPO makes them.
 
@@ -122,6 +146,9 @@ class SB3PolicyTrainer:
         self.policy, self.action_space = policy, action_space
         # SB3's rollout buffer stores a Discrete observation as one entry: the update hands them over as (B, 1)
         self.discrete_obs = _discrete_keys(observation_space)
+        check_observation_starts(observation_space, type(policy).__name__)
+        # SB3's policies act from 0 whatever a Discrete's start: covey's actions are theirs shifted by the start
+        self.start = action_start(action_space)
         if policy.squash_output:
             check_finite_bounds(action_space, f"{type(policy).__name__} with squash_output=True")
 
@@ -129,7 +156,14 @@ class SB3PolicyTrainer:
         """``(actions, values (N,), log-probs (N,))`` of a step's observations: ``policy(obs)``."""
         with torch.no_grad():
             actions, values, log_probs = self.policy(obs)
-        return actions, values.flatten(), log_probs
+        return self.shifted(actions), values.flatten(), log_probs
+
+    def shifted(self, actions: Any) -> Any:
+        """The policy's actions (a tensor or an array) moved into the action space: shifted by a Discrete's or a
+        MultiDiscrete's start."""
+        if self.start is None:
+            return actions
+        return actions + (torch.as_tensor(self.start) if isinstance(actions, torch.Tensor) else self.start)
 
     def values(self, obs: ObsTensor) -> torch.Tensor:
         """V(obs) ``(N,)``: ``policy.predict_values``."""
@@ -139,6 +173,8 @@ class SB3PolicyTrainer:
     def evaluate(self, obs: ObsTensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(values (N,), log-probs, entropies)`` of a minibatch with gradients: ``policy.evaluate_actions``. A
         policy without an entropy (None, as SB3 allows) gives minus the log-prob, as SB3's PPO estimates it."""
+        if self.start is not None:  # the buffer keeps the actions the env took
+            actions = actions - torch.as_tensor(self.start, dtype=actions.dtype)
         if isinstance(self.action_space, spaces.Discrete):
             actions = actions.long().flatten()  # as SB3's PPO hands them over
         if self.discrete_obs is True:
