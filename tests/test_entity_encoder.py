@@ -62,3 +62,29 @@ def test_entity_encoder_and_a_features_extractor_class_are_not_taken_together(ag
     with pytest.raises(ValueError, match="entity_encoder=True and features_extractor_class=NormExtractor"):
         getattr(covey, agent)("MlpPolicy", env, policy_kwargs=kwargs)
     getattr(covey, agent)("MlpPolicy", env, policy_kwargs=dict(entity_encoder=True))  # each alone is taken
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC"])
+def test_observation_normalization_that_moves_padding_off_zero_is_warned_of_at_learn(agent):
+    """VecNormalize(norm_obs=True) turns the all-zero padding rows into other numbers, which the encoder then
+    attends to as entities: learn says so, and says nothing where only rewards are normalized."""
+    import warnings
+
+    from envs import SpaceEnv
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    import covey
+
+    def model(norm_obs: bool):
+        space = spaces.Box(-1, 1, (4, 3), np.float32)
+        env = VecNormalize(
+            DummyVecEnv([lambda: SpaceEnv(space, spaces.Box(-1, 1, (1,), np.float32))]), norm_obs=norm_obs
+        )
+        kwargs = dict(n_steps=16, batch_size=16) if agent == "PPO" else dict(learning_starts=100)
+        return getattr(covey, agent)("MlpPolicy", env, policy_kwargs=dict(entity_encoder=True), **kwargs)
+
+    with pytest.warns(UserWarning, match=r"all-zero rows .* VecNormalize with norm_obs=True.*norm_obs=False"):
+        model(norm_obs=True).learn(16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(norm_obs=False).learn(16)

@@ -1072,6 +1072,20 @@ class BaseAgent:
                 f"custom_objects={{{given}}}). SB3's LinearSchedule is kept in the file whole."
             )
 
+    def _warn_normalized_entities(self) -> None:
+        """The entity encoder reads all-zero rows as absent entities; VecNormalize's ``norm_obs`` moves them off
+        zero, so padding would be attended to as entities, without a word."""
+        config = getattr(self, "policy_config", None)
+        normalize = self.get_vec_normalize_env()
+        if config is None or not config.entity_encoder or normalize is None or not normalize.norm_obs:
+            return
+        warn_user(
+            "policy_kwargs entity_encoder=True reads all-zero rows of the observation as absent entities (padding), "
+            "and this model's env is a VecNormalize with norm_obs=True, which moves those rows off zero: the "
+            "encoder then attends to padding as entities. If the env pads absent entities with zeros, use "
+            "VecNormalize(norm_obs=False) (rewards may still be normalized)."
+        )
+
     def _check_optimizers(self) -> None:
         for name, found, own in self._optimizer_slots():
             if found is not own:
@@ -1111,6 +1125,7 @@ class BaseAgent:
                 f"total_timesteps must be a finite number >= 0 (the env steps to train for), got {total_timesteps!r}."
             )
         self._warn_schedule_stand_ins()
+        self._warn_normalized_entities()
         raise_heap_thresholds()
         self.start_time = time.time_ns()
         if self.ep_info_buffer.maxlen != self.stats_window_size or reset_num_timesteps:
