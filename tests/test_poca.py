@@ -1283,6 +1283,27 @@ def test_flat_dict_round_trip_is_exact_for_every_kind_of_key():
         flat.flatten({**samples[0], "vec": np.zeros(3)}, "'agent_0'")
 
 
+@pytest.mark.parametrize(
+    "space", [spaces.Discrete(4, start=2**25 + 1), spaces.MultiDiscrete([3, 2], start=[0, -(2**25)])]
+)
+def test_dict_keys_whose_whole_numbers_float32_cannot_hold_are_refused_at_the_constructor(space):
+    """A team's Dict observation is one float32 vector: Discrete values beyond 2**24 would be stored as their
+    neighbours (2**25 + 1 and 2**25 + 2 as one). Up to 2**24 they are exact, and taken."""
+
+    class BigIds(DictTeam):
+        def __init__(self, key_space):
+            super().__init__(slot=False)
+            self.space = spaces.Dict({**self.space.spaces, "id": key_space})
+
+    with pytest.raises(ValueError, match=r"Observation key 'id' is .* whose values reach 33,554,4\d\d: .* \(2\*\*24\)"):
+        POCA("MultiInputPolicy", lambda: BigIds(space), n_steps=8)
+    from covey.networks.encoders import FlatDict
+
+    exact = spaces.Dict({"id": spaces.Discrete(3, start=2**24 - 2)})
+    rows = np.stack([FlatDict(exact).flatten({"id": value}) for value in range(2**24 - 2, 2**24 + 1)])
+    assert FlatDict(exact).unflatten(torch.as_tensor(rows))["id"].tolist() == list(range(2**24 - 2, 2**24 + 1))
+
+
 @pytest.mark.parametrize("policy", ["MlpPolicy", "MlpLstmPolicy"])
 def test_a_team_observing_a_one_key_dict_trains_exactly_as_on_the_vector(policy):
     """A Dict of one Box key travels flat and is encoded as the Box itself: same seed, bit-identical networks

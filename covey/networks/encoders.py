@@ -199,6 +199,10 @@ def _takes_normalized_images(extractor_class: type) -> bool:
     return issubclass(extractor_class, (SB3NatureCNN, CombinedExtractor))
 
 
+_EXACT_IN_FLOAT32 = 2**24
+"""The largest whole number up to which every whole number is a float32."""
+
+
 class FlatDict:
     """A Dict observation as one float32 vector and back, for a team whose agents observe a Dict space: the group's
     env copies, rollout buffer and critic hold one array per agent slot, and the networks' encoders unflatten it.
@@ -213,6 +217,17 @@ class FlatDict:
     """
 
     def __init__(self, space: spaces.Dict) -> None:
+        for key, sub in space.spaces.items():
+            if isinstance(sub, (spaces.Discrete, spaces.MultiDiscrete)):
+                top = sub.start + (sub.n if isinstance(sub, spaces.Discrete) else sub.nvec) - 1
+                largest = int(max(np.max(np.abs(sub.start)), np.max(np.abs(top))))
+                if largest > _EXACT_IN_FLOAT32:
+                    raise ValueError(
+                        f"Observation key {key!r} is {sub}, whose values reach {largest:,}: a team's Dict observations "
+                        f"are stored as float32, exact for whole numbers up to {_EXACT_IN_FLOAT32:,} (2**24), so "
+                        "neighbouring values would be stored as one. Shift the values to start at 0 in a wrapper of "
+                        "the env (pettingzoo.utils.BaseParallelWrapper), with the space's start changed to match."
+                    )
         self.space = space
         self.shapes = {key: tuple(sub.shape) for key, sub in space.spaces.items()}
         self.dtypes = {key: obs_dtype(sub) for key, sub in space.spaces.items()}
