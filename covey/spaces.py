@@ -110,3 +110,17 @@ def is_image_space(space: spaces.Space) -> bool:
 def channels_last(shape: tuple[int, ...]) -> bool:
     """Whether an image of ``shape`` (3 dims) stores its channels last: the channel axis is the smallest."""
     return int(np.argmin(shape)) == 2 and shape[2] < shape[0]
+
+
+def match_image_axes(obs: np.ndarray, space: spaces.Space) -> np.ndarray:
+    """An image given in the other channel order than the space's (HWC vs CHW) is transposed to match, as SB3's
+    ``predict`` transposes one. Only for image spaces (uint8, 0-255): another 3-D Box's axes mean what the env
+    says, and an array of its axes in another order is refused as SB3 refuses it, not reordered."""
+    if not is_image_space(space) or obs.shape[-3:] == space.shape:
+        return obs
+    a, b, c = space.shape
+    if obs.shape[-3:] == (c, a, b):  # CHW given, HWC expected
+        return np.moveaxis(obs, -3, -1)
+    if obs.shape[-3:] == (b, c, a):  # HWC given, CHW expected
+        return np.moveaxis(obs, -1, -3)
+    return obs

@@ -1354,6 +1354,36 @@ def test_a_team_with_image_keys_gets_a_cnn_per_image_key():
     assert any(not torch.equal(a, b) for a, b in zip(before, model.actor.encoder.parameters()))
 
 
+class ImageTeam(EarlyExitEnv):
+    """EarlyExitEnv whose agents see a 36x36 RGB image (channel-last) whose rows show their features."""
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 255, (36, 36, 3), np.uint8)
+
+    def _obs(self, agent):
+        image = np.zeros((36, 36, 3), np.uint8)
+        image[: self.n_agents + 2] = (255 * super()._obs(agent))[:, None, None].astype(np.uint8)
+        return image
+
+
+def test_predict_takes_images_in_the_other_channel_order_as_ppos_predict_does():
+    """An image given channel-first to a model whose agents see channel-last (HWC) is moved to HWC, as PPO's and
+    SB3's predict move it: in an {agent: observation} dict, the (n_envs, n_slots, ...) array and a Dict's image key."""
+    model = POCA("CnnPolicy", ImageTeam, n_steps=8, batch_size=8, seed=0)
+    observations, _ = ImageTeam().reset(seed=0)
+    chw = {agent: np.moveaxis(obs, -1, 0) for agent, obs in observations.items()}
+    expected = model.predict(observations, deterministic=True)[0]
+    assert model.predict(chw, deterministic=True)[0] == expected
+    group = np.stack([chw[agent] for agent in model.agent_ids])[None]  # (1, n_slots, 3, 36, 36)
+    actions = model.predict(group, deterministic=True)[0]
+    assert actions[0].tolist() == [expected[agent] for agent in model.agent_ids]
+
+    team = POCA("MultiInputPolicy", lambda: DictTeam(view=True), n_steps=8, batch_size=8, seed=0)
+    observations, _ = DictTeam(view=True).reset(seed=0)
+    chw = {agent: {**obs, "view": np.moveaxis(obs["view"], -1, 0)} for agent, obs in observations.items()}
+    assert team.predict(chw, deterministic=True)[0] == team.predict(observations, deterministic=True)[0]
+
+
 def test_poca_rollouts_run_both_networks_in_evaluation_mode_and_updates_in_training_mode():
     """As PPO's: the actor acts and the critic values the rollout in evaluation mode (a features extractor's
     batch norm and dropout, here), and the update trains both."""

@@ -38,7 +38,7 @@ from covey.networks.actor_critic import (
 from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import FlatDict, obs_dtype
-from covey.spaces import warn_unmasked_actions
+from covey.spaces import match_image_axes, warn_unmasked_actions
 from covey.wrappers.group_env import GroupStep, GroupVecEnv, is_env_maker, is_parallel_env, make_group_env
 
 _EVAL_CHUNK = 256
@@ -364,7 +364,7 @@ class POCA(BaseAgent):
                 "observations: obs, infos = env.reset(); actions, _ = model.predict(obs)."
             )
         if not isinstance(observation, dict):
-            obs = np.asarray(observation)
+            obs = match_image_axes(np.asarray(observation), self._stored_space)  # HWC for CHW (or back), as PPO's
             if obs.dtype == object and any(isinstance(x, dict) for x in obs.reshape(-1)):
                 raise ValueError(
                     f"predict() got a {type(observation).__name__} of dicts; it takes one {{agent: observation}} "
@@ -405,6 +405,8 @@ class POCA(BaseAgent):
         agents = list(observation)
         if self._flat_dict is not None:  # flat, as the networks take them
             observation = {a: self._flat_dict.flatten(observation[a], repr(a)) for a in agents}
+        else:
+            observation = {a: match_image_axes(np.asarray(observation[a]), self._stored_space) for a in agents}
         wrong = {a: np.shape(observation[a]) for a in agents if np.shape(observation[a]) != single}
         if wrong and all(shape[1:] == single for shape in wrong.values()):  # a batch under each agent's key
             raise ValueError(

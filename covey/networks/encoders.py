@@ -14,7 +14,7 @@ from gymnasium import spaces
 from torch import nn
 
 from covey.networks.linear import Linear
-from covey.spaces import channels_last, check_observation_space, is_image_space
+from covey.spaces import channels_last, check_observation_space, is_image_space, match_image_axes
 
 EncoderKind = Literal["mlp", "cnn", "multi"]
 
@@ -247,7 +247,7 @@ class FlatDict:
         for key, shape in self.shapes.items():
             if key not in observation:
                 raise ValueError(f"The observation{where} lacks the key {key!r} of the Dict space {self.space}.")
-            value = np.asarray(observation[key], dtype=np.float32)
+            value = match_image_axes(np.asarray(observation[key]), self.space[key]).astype(np.float32)
             if value.shape != shape:
                 raise ValueError(
                     f"The observation{where} has shape {value.shape} for key {key!r}; the space expects {shape}. "

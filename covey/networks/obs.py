@@ -7,7 +7,7 @@ import torch
 from gymnasium import spaces
 
 from covey.networks.encoders import obs_dtype
-from covey.spaces import is_image_space
+from covey.spaces import match_image_axes
 
 ObsTensor = torch.Tensor | dict[str, torch.Tensor]
 
@@ -87,20 +87,6 @@ def obs_to_tensor(observation, space: spaces.Space, device: torch.device | str =
     return _one_to_tensor(observation, space, device, "")
 
 
-def _image_axes(obs: np.ndarray, space: spaces.Space) -> np.ndarray:
-    """An image given in the other channel order than the space's (HWC vs CHW) is transposed to match, as SB3's
-    ``predict`` transposes one. Only for image spaces (uint8, 0-255): another 3-D Box's axes mean what the env
-    says, and an array of its axes in another order is refused as SB3 refuses it, not reordered."""
-    if not is_image_space(space) or obs.shape[-3:] == space.shape:
-        return obs
-    a, b, c = space.shape
-    if obs.shape[-3:] == (c, a, b):  # CHW given, HWC expected
-        return np.moveaxis(obs, -3, -1)
-    if obs.shape[-3:] == (b, c, a):  # HWC given, CHW expected
-        return np.moveaxis(obs, -1, -3)
-    return obs
-
-
 def _one_to_tensor(observation, space: spaces.Space, device, name: str) -> tuple[torch.Tensor, bool]:
     where = f" for key {name!r}" if name else ""
     if isinstance(observation, dict):  # np.asarray would make it a 0-d object array, reported as shape ()
@@ -115,7 +101,7 @@ def _one_to_tensor(observation, space: spaces.Space, device, name: str) -> tuple
             f"The observation{where} is a {type(observation).__name__} of {', '.join(held)}, not numbers: the "
             f"observation space {space} takes an array (one observation, or a batch with one row per env)."
         )
-    obs = _image_axes(obs, space)
+    obs = match_image_axes(obs, space)
     batched = _is_batched(obs, space, name)
     _check_finite(obs, name)
     problem = discrete_range_problem(obs, space, name)
