@@ -49,11 +49,14 @@ def test_gymnasium_vector_env_follows_sb3_done_rules(mode, copy_obs):
     autoreset mode (also where the vector env writes every step into one array)."""
     fns = [lambda: CountEnv(3), lambda: CountEnv(2)]
     venv = GymnasiumVecEnv(gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=copy_obs))
-    obs = venv.reset()
-    np.testing.assert_array_equal(obs[:, 0], [0, 0])
+    first = venv.reset()
+    np.testing.assert_array_equal(first[:, 0], [0, 0])
+    second, rew, dones, infos = venv.step(np.zeros(2, dtype=np.int64))
+    np.testing.assert_array_equal(second[:, 0], [1, 1])
     obs, rew, dones, infos = venv.step(np.zeros(2, dtype=np.int64))
-    np.testing.assert_array_equal(obs[:, 0], [1, 1])
-    obs, rew, dones, infos = venv.step(np.zeros(2, dtype=np.int64))
+    # each step's observations are arrays of their own, which later steps leave as they were (a rollout keeps them)
+    np.testing.assert_array_equal(first[:, 0], [0, 0])
+    np.testing.assert_array_equal(second[:, 0], [1, 1])
     np.testing.assert_array_equal(dones, [False, True])
     np.testing.assert_array_equal(obs[:, 0], [2, 0])  # env 1 was reset in the same step
     assert infos[1]["terminal_observation"][0] == 2
@@ -247,22 +250,65 @@ class LengthLog(gym.Wrapper):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_vector_record_episode_statistics_gives_the_true_episodes(mode):
-    """Gymnasium's vector RecordEpisodeStatistics: the episodes logged are the copies' own in every autoreset mode.
-    With next-step or no autoreset a partial reset restarted every copy's count in it (covey took those wrong
-    numbers: it counts itself there now); with same-step autoreset its numbers, beside the final infos, were
-    passed over, so a reward wrapper above it changed the returns logged."""
+    """Gymnasium's vector RecordEpisodeStatistics, under a reward wrapper: the episodes logged, and those in the
+    wrapper's own queues (which scripts read), are the copies' own in every autoreset mode. With next-step or no
+    autoreset covey's partial resets restarted every copy's count in the wrapper (the copies not reset keep theirs
+    now); with same-step autoreset its numbers, beside the final infos, were passed over."""
     fns = [lambda n=n: LengthLog(CountEnv(n)) for n in (3, 5, 7)]
     stats = gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv(fns, autoreset_mode=mode))
-    venv = (
-        stats
-        if mode != gym.vector.AutoresetMode.SAME_STEP
-        else gym.wrappers.vector.TransformReward(stats, lambda r: 10 * r)
-    )
+    venv = gym.wrappers.vector.TransformReward(stats, lambda r: 10 * r)
     model = PPO("MlpPolicy", venv, n_steps=35, batch_size=105, n_epochs=1, seed=0).learn(105)
     true = sorted(sum(stats.unwrapped.get_attr("lengths"), []))
     assert true == sorted([3] * 11 + [5] * 7 + [7] * 5)
     assert sorted(int(e["l"]) for e in model.ep_info_buffer) == true
     assert sorted(e["r"] for e in model.ep_info_buffer) == [float(n) for n in true]  # 1 a step, not 10
+    assert all(type(e["r"]) is float and type(e["l"]) is int for e in model.ep_info_buffer)  # as Monitor's
+    assert sorted(int(n) for n in stats.length_queue) == true
+    assert sorted(float(r) for r in stats.return_queue) == [float(n) for n in true]
+
+
+@pytest.mark.parametrize("mode", MODES[::2], ids=["NEXT_STEP", "DISABLED"])
+def test_a_vector_normalize_reward_scales_as_without_partial_resets(mode):
+    """Gymnasium's vector NormalizeReward keeps each copy's discounted return; its reset zeroed every copy's at
+    covey's partial reset of one, so the rewards trained on were scaled otherwise than under same-step autoreset,
+    which makes no partial resets (the episodes are the same: CountEnv's do not depend on the actions)."""
+
+    def rewards(autoreset_mode):
+        fns = [lambda n=n: CountEnv(n) for n in (3, 5, 7)]
+        venv = gym.wrappers.vector.NormalizeReward(gym.vector.SyncVectorEnv(fns, autoreset_mode=autoreset_mode))
+        model = PPO("MlpPolicy", venv, n_steps=35, batch_size=105, n_epochs=1, seed=0).learn(105)
+        return model.rollout_buffer.rewards.copy(), venv.return_rms.var
+
+    (expected, expected_var), (got, var) = rewards(gym.vector.AutoresetMode.SAME_STEP), rewards(mode)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    assert var == pytest.approx(expected_var)
+
+
+def test_reset_infos_are_each_copys_and_options_are_one_dict_for_every_copy():
+    """SB3's VecEnv.reset_infos: each copy's reset info, at reset and at its episode's end. A vector env resets its
+    copies with one options dict: one dict for every copy is passed, a list of different ones refused."""
+
+    class InfoOnReset(CountEnv):
+        def reset(self, *, seed=None, options=None):
+            obs, _ = super().reset(seed=seed, options=options)
+            self.resets = getattr(self, "resets", 0) + 1
+            return obs, {"resets": self.resets, "options": options}
+
+    for mode in MODES:
+        venv = GymnasiumVecEnv(
+            gym.vector.SyncVectorEnv([lambda: InfoOnReset(2), lambda: InfoOnReset(3)], autoreset_mode=mode)
+        )
+        venv.set_options({"level": 2})
+        venv.reset()
+        assert [(i["resets"], i["options"]) for i in venv.reset_infos] == [(1, {"level": 2})] * 2
+        for _ in range(2):
+            venv.step(np.zeros(2, dtype=np.int64))
+        assert [i["resets"] for i in venv.reset_infos] == [2, 1], mode  # copy 0 ended and was reset
+        with pytest.raises(ValueError, match=r"different options per copy .* one options dict.*make_vec_env"):
+            venv.set_options([{"level": 1}, {"level": 2}])
+        venv.set_options([{"level": 1}, {"level": 1}])  # the same for every copy
+        venv.reset()
+        assert [i["options"] for i in venv.reset_infos] == [{"level": 1}] * 2
 
 
 @pytest.mark.parametrize(

@@ -250,11 +250,17 @@ class GymnasiumVecEnv(VecEnv):
                 raise ValueError(
                     f"Gymnasium's vector {type(wrapper).__name__} cannot wrap an env covey trains on: {reason}."
                 )
-        # A vector RecordEpisodeStatistics restarts every copy's count at a partial reset (SyncVectorEnv takes the
-        # reset_mask out of the options they share before the wrapper reads it): covey counts episodes itself there.
-        self._own_statistics = not self.same_step and any(
-            isinstance(w, gym.wrappers.vector.RecordEpisodeStatistics) for w in wrappers
-        )
+        # Gymnasium's vector wrappers that count per copy restart every copy's count at a partial reset (a
+        # RecordEpisodeStatistics does not see the reset_mask, which SyncVectorEnv takes out of the options they
+        # share; a NormalizeReward ignores it): the copies not reset keep their counts (_reset_copies).
+        self._per_copy_state = [
+            (wrapper, [name for name in names if hasattr(wrapper, name)])
+            for wrapper in wrappers
+            for kind, names in _PER_COPY_STATE
+            if isinstance(wrapper, kind)
+        ]
+        # With copy=False the vector env hands back its own arrays, which its next step writes over.
+        self._shares_arrays = not getattr(base, "copy", True)
         self.render_mode = getattr(venv, "render_mode", None)
         self._ep_return = np.zeros(self.num_envs)
         self._ep_length = np.zeros(self.num_envs, dtype=np.int64)
@@ -262,21 +268,50 @@ class GymnasiumVecEnv(VecEnv):
         self._actions: np.ndarray | None = None
 
     def reset(self):
-        # VecEnv.seed(s) asks for seeds s, s+1, ...: Gymnasium vector envs take that as one int.
-        seed = self._seeds[0]
-        options = self._options[0] or None
-        obs, info = self.venv.reset(seed=seed, options=options)
+        seeds, options = list(self._seeds), self._options[0]
         self._reset_seeds()
         self._reset_options()
         self._ep_return[:] = 0.0
         self._ep_length[:] = 0
-        return obs
+        # VecEnv.seed(s) asks for seeds s, s+1, ...: Gymnasium vector envs take them as a list
+        seed = None if all(s is None for s in seeds) else seeds
+        obs, info = self.venv.reset(seed=seed, options=dict(options) or None)
+        self.reset_infos = [_copy_info(info, i) for i in range(self.num_envs)]
+        return self._own(obs)
+
+    def set_options(self, options: list[dict] | dict | None = None) -> None:
+        """SB3's: options for the next reset, one dict for every copy (a Gymnasium vector env resets its copies with
+        one); a list of different dicts is refused."""
+        if isinstance(options, (list, tuple)) and any(not _same_options(o, options[0]) for o in options):
+            raise ValueError(
+                f"set_options got different options per copy ({options!r}), but a Gymnasium vector env resets its "
+                "copies with one options dict. Pass one dict for all copies, or use an SB3 VecEnv "
+                "(stable_baselines3.common.env_util.make_vec_env), whose copies take options of their own."
+            )
+        super().set_options(options)
+
+    def _own(self, obs):
+        """The observations as arrays of covey's own (where the vector env hands back its own, copy=False)."""
+        return copy.deepcopy(obs) if self._shares_arrays else obs
+
+    def _reset_copies(self, mask: np.ndarray) -> tuple[Any, dict]:
+        """Reset the copies of ``mask`` alone; the counts of the vector wrappers that keep some per copy (episode
+        statistics, a NormalizeReward's discounted return) stay as they were for the others."""
+        saved = [
+            (w, name, np.array(getattr(w, name), copy=True)) for w, names in self._per_copy_state for name in names
+        ]
+        obs, info = self.venv.reset(options={"reset_mask": mask.copy()})
+        others = ~mask
+        for wrapper, name, before in saved:
+            getattr(wrapper, name)[others] = before[others]
+        return self._own(obs), info
 
     def step_async(self, actions: np.ndarray) -> None:
         self._actions = actions
 
     def step_wait(self):
         obs, rewards, terminated, truncated, info = self.venv.step(self._actions)
+        obs = self._own(obs)
         dones = np.logical_or(terminated, truncated)
         self._ep_return += rewards
         self._ep_length += 1
@@ -285,24 +320,26 @@ class GymnasiumVecEnv(VecEnv):
         if dones.any():
             if self.same_step:
                 final_obs = info["final_obs"]
+                reset_info = info  # the reset copies' infos, beside their final ones
             else:
-                # Next-step (or disabled) autoreset: the returned observation is the final one (copied: the vector
-                # env may write the reset into the same array); reset the finished copies now.
-                final_obs = copy.deepcopy(obs)
-                reset_obs, _ = self.venv.reset(options={"reset_mask": dones.copy()})
+                # Next-step (or disabled) autoreset: the returned observation is the final one; reset the finished
+                # copies now.
+                final_obs = obs
+                reset_obs, reset_info = self._reset_copies(dones)
                 obs = _where_envs(dones, reset_obs, obs)
             for i in np.flatnonzero(dones):
+                self.reset_infos[i] = _copy_info(reset_info, i)
                 infos[i]["terminal_observation"] = _env_slice(final_obs, i)
                 infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
                 elapsed = round(time.time() - self._t0, 6)
                 # rounded as SB3's Monitor rounds it
                 episode = {"r": round(float(self._ep_return[i]), 6), "l": int(self._ep_length[i]), "t": elapsed}
-                if self._own_statistics:
-                    infos[i]["episode"] = episode
-                elif "episode" not in infos[i]:  # the env's own statistics, where it gives them: a copy's (in its
-                    # final infos) or a vector RecordEpisodeStatistics' (beside them), as plain numbers
+                # The env's own statistics, where it gives them: a copy's (in its final infos) or a vector
+                # RecordEpisodeStatistics' (beside them), as plain numbers
+                own = infos[i].get("episode")
+                if own is None:
                     own = _copy_info({k: info[k] for k in ("episode", "_episode") if k in info}, i).get("episode")
-                    infos[i]["episode"] = episode if own is None else _plain_numbers(own)
+                infos[i]["episode"] = episode if own is None else _plain_numbers(own)
             self._ep_return[dones] = 0.0
             self._ep_length[dones] = 0
         return obs, rewards.astype(np.float32), dones, infos
@@ -413,6 +450,23 @@ def image_layout_moves(space: spaces.Space, target: spaces.Space) -> dict[str | 
         if moved == target:
             return {None: move}
     return {}
+
+
+def _same_options(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except ValueError:  # arrays in them: the same objects only
+        return a is b
+
+
+_PER_COPY_STATE = (
+    (
+        gym.wrappers.vector.RecordEpisodeStatistics,
+        ("episode_start_times", "episode_returns", "episode_lengths", "prev_dones"),
+    ),
+    (gym.wrappers.vector.NormalizeReward, ("accumulated_reward", "_prev_dones")),
+)
+"""Gymnasium's vector wrappers that count per copy, and their per-copy arrays (``GymnasiumVecEnv._reset_copies``)."""
 
 
 def _vector_wrappers(venv: gym.vector.VectorEnv) -> list[gym.vector.VectorWrapper]:
