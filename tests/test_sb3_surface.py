@@ -2398,3 +2398,56 @@ def test_sb3s_abstract_classes_take_coveys_agents_and_policies_as_virtual_subcla
     assert not isinstance(POCA("MlpPolicy", EarlyExitEnv, n_steps=8, batch_size=8), BaseAlgorithm)  # no SB3 env
     assert PPO(ppo.MlpPolicy, "CartPole-v1", n_steps=16, batch_size=16)._sb3_policy_class is None
     assert SAC(sac.MlpPolicy, "Pendulum-v1")._sb3_policy_class is None
+
+
+@pytest.mark.parametrize("algo", ["PPO", "SAC"])
+def test_a_subclass_overriding_sb3s_hooks_with_sb3s_signatures_runs_them(algo):
+    """Research code subclasses the algorithm and overrides SB3's hooks with SB3's signatures: covey's loops call
+    dump_logs (SB3 2.x's public method), _setup_learn, _update_learning_rate(optimizers) and
+    _update_current_progress_remaining(num_timesteps, total_timesteps) as SB3's do, so each override runs (a
+    custom log key reaches the logs) and none fails on its arguments."""
+    from stable_baselines3.common.logger import KVWriter, Logger
+
+    base = PPO if algo == "PPO" else SAC
+    calls: dict[str, list] = {"dump_logs": [], "setup": [], "lr": [], "progress": []}
+    rows = []
+
+    class Record(KVWriter):
+        def write(self, key_values, key_excluded, step=0):
+            rows.append(dict(key_values))
+
+    class Research(base):
+        def dump_logs(self, *args) -> None:
+            self.logger.record("custom/extra", 1.0)
+            calls["dump_logs"].append(args)
+            super().dump_logs(*args)
+
+        def _setup_learn(self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run",
+                         progress_bar=False):  # fmt: skip
+            calls["setup"].append(total_timesteps)
+            return super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
+
+        def _update_learning_rate(self, optimizers) -> None:
+            calls["lr"].append(optimizers)
+            super()._update_learning_rate(optimizers)
+
+        def _update_current_progress_remaining(self, num_timesteps, total_timesteps) -> None:
+            calls["progress"].append((num_timesteps, total_timesteps))
+            super()._update_current_progress_remaining(num_timesteps, total_timesteps)
+
+    if algo == "PPO":
+        model = Research("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0)
+        model.set_logger(Logger(None, [Record()]))
+        model.learn(64)
+        assert calls["lr"] and all(opt is model.policy.optimizer for opt in calls["lr"])
+        assert calls["progress"][-1] == (64, 64)
+    else:
+        model = Research("MlpPolicy", "Pendulum-v1", learning_starts=190, batch_size=16, seed=0)
+        model.set_logger(Logger(None, [Record()]))
+        model.learn(400, log_interval=1)  # two 200-step episodes
+        optimizers = [model.actor.optimizer, model.critic.optimizer, model.ent_coef_optimizer]
+        assert calls["lr"] and all(opts == optimizers for opts in calls["lr"])
+        assert calls["progress"][-1] == (400, 400)
+    assert calls["setup"] == [model._total_timesteps]
+    assert len(calls["dump_logs"]) == len(rows) == 2
+    assert all(row["custom/extra"] == 1.0 for row in rows)

@@ -1055,6 +1055,15 @@ class BaseAgent:
         """``(SB3's name, the object there now, the optimizer covey steps)`` for each place SB3 keeps one."""
         return []
 
+    @staticmethod
+    def _check_log_interval(log_interval: Any) -> None:
+        # SB3 logs where count % log_interval == 0: -1 and 1.0 log every time, as 1 does
+        if log_interval is not None and not (whole_number(log_interval) and log_interval != 0):
+            raise ValueError(
+                f"log_interval={log_interval!r} is invalid: it must be a whole number other than 0 (logs are written "
+                "when the count of iterations, or of SAC's episodes, is a multiple of it), or None for no logs."
+            )
+
     def _warn_schedule_stand_ins(self) -> None:
         """Once, at the first ``learn`` after :meth:`load`: which schedules the file held as a number only (a
         function is code, which a covey file never keeps), so training goes on at a constant rate where SB3's,
@@ -1103,16 +1112,9 @@ class BaseAgent:
         total_timesteps: int,
         callback: Any,
         reset_num_timesteps: bool,
-        tb_log_name: str,
-        progress_bar: bool,
-        log_interval: int | None = None,
+        tb_log_name: str = "run",
+        progress_bar: bool = False,
     ) -> tuple[int, BaseCallback]:
-        # SB3 logs where count % log_interval == 0: -1 and 1.0 log every time, as 1 does
-        if log_interval is not None and not (whole_number(log_interval) and log_interval != 0):
-            raise ValueError(
-                f"log_interval={log_interval!r} is invalid: it must be a whole number other than 0 (logs are written "
-                "when the count of iterations, or of SAC's episodes, is a multiple of it), or None for no logs."
-            )
         if self.env is None:
             raise ValueError("This model has no env: pass one to the constructor, to load(env=...) or to set_env().")
         if (
@@ -1162,8 +1164,10 @@ class BaseAgent:
     ):
         """The on-policy loop (PPO, POCA): collect a rollout, log, update; until the budget is spent or a
         callback stops training. Returns self."""
+        self._check_log_interval(log_interval)
+        # SB3's call, which a subclass's override of _setup_learn takes
         total_timesteps, callback = self._setup_learn(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar, log_interval
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
         iteration = 0  # before on_training_start, which passes it to callbacks (as SB3 does)
         callback.on_training_start(locals(), globals())
@@ -1172,9 +1176,10 @@ class BaseAgent:
             if not self.collect_rollouts(self.env, callback, self.rollout_buffer, n_rollout_steps=self.config.n_steps):
                 break
             iteration += 1
-            self._update_current_progress_remaining()
+            # SB3's calls, which a subclass's overrides take
+            self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
             if log_interval is not None and iteration % log_interval == 0:
-                self._dump_logs(iteration)
+                self.dump_logs(iteration)
             with torch.enable_grad():  # whatever grad mode an interrupt inside a no_grad block left the process in
                 self.train()
         callback.on_training_end()

@@ -675,7 +675,8 @@ class POCA(BaseAgent):
         """Several epochs of minibatch updates of the shared policy and the critic."""
         cfg = self.config
         progress = self._current_progress_remaining
-        self._update_learning_rate()
+        self._relink_parameters()
+        self._update_learning_rate(list(self._optimizers().values()))
         clip_range = self.clip_range(progress)
         self.actor.set_training_mode(True)
         self.critic.train(True)

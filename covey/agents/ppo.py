@@ -1098,7 +1098,8 @@ class PPO(BaseAgent):
         """Several epochs of minibatch updates on the collected rollout."""
         cfg = self.config
         progress = self._current_progress_remaining
-        self._update_learning_rate()
+        self._relink_parameters()
+        self._update_learning_rate(self.policy.optimizer)  # SB3's call, which a subclass's override takes
         clip_range = self.clip_range(progress)
         clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
         self._set_training_mode(True)

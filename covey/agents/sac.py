@@ -938,8 +938,10 @@ class SAC(BaseAgent):
             if self.env is not None and self.env.num_envs > 1 and not isinstance(noise, VectorizedActionNoise):
                 self.action_noise = noise = VectorizedActionNoise(noise, self.env.num_envs)
             noise.reset()
+        self._check_log_interval(log_interval)
+        # SB3's call, which a subclass's override of _setup_learn takes
         total_timesteps, callback = self._setup_learn(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar, log_interval
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
         callback.on_training_start(locals(), globals())
         cfg = self.config
@@ -1014,7 +1016,7 @@ class SAC(BaseAgent):
                 if action_noise is not None:  # a fresh noise process for the env's next episode
                     action_noise.reset(**({"indices": [int(idx)]} if env.num_envs > 1 else {}))
                 if log_interval is not None and self._episode_num % log_interval == 0:
-                    self._dump_logs()
+                    self.dump_logs()  # SB3's call, which a subclass's override takes
         callback.on_rollout_end()
         return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, True)
 
@@ -1115,8 +1117,10 @@ class SAC(BaseAgent):
 
     def train(self, gradient_steps: int, batch_size: int = 256) -> None:
         """``gradient_steps`` SAC updates: temperature, critics, actor, then the target critics."""
-        self._update_current_progress_remaining()
-        self._update_learning_rate()
+        # SB3's calls (the optimizers as SB3's SAC passes them), which a subclass's overrides take
+        self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
+        self._relink_parameters()
+        self._update_learning_rate(list(self._optimizers().values()))
         set_train_mode(self.actor, True)
         set_train_mode(self.critic, True)
         set_train_mode(self.critic_target, False)
