@@ -328,6 +328,59 @@ def test_a_weight_change_inside_a_rollout_is_named_where_the_rollout_is_evaluate
         model.learn(8, callback=Change())
 
 
+@pytest.mark.parametrize(
+    "where, name",
+    [
+        ("policy", "action_net"),
+        ("policy", "value_net"),
+        ("policy", "mlp_extractor"),
+        ("policy", "features_extractor"),
+        ("sac actor", "mu"),
+        ("sac actor", "latent_pi"),
+        ("sac critic", "features_extractor"),
+    ],
+)
+def test_assigning_a_module_to_sb3s_name_for_a_part_of_the_network_is_refused(where, name):
+    """SB3's transfer-learning habit, policy.action_net = nn.Linear(...): covey's action_net is a view of its own
+    head, so nn.Module.__setattr__ registered the new module beside the network, where it neither acted nor
+    trained. It is refused, naming what works; the view stays the network's own."""
+    if where == "policy":
+        owner = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).policy
+    else:
+        model = SAC("MlpPolicy", "Pendulum-v1", buffer_size=100)
+        owner = model.actor if where == "sac actor" else model.critic
+    before = getattr(owner, name)
+    with pytest.raises(AttributeError, match=rf"\.{name} is SB3's name for a part of covey's network.*in place"):
+        setattr(owner, name, torch.nn.Linear(4, 4))
+    assert type(getattr(owner, name)) is type(before)
+    assert name not in owner._modules
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC"])
+def test_a_parameter_or_layer_replaced_by_another_object_is_refused_at_learn(agent):
+    """policy.action_net.bias = nn.Parameter(...) (or a new layer in place of one) left the optimizer, NumPy acting
+    and the updates with the old parameter: predict acted with the new one, learn with the old one, and the new one
+    never trained. learn refuses it, naming the parameter; values changed in place train on."""
+    if agent == "PPO":
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0)
+        layer = model.policy.action_net
+    else:
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=8, batch_size=8, seed=0)
+        layer = model.critic.qs[0].head.proj
+    with torch.no_grad():
+        layer.bias.add_(0.5)  # in place: taken
+    model.learn(32)
+    layer.bias = torch.nn.Parameter(layer.bias.detach() + 1.0)
+    with pytest.raises(ValueError, match=r"1 of this model's parameters were replaced .*proj\.bias.*in place"):
+        model.learn(32)
+    fresh = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32) if agent == "PPO" else None
+    model = fresh or SAC("MlpPolicy", "Pendulum-v1", learning_starts=8, batch_size=8, seed=0)
+    owner = model.actor.head if agent == "PPO" else model.critic.qs[0].head
+    owner.proj = torch.nn.Linear(owner.proj.in_features, owner.proj.out_features)
+    with pytest.raises(ValueError, match=r"2 of this model's parameters were replaced"):
+        model.learn(32)
+
+
 def test_sac_target_critics_follow_critics_whose_data_was_replaced():
     """The Polyak update runs over the target critics' flat buffer: after their ``.data`` is replaced, the next
     ``learn`` takes the new values back into it, so the update moves the target critics themselves."""

@@ -1294,9 +1294,54 @@ class BaseAgent:
 
     def _relink_parameters(self) -> None:
         """:meth:`FlatParameters.relink` for every buffer: before the first rollout of ``learn`` and before every
-        update, so a parameter's replaced ``.data`` trains from its new values."""
-        for flat in self._flat_parameters():
+        update, so a parameter's replaced ``.data`` trains from its new values. A parameter object replaced in its
+        module is refused (:meth:`_check_parameter_objects`)."""
+        flats = self._flat_parameters()
+        for flat in flats:
             flat.relink()
+        self._check_parameter_objects(flats)
+
+    def _check_parameter_objects(self, flats: list[FlatParameters]) -> None:
+        """Refuse a parameter object replaced in a network (``policy.action_net.bias = nn.Parameter(...)``): the
+        optimizer, NumPy acting and the hand-written updates hold the one the model was built with, so the new one
+        would act in ``predict`` only, untrained. (``.data`` replaced, ``load_state_dict`` and in-place changes
+        are taken.)"""
+        links = getattr(self, "_module_links", None)
+        if links is not None and links[0] == [id(flat) for flat in flats]:
+            # What held the parameters when they were last found in place is unchanged: nothing was replaced (a few
+            # microseconds, where finding them takes tens; SAC relinks at every train() call).
+            if all(entries.get(name) is obj for entries, name, obj in links[1]):
+                return
+        groups = {name: m for name, m in self._parameter_groups().items() if isinstance(m, torch.nn.Module)}
+        held = {id(p) for m in groups.values() for p in m.parameters()}
+        lost = [
+            p for flat in flats if any(id(q) in held for q in flat.params) for p in flat.params if id(p) not in held
+        ]
+        if not lost:
+            modules = {id(m): m for group in groups.values() for m in group.modules()}.values()
+            self._module_links = (
+                [id(flat) for flat in flats],
+                [(m._modules, n, c) for m in modules for n, c in m._modules.items()]
+                + [(m._parameters, n, q) for m in modules for n, q in m._parameters.items()],
+            )
+            return
+        trained = {id(p) for flat in flats for p in flat.params}
+        owners = [m for m in groups.values() if any(id(p) in trained for p in m.parameters())]
+        new = [
+            f"{group}.{name}"
+            for group, m in groups.items()
+            if m in owners
+            for name, p in m.named_parameters()
+            if id(p) not in trained
+        ]
+        raise ValueError(
+            f"{len(lost)} of this model's parameters were replaced by other parameter objects"
+            + (f" ({', '.join(new[:4])}{', ...' if len(new) > 4 else ''})" if new else "")
+            + ", e.g. by policy.action_net.bias = nn.Parameter(...). covey's optimizer trains the parameters the "
+            "model was built with, from one flat buffer, so a new one would go untrained. Change their values in "
+            "place instead: with torch.no_grad(): param.copy_(new_values), or module.load_state_dict(...); for "
+            "other layers, build the model with them (policy_kwargs, or a policy class of your own)."
+        )
 
     def _optimizer_step(self, loss: torch.Tensor, max_grad_norm: float) -> None:
         """One step of the single optimizer over its flat buffer of the parameters (``optimizer.flat_parameters``):

@@ -289,6 +289,24 @@ class PolicyConfig:
         return config
 
 
+class ReadOnlyViews:
+    """SB3's module attributes that covey's networks give as views of their own layers (``policy.action_net``,
+    ``actor.mu``, ``features_extractor``, ...). ``nn.Module.__setattr__`` would register a module or parameter
+    assigned to one beside the network, where nothing uses or trains it: refused, naming what works."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        view = getattr(type(self), name, None)
+        if isinstance(view, property) and view.fset is None and isinstance(value, (nn.Module, torch.Tensor)):
+            raise AttributeError(
+                f"{type(self).__name__}.{name} is SB3's name for a part of covey's network, read from it: a "
+                f"{type(value).__name__} assigned to it would stand beside the network, unused and untrained. Change "
+                f"the weights in place ({name}.load_state_dict(...), or copy_ under torch.no_grad()), or build the "
+                "model with the layers you want (policy_kwargs: net_arch, activation_fn, features_extractor_class; "
+                "or a policy class of your own, a subclass of SB3's ActorCriticPolicy or SACPolicy)."
+            )
+        super().__setattr__(name, value)
+
+
 class SB3FeatureNames:
     """SB3's names for a network's encoder (its SAC ``Actor``'s and ``ContinuousCritic``'s), for a module that
     keeps it as ``encoder``."""
@@ -351,7 +369,7 @@ class _LogStdLayer(_HeadRows):
         return torch.nn.functional.linear(latent, self.weight, self.bias)
 
 
-class Actor(SB3FeatureNames, nn.Module):
+class Actor(ReadOnlyViews, SB3FeatureNames, nn.Module):
     """Observations to an action distribution: encoder -> MLP trunk -> action head.
 
     This is ``model.actor`` (and POCA's ``model.policy``); it has SB3's ``predict``, ``obs_to_tensor`` and
@@ -574,7 +592,7 @@ def check_state(state, memory: Memory, batch: int) -> None:
             )
 
 
-class Critic(nn.Module):
+class Critic(ReadOnlyViews, nn.Module):
     """Observations to a state value ``(B,)``: encoder -> MLP trunk -> value head.
 
     ``raw`` gives the head's output (values, or two-hot logits ``(B, K)``); ``forward`` the value.
@@ -837,7 +855,7 @@ class QNetwork(nn.Module):
         return self.head(self.trunk(x))
 
 
-class QEnsemble(SB3FeatureNames, nn.Module):
+class QEnsemble(ReadOnlyViews, SB3FeatureNames, nn.Module):
     """``n_critics`` Q networks over one shared critic encoder.
 
     ``values`` gives the Q values stacked on dim 0: Box actions ``(n_critics, B)``, Discrete

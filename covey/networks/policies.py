@@ -27,7 +27,7 @@ from stable_baselines3.common import policies as sb3_policies
 from torch import nn
 
 from covey.networks import sb3_names
-from covey.networks.actor_critic import PPO_ADAM_EPS
+from covey.networks.actor_critic import PPO_ADAM_EPS, ReadOnlyViews
 from covey.networks.distributions import (
     BernoulliHead,
     CategoricalHead,
@@ -175,7 +175,7 @@ def _check_obs(obs) -> None:
     )
 
 
-class _PolicyBase(nn.Module):
+class _PolicyBase(ReadOnlyViews, nn.Module):
     """What SB3's ``BasePolicy`` offers on every policy: predict, tensors, modes, action scaling, vectors,
     ``save`` and ``load``."""
 
