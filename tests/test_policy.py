@@ -482,6 +482,10 @@ def test_rollout_buffer_get_gives_sb3s_samples_that_match_the_policy(kind):
     assert sizes == [48, 48]
     for batch, values, log_prob in reader.batches:
         assert set(batch._fields) == {"observations", "actions", "old_values", "old_log_prob", "advantages", "returns"}
+        # SB3's actions: float32 (batch, action_dim), a Discrete action one column, which torch.cat takes beside the
+        # observations (a curiosity model's input)
+        assert batch.actions.dtype == torch.float32 and batch.actions.shape == (48, 1 if kind == "discrete" else 2)
+        assert torch.cat([batch.observations, batch.actions], dim=1).shape == (48, 3 + batch.actions.shape[1])
         torch.testing.assert_close(values.flatten(), batch.old_values, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(log_prob, batch.old_log_prob, rtol=1e-5, atol=1e-5)
     stored = torch.cat([batch.returns for batch, _, _ in reader.batches]).sort().values

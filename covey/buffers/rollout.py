@@ -343,13 +343,16 @@ class RolloutBuffer:
     def get(self, batch_size: int | None = None) -> Iterator[RolloutBatch]:
         """SB3's ``get``: shuffled minibatches of ``batch_size`` samples (the whole rollout when None) with
         SB3's field names (``observations``, ``actions``, ``old_values``, ``old_log_prob``, ``advantages``,
-        ``returns``), each ``(batch, ...)``; it needs a full buffer with its returns computed, as SB3's does."""
+        ``returns``), each ``(batch, ...)``; it needs a full buffer with its returns computed, as SB3's does. The
+        actions are SB3's too: float32 ``(batch, action_dim)``, a Discrete action one column (SB3's ``train`` takes
+        them as ``actions.long().flatten()``)."""
         if not self.full:
             raise ValueError(
                 f"The rollout buffer holds {self.pos} of its {self.n_steps} steps; get() reads a full rollout "
                 "(after collect_rollouts)."
             )
-        return self.minibatches(batch_size if batch_size is not None else self.n_steps * self.n_envs)
+        batches = self.minibatches(batch_size if batch_size is not None else self.n_steps * self.n_envs)
+        return (batch._replace(actions=batch.actions.reshape(len(batch.actions), -1).float()) for batch in batches)
 
     def minibatches(self, batch_size: int) -> Iterator[RolloutBatch]:
         """Shuffled minibatches over all ``n_steps * n_envs`` samples (the last one may be smaller).
