@@ -2451,3 +2451,41 @@ def test_a_subclass_overriding_sb3s_hooks_with_sb3s_signatures_runs_them(algo):
     assert calls["setup"] == [model._total_timesteps]
     assert len(calls["dump_logs"]) == len(rows) == 2
     assert all(row["custom/extra"] == 1.0 for row in rows)
+
+
+def test_an_optimizer_with_a_param_group_a_subclass_added_saves_loads_and_checkpoints(tmp_path):
+    """A subclass's _setup_model adds its auxiliary network to the policy's optimizer (add_param_group), as SB3
+    research code does: get_parameters, save and CheckpointCallback failed on the second group. The file keeps both
+    groups' states; the subclass loads them back, and a model without the group says why it cannot."""
+    from torch import nn
+
+    class WithAux(PPO):
+        def _setup_model(self) -> None:
+            super()._setup_model()
+            self.aux = nn.Linear(4, 1)
+            self.policy.optimizer.add_param_group({"params": list(self.aux.parameters()), "lr": 1e-3})
+
+        def train(self) -> None:
+            super().train()
+            optimizer = self.policy.optimizer
+            optimizer.zero_grad()
+            self.aux(torch.as_tensor(self.rollout_buffer.observations.reshape(-1, 4))).pow(2).mean().backward()
+            optimizer.step()
+
+    model = WithAux("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0)
+    model.learn(64, callback=CheckpointCallback(32, str(tmp_path / "checkpoints")))
+    assert len(glob.glob(str(tmp_path / "checkpoints" / "*.zip"))) == 2
+    state = model.policy.optimizer.state_dict()
+    assert [len(group["params"]) for group in state["param_groups"]] == [12, 2]
+    assert set(state["state"]) == set(range(14))  # the auxiliary network's moments too
+    assert set(model.get_parameters()["policy.optimizer"]["state"]) == set(range(14))
+    model.save(tmp_path / "model")
+    loaded = WithAux.load(tmp_path / "model", env="CartPole-v1")
+    back = loaded.policy.optimizer.state_dict()
+    for i, entry in state["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(torch.as_tensor(back["state"][i][key]), torch.as_tensor(value)), (i, key)
+    assert [group["lr"] for group in back["param_groups"]] == [group["lr"] for group in state["param_groups"]]
+    loaded.learn(32)
+    with pytest.raises(ValueError, match=r"'policy.optimizer' has 2 parameter groups, this model's optimizer 1"):
+        PPO.load(tmp_path / "model")

@@ -609,7 +609,7 @@ class FlatParameters:
         return optimizer
 
     def _split_state(self, state_dict: dict) -> dict:
-        (group,) = state_dict["param_groups"]
+        group, *added = state_dict["param_groups"]
         flat_state = state_dict["state"].get(group["params"][0])
         state = {}
         if flat_state is not None:
@@ -618,7 +618,11 @@ class FlatParameters:
                     key: self._slice_state(key, value, p) if torch.is_tensor(value) else value
                     for key, value in flat_state.items()
                 }
-        return {"state": state, "param_groups": [{**group, "params": list(range(len(self.params)))}]}
+        groups = [{**group, "params": list(range(len(self.params)))}]
+        return {
+            "state": state,
+            "param_groups": groups + _renumbered(added, state_dict["state"], state, len(self.params)),
+        }
 
     def _slice_state(self, key: str, value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         if key != "step" and value.shape == self.data.shape:
@@ -627,10 +631,10 @@ class FlatParameters:
 
     def _join_state(self, state_dict: dict) -> dict:
         groups = state_dict["param_groups"]
-        if len(groups) != 1 or len(groups[0]["params"]) != len(self.params):
+        if not groups or len(groups[0]["params"]) != len(self.params):
             raise ValueError(
                 f"The optimizer state holds {[len(g['params']) for g in groups]} parameters per group; this "
-                f"optimizer has one group of {len(self.params)}. Load a state saved by the same model."
+                f"optimizer's first group has {len(self.params)}. Load a state saved by the same model."
             )
         index = groups[0]["params"]
         saved = state_dict["state"]
@@ -647,7 +651,25 @@ class FlatParameters:
                 else:
                     joined[key] = value.clone() if torch.is_tensor(value) else value  # never alias the source
             state[0] = joined
-        return {"state": state, "param_groups": [{**groups[0], "params": [0]}]}
+        return {
+            "state": state,
+            "param_groups": [{**groups[0], "params": [0]}, *_renumbered(groups[1:], saved, state, 1)],
+        }
+
+
+def _renumbered(groups: list[dict], saved: dict, state: dict, first: int) -> list[dict]:
+    """Parameter groups added to an optimizer over a flat buffer (``optimizer.add_param_group``, a subclass's extra
+    network) with their parameters numbered from ``first`` on, each one's state in ``saved`` copied into ``state``
+    under its new number: as an optimizer's state dict numbers its parameters, group after group."""
+    out = []
+    for group in groups:
+        numbers = list(range(first, first + len(group["params"])))
+        for old, new in zip(group["params"], numbers):
+            if old in saved:
+                state[new] = saved[old]
+        out.append({**group, "params": numbers})
+        first += len(numbers)
+    return out
 
 
 def _optimizer_parameter_names(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
@@ -1600,6 +1622,15 @@ class BaseAgent:
                     target.load_state_dict(state, strict=exact_match)
                 except RuntimeError as err:
                     raise ParameterMismatchError(f"Parameters for {name!r} do not fit this model: {err}") from err
+            elif isinstance(target, torch.optim.Optimizer) and len(state.get("param_groups", ())) != len(
+                target.param_groups
+            ):
+                raise ParameterMismatchError(
+                    f"The state of {name!r} has {len(state['param_groups'])} parameter groups, this model's optimizer "
+                    f"{len(target.param_groups)}: it was saved by a model whose optimizer had groups added "
+                    "(add_param_group, in a subclass's _setup_model say). Load it with that class, or leave the "
+                    "optimizer's state out (set_parameters with only the networks)."
+                )
             else:
                 target.load_state_dict(state)
 
