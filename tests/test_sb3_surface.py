@@ -2489,3 +2489,58 @@ def test_an_optimizer_with_a_param_group_a_subclass_added_saves_loads_and_checkp
     loaded.learn(32)
     with pytest.raises(ValueError, match=r"'policy.optimizer' has 2 parameter groups, this model's optimizer 1"):
         PPO.load(tmp_path / "model")
+
+
+class AuxiliaryPPO(PPO):
+    """SB3 research code's subclass: an argument of its own, an auxiliary network, its optimizer and a tensor, named
+    to the file by SB3's _get_torch_save_params."""
+
+    def __init__(self, *args, aux_coef: float = 0.1, schedule=None, **kwargs) -> None:
+        self.aux_coef, self.schedule = aux_coef, schedule
+        super().__init__(*args, **kwargs)
+
+    def _setup_model(self) -> None:
+        super()._setup_model()
+        self.aux = torch.nn.Linear(4, 2)
+        self.aux_optimizer = torch.optim.Adam(self.aux.parameters(), lr=1e-3)
+        self.scale = torch.ones(2)
+
+    def _get_torch_save_params(self):
+        names, tensors = super()._get_torch_save_params()
+        return [*names, "aux", "aux_optimizer"], [*tensors, "scale"]
+
+
+def test_a_subclass_keeps_its_own_networks_tensors_and_arguments_through_save_load_and_copies(tmp_path):
+    """As SB3's file keeps a subclass's attributes: what _get_torch_save_params names (an auxiliary network, its
+    optimizer's state, a tensor) and the subclass's own constructor arguments come back from load, where load gave
+    a fresh network and the defaults; custom_objects and load's keywords set such an argument anew, as in SB3. An
+    argument JSON cannot hold is named at save, and kept by copies."""
+    import copy
+
+    model = AuxiliaryPPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, aux_coef=0.7, schedule=abs)
+    with torch.no_grad():
+        model.aux.weight.fill_(3.0)
+        model.scale.fill_(5.0)
+    model.aux(torch.ones(3, 4)).sum().backward()
+    model.aux_optimizer.step()
+    with pytest.warns(UserWarning, match=r"constructor arguments \['schedule'\] are not in the file.*schedule=\.\.\."):
+        model.save(tmp_path / "model")
+    loaded = AuxiliaryPPO.load(tmp_path / "model")
+    assert (loaded.aux_coef, loaded.schedule) == (0.7, None)
+    assert torch.equal(loaded.aux.weight, model.aux.weight) and torch.equal(loaded.scale, model.scale)
+    moments = loaded.aux_optimizer.state_dict()["state"]
+    assert torch.equal(moments[0]["exp_avg"], model.aux_optimizer.state_dict()["state"][0]["exp_avg"])
+    assert "aux" in loaded.get_parameters() and "aux_optimizer" in loaded.get_parameters()
+    assert AuxiliaryPPO.load(tmp_path / "model", custom_objects={"aux_coef": 0.9}).aux_coef == 0.9
+    assert AuxiliaryPPO.load(tmp_path / "model", aux_coef=0.5).aux_coef == 0.5
+    clone = copy.deepcopy(model)
+    assert (clone.aux_coef, clone.schedule) == (0.7, abs) and torch.equal(clone.aux.weight, model.aux.weight)
+    with pytest.raises(ValueError, match=r"Unknown parameter groups \['aux', 'aux_optimizer', 'scale'\]"):
+        PPO.load(tmp_path / "model")
+
+    class Misnamed(AuxiliaryPPO):
+        def _get_torch_save_params(self):
+            return ["policy", "policy.optimizer", "auxiliary"], []
+
+    with pytest.raises(AttributeError, match=r"_get_torch_save_params names 'auxiliary', which this model does not"):
+        Misnamed("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(tmp_path / "misnamed")

@@ -1026,6 +1026,8 @@ class BaseAgent:
             if policy_class
             else None,
             "runtime": {k: self.__dict__[k] for k in self._RUNTIME if with_env and k in self.__dict__},
+            # a subclass's own constructor arguments, those the file cannot hold too (a function, say)
+            "subclass_arguments": {k: getattr(self, k) for k in self._subclass_parameters() if hasattr(self, k)},
             # a recurrent policy's memories of the episodes its env is in
             "memories": (recurrent.actor_state, recurrent.critic_state)
             if with_env and (recurrent := getattr(self, "recurrent", None)) is not None
@@ -1427,8 +1429,45 @@ class BaseAgent:
         return None
 
     def get_parameters(self) -> dict[str, dict]:
-        """State dicts of every parameter group, by name (SB3's ``get_parameters``)."""
-        return {name: group.state_dict() for name, group in self._parameter_groups().items()}
+        """State dicts of every parameter group, by name (SB3's ``get_parameters``), a subclass's own too
+        (:meth:`_get_torch_save_params`)."""
+        return {name: group.state_dict() for name, group in self._saved_groups().items()}
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        """SB3's: the attributes whose state dicts (first list) and tensors (second) the model file holds, by
+        attribute path. A subclass adds its own (an auxiliary network, its optimizer, a tensor), as with SB3:
+        ``names, tensors = super()._get_torch_save_params(); return [*names, "aux", "aux_optimizer"], tensors``;
+        ``save`` writes them and ``load`` reads them back into the model the subclass's ``_setup_model`` built."""
+        return list(self._parameter_groups()), []
+
+    def _saved_groups(self) -> dict[str, Any]:
+        """:meth:`_parameter_groups` and those a subclass's :meth:`_get_torch_save_params` adds."""
+        groups = dict(self._parameter_groups())
+        names, tensors = self._get_torch_save_params()
+        for name in [*names, *tensors]:
+            if name in groups:
+                continue
+            owner = self
+            *path, last = name.split(".")
+            try:
+                for part in path:
+                    owner = getattr(owner, part)
+                value = getattr(owner, last)
+            except AttributeError as err:
+                raise AttributeError(
+                    f"_get_torch_save_params names {name!r}, which this model does not have ({err}). Name attributes "
+                    "the model holds (set in _setup_model, so that load builds them too)."
+                ) from None
+            if torch.is_tensor(value):
+                groups[name] = _TensorAttribute(owner, last)
+            elif callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
+                groups[name] = value
+            else:
+                raise TypeError(
+                    f"_get_torch_save_params names {name!r}, a {type(value).__name__}: covey's model file holds "
+                    "state dicts (modules, optimizers) and tensors, never pickled objects."
+                )
+        return groups
 
     _sb3_optimizers: ClassVar[tuple[str, ...]] = ()
     """The optimizers SB3's model of this agent saves, by SB3's names (``policy.optimizer``, ...)."""
@@ -1607,7 +1646,7 @@ class BaseAgent:
             _, params = self._read_model_file(load_path_or_dict, self.device)
             params.pop(ENV_PLACE, None)  # not a parameter group: what load(..., force_reset=False) goes on from
         params = self._translate_parameter_names(params)
-        targets = self._parameter_groups()
+        targets = self._saved_groups()
         unknown = sorted(set(params) - set(targets))
         if unknown:
             raise ValueError(f"Unknown parameter groups {unknown}; this model has {sorted(targets)}.")
@@ -1647,9 +1686,11 @@ class BaseAgent:
         as SB3 saves them whatever ``exclude`` names, and other names (SB3's pickled attributes, such as
         ``"env"``) are ignored, as there is nothing of them in the file. ``include`` asks SB3 to pickle
         an attribute it leaves out; covey pickles nothing, so it may only name what is saved anyway (a
-        replay buffer has its own file: :meth:`save_replay_buffer`).
+        replay buffer has its own file: :meth:`save_replay_buffer`). A subclass's own networks, optimizers and
+        tensors are saved where its :meth:`_get_torch_save_params` names them, and its own constructor arguments
+        where they are attributes of the same name that JSON holds (numbers, strings, lists, dicts).
         """
-        groups = self._parameter_groups()
+        groups = self._saved_groups()
         networks = {name for name, group in groups.items() if isinstance(group, torch.nn.Module)}
         exclude = set(exclude or []) - networks
         place = None if "_last_obs" in exclude else self._env_place()
@@ -1700,7 +1741,47 @@ class BaseAgent:
             "ep_success_buffer": [bool(x) for x in self.ep_success_buffer],
             **self._extra_settings(),
         }
+        arguments = self._subclass_arguments()
+        if arguments:
+            settings["subclass_arguments"] = {k: v for k, v in arguments.items() if k not in exclude}
         serialization.save_model_file(path, settings, tensors)
+
+    def _subclass_parameters(self) -> list[str]:
+        """The names of a subclass's own constructor parameters: those covey's agent does not take."""
+        own = next(c for c in type(self).__mro__ if c.__module__.startswith("covey."))
+        if own is type(self):
+            return []
+        taken = set(inspect.signature(own.__init__).parameters)
+        return [
+            name
+            for name, parameter in inspect.signature(type(self).__init__).parameters.items()
+            if name not in taken and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+        ]
+
+    def _subclass_arguments(self) -> dict[str, Any]:
+        """A subclass's own constructor arguments (those covey's agent does not take), read from the attributes of
+        the same names, as SB3's file keeps a subclass's attributes; those JSON cannot hold are named in a warning
+        (pass them to load again)."""
+        out, left = {}, []
+        for name in self._subclass_parameters():
+            if not hasattr(self, name):
+                left.append(name)
+                continue
+            value = getattr(self, name)
+            try:
+                if json.loads(json.dumps(value)) != value:
+                    raise TypeError
+            except (TypeError, ValueError):
+                left.append(name)
+                continue
+            out[name] = value
+        if left:
+            warn_user(
+                f"{type(self).__name__}'s constructor arguments {left} are not in the file: covey keeps a subclass's "
+                "arguments where the model holds them as attributes of the same names, in values JSON holds. Pass "
+                f"them to load again: {type(self).__name__}.load(path, {left[0]}=...)."
+            )
+        return out
 
     def _extra_settings(self) -> dict[str, Any]:
         """Agent-specific settings to keep in the model file (JSON): here, whether ``policy`` names a user's SB3
@@ -1840,6 +1921,10 @@ class BaseAgent:
             "tensorboard_log": settings.get("tensorboard_log"),
             "verbose": settings.get("verbose", 0),
         }
+        # a subclass's own arguments, where this class's constructor takes them (a file of a subclass loaded by
+        # covey's agent finds the subclass's networks unknown, below)
+        takes = set(inspect.signature(cls.__init__).parameters)
+        hyper.update({k: v for k, v in (settings.get("subclass_arguments") or {}).items() if k in takes})
         settable = {*hyper, *outside, *settings.get("unread", [])}
         hyper.update({k: v for k, v in custom_objects.items() if k in settable})
         # SB3 sets any keyword as an attribute; covey takes the constructor's (e.g. SAC's action_noise)
@@ -1922,6 +2007,25 @@ class BaseAgent:
             model._go_on_from(place)
         model._loaded()
         return model
+
+
+class _TensorAttribute:
+    """A tensor attribute a subclass's ``_get_torch_save_params`` names, as a parameter group: ``{"tensor": ...}``,
+    loaded back in place (a parameter stays the object its optimizer holds)."""
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"tensor": getattr(self.owner, self.name).detach().clone()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        current, saved = getattr(self.owner, self.name), state["tensor"]
+        if current.shape == saved.shape:
+            with torch.no_grad():
+                current.copy_(saved)
+        else:
+            setattr(self.owner, self.name, saved.clone().to(current.device))
 
 
 _COPIED_OPTIMIZERS = "_policy_optimizers"
@@ -2083,7 +2187,11 @@ def _rebuild_agent(cls: type, snapshot: dict[str, Any]) -> BaseAgent:
             given["policy_class"] = snapshot["policy_class"]
             given[_COPIED_OPTIMIZERS] = snapshot["policy_optimizers"]
         model = cls.load(
-            io.BytesIO(snapshot["file"]), env=snapshot["env"], device=snapshot["device"], custom_objects=given
+            io.BytesIO(snapshot["file"]),
+            env=snapshot["env"],
+            device=snapshot["device"],
+            custom_objects=given,
+            **snapshot.get("subclass_arguments", {}),
         )
     finally:
         random.setstate(states[0])
