@@ -206,7 +206,7 @@ def test_flat_optimizer_loads_a_per_parameter_state_and_continues_identically():
         ref_opt.step()
     for p, q in zip(net.parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=1e-6)
-    with pytest.raises(ValueError, match="one group of 4"):
+    with pytest.raises(ValueError, match="first group has 4"):
         opt.load_state_dict(torch.optim.Adam(nn.Linear(2, 2).parameters()).state_dict())
 
 

@@ -510,3 +510,39 @@ def test_a_subclass_whose_sac_collect_rollouts_is_sb3s_trains_as_covey_collects(
     np.testing.assert_array_equal(mine.replay_buffer.actions[:260], ours.replay_buffer.actions[:260])
     for name, value in weights(ours, sb3=False).items():
         torch.testing.assert_close(weights(mine, sb3=False)[name], value, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_a_script_clipping_the_optimizers_own_parameters_clips_as_sb3s_does(name):
+    """A script that clips (or reads) the gradients of optimizer.param_groups' parameters between its backward and
+    its step: covey's optimizer holds one flat buffer, whose gradient stayed None after zero_grad(), so the
+    clipping saw no gradient (norm 0) and the step took them unclipped. The buffer's gradient now fills as the
+    backward reaches each parameter: the same norm and the same step as SB3's, and parameters no loss reached
+    still stay."""
+    import covey
+
+    env = "CartPole-v1" if name == "PPO" else "Pendulum-v1"
+    theirs = getattr(stable_baselines3, name)("MlpPolicy", env, seed=0)
+    ours = getattr(covey, name)("MlpPolicy", env, seed=1)
+    ours.policy.load_state_dict(theirs.policy.state_dict())
+    obs = torch.as_tensor(
+        np.random.default_rng(0).normal(size=(64, *theirs.observation_space.shape)), dtype=torch.float32
+    )
+    norms = []
+    for model in (theirs, ours):
+        optimizer = model.policy.optimizer if name == "PPO" else model.critic.optimizer
+        for _ in range(2):
+            optimizer.zero_grad()
+            if name == "PPO":  # the value branch alone: the actor's layers get no gradient
+                loss = 1000 * model.policy.predict_values(obs).pow(2).mean()
+            else:
+                actions = torch.zeros(64, 1)
+                loss = 1000 * sum(q.pow(2).mean() for q in model.critic(obs, actions))
+            loss.backward()
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, 0.5)))
+            optimizer.step()
+    assert norms[0] > 1.0 and norms[:2] == pytest.approx(norms[2:], rel=1e-4)
+    after_theirs, after_ours = weights(theirs, sb3=True), weights(ours, sb3=False)
+    for k in after_theirs:
+        torch.testing.assert_close(after_ours[k], after_theirs[k], rtol=1e-4, atol=1e-6)

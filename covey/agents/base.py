@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import importlib
 import inspect
 import io
@@ -415,9 +416,37 @@ class FlatParameters:
         if set_to_none:
             for p in self.params:
                 p.grad = None
-            self.data.grad = None
+            # The buffer's gradient fills as the backward reaches each parameter, so that a script that clips or
+            # reads the optimizer's own parameters (optimizer.param_groups[0]["params"], the buffer) between its
+            # backward and its step finds the gradients there.
+            self.data.grad = self.grad
+            self._watch_backward()
         else:
             self.relink()
+
+    def _watch_backward(self) -> None:
+        """Until the next :meth:`script_step`: each parameter the backward reaches has its fresh ``.grad`` taken
+        into its slice of :attr:`grad` (and becomes a view of it again); one it does not reach keeps None."""
+        if getattr(self, "_hooks", None):
+            return
+        if not hasattr(self, "_links"):
+            self.relink()
+
+        def take_in(p: torch.Tensor, slot: torch.Tensor) -> None:
+            if p.grad is not slot:
+                slot.copy_(p.grad)
+                p.grad = slot
+
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(functools.partial(take_in, slot=grad))
+            for p, _, grad in self._links
+            if grad is not None
+        ]
+
+    def _unwatch_backward(self) -> None:
+        for hook in getattr(self, "_hooks", None) or []:
+            hook.remove()
+        self._hooks = []
 
     def gather_grads(self) -> list[slice]:
         """Take the gradients a backward wrote outside the buffer (after a ``zero_grad`` that set the parameters'
@@ -451,6 +480,7 @@ class FlatParameters:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._unwatch_backward()
         self.step(optimizer, skip=self.gather_grads())
         return loss
 
