@@ -1038,6 +1038,9 @@ def test_ppo_rollouts_run_both_networks_in_evaluation_mode_and_updates_in_traini
         rollout = [training for rows, training in extractor.calls if rows == 1]
         update = [training for rows, training in extractor.calls if rows == 16]
         assert rollout and update and not any(rollout) and all(update)
+    for mode in (False, True):  # the mode SB3's mlp_extractor reports is the policy's (a view of its layers)
+        model.policy.set_training_mode(mode)
+        assert model.policy.mlp_extractor.training is mode and model.policy.training is mode
 
 
 def test_sac_target_critics_run_in_evaluation_mode_with_the_critics_batch_norm_statistics():

@@ -419,6 +419,7 @@ class MlpExtractor(_UncalledWhole, nn.Module):
         super().__init__()
         self.policy_net, self.value_net = policy_net, value_net
         self.latent_dim_pi, self.latent_dim_vf = policy_net.out_dim, value_net.out_dim
+        self.training = policy_net.training  # the mode of the layers it views, as a registered module's follows
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward_actor(features), self.forward_critic(features)
