@@ -338,6 +338,7 @@ def test_a_weight_change_inside_a_rollout_is_named_where_the_rollout_is_evaluate
         ("sac actor", "mu"),
         ("sac actor", "latent_pi"),
         ("sac critic", "features_extractor"),
+        ("sac critic", "qf0"),
     ],
 )
 def test_assigning_a_module_to_sb3s_name_for_a_part_of_the_network_is_refused(where, name):
@@ -378,6 +379,13 @@ def test_a_parameter_or_layer_replaced_by_another_object_is_refused_at_learn(age
     owner = model.actor.head if agent == "PPO" else model.critic.qs[0].head
     owner.proj = torch.nn.Linear(owner.proj.in_features, owner.proj.out_features)
     with pytest.raises(ValueError, match=r"2 of this model's parameters were replaced"):
+        model.learn(32)
+    # a whole network in place of one (SAC's actor has an optimizer, and a flat buffer, of its own)
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32) if agent == "PPO" else None
+    model = model or SAC("MlpPolicy", "Pendulum-v1", learning_starts=8, batch_size=8, seed=0)
+    model.policy.actor = copy.deepcopy(model.actor)
+    n = len(list(model.actor.parameters()))
+    with pytest.raises(ValueError, match=rf"{n} of this model's parameters were replaced .*policy\.actor\."):
         model.learn(32)
 
 

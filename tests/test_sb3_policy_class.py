@@ -176,6 +176,13 @@ def test_actions_of_a_space_with_a_start_reach_the_env_and_predict_in_the_space(
     assert all(action_space.contains(np.asarray(a, dtype=action_space.dtype)) for a in predicted)
     raw = model.policy.predict(buffer.observations.reshape(32, 3), deterministic=True)[0]  # SB3's own call
     np.testing.assert_array_equal(predicted, raw + action_space.start)
+    # SB3's train() pattern on rollout_buffer.get(): the class's own actions, scored as they were drawn
+    (batch,) = list(buffer.get())
+    own = batch.actions.long().flatten() if isinstance(action_space, spaces.Discrete) else batch.actions.long()
+    assert own.min() >= 0
+    with torch.no_grad():
+        _, log_probs, _ = model.policy.evaluate_actions(batch.observations, own)
+    torch.testing.assert_close(log_probs, batch.old_log_prob, rtol=1e-5, atol=1e-6)
 
 
 def test_discrete_observations_with_a_start_are_refused_at_the_constructor():

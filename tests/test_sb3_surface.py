@@ -2490,8 +2490,11 @@ def test_an_optimizer_with_a_param_group_a_subclass_added_saves_loads_and_checkp
             assert torch.equal(torch.as_tensor(back["state"][i][key]), torch.as_tensor(value)), (i, key)
     assert [group["lr"] for group in back["param_groups"]] == [group["lr"] for group in state["param_groups"]]
     loaded.learn(32)
-    with pytest.raises(ValueError, match=r"'policy.optimizer' has 2 parameter groups, this model's optimizer 1"):
+    with pytest.raises(ValueError, match=r"'policy.optimizer' has 2 parameter groups, this model's optimizer 1: it"):
         PPO.load(tmp_path / "model")
+    PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(tmp_path / "plain")
+    with pytest.raises(ValueError, match=r"has 1 parameter groups, this model's optimizer 2: this is a model whose"):
+        WithAux.load(tmp_path / "plain")
 
 
 class AuxiliaryPPO(PPO):

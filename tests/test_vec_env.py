@@ -309,6 +309,29 @@ def test_reset_infos_are_each_copys_and_options_are_one_dict_for_every_copy():
         venv.set_options([{"level": 1}, {"level": 1}])  # the same for every copy
         venv.reset()
         assert [i["options"] for i in venv.reset_infos] == [{"level": 1}] * 2
+        venv.set_options([{"goal": np.array([1.0, 2.0])} for _ in range(2)])  # equal arrays, other objects
+        venv.reset()
+        np.testing.assert_array_equal(venv.reset_infos[1]["options"]["goal"], [1.0, 2.0])
+
+
+def test_a_vector_env_of_its_own_is_seeded_with_one_int():
+    """SB3's seed(s) asks for s, s+1, ...: a vector env of its own (one that resets in the same step, which covey
+    takes) seeds from one int, as Gymnasium's VectorEnv.reset takes it; Sync and Async envs get the same seeds."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+    class SameStepCartPole(CartPoleVectorEnv):
+        metadata = {**CartPoleVectorEnv.metadata, "autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    venv = GymnasiumVecEnv(SameStepCartPole(num_envs=2))
+    venv.seed(3)
+    first = venv.reset()
+    venv.seed(3)
+    np.testing.assert_array_equal(venv.reset(), first)
+    model = PPO("MlpPolicy", SameStepCartPole(num_envs=2), seed=0, n_steps=8, batch_size=16)
+    assert model.learn(16).num_timesteps == 16
+    sync = GymnasiumVecEnv(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"))
+    sync.seed(3)
+    np.testing.assert_array_equal(sync.reset(), [gym.make("CartPole-v1").reset(seed=s)[0] for s in (3, 4)])
 
 
 @pytest.mark.parametrize(

@@ -1355,6 +1355,10 @@ class BaseAgent:
             flat.relink()
         self._check_parameter_objects(flats)
 
+    def _parameters_outside_networks(self) -> list[torch.Tensor]:
+        """Parameters an optimizer trains that no network holds (SAC's learned temperature)."""
+        return []
+
     def _check_parameter_objects(self, flats: list[FlatParameters]) -> None:
         """Refuse a parameter object replaced in a network (``policy.action_net.bias = nn.Parameter(...)``): the
         optimizer, NumPy acting and the hand-written updates hold the one the model was built with, so the new one
@@ -1368,9 +1372,8 @@ class BaseAgent:
                 return
         groups = {name: m for name, m in self._parameter_groups().items() if isinstance(m, torch.nn.Module)}
         held = {id(p) for m in groups.values() for p in m.parameters()}
-        lost = [
-            p for flat in flats if any(id(q) in held for q in flat.params) for p in flat.params if id(p) not in held
-        ]
+        held |= {id(p) for p in self._parameters_outside_networks()}
+        lost = [p for flat in flats for p in flat.params if id(p) not in held]
         if not lost:
             modules = {id(m): m for group in groups.values() for m in group.modules()}.values()
             self._module_links = (
@@ -1694,10 +1697,11 @@ class BaseAgent:
             elif isinstance(target, torch.optim.Optimizer) and len(state.get("param_groups", ())) != len(
                 target.param_groups
             ):
+                more = "it was saved by" if len(state["param_groups"]) > len(target.param_groups) else "this is"
                 raise ParameterMismatchError(
                     f"The state of {name!r} has {len(state['param_groups'])} parameter groups, this model's optimizer "
-                    f"{len(target.param_groups)}: it was saved by a model whose optimizer had groups added "
-                    "(add_param_group, in a subclass's _setup_model say). Load it with that class, or leave the "
+                    f"{len(target.param_groups)}: {more} a model whose optimizer had groups added (add_param_group, "
+                    "in a subclass's _setup_model say). Load it with a model of the same groups, or leave the "
                     "optimizer's state out (set_parameters with only the networks)."
                 )
             else:

@@ -404,7 +404,7 @@ class POCA(BaseAgent):
             return {}, state
         agents = list(observation)
         if self._flat_dict is not None:  # flat, as the networks take them
-            observation = {a: self._flat_dict.flatten(observation[a], repr(a)) for a in agents}
+            observation = {a: self._flat_dict.flatten(observation[a], repr(a), any_layout=True) for a in agents}
         else:
             observation = {a: match_image_axes(np.asarray(observation[a]), self._stored_space) for a in agents}
         wrong = {a: np.shape(observation[a]) for a in agents if np.shape(observation[a]) != single}

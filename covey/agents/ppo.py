@@ -800,6 +800,7 @@ class PPO(BaseAgent):
         self.rollout_buffer = RolloutBuffer(
             self.config.n_steps, self.n_envs, self.observation_space, self.action_space, self.device
         )
+        self.rollout_buffer.policy_action_start = self._sb3_trainer.start
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

@@ -14,6 +14,11 @@ from covey.networks.encoders import obs_dtype
 from covey.networks.obs import ObsTensor
 
 
+def _sb3_actions(actions: torch.Tensor) -> torch.Tensor:
+    """Actions as SB3's rollout buffer gives them: float32 ``(batch, action_dim)``."""
+    return actions.reshape(len(actions), -1).float()
+
+
 class RolloutBatch(NamedTuple):
     """One minibatch of flattened agent-steps."""
 
@@ -140,6 +145,9 @@ class RolloutBuffer:
         self.observations_tensor = _alloc_obs(observation_space, (n_steps, n_envs), device)
         act_shape, act_dtype = action_storage(action_space)
         self.actions_tensor = torch.zeros((n_steps, n_envs, *act_shape), dtype=act_dtype, device=device)
+        # Where the policy's actions are those stored less a start (a user's SB3 policy class acts from 0 in a
+        # Discrete space with a start): get() gives the policy's, as SB3's train() hands them to it
+        self.policy_action_start: np.ndarray | None = None
         # On the CPU, NumPy views of the same memory: a step's NumPy arrays are written straight into them (a
         # fraction of what a tensor made of them and written by PyTorch costs)
         cpu = self.device.type == "cpu"
@@ -352,7 +360,9 @@ class RolloutBuffer:
                 "(after collect_rollouts)."
             )
         batches = self.minibatches(batch_size if batch_size is not None else self.n_steps * self.n_envs)
-        return (batch._replace(actions=batch.actions.reshape(len(batch.actions), -1).float()) for batch in batches)
+        start = self.policy_action_start
+        shift = 0.0 if start is None else torch.as_tensor(start, dtype=torch.float32, device=self.device).reshape(1, -1)
+        return (batch._replace(actions=_sb3_actions(batch.actions) - shift) for batch in batches)
 
     def minibatches(self, batch_size: int) -> Iterator[RolloutBatch]:
         """Shuffled minibatches over all ``n_steps * n_envs`` samples (the last one may be smaller).

@@ -294,9 +294,12 @@ class ReadOnlyViews:
     ``actor.mu``, ``features_extractor``, ...). ``nn.Module.__setattr__`` would register a module or parameter
     assigned to one beside the network, where nothing uses or trains it: refused, naming what works."""
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def _is_view(self, name: str) -> bool:
         view = getattr(type(self), name, None)
-        if isinstance(view, property) and view.fset is None and isinstance(value, (nn.Module, torch.Tensor)):
+        return isinstance(view, property) and view.fset is None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, (nn.Module, torch.Tensor)) and self._is_view(name):
             raise AttributeError(
                 f"{type(self).__name__}.{name} is SB3's name for a part of covey's network, read from it: a "
                 f"{type(value).__name__} assigned to it would stand beside the network, unused and untrained. Change "
@@ -912,6 +915,9 @@ class QEnsemble(ReadOnlyViews, SB3FeatureNames, nn.Module):
 
     def _sb3_shape(self, q: torch.Tensor) -> torch.Tensor:
         return q if self.qs[0].discrete else q.unsqueeze(-1)
+
+    def _is_view(self, name: str) -> bool:
+        return (name.startswith("qf") and name[2:].isdigit()) or super()._is_view(name)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("qf") and name[2:].isdigit():  # SB3's qf0, qf1, ...: its q_networks by name

@@ -230,13 +230,15 @@ class FlatDict:
                     )
         self.space = space
         self.shapes = {key: tuple(sub.shape) for key, sub in space.spaces.items()}
+        self.images = {key for key, sub in space.spaces.items() if is_image_space(sub)}
         self.dtypes = {key: obs_dtype(sub) for key, sub in space.spaces.items()}
         sizes = [int(np.prod(shape)) for shape in self.shapes.values()]
         self.bounds = dict(zip(self.shapes, zip(np.cumsum([0, *sizes[:-1]]).tolist(), np.cumsum(sizes).tolist())))
         self.flat_space = spaces.Box(-np.inf, np.inf, (int(sum(sizes)),), np.float32)
 
-    def flatten(self, observation: Any, who: str = "") -> np.ndarray:
-        """One observation (a dict with the space's keys) as a float32 vector; a clear error for anything else."""
+    def flatten(self, observation: Any, who: str = "", any_layout: bool = False) -> np.ndarray:
+        """One observation (a dict with the space's keys) as a float32 vector; a clear error for anything else.
+        ``any_layout``: an image key given in the other channel order is moved to the space's (``predict``)."""
         where = f" of {who}" if who else ""
         if not isinstance(observation, dict):
             raise ValueError(
@@ -247,7 +249,9 @@ class FlatDict:
         for key, shape in self.shapes.items():
             if key not in observation:
                 raise ValueError(f"The observation{where} lacks the key {key!r} of the Dict space {self.space}.")
-            value = match_image_axes(np.asarray(observation[key]), self.space[key]).astype(np.float32)
+            value = np.asarray(observation[key], dtype=np.float32)
+            if any_layout and key in self.images:
+                value = match_image_axes(value, self.space[key])
             if value.shape != shape:
                 raise ValueError(
                     f"The observation{where} has shape {value.shape} for key {key!r}; the space expects {shape}. "

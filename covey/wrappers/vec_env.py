@@ -273,8 +273,14 @@ class GymnasiumVecEnv(VecEnv):
         self._reset_options()
         self._ep_return[:] = 0.0
         self._ep_length[:] = 0
-        # VecEnv.seed(s) asks for seeds s, s+1, ...: Gymnasium vector envs take them as a list
-        seed = None if all(s is None for s in seeds) else seeds
+        # VecEnv.seed(s) asks for seeds s, s+1, ...: one int to a Gymnasium vector env (any takes one), otherwise
+        # a list (Gymnasium's SyncVectorEnv and AsyncVectorEnv take one)
+        if all(s is None for s in seeds):
+            seed = None
+        elif seeds[0] is not None and seeds == [seeds[0] + i for i in range(self.num_envs)]:
+            seed = seeds[0]
+        else:
+            seed = seeds
         obs, info = self.venv.reset(seed=seed, options=dict(options) or None)
         self.reset_infos = [_copy_info(info, i) for i in range(self.num_envs)]
         return self._own(obs)
@@ -453,9 +459,16 @@ def image_layout_moves(space: spaces.Space, target: spaces.Space) -> dict[str | 
 
 
 def _same_options(a: Any, b: Any) -> bool:
+    """Whether two copies' options are equal, arrays in them compared by value."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_options(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(map(_same_options, a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(a, b)
     try:
         return bool(a == b)
-    except ValueError:  # arrays in them: the same objects only
+    except (ValueError, TypeError):  # a value without a truth value: the same object only
         return a is b
 
 
