@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import math
 import os
 import platform
 import shlex
@@ -525,17 +526,45 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             args.task_list = [name for name in args.task_list if name not in args.left_out]
     else:
         args.task_list = list(dict.fromkeys(name.strip() for name in args.tasks.split(",") if name.strip()))
+    if not args.task_list:
+        parser.error(f"--tasks names no task; choose from {', '.join(TASKS_BY_NAME)}")
     unknown = [name for name in args.task_list if name not in TASKS_BY_NAME]
-    if unknown or not args.task_list:
+    if unknown:
         parser.error(f"unknown task(s) {unknown}; choose from {', '.join(TASKS_BY_NAME)}")
     outside = [name for name in args.task_list if args.suite not in TASKS_BY_NAME[name].budgets]
     if outside:
         parser.error(f"task(s) {outside} have no {args.suite} budget; run them with --suite full")
     if args.seeds is None:
         args.seeds = DEFAULT_SEEDS[args.suite]
-    if args.seeds < 1 or args.threads < 1 or args.scale <= 0 or args.env_seconds <= 0:
-        parser.error("--seeds and --threads must be >= 1, --scale and --env-seconds > 0")
+    if args.seeds < 1 or args.threads < 1 or not 0 < args.scale < math.inf or not 0 < args.env_seconds < math.inf:
+        parser.error("--seeds and --threads must be >= 1, --scale and --env-seconds finite numbers > 0")
+    if args.out is not None:
+        problem = out_problem(args.out)
+        if problem:
+            parser.error(f"--out {args.out}: {problem}")
     return args
+
+
+def out_problem(path: str) -> str | None:
+    """Why the report cannot go to ``path`` (checked before the runs, which take minutes to hours), or None."""
+    if not path:
+        return "name a file"
+    if os.path.isdir(path):
+        return "is a folder; name a file in it (e.g. results.md)"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"its folder {folder} does not exist; create it first"
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "cannot be written here; choose a writable place"
+    if os.path.exists(path):
+        with open(path, errors="replace") as file:
+            old = file.read()
+        if old.strip() and HAND_WRITTEN not in old:
+            return (
+                "holds other text, not a report of this command (which keeps the notes below its "
+                f"{HAND_WRITTEN[:40]!r}... line): name a new file, or delete this one"
+            )
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -548,16 +577,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    by_name = {
-        result.task.name: result
-        for group in task_groups(args.task_list)
-        for result in run_group(group, args.suite, args.seeds, args.scale, args.env_seconds, log)
-    }
-    results = [by_name[name] for name in args.task_list]
+    by_name = {}
+    try:
+        for group in task_groups(args.task_list):
+            for result in run_group(group, args.suite, args.seeds, args.scale, args.env_seconds, log):
+                by_name[result.task.name] = result
+    except KeyboardInterrupt:
+        done = [name for name in args.task_list if name in by_name]
+        log(
+            "interrupted: "
+            + (f"the report holds the tasks that finished ({', '.join(done)})" if done else "no task had finished")
+        )
+        if not done:
+            raise SystemExit(130) from None
+        interrupted = True
+    else:
+        interrupted = False
+    results = [by_name[name] for name in args.task_list if name in by_name]
     report = format_report(results, args, command, started, load_at_start, code)
     print(report)
     if args.out:
-        write_report(args.out, report)
+        try:
+            write_report(args.out, report)
+        except OSError as err:
+            log(f"the report was not written to {args.out}: {err}")
+            raise SystemExit(1) from None
+    if interrupted:
+        raise SystemExit(130)
 
 
 HAND_WRITTEN = "Everything above this line was written by the command. The notes below were added by hand."

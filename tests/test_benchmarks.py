@@ -765,3 +765,53 @@ def test_compare_runs_users_policy_classes_in_both_frameworks():
         assert number(cell(row, "covey/SB3 time ratio")) > 0
     assert "a user's subclass of SB3's ActorCriticPolicy" in result.stdout
     assert "a user's subclass of SB3's SACPolicy" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--scale", "nan"], "finite numbers > 0"),
+        (["--scale", "inf"], "finite numbers > 0"),
+        (["--env-seconds", "nan"], "finite numbers > 0"),
+        (["--tasks", ","], "--tasks names no task"),
+        (["--out", "{tmp}/missing/x.md"], "does not exist; create it first"),
+        (["--out", "{tmp}"], "is a folder; name a file in it"),
+        (["--out", "{tmp}/notes.md"], "holds other text, not a report of this command"),
+    ],
+)
+def test_compare_refuses_bad_arguments_before_any_run(arguments, message, tmp_path, capsys):
+    """Non-finite budgets, and an --out the report could not go to, are named at once: a bad --out failed with a
+    traceback after the whole run (minutes to hours), and an unrelated file would have been overwritten."""
+    from benchmarks import compare
+
+    (tmp_path / "notes.md").write_text("my notes\n")
+    arguments = [a.replace("{tmp}", str(tmp_path)) for a in arguments]
+    with pytest.raises(SystemExit) as exit_info:
+        compare.parse_args(["--tasks", "ppo_cartpole_1env", *arguments])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert (tmp_path / "notes.md").read_text() == "my notes\n"
+
+
+def test_compare_interrupted_reports_the_tasks_that_finished(monkeypatch, tmp_path, capsys):
+    """Ctrl-C during a run keeps what finished: the report holds the finished tasks (printed and written to --out),
+    and the command exits 130, where it ended in a traceback and wrote nothing."""
+    from benchmarks import compare
+
+    def fake_group(group, suite, seeds, scale, env_seconds, log):
+        for task in group:
+            if task.name == "sac_pendulum":
+                raise KeyboardInterrupt
+            runs = [compare.RunResult(f, 0, 1.0, 1000, 10.0) for f in ("covey", "sb3")]
+            yield compare.TaskResult(task, 5000.0, runs)
+
+    monkeypatch.setattr(compare, "run_group", fake_group)
+    out = tmp_path / "report.md"
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main(["--tasks", "ppo_cartpole_1env,sac_pendulum", "--seeds", "1", "--out", str(out)])
+    assert exit_info.value.code == 130
+    captured = capsys.readouterr()
+    assert "interrupted: the report holds the tasks that finished (ppo_cartpole_1env)" in captured.err
+    rows = table_rows(captured.out)
+    assert list(rows) == ["ppo_cartpole_1env"]
+    assert "| ppo_cartpole_1env |" in out.read_text()
