@@ -536,6 +536,48 @@ def test_every_shipped_config_validates(tmp_path):
     assert not list(tmp_path.iterdir())  # checking trains nothing and writes nothing
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(scale=float("inf")), r"--scale must be a finite number > 0, got inf"),
+        (dict(threads=0), r"--threads must be a whole number >= 1"),
+        (dict(out=""), r"--out is empty \(an unset shell variable\?\)"),
+        (dict(out="afile"), r"--out afile is a file; name a folder"),
+        (dict(out="afile/sub"), r"--out afile/sub cannot be created"),
+    ],
+)
+def test_demo_refuses_what_it_cannot_run_with_the_fix(kwargs, message, tmp_path, monkeypatch):
+    """An infinite scale, no threads, an empty --out (which trained into the working folder) or a file where the
+    folder goes: named by the demo's own flags, before any training (tracebacks, or the wording of covey train's
+    --run-dir and torch_threads, before)."""
+    from covey.cli.config import CLIError
+    from covey.cli.demo import run_demo
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(CLIError, match=message):
+        run_demo(**{"scale": 0.01, **kwargs})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+@pytest.mark.parametrize("how", ["code", "interrupt"])
+def test_an_interrupted_demo_says_what_it_left_and_how_to_run_it_again(how, tmp_path, capsys, monkeypatch):
+    """Ctrl-C in a demo's training (the run saves and returns 130) or after it: the demo says it does not go on from
+    there and how to run it again, where it passed on the run's resume hint alone (or said nothing)."""
+    from covey.cli import demo, training
+
+    def stopped(cfg, run_dir, **kwargs):
+        if how == "interrupt":
+            raise KeyboardInterrupt
+        return 130
+
+    monkeypatch.setattr(training, "start", stopped)
+    assert demo.run_demo(0.01, tmp_path / "demo") == 130
+    err = capsys.readouterr().err
+    assert "covey demo: stopped" in err and f"another --out (or remove {tmp_path / 'demo'})" in err
+    assert ("during PPO CartPole-v1" in err) == (how == "code")
+
+
 @pytest.mark.slow
 def test_demo_at_a_tiny_scale(tmp_path):
     result = covey("demo", "--scale", "0.01", "--out", "demo", cwd=tmp_path)

@@ -7,6 +7,7 @@ trained simple_spread team, and prints a table: task, env steps, seconds, traine
 from __future__ import annotations
 
 import copy
+import math
 import pathlib
 import sys
 import time
@@ -64,33 +65,51 @@ def run_demo(scale: float = 1.0, out: str | pathlib.Path | None = None, threads:
     from covey.cli.evaluation import Evaluator, record_gif
     from covey.cli.training import start
 
-    if not scale > 0:
-        raise CLIError(f"--scale must be > 0, got {scale}.")
+    if not 0 < scale < math.inf:
+        raise CLIError(f"--scale must be a finite number > 0, got {scale}.")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise CLIError(f"--threads must be a whole number >= 1 (torch threads for training), got {threads}.")
+    if out is not None and not str(out).strip():
+        raise CLIError("--out is empty (an unset shell variable?): name the folder for the demo's runs.")
     root = pathlib.Path(out) if out is not None else pathlib.Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    if root.exists() and not root.is_dir():
+        raise CLIError(f"--out {root} is a file; name a folder for the demo's runs.")
     if root.exists() and any(root.iterdir()):
         raise CLIError(f"{root} exists and is not empty; choose another --out.")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CLIError(f"--out {root} cannot be created ({err.strerror}): choose a folder that can be.") from None
     episodes = 20 if scale >= 0.2 else 3
     rows, models = [], {}
-    for task, name, raw in TASKS:
-        raw = scaled(raw, scale)
-        raw["torch_threads"] = threads
-        cfg = RunConfig.from_dict(raw)
-        print(f"covey demo: {task}, {cfg.timesteps:,} env steps", file=sys.stderr, flush=True)
-        started = time.perf_counter()
-        code = start(cfg, root / name, desc=task, quiet=True)
-        seconds = time.perf_counter() - started
-        if code != 0:
-            return code
-        model = load(root / name / "model.zip", device="cpu")
-        evaluator = Evaluator(cfg, episodes, deterministic=True, seed=10_000)
-        trained, _ = evaluator(model)
-        random, _ = evaluator(None)
-        evaluator.close()
-        rows.append((task, int(model.num_timesteps), seconds, trained, random))
-        models[name] = (model, cfg)
-    model, cfg = models["poca-simple_spread"]
-    gif, _, _ = record_gif(model, cfg, root / "simple_spread.gif", episodes=2, seed=10_000, fps=8)
-    curves = stack_images([root / name / "curve.png" for _, name, _ in TASKS], root / "curves.png")
+    finished: list[pathlib.Path] = []
+    try:
+        for task, name, raw in TASKS:
+            raw = scaled(raw, scale)
+            raw["torch_threads"] = threads
+            cfg = RunConfig.from_dict(raw)
+            rollout = raw["hyperparameters"]["n_steps"] * raw["n_envs"]  # the budget in whole rollouts, as trained
+            print(f"covey demo: {task}, {-(-cfg.timesteps // rollout) * rollout:,} env steps", file=sys.stderr)
+            started = time.perf_counter()
+            code = start(cfg, root / name, desc=task, quiet=True)
+            seconds = time.perf_counter() - started
+            if code != 0:
+                _say_stopped(root, finished, f"during {task}")
+                return code
+            finished.append(root / name)
+            model = load(root / name / "model.zip", device="cpu")
+            evaluator = Evaluator(cfg, episodes, deterministic=True, seed=10_000)
+            trained, _ = evaluator(model)
+            random, _ = evaluator(None)
+            evaluator.close()
+            rows.append((task, int(model.num_timesteps), seconds, trained, random))
+            models[name] = (model, cfg)
+        model, cfg = models["poca-simple_spread"]
+        gif, _, _ = record_gif(model, cfg, root / "simple_spread.gif", episodes=2, seed=10_000, fps=8)
+        curves = stack_images([root / name / "curve.png" for _, name, _ in TASKS], root / "curves.png")
+    except KeyboardInterrupt:
+        _say_stopped(root, finished, "")
+        return 130
     print(_table(rows, episodes))
     print(
         f"\nRun folders: {root / TASKS[0][1]} and {root / TASKS[1][1]} (config.yaml, progress.csv, evaluations.csv, "
@@ -98,6 +117,16 @@ def run_demo(scale: float = 1.0, out: str | pathlib.Path | None = None, threads:
         f"\nNext: covey eval {root / TASKS[0][1]}; covey enjoy {root / TASKS[1][1]} --gif team.gif"
     )
     return 0
+
+
+def _say_stopped(root: pathlib.Path, finished: list[pathlib.Path], when: str) -> None:
+    """What an interrupted demo leaves: the runs that finished, and how to run the demo again."""
+    done = f"; finished runs: {', '.join(map(str, finished))}" if finished else ""
+    print(
+        f"covey demo: stopped{' ' + when if when else ''}{done}. The demo does not go on from there: run it again "
+        f"with another --out (or remove {root}).",
+        file=sys.stderr,
+    )
 
 
 def stack_images(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path | None:
