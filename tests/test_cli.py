@@ -560,6 +560,18 @@ def test_demo_refuses_what_it_cannot_run_with_the_fix(kwargs, message, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
+def test_a_run_folder_given_where_a_config_or_a_run_goes_is_named_with_the_command_that_takes_it(tmp_path):
+    """covey train on a run folder, or covey resume on the folder that holds runs (the demo's): the error names
+    the command to use, or the run folders inside."""
+    run = tmp_path / "demo" / "ppo-CartPole-v1"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("agent: ppo\nenv: CartPole-v1\n")
+    result = covey("train", run, cwd=tmp_path, check=False)
+    assert result.returncode == 2 and f"is a run folder: go on training it with covey resume {run}" in result.stderr
+    result = covey("resume", tmp_path / "demo", cwd=tmp_path, check=False)
+    assert result.returncode == 2 and f"the run folders in it: {run}." in result.stderr
+
+
 @pytest.mark.parametrize("how", ["code", "interrupt"])
 def test_an_interrupted_demo_says_what_it_left_and_how_to_run_it_again(how, tmp_path, capsys, monkeypatch):
     """Ctrl-C in a demo's training (the run saves and returns 130) or after it: the demo says it does not go on from

@@ -73,6 +73,8 @@ def _cmd_train(args: Any) -> int:
         raw: dict[str, Any] = {"agent": target.lower()}
     elif pathlib.Path(target).is_file() or target.endswith((".yaml", ".yml")):
         raw = load_yaml_file(target)
+    elif (pathlib.Path(target) / "config.yaml").is_file():
+        raise CLIError(f"{target!r} is a run folder: go on training it with covey resume {target}.")
     else:
         raise CLIError(f"{target!r} is neither a config file nor an agent name ({', '.join(AGENTS)}).")
     _given_once(args, ("env", "policy", "timesteps", "n_envs", "seed", "env_kwargs"))

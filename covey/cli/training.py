@@ -536,7 +536,9 @@ def load_run_config(folder: RunFolder, sets: list[str] | None = None) -> RunConf
     if not folder.path.exists():
         raise CLIError(f"{folder.path} does not exist: give the run folder that covey train wrote (its --run-dir).")
     if not folder.is_run():
-        raise CLIError(f"{folder.path} is not a run folder (it has no config.yaml).")
+        inside = sorted(p for p in folder.path.glob("*/config.yaml")) if folder.path.is_dir() else []
+        runs = f"; the run folders in it: {', '.join(str(p.parent) for p in inside)}" if inside else ""
+        raise CLIError(f"{folder.path} is not a run folder (it has no config.yaml){runs}.")
     raw = load_yaml_file(folder.config)
     sets = list(sets or [])
     for item in sets:
