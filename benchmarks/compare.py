@@ -458,11 +458,17 @@ def format_report(
     started: datetime.datetime,
     load_at_start: tuple[float, float, float],
     code: str,
+    not_run: Sequence[str] = (),
 ) -> str:
     minutes = (datetime.datetime.now().astimezone() - started).total_seconds() / 60
     load = "/".join(f"{value:.2f}" for value in os.getloadavg())
     machine = [
         f"- command: `{command}`",
+        *(
+            [f"- interrupted (Ctrl-C) before these tasks finished, which the table leaves out: {', '.join(not_run)}"]
+            if not_run
+            else []
+        ),
         f"- code: {code}",
         f"- date: {started.isoformat(timespec='seconds')} (took {minutes:.1f} min)",
         f"- suite: {args.suite}, seeds: {args.seeds}, scale: {args.scale}",
@@ -549,8 +555,8 @@ def out_problem(path: str) -> str | None:
     """Why the report cannot go to ``path`` (checked before the runs, which take minutes to hours), or None."""
     if not path:
         return "name a file"
-    if os.path.isdir(path):
-        return "is a folder; name a file in it (e.g. results.md)"
+    if os.path.isdir(path) or path.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
+        return "names a folder; name a file in it (e.g. results.md)"
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         return f"its folder {folder} does not exist; create it first"
@@ -594,7 +600,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         interrupted = False
     results = [by_name[name] for name in args.task_list if name in by_name]
-    report = format_report(results, args, command, started, load_at_start, code)
+    not_run = [name for name in args.task_list if name not in by_name]
+    report = format_report(results, args, command, started, load_at_start, code, not_run)
     print(report)
     if args.out:
         try:

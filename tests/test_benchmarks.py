@@ -775,7 +775,8 @@ def test_compare_runs_users_policy_classes_in_both_frameworks():
         (["--env-seconds", "nan"], "finite numbers > 0"),
         (["--tasks", ","], "--tasks names no task"),
         (["--out", "{tmp}/missing/x.md"], "does not exist; create it first"),
-        (["--out", "{tmp}"], "is a folder; name a file in it"),
+        (["--out", "{tmp}"], "names a folder; name a file in it"),
+        (["--out", "{tmp}/new/"], "names a folder; name a file in it"),
         (["--out", "{tmp}/notes.md"], "holds other text, not a report of this command"),
     ],
 )
@@ -814,4 +815,6 @@ def test_compare_interrupted_reports_the_tasks_that_finished(monkeypatch, tmp_pa
     assert "interrupted: the report holds the tasks that finished (ppo_cartpole_1env)" in captured.err
     rows = table_rows(captured.out)
     assert list(rows) == ["ppo_cartpole_1env"]
-    assert "| ppo_cartpole_1env |" in out.read_text()
+    written = out.read_text()
+    assert "| ppo_cartpole_1env |" in written
+    assert "- interrupted (Ctrl-C) before these tasks finished, which the table leaves out: sac_pendulum" in written

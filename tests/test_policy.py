@@ -380,6 +380,11 @@ def test_a_parameter_or_layer_replaced_by_another_object_is_refused_at_learn(age
     owner.proj = torch.nn.Linear(owner.proj.in_features, owner.proj.out_features)
     with pytest.raises(ValueError, match=r"2 of this model's parameters were replaced"):
         model.learn(32)
+    if agent == "SAC":  # the learned temperature, which no network holds, after a learn too
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=8, batch_size=8, seed=0).learn(16)
+        model.log_ent_coef = torch.zeros(1, requires_grad=True)
+        with pytest.raises(ValueError, match=r"1 of this model's parameters were replaced .*\(log_ent_coef\)"):
+            model.learn(16)
     # a whole network in place of one (SAC's actor has an optimizer, and a flat buffer, of its own)
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32) if agent == "PPO" else None
     model = model or SAC("MlpPolicy", "Pendulum-v1", learning_starts=8, batch_size=8, seed=0)

@@ -309,9 +309,13 @@ def test_reset_infos_are_each_copys_and_options_are_one_dict_for_every_copy():
         venv.set_options([{"level": 1}, {"level": 1}])  # the same for every copy
         venv.reset()
         assert [i["options"] for i in venv.reset_infos] == [{"level": 1}] * 2
-        venv.set_options([{"goal": np.array([1.0, 2.0])} for _ in range(2)])  # equal arrays, other objects
+        venv.set_options([{"goal": np.array([1.0, np.nan])} for _ in range(2)])  # equal arrays, other objects
         venv.reset()
-        np.testing.assert_array_equal(venv.reset_infos[1]["options"]["goal"], [1.0, 2.0])
+        np.testing.assert_array_equal(venv.reset_infos[1]["options"]["goal"], [1.0, np.nan])
+        venv.set_options([{"goal": torch.tensor([1.0, 2.0]), "rate": float("nan")} for _ in range(2)])
+        venv.reset()
+        with pytest.raises(ValueError, match=r"different options per copy"):
+            venv.set_options([{"goal": torch.tensor([1.0, 2.0])}, {"goal": torch.tensor([1.0, 3.0])}])
 
 
 def test_a_vector_env_of_its_own_is_seeded_with_one_int():
@@ -329,9 +333,12 @@ def test_a_vector_env_of_its_own_is_seeded_with_one_int():
     np.testing.assert_array_equal(venv.reset(), first)
     model = PPO("MlpPolicy", SameStepCartPole(num_envs=2), seed=0, n_steps=8, batch_size=16)
     assert model.learn(16).num_timesteps == 16
-    sync = GymnasiumVecEnv(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"))
-    sync.seed(3)
-    np.testing.assert_array_equal(sync.reset(), [gym.make("CartPole-v1").reset(seed=s)[0] for s in (3, 4)])
+    expected = [gym.make("CartPole-v1").reset(seed=s)[0] for s in (3, 4)]
+    for mode in ("sync", "async"):
+        copies = GymnasiumVecEnv(gym.make_vec("CartPole-v1", 2, vectorization_mode=mode))
+        copies.seed(np.int64(3))  # NumPy's ints too, which Gymnasium takes as Python's
+        np.testing.assert_array_equal(copies.reset(), expected)
+        copies.close()
 
 
 @pytest.mark.parametrize(

@@ -1355,9 +1355,10 @@ class BaseAgent:
             flat.relink()
         self._check_parameter_objects(flats)
 
-    def _parameters_outside_networks(self) -> list[torch.Tensor]:
-        """Parameters an optimizer trains that no network holds (SAC's learned temperature)."""
-        return []
+    def _parameters_outside_networks(self) -> dict[str, torch.Tensor]:
+        """Parameters an optimizer trains that no network holds, by their attribute names on the model (SAC's
+        learned temperature)."""
+        return {}
 
     def _check_parameter_objects(self, flats: list[FlatParameters]) -> None:
         """Refuse a parameter object replaced in a network (``policy.action_net.bias = nn.Parameter(...)``): the
@@ -1372,14 +1373,16 @@ class BaseAgent:
                 return
         groups = {name: m for name, m in self._parameter_groups().items() if isinstance(m, torch.nn.Module)}
         held = {id(p) for m in groups.values() for p in m.parameters()}
-        held |= {id(p) for p in self._parameters_outside_networks()}
+        outside = self._parameters_outside_networks()
+        held |= {id(p) for p in outside.values()}
         lost = [p for flat in flats for p in flat.params if id(p) not in held]
         if not lost:
             modules = {id(m): m for group in groups.values() for m in group.modules()}.values()
             self._module_links = (
                 [id(flat) for flat in flats],
                 [(m._modules, n, c) for m in modules for n, c in m._modules.items()]
-                + [(m._parameters, n, q) for m in modules for n, q in m._parameters.items()],
+                + [(m._parameters, n, q) for m in modules for n, q in m._parameters.items()]
+                + [(self.__dict__, n, q) for n, q in outside.items()],
             )
             return
         trained = {id(p) for flat in flats for p in flat.params}
@@ -1390,7 +1393,7 @@ class BaseAgent:
             if m in owners
             for name, p in m.named_parameters()
             if id(p) not in trained
-        ]
+        ] + [name for name, p in outside.items() if id(p) not in trained]
         raise ValueError(
             f"{len(lost)} of this model's parameters were replaced by other parameter objects"
             + (f" ({', '.join(new[:4])}{', ...' if len(new) > 4 else ''})" if new else "")

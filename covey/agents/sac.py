@@ -778,8 +778,9 @@ class SAC(BaseAgent):
             opts["ent_coef_optimizer"] = self.ent_coef_optimizer
         return opts
 
-    def _parameters_outside_networks(self) -> list[torch.Tensor]:
-        return [self.log_ent_coef] if getattr(self, "log_ent_coef", None) is not None else []
+    def _parameters_outside_networks(self) -> dict[str, torch.Tensor]:
+        temperature = getattr(self, "log_ent_coef", None)
+        return {"log_ent_coef": temperature} if temperature is not None else {}
 
     def _flat_parameters(self) -> list[FlatParameters]:
         if self._sb3_policy_class is not None:

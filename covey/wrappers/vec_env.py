@@ -16,6 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import stable_baselines3
+import torch
 from gymnasium import spaces
 from stable_baselines3.common.env_util import is_wrapped
 from stable_baselines3.common.monitor import Monitor
@@ -278,9 +279,9 @@ class GymnasiumVecEnv(VecEnv):
         if all(s is None for s in seeds):
             seed = None
         elif seeds[0] is not None and seeds == [seeds[0] + i for i in range(self.num_envs)]:
-            seed = seeds[0]
+            seed = int(seeds[0])  # (Gymnasium takes Python ints, not NumPy's)
         else:
-            seed = seeds
+            seed = [None if s is None else int(s) for s in seeds]
         obs, info = self.venv.reset(seed=seed, options=dict(options) or None)
         self.reset_infos = [_copy_info(info, i) for i in range(self.num_envs)]
         return self._own(obs)
@@ -464,11 +465,18 @@ def _same_options(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(_same_options(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(map(_same_options, a, b))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        a, b = (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x for x in (a, b))
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.array_equal(a, b)
+        try:
+            return np.array_equal(a, b, equal_nan=True)
+        except TypeError:  # an array of objects, which NaN cannot be among
+            return np.array_equal(a, b)
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:  # NaN, as the same value
+        return True
     try:
         return bool(a == b)
-    except (ValueError, TypeError):  # a value without a truth value: the same object only
+    except (ValueError, TypeError, RuntimeError):  # a value without a truth value: the same object only
         return a is b
 
 
