@@ -96,8 +96,12 @@ class ReplayBuffer:
         self.device = torch.device(device)
         self.spaces = _obs_spaces(observation_space)
         lead = (self.capacity, n_envs)
+        # np.zeros, as SB3's buffers: the memory is taken as the buffer fills (np.zeros_like writes every page
+        # at once, about 1.5 GB for a million Humanoid-sized observations before the first step)
         self._obs = {k: np.zeros((*lead, *s.shape), dtype=s.dtype) for k, s in self.spaces.items()}
-        self._next_obs = None if optimize_memory_usage else {k: np.zeros_like(v) for k, v in self._obs.items()}
+        self._next_obs = (
+            None if optimize_memory_usage else {k: np.zeros(v.shape, v.dtype) for k, v in self._obs.items()}
+        )
         self.final_observations: dict[tuple[int, int], dict] = {}  # (row, env) -> final obs (memory mode)
         if isinstance(action_space, spaces.Discrete):
             self.actions = np.zeros(lead, dtype=np.int64)
