@@ -1314,7 +1314,9 @@ class BaseAgent:
                 "predict() got a tuple (observation, info): Gymnasium's env.reset() returns both. "
                 "Use `obs, info = env.reset()` and pass `obs`."
             )
-        return self.policy.predict(observation, state, episode_start, deterministic)
+        actions, state = self.policy.predict(observation, state, episode_start, deterministic)
+        trainer = getattr(self, "_sb3_trainer", None)  # a user's SB3 policy class acts from 0: into the space
+        return (actions if trainer is None else trainer.shifted(actions)), state
 
     def _update_learning_rate(self, optimizers: Any = None) -> float:
         """Set every optimizer's step size (``optimizers``' only, an optimizer or a list, where given: SB3's

@@ -863,18 +863,6 @@ class PPO(BaseAgent):
         self.rollout_buffer.gamma, self.rollout_buffer.gae_lambda = self.config.gamma, self.config.gae_lambda
         self._value_entropy = None  # a two-hot critic's, which covey's collect_rollouts measures
 
-    def predict(
-        self,
-        observation: Any,
-        state: tuple[np.ndarray, ...] | None = None,
-        episode_start: np.ndarray | None = None,
-        deterministic: bool = False,
-    ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
-        actions, state = super().predict(observation, state, episode_start, deterministic)
-        if self._sb3_trainer is not None:  # a user's SB3 policy class acts from 0: into the space, as in learn
-            actions = self._sb3_trainer.shifted(actions)
-        return actions, state
-
     def collect_rollouts(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
