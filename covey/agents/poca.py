@@ -15,6 +15,7 @@ from covey.agents.base import BaseAgent, Schedule, warn_batch_size
 from covey.agents.ppo import (
     OnPolicyConfig,
     WeightWatch,
+    _Evaluated,
     clipped_surrogate_loss,
     print_early_stop,
     sb3_train_log,
@@ -636,10 +637,10 @@ class POCA(BaseAgent):
         return critic.value(last_obs, torch.as_tensor(self._last_mask)).numpy()
 
     @torch.no_grad()
-    def _evaluate_steps(self, earlier: _GroupEvaluated, end: int, continuing_until: int) -> None:
+    def _evaluate_steps(self, earlier: _GroupEvaluated, end: int, truncated_until: int) -> None:
         """Evaluate the stored steps from ``earlier.end`` up to ``end`` (exclusive) with the weights in place:
         their values, baselines and old log-probs, and the continuing values of the steps before
-        ``continuing_until`` (the state after a step, valued after its callbacks as SB3 values a truncation), in
+        ``truncated_until`` (the state after a step, valued after its callbacks as SB3 values a truncation), in
         batched passes."""
         buf, critic = self.rollout_buffer, self.critic
         head = critic.value_head
@@ -662,14 +663,14 @@ class POCA(BaseAgent):
         earlier.end = end
         # The continuing state is read only where an agent's trajectory ended without the group's terminal
         # (a leaver's bootstrap, a time limit): evaluate those group-steps alone (zeros elsewhere).
-        first, stop = earlier.continuing_until * buf.n_envs, continuing_until * buf.n_envs
+        first, stop = earlier.truncated_until * buf.n_envs, truncated_until * buf.n_envs
         if stop > first:
             ended = (buf.ended.any(axis=-1) & ~buf.group_terminal).reshape(-1)[first:stop]
             rows = torch.as_tensor(ended).nonzero().squeeze(1) + first
             if len(rows):
                 cont_obs, cont_present = buf.flat(buf.continuing_obs)[rows], buf.flat(buf.continuing_present)[rows]
                 earlier.continuing[rows] = _chunked(critic.value, cont_obs, cont_present)
-            earlier.continuing_until = continuing_until
+            earlier.truncated_until = truncated_until
 
     def train(self) -> None:
         """Several epochs of minibatch updates of the shared policy and the critic."""
@@ -909,19 +910,16 @@ def _present_rows(present: torch.Tensor):
     return lambda x: x[present]
 
 
-class _GroupEvaluated:
-    """The group-steps of a rollout evaluated so far: values, baselines and old log-probs (and the two-hot
-    critic's entropies) in step order up to step ``end``, and the continuing values of the ``n`` group-steps,
-    filled before step ``continuing_until``."""
+class _GroupEvaluated(_Evaluated):
+    """PPO's record of the steps evaluated so far (values and old log-probs up to step ``end``), with a group's
+    baselines and the two-hot critic's entropies beside them, and the continuing values of the ``n`` group-steps,
+    filled before step ``truncated_until`` (a leaver's or a time limit's bootstrap, as PPO's truncations)."""
 
     def __init__(self, n: int) -> None:
-        self.values: list[torch.Tensor] = []
+        super().__init__()
         self.baselines: list[torch.Tensor] = []
-        self.log_probs: list[torch.Tensor] = []
         self.entropies: list[torch.Tensor] = []
         self.continuing = torch.zeros(n)
-        self.end = 0
-        self.continuing_until = 0
 
 
 def _chunked(fn, *tensors: torch.Tensor):
