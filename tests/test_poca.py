@@ -1668,3 +1668,43 @@ def test_the_group_env_renders_as_sb3s_vec_envs():
         assert quiet.get_env().render() is None
     with pytest.raises(ValueError, match="render\\(mode='human'\\)"):
         venv.render("human")
+
+
+def test_poca_policy_has_sb3s_vector_scaling_and_distribution_methods():
+    """POCA's ``model.policy`` (the shared actor) answers the calls SB3 scripts make on any policy: the
+    parameters as one vector (read and written in place, so training goes on from the written values), action
+    scaling to and from [-1, 1], batch checks and the action distribution."""
+    env = simple_spread_v3.parallel_env(N=2, max_cycles=5, continuous_actions=True)
+    model = POCA("MlpPolicy", env, n_steps=8, batch_size=8, seed=0)
+    policy = model.policy
+    space = policy.action_space
+    obs = np.random.default_rng(0).standard_normal((4, *policy.observation_space.shape)).astype(np.float32)
+
+    vector = policy.parameters_to_vector()
+    assert vector.shape == (sum(p.numel() for p in model.actor.parameters()),)
+    before = policy.predict(obs, deterministic=True)[0]
+    policy.load_from_vector(vector * 0.5)
+    np.testing.assert_allclose(policy.parameters_to_vector(), vector * 0.5)
+    assert not np.allclose(policy.predict(obs, deterministic=True)[0], before)
+    with pytest.raises(ValueError, match=f"this policy has {vector.size} parameters"):
+        policy.load_from_vector(vector[:-1])
+    model.learn(16)  # the optimizer holds the parameters written, and moves them
+    assert not np.allclose(policy.parameters_to_vector(), vector * 0.5)
+
+    actions = np.random.default_rng(1).uniform(space.low, space.high, (4, *space.shape)).astype(np.float32)
+    np.testing.assert_allclose(policy.scale_action(space.high), np.ones(space.shape))
+    np.testing.assert_allclose(policy.scale_action(space.low), -np.ones(space.shape))
+    np.testing.assert_allclose(policy.unscale_action(policy.scale_action(actions)), actions, rtol=1e-6, atol=1e-6)
+    assert policy.is_vectorized_observation(obs) and not policy.is_vectorized_observation(obs[0])
+    assert policy.squash_output is False
+
+    obs_tensor = policy.obs_to_tensor(obs)[0]
+    dist = policy.get_distribution(obs_tensor)
+    with torch.no_grad():
+        mode = dist.mode().numpy()
+        log_prob = dist.log_prob(torch.as_tensor(actions)).numpy()
+        by_head = model.actor.evaluate(obs_tensor, torch.as_tensor(actions))[0].numpy()
+    np.testing.assert_allclose(np.clip(mode, space.low, space.high), policy.predict(obs, deterministic=True)[0])
+    np.testing.assert_allclose(log_prob, by_head, rtol=1e-6)
+    with pytest.raises(TypeError, match="obs_to_tensor"):
+        policy.get_distribution(obs)

@@ -50,9 +50,8 @@ from covey import sb3_files, serialization
 from covey.agents.sb3_policy import action_start, build_policy, class_path, optimizer_owners, sb3_policy_class
 from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
-from covey.networks.actor_critic import policy_kwargs_dict, policy_name
+from covey.networks.actor_critic import ParameterMismatchError, policy_kwargs_dict, policy_name
 from covey.networks.encoders import FlattenEncoder
-from covey.networks.policies import ParameterMismatchError
 from covey.networks.sb3_names import move_optimizer_state, to_sb3
 from covey.spaces import (
     channels_last,

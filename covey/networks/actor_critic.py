@@ -20,6 +20,7 @@ from torch import nn
 
 from covey.networks.attention import EntityEncoder, POCACritic
 from covey.networks.distributions import (
+    ActionDistribution,
     SquashedStateDependentHead,
     StateDependentGaussianHead,
     make_action_head,
@@ -27,7 +28,7 @@ from covey.networks.distributions import (
 from covey.networks.encoders import ExternalEncoder, FlatDict, FlatDictEncoder, make_encoder, sb3_extractor
 from covey.networks.memory import Memory, State, sequence_features
 from covey.networks.mlp import mlp, parse_net_arch
-from covey.networks.obs import ObsTensor, obs_to_tensor
+from covey.networks.obs import ObsTensor, check_obs_tensors, obs_to_tensor
 from covey.networks.twohot import ScalarHead, make_value_head
 from covey.spaces import is_image_space
 from covey.warning import warn_user
@@ -289,6 +290,57 @@ class PolicyConfig:
         return config
 
 
+class ParameterMismatchError(ValueError, RuntimeError):
+    """Parameters that do not fit the model's (``set_parameters``, ``load_from_vector``). A ValueError, and a
+    RuntimeError as torch's ``load_state_dict`` and ``vector_to_parameters`` raise under SB3's calls, so a script
+    that catches either catches it."""
+
+
+class PolicyMethods:
+    """What SB3's ``BasePolicy`` offers on every policy and that needs no more than the policy's spaces and
+    parameters: batch checks, action scaling, and the parameters as one vector. PPO's and SAC's ``model.policy``,
+    every :class:`Actor` (SAC's ``model.actor`` and POCA's ``model.policy``) have them."""
+
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    device: torch.device
+
+    def is_vectorized_observation(self, observation) -> bool:
+        """SB3's: whether ``observation`` is a batch (True) or one observation (False) of the observation space."""
+        from stable_baselines3.common.utils import is_vectorized_observation
+
+        return is_vectorized_observation(observation, self.observation_space)
+
+    def scale_action(self, action: np.ndarray) -> np.ndarray:
+        """Actions in the Box bounds to [-1, 1]."""
+        low, high = self.action_space.low, self.action_space.high
+        return 2.0 * ((action - low) / (high - low)) - 1.0
+
+    def unscale_action(self, scaled_action: np.ndarray) -> np.ndarray:
+        """Actions in [-1, 1] to the Box bounds."""
+        low, high = self.action_space.low, self.action_space.high
+        return low + 0.5 * (scaled_action + 1.0) * (high - low)
+
+    def parameters_to_vector(self) -> np.ndarray:
+        """Every parameter, flattened into one numpy vector in the order of ``self.parameters()`` (as SB3's)."""
+        return torch.nn.utils.parameters_to_vector(self.parameters()).detach().cpu().numpy()
+
+    def load_from_vector(self, vector: np.ndarray) -> None:
+        """Set the parameters from a vector made by :meth:`parameters_to_vector`."""
+        vector = np.asarray(vector)
+        size = sum(p.numel() for p in self.parameters())
+        if vector.shape != (size,):
+            raise ParameterMismatchError(
+                f"The vector has shape {vector.shape}; this policy has {size} parameters: ({size},)."
+            )
+        with torch.no_grad():  # in place: the parameters stay views of the optimizers' flat buffers
+            values = torch.as_tensor(vector, dtype=torch.float32, device=self.device)
+            offset = 0
+            for p in self.parameters():
+                p.copy_(values[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+
 class ReadOnlyViews:
     """SB3's module attributes that covey's networks give as views of their own layers (``policy.action_net``,
     ``actor.mu``, ``features_extractor``, ...). ``nn.Module.__setattr__`` would register a module or parameter
@@ -372,7 +424,7 @@ class _LogStdLayer(_HeadRows):
         return torch.nn.functional.linear(latent, self.weight, self.bias)
 
 
-class Actor(ReadOnlyViews, SB3FeatureNames, nn.Module):
+class Actor(PolicyMethods, ReadOnlyViews, SB3FeatureNames, nn.Module):
     """Observations to an action distribution: encoder -> MLP trunk -> action head.
 
     This is ``model.actor`` (and POCA's ``model.policy``); it has SB3's ``predict``, ``obs_to_tensor`` and
@@ -433,6 +485,21 @@ class Actor(ReadOnlyViews, SB3FeatureNames, nn.Module):
     def act(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
         """Sample (or take the mode of) an action for every observation in the batch."""
         return self.head.sample(self.distribution_params(obs), deterministic)
+
+    @property
+    def squash_output(self) -> bool:
+        """SB3's: whether actions come squashed into [-1, 1] (SAC's Box actions, PPO's with ``squash_output``)."""
+        return bool(self.squashed)
+
+    def get_distribution(self, obs: ObsTensor) -> ActionDistribution:
+        """SB3's ``get_distribution``: the action distribution for a batch of observation tensors."""
+        check_obs_tensors(obs)
+        if self.memory is not None:
+            raise NotImplementedError(
+                "get_distribution has no memory input: a recurrent actor gives its distribution parameters with "
+                "forward_step(obs, state, episode_starts), and acts with predict(obs, state, episode_start)."
+            )
+        return ActionDistribution(self.head, self.distribution_params(obs), self.action_space)
 
     # -- recurrent actors: the memory sits between the encoder and the trunk
     def forward_step(self, obs: ObsTensor, state: State, episode_starts: torch.Tensor) -> tuple[torch.Tensor, State]:

@@ -508,3 +508,90 @@ class SquashedGaussianHead(nn.Module):
         log_std = params[..., self.action_dim :]  # the clip passes gradients strictly inside (min, max) only
         grad_log_std.mul_((log_std > self.LOG_STD_MIN) & (log_std < self.LOG_STD_MAX))
         return torch.cat([grad_u, grad_log_std], dim=-1)
+
+
+class ActionDistribution:
+    """The action distribution of a batch of observations, with the methods of SB3's ``Distribution``.
+
+    ``log_prob``, ``entropy``, ``sample`` and ``mode`` are the head's own (what training uses);
+    ``distribution`` is the matching ``torch.distributions`` object (a list of them for MultiDiscrete
+    actions, as in SB3). ``params`` are the head's parameters (logits, or Gaussian means).
+    """
+
+    def __init__(self, head: nn.Module, params: torch.Tensor, action_space: spaces.Space) -> None:
+        self.head, self.params, self.action_space = head, params, action_space
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities ``(B,)`` of ``actions`` (summed over action dimensions)."""
+        return self.head.log_prob(self.params, _as_head_actions(actions, self.action_space, self.params))
+
+    def entropy(self) -> torch.Tensor | None:
+        """Entropies ``(B,)``; None for a squashed Gaussian (SAC's, or PPO's with ``squash_output``), which has no
+        closed form (SB3's too)."""
+        if isinstance(self.head, (SquashedGaussianHead, SquashedStateDependentHead)):
+            return None
+        return self.head.entropy(self.params)
+
+    def sample(self) -> torch.Tensor:
+        return self.get_actions(deterministic=False)
+
+    def mode(self) -> torch.Tensor:
+        return self.get_actions(deterministic=True)
+
+    def get_actions(self, deterministic: bool = False) -> torch.Tensor:
+        """Actions shaped as the action space, batched (in [-1, 1] where the actor squashes them)."""
+        actions = self.head.sample(self.params, deterministic)
+        return actions.reshape((-1, *self.action_space.shape))
+
+    @property
+    def action_dim(self) -> int:
+        """SB3's ``action_dim`` of a Categorical (the number of actions) or Gaussian distribution (of action
+        components); MultiCategorical and Bernoulli ones have :attr:`action_dims`, as in SB3."""
+        if isinstance(self.head, CategoricalHead):
+            return int(self.action_space.n)
+        if isinstance(self.head, (MultiCategoricalHead, BernoulliHead)):
+            raise AttributeError(
+                "A MultiCategorical or Bernoulli distribution has action_dims, as in SB3, not action_dim"
+            )
+        return int(np.prod(self.action_space.shape))
+
+    @property
+    def action_dims(self) -> list[int] | int:
+        """SB3's ``action_dims``: per component, the number of actions (MultiCategorical), or the number of
+        binary components (Bernoulli)."""
+        if isinstance(self.head, MultiCategoricalHead):
+            return [int(n) for n in self.action_space.nvec.reshape(-1)]
+        if isinstance(self.head, BernoulliHead):
+            return int(np.prod(self.action_space.shape))
+        raise AttributeError("A Categorical or Gaussian distribution has action_dim, as in SB3, not action_dims")
+
+    @property
+    def distribution(self):
+        """The ``torch.distributions`` object (SB3's ``.distribution`` attribute)."""
+        head, params = self.head, self.params
+        dist = torch.distributions
+        if isinstance(head, CategoricalHead):
+            return dist.Categorical(logits=params)
+        if isinstance(head, MultiCategoricalHead):
+            return [dist.Categorical(logits=part) for part in params.split(head.nvec, dim=-1)]
+        if isinstance(head, BernoulliHead):
+            return dist.Bernoulli(logits=params)
+        if isinstance(head, DiagGaussianHead):
+            return dist.Normal(params, head.log_std.exp().expand_as(params))
+        if isinstance(head, StateDependentGaussianHead):
+            mean, latent = head._split(params)
+            return dist.Normal(mean, head._scale(latent))
+        if isinstance(head, SquashedGaussianHead):  # before the tanh, as SB3's
+            mean, log_std = head._split(params)
+            return dist.Normal(mean, log_std.exp())
+        raise TypeError(f"No torch distribution for {type(head).__name__}.")
+
+
+def _as_head_actions(actions: torch.Tensor, space: spaces.Space, params: torch.Tensor) -> torch.Tensor:
+    """Actions as SB3 passes them (Discrete as ``(B,)`` or ``(B, 1)``, any float or int dtype) in the
+    layout covey's heads take: ``(B,)`` for Discrete, ``(B, k)`` for the others."""
+    if not isinstance(actions, torch.Tensor):
+        raise TypeError(f"actions must be a torch.Tensor, got {type(actions).__name__}; use torch.as_tensor(actions).")
+    batch = params.shape[0]
+    actions = actions.to(params.device)
+    return actions.reshape(batch) if isinstance(space, spaces.Discrete) else actions.reshape(batch, -1)

@@ -118,3 +118,16 @@ def batch_to_tensor(obs, space: spaces.Space, device: torch.device | str = "cpu"
             key: torch.as_tensor(obs[key], dtype=obs_dtype(sub), device=device) for key, sub in space.spaces.items()
         }
     return torch.as_tensor(obs, dtype=obs_dtype(space), device=device)
+
+
+def check_obs_tensors(obs) -> None:
+    """Refuses anything but observation tensors (a dict of them for Dict spaces) where a policy's tensor methods
+    take them, naming the conversions."""
+    if isinstance(obs, torch.Tensor):
+        return
+    if isinstance(obs, dict) and all(isinstance(v, torch.Tensor) for v in obs.values()):
+        return
+    raise TypeError(
+        f"The policy takes observation tensors (a dict of them for Dict spaces), got {type(obs).__name__}. "
+        "Convert with policy.obs_to_tensor(observation)[0], or call policy.predict(observation) for numpy actions."
+    )

@@ -27,18 +27,10 @@ from stable_baselines3.common import policies as sb3_policies
 from torch import nn
 
 from covey.networks import sb3_names
-from covey.networks.actor_critic import PPO_ADAM_EPS, ReadOnlyViews
-from covey.networks.distributions import (
-    BernoulliHead,
-    CategoricalHead,
-    DiagGaussianHead,
-    MultiCategoricalHead,
-    SquashedGaussianHead,
-    SquashedStateDependentHead,
-    StateDependentGaussianHead,
-)
+from covey.networks.actor_critic import PPO_ADAM_EPS, PolicyMethods, ReadOnlyViews
+from covey.networks.distributions import ActionDistribution
 from covey.networks.encoders import sb3_extractor
-from covey.networks.obs import ObsTensor
+from covey.networks.obs import ObsTensor, check_obs_tensors
 from covey.warning import warn_user
 
 
@@ -66,118 +58,14 @@ class _UncalledWhole:
         )
 
 
-class ParameterMismatchError(ValueError, RuntimeError):
-    """Parameters that do not fit the model's (``set_parameters``, ``load_from_vector``). A ValueError, and a
-    RuntimeError as torch's ``load_state_dict`` and ``vector_to_parameters`` raise under SB3's calls, so a script
-    that catches either catches it."""
-
-
-class ActionDistribution:
-    """The action distribution of a batch of observations, with the methods of SB3's ``Distribution``.
-
-    ``log_prob``, ``entropy``, ``sample`` and ``mode`` are the head's own (what training uses);
-    ``distribution`` is the matching ``torch.distributions`` object (a list of them for MultiDiscrete
-    actions, as in SB3). ``params`` are the head's parameters (logits, or Gaussian means).
-    """
-
-    def __init__(self, head: nn.Module, params: torch.Tensor, action_space: spaces.Space) -> None:
-        self.head, self.params, self.action_space = head, params, action_space
-
-    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities ``(B,)`` of ``actions`` (summed over action dimensions)."""
-        return self.head.log_prob(self.params, _as_head_actions(actions, self.action_space, self.params))
-
-    def entropy(self) -> torch.Tensor | None:
-        """Entropies ``(B,)``; None for a squashed Gaussian (SAC's, or PPO's with ``squash_output``), which has no
-        closed form (SB3's too)."""
-        if isinstance(self.head, (SquashedGaussianHead, SquashedStateDependentHead)):
-            return None
-        return self.head.entropy(self.params)
-
-    def sample(self) -> torch.Tensor:
-        return self.get_actions(deterministic=False)
-
-    def mode(self) -> torch.Tensor:
-        return self.get_actions(deterministic=True)
-
-    def get_actions(self, deterministic: bool = False) -> torch.Tensor:
-        """Actions shaped as the action space, batched (in [-1, 1] where the actor squashes them)."""
-        actions = self.head.sample(self.params, deterministic)
-        return actions.reshape((-1, *self.action_space.shape))
-
-    @property
-    def action_dim(self) -> int:
-        """SB3's ``action_dim`` of a Categorical (the number of actions) or Gaussian distribution (of action
-        components); MultiCategorical and Bernoulli ones have :attr:`action_dims`, as in SB3."""
-        if isinstance(self.head, CategoricalHead):
-            return int(self.action_space.n)
-        if isinstance(self.head, (MultiCategoricalHead, BernoulliHead)):
-            raise AttributeError(
-                "A MultiCategorical or Bernoulli distribution has action_dims, as in SB3, not action_dim"
-            )
-        return int(np.prod(self.action_space.shape))
-
-    @property
-    def action_dims(self) -> list[int] | int:
-        """SB3's ``action_dims``: per component, the number of actions (MultiCategorical), or the number of
-        binary components (Bernoulli)."""
-        if isinstance(self.head, MultiCategoricalHead):
-            return [int(n) for n in self.action_space.nvec.reshape(-1)]
-        if isinstance(self.head, BernoulliHead):
-            return int(np.prod(self.action_space.shape))
-        raise AttributeError("A Categorical or Gaussian distribution has action_dim, as in SB3, not action_dims")
-
-    @property
-    def distribution(self):
-        """The ``torch.distributions`` object (SB3's ``.distribution`` attribute)."""
-        head, params = self.head, self.params
-        dist = torch.distributions
-        if isinstance(head, CategoricalHead):
-            return dist.Categorical(logits=params)
-        if isinstance(head, MultiCategoricalHead):
-            return [dist.Categorical(logits=part) for part in params.split(head.nvec, dim=-1)]
-        if isinstance(head, BernoulliHead):
-            return dist.Bernoulli(logits=params)
-        if isinstance(head, DiagGaussianHead):
-            return dist.Normal(params, head.log_std.exp().expand_as(params))
-        if isinstance(head, StateDependentGaussianHead):
-            mean, latent = head._split(params)
-            return dist.Normal(mean, head._scale(latent))
-        if isinstance(head, SquashedGaussianHead):  # before the tanh, as SB3's
-            mean, log_std = head._split(params)
-            return dist.Normal(mean, log_std.exp())
-        raise TypeError(f"No torch distribution for {type(head).__name__}.")
-
-
-def _as_head_actions(actions: torch.Tensor, space: spaces.Space, params: torch.Tensor) -> torch.Tensor:
-    """Actions as SB3 passes them (Discrete as ``(B,)`` or ``(B, 1)``, any float or int dtype) in the
-    layout covey's heads take: ``(B,)`` for Discrete, ``(B, k)`` for the others."""
-    if not isinstance(actions, torch.Tensor):
-        raise TypeError(f"actions must be a torch.Tensor, got {type(actions).__name__}; use torch.as_tensor(actions).")
-    batch = params.shape[0]
-    actions = actions.to(params.device)
-    return actions.reshape(batch) if isinstance(space, spaces.Discrete) else actions.reshape(batch, -1)
-
-
 def _widths(trunk: nn.Module) -> list[int]:
     """The hidden layer sizes of an MLP trunk."""
     return [m.out_features for m in trunk if isinstance(m, nn.Linear)]
 
 
-def _check_obs(obs) -> None:
-    if isinstance(obs, torch.Tensor):
-        return
-    if isinstance(obs, dict) and all(isinstance(v, torch.Tensor) for v in obs.values()):
-        return
-    raise TypeError(
-        f"The policy takes observation tensors (a dict of them for Dict spaces), got {type(obs).__name__}. "
-        "Convert with policy.obs_to_tensor(observation)[0], or call policy.predict(observation) for numpy actions."
-    )
-
-
-class _PolicyBase(ReadOnlyViews, nn.Module):
-    """What SB3's ``BasePolicy`` offers on every policy: predict, tensors, modes, action scaling, vectors,
-    ``save`` and ``load``."""
+class _PolicyBase(PolicyMethods, ReadOnlyViews, nn.Module):
+    """What SB3's ``BasePolicy`` offers on every policy: predict, tensors, modes, ``save`` and ``load``, with
+    :class:`~covey.networks.actor_critic.PolicyMethods` (action scaling, vectors)."""
 
     actor: nn.Module
     agent_name = ""
@@ -275,16 +163,10 @@ class _PolicyBase(ReadOnlyViews, nn.Module):
     @property
     def squash_output(self) -> bool:
         """Whether actions come squashed into [-1, 1] (SAC's Box actions, PPO's with ``squash_output``)."""
-        return bool(self.actor.squashed)
+        return self.actor.squash_output
 
     def obs_to_tensor(self, observation) -> tuple[ObsTensor, bool]:
         return self.actor.obs_to_tensor(observation)
-
-    def is_vectorized_observation(self, observation) -> bool:
-        """SB3's: whether ``observation`` is a batch (True) or one observation (False) of the observation space."""
-        from stable_baselines3.common.utils import is_vectorized_observation
-
-        return is_vectorized_observation(observation, self.observation_space)
 
     # The settings SB3's policies keep (their policy_kwargs), read from the agent's configuration.
     def _setting(self, name: str):
@@ -350,35 +232,6 @@ class _PolicyBase(ReadOnlyViews, nn.Module):
     def reset_noise(self, n_envs: int = 1) -> None:
         """SB3's ``reset_noise`` (``use_sde=True``): :meth:`Actor.reset_noise`."""
         self.actor.reset_noise(n_envs)
-
-    def scale_action(self, action: np.ndarray) -> np.ndarray:
-        """Actions in the Box bounds to [-1, 1]."""
-        low, high = self.action_space.low, self.action_space.high
-        return 2.0 * ((action - low) / (high - low)) - 1.0
-
-    def unscale_action(self, scaled_action: np.ndarray) -> np.ndarray:
-        """Actions in [-1, 1] to the Box bounds."""
-        low, high = self.action_space.low, self.action_space.high
-        return low + 0.5 * (scaled_action + 1.0) * (high - low)
-
-    def parameters_to_vector(self) -> np.ndarray:
-        """Every parameter, flattened into one numpy vector in the order of ``self.parameters()`` (as SB3's)."""
-        return torch.nn.utils.parameters_to_vector(self.parameters()).detach().cpu().numpy()
-
-    def load_from_vector(self, vector: np.ndarray) -> None:
-        """Set the parameters from a vector made by :meth:`parameters_to_vector`."""
-        vector = np.asarray(vector)
-        size = sum(p.numel() for p in self.parameters())
-        if vector.shape != (size,):
-            raise ParameterMismatchError(
-                f"The vector has shape {vector.shape}; this policy has {size} parameters: ({size},)."
-            )
-        with torch.no_grad():  # in place: the parameters stay views of the optimizers' flat buffers
-            values = torch.as_tensor(vector, dtype=torch.float32, device=self.device)
-            offset = 0
-            for p in self.parameters():
-                p.copy_(values[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
 
     @property
     def lstm_hidden_state_shape(self) -> tuple[int, int, int]:
@@ -473,9 +326,8 @@ class ActorCriticPolicy(_UncalledWhole, _PolicyBase):
 
     def get_distribution(self, obs: ObsTensor, *memory: Any) -> ActionDistribution:
         """The action distribution for a batch of observation tensors."""
-        _check_obs(obs)
         self._no_memory("get_distribution", memory)
-        return ActionDistribution(self.actor.head, self.actor.distribution_params(obs), self.action_space)
+        return self.actor.get_distribution(obs)
 
     def _predict(self, observation: ObsTensor, deterministic: bool = False) -> torch.Tensor:
         """Actions for a batch of observation tensors (SB3's ``_predict``; Box actions not yet clipped)."""
@@ -483,7 +335,7 @@ class ActorCriticPolicy(_UncalledWhole, _PolicyBase):
 
     def predict_values(self, obs: ObsTensor, *memory: Any) -> torch.Tensor:
         """State values ``(B, 1)``."""
-        _check_obs(obs)
+        check_obs_tensors(obs)
         self._no_memory("predict_values", memory)
         return self.critic(obs).unsqueeze(-1)
 
@@ -544,7 +396,7 @@ class ActorCriticPolicy(_UncalledWhole, _PolicyBase):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """SB3's ``extract_features``: observation tensors through the given encoder, else the shared encoder's
         features, or a ``(pi_features, vf_features)`` pair with ``share_features_extractor=False``, as in SB3."""
-        _check_obs(obs)
+        check_obs_tensors(obs)
         if features_extractor is not None:
             # the policy's own extractors get their inputs as the networks give them (SB3 preprocesses them too)
             encoder = next(
@@ -589,7 +441,7 @@ class SACPolicy(_PolicyBase):
         return self._setting("share_features_extractor")
 
     def forward(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
-        _check_obs(obs)
+        check_obs_tensors(obs)
         return self.actor.act(obs, deterministic).reshape((-1, *self.action_space.shape))
 
     def _predict(self, observation: ObsTensor, deterministic: bool = False) -> torch.Tensor:
