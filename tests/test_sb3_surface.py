@@ -1388,6 +1388,38 @@ def test_a_device_torch_does_not_know_is_a_value_error_naming_the_devices(device
             build()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback of a machine without an accelerator")
+def test_an_int_device_is_the_accelerator_of_that_index_and_falls_back_as_cuda_n_does():
+    """torch reads ``device=0`` as the first accelerator; without one, it falls back to the CPU as ``"cuda:0"``
+    does, where the error said that 0 is not a torch device."""
+    with pytest.warns(UserWarning, match=r"device='cuda:0' was asked for, but CUDA is not available"):
+        model = PPO("MlpPolicy", "CartPole-v1", device=0, **FAST)
+    assert model.device == torch.device("cpu")
+    with pytest.raises(ValueError, match="an accelerator's index is 0 or more"):
+        PPO("MlpPolicy", "CartPole-v1", device=-1, **FAST)
+
+
+def test_set_parameters_checks_its_device_and_keeps_the_models(tmp_path):
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    model.save(tmp_path / "m.zip")
+    for device in ("cuad", None):
+        with pytest.raises(ValueError, match=r"is not a torch device"):
+            model.set_parameters(tmp_path / "m.zip", device=device)
+    other = PPO("MlpPolicy", "CartPole-v1", seed=1, **{k: v for k, v in FAST.items() if k != "seed"})
+    other.set_parameters(tmp_path / "m.zip", device="cpu")
+    assert other.device == torch.device("cpu")
+    for a, b in zip(other.policy.parameters(), model.policy.parameters()):
+        assert a.device == other.device and torch.equal(a, b)
+
+
+def test_learn_names_the_device_when_the_policy_was_moved_off_the_models():
+    """``policy.to("meta")`` replaces the parameter objects; learn said only that parameters were replaced."""
+    model = PPO("MlpPolicy", "CartPole-v1", **FAST)
+    model.policy.to("meta")
+    with pytest.raises(ValueError, match=r"moved to meta \(by policy.to\(\.\.\.\), say\) after it was built on cpu"):
+        model.learn(64)
+
+
 def test_policy_optimizer_is_the_models_optimizer_as_in_sb3(tmp_path):
     """SB3 code reads and changes the optimizer through model.policy.optimizer (e.g. its learning rate)."""
     from covey import POCA, SAC

@@ -158,8 +158,14 @@ def whole_number(value: Any) -> bool:
     return bool(math.isfinite(value) and float(value).is_integer())
 
 
-def as_device(device: torch.device | str) -> torch.device:
-    """``torch.device(device)``, with a ValueError that names the argument and the values it takes."""
+def as_device(device: torch.device | str | int) -> torch.device:
+    """``torch.device(device)``, with a ValueError that names the argument and the values it takes. An int ``N`` is
+    the N-th accelerator, as torch reads it (``"cuda:N"`` on CUDA machines)."""
+    if isinstance(device, (int, np.integer)) and not isinstance(device, (bool, np.bool_)):
+        if device < 0:
+            raise ValueError(f"device={device!r} is not a torch device: an accelerator's index is 0 or more.")
+        accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+        return torch.device(accelerator.type if accelerator is not None else "cuda", int(device))
     try:
         return torch.device(device)
     except (RuntimeError, TypeError) as err:
@@ -168,7 +174,7 @@ def as_device(device: torch.device | str) -> torch.device:
         ) from err
 
 
-def get_device(device: torch.device | str = "auto") -> torch.device:
+def get_device(device: torch.device | str | int = "auto") -> torch.device:
     """``"auto"`` means CUDA when available, else CPU. A CUDA device on a machine without CUDA falls back to the
     CPU with a warning, as SB3 falls back (silently there)."""
     if device == "auto":
@@ -1395,6 +1401,16 @@ class BaseAgent:
             for name, p in m.named_parameters()
             if id(p) not in trained
         ] + [name for name, p in outside.items() if id(p) not in trained]
+        built_on = lost[0].device
+        moved = {str(p.device) for m in groups.values() for p in m.parameters() if id(p) not in trained}
+        moved -= {str(built_on)}
+        if moved:
+            raise ValueError(
+                f"This model's parameters were moved to {', '.join(sorted(moved))} (by policy.to(...), say) after it "
+                f"was built on {built_on}, where its optimizer holds them. Build the model on the device it trains on "
+                f"({type(self).__name__}(..., device=...)), or load it there ({type(self).__name__}.load(path, "
+                "device=...))."
+            )
         raise ValueError(
             f"{len(lost)} of this model's parameters were replaced by other parameter objects"
             + (f" ({', '.join(new[:4])}{', ...' if len(new) > 4 else ''})" if new else "")
@@ -1676,7 +1692,11 @@ class BaseAgent:
     ) -> None:
         """Load state dicts from a dict (as ``get_parameters`` returns), a covey model file or an SB3 one. With
         ``exact_match`` every network of the model must be given, with every tensor; optimizer states may be
-        left out (the optimizers keep theirs), so that ``{"policy": sb3_model.policy.state_dict()}`` copies."""
+        left out (the optimizers keep theirs), so that ``{"policy": sb3_model.policy.state_dict()}`` copies.
+        ``device`` is checked as the constructor's is; the values are copied into the model's parameters, which
+        stay on ``model.device`` (as SB3's do)."""
+        if device != "auto":
+            as_device(device)
         if isinstance(load_path_or_dict, dict):
             params = load_path_or_dict
         else:
