@@ -125,6 +125,10 @@ def test_predict_follows_sb3_contrib(tmp_path):
         model.predict(obs, state=state, episode_start=[True, False])
     with pytest.raises(ValueError, match="state holds NaN or infinite values"):
         model.predict(obs, state=tuple(np.full_like(s, np.nan) for s in state))
+    with pytest.raises(
+        ValueError, match=r"a tuple of 2 arrays of shape \(1, 1, 8\).*got one ndarray of shape \(1, 1, 8\)"
+    ):
+        model.predict(obs, state=state[0])
     # batched: one memory per row
     actions, batched = model.predict(np.stack([obs, obs, obs]))
     assert actions.shape == (3,) and batched[0].shape == (1, 3, 8)

@@ -644,9 +644,14 @@ class Actor(PolicyMethods, ReadOnlyViews, SB3FeatureNames, nn.Module):
 def check_state(state, memory: Memory, batch: int) -> None:
     expected = (1, batch, memory.hidden_size)
     if not isinstance(state, (tuple, list)) or len(state) != memory.n_state:
+        given = (
+            f"{type(state).__name__} of length {len(state)}"
+            if isinstance(state, (tuple, list))
+            else f"one {type(state).__name__} of shape {tuple(np.shape(state))}"
+        )
         raise ValueError(
             f"state must be a tuple of {memory.n_state} arrays of shape {expected} (as predict() returned it), "
-            f"got {type(state).__name__} of length {len(state) if isinstance(state, (tuple, list)) else '?'}."
+            f"got {given}."
         )
     for s in state:
         if tuple(np.shape(s)) != expected:
