@@ -306,7 +306,7 @@ class POCA(BaseAgent):
         self.optimizer = self.actor.optimizer = self._make_optimizer(self._params, adam_eps=PPO_ADAM_EPS)
         n_slots = len(self.agent_ids) if self.agent_ids else 1
         self.rollout_buffer = GroupRolloutBuffer(
-            cfg.n_steps, self.n_envs, n_slots, self._stored_space, self.action_space, self.device
+            cfg.n_steps, self.n_envs, n_slots, self._stored_space, self.action_space
         )
         memory = memory_settings(self.policy_name, pc)
         if memory is None and self.env is not None:
@@ -801,7 +801,9 @@ def poca_loss(
     critic_ema: POCACritic | None = None,
     ema_coef: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """MA-POCA's objective on a minibatch of group-steps (feed-forward networks): ``(loss, detached stats)``."""
+    """MA-POCA's objective on a minibatch of group-steps (feed-forward networks): ``(loss, detached stats)``, in
+    one call. Training calls :func:`poca_outputs` (or the recurrent networks' outputs) and :func:`poca_objective`
+    itself, so that both kinds of networks share the objective."""
     log_prob, entropy, raw_value, raw_baseline, ema_raw, batch = poca_outputs(batch, actor, critic, critic_ema)
     return poca_objective(
         log_prob, entropy, raw_value, raw_baseline, critic.value_head, batch, clip_range, cfg, ema_raw, ema_coef

@@ -247,10 +247,10 @@ class ManualPPOUpdate:
 
     The same losses (:func:`ppo_loss`), minibatches, update order and optimizer steps as the autograd
     path, in far fewer operations, which is what a minibatch of a small MLP costs on a CPU: the weight-free
-    encoders run once per rollout, each epoch permutes the rollout once and normalizes the advantages of
-    all its minibatches together, :class:`~covey.networks.mlp.ManualMLP` writes the gradients straight
-    into the optimizer's flat gradient buffer (both trunks at once where :class:`~covey.networks.mlp.PairedMLP`
-    pairs them), and the logged statistics are reduced once per update.
+    encoders run once per rollout, each epoch permutes the rollout once and normalizes each minibatch's
+    advantages on its own (as SB3 does) in one batched operation, :class:`~covey.networks.mlp.ManualMLP` writes
+    the gradients straight into the optimizer's flat gradient buffer (both trunks at once where
+    :class:`~covey.networks.mlp.PairedMLP` pairs them), and the logged statistics are reduced once per update.
 
     It applies (:meth:`applies`) to weight-free encoders (``MlpPolicy`` on vector, Discrete or
     MultiBinary observations), ``Linear`` + Tanh/ReLU trunks, a Discrete or Box action head (with or without

@@ -47,10 +47,9 @@ class GroupRolloutBuffer:
         n_slots: int,
         observation_space: spaces.Space,
         action_space: spaces.Space,
-        device: torch.device | str = "cpu",
     ) -> None:
         self.n_steps, self.n_envs, self.n_slots = n_steps, n_envs, n_slots
-        self.device = torch.device(device)
+        self.device = torch.device("cpu")  # POCA runs on the CPU only; SB3's buffers name their device
         lead = (n_steps, n_envs, n_slots)
         # The group's arrays are torch tensors (``*_tensor``); SB3's names read them as NumPy arrays (views).
         self.observations_tensor = torch.zeros((*lead, *observation_space.shape), dtype=obs_dtype(observation_space))

@@ -118,10 +118,10 @@ def _model_steps(path: pathlib.Path) -> int:
         return -1
 
 
-def new_run_dir(cfg: RunConfig, root: str | os.PathLike = "runs") -> pathlib.Path:
+def new_run_dir(cfg: RunConfig) -> pathlib.Path:
     """``runs/<agent>-<env>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... when that exists)."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.split(":")[-1])
-    base = pathlib.Path(root) / f"{cfg.agent}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = pathlib.Path("runs") / f"{cfg.agent}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path, n = base, 1
     while path.exists():
         n += 1

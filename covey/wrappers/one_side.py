@@ -4,13 +4,10 @@ as one cooperative group: :func:`one_side` lists one team's agents and acts for 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from pettingzoo.utils.wrappers import BaseParallelWrapper
-
-Others = Callable[[dict[Any, Any]], dict[Any, Any]]
-"""How the other side acts: ``{agent: observation} -> {agent: action}`` for its agents present in the step."""
 
 
 class OneSideEnv(BaseParallelWrapper):
