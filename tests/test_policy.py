@@ -713,6 +713,34 @@ def test_sb3_older_sac_onnx_recipe_latent_pi_then_mu(tmp_path, use_sde):
     assert not hasattr(PPO("MlpPolicy", "Pendulum-v1").actor, "mu")  # SB3's PPO has none either
 
 
+@pytest.mark.parametrize("agent", ["ppo", "sac"])
+def test_sb3s_torchscript_recipes_trace_without_warnings_and_generalize_over_the_batch(agent):
+    """SB3's TorchScript recipes trace ``model.policy`` (PPO) or the SAC actor at one batch size; covey's layers
+    recorded their batch-size tests in the trace, which warned (a TracerWarning each) that the trace might not
+    generalize. They take ``F.linear`` under the tracer, so the trace runs any batch."""
+
+    class Deterministic(torch.nn.Module):
+        def __init__(self, policy):
+            super().__init__()
+            self.policy = policy
+
+        def forward(self, observation):
+            out = self.policy(observation, deterministic=True)
+            return out[0] if isinstance(out, tuple) else out
+
+    if agent == "ppo":
+        module = Deterministic(PPO("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64, seed=0).policy)
+    else:
+        module = Deterministic(sac_model().policy.actor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch.jit.TracerWarning)
+        traced = torch.jit.trace(module, torch.randn(256, 3))
+    obs = torch.as_tensor(np.random.default_rng(6).uniform(-1, 1, (300, 3)).astype(np.float32))
+    with torch.no_grad():
+        for rows in (1, 7, 300):
+            torch.testing.assert_close(traced(obs[:rows]), module(obs[:rows]))
+
+
 @pytest.mark.parametrize("use_sde", [False, True])
 def test_sac_actor_mu_and_log_std_layers_are_sb3s(use_sde):
     """SB3's SAC ``actor.mu`` (and, without gSDE, ``actor.log_std``) are layers with a weight and a bias: covey's

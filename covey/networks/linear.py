@@ -104,6 +104,7 @@ NARROW_MIN_OUTPUT_SIZE = 32768
 """... on batches where rows x outputs reaches this (256 x 128) take the transposed gradients."""
 
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+_tracing = getattr(torch._C, "_is_tracing", torch.jit.is_tracing)  # is_tracing() without its scripting test
 
 
 def fast_bfloat16_products() -> bool:
@@ -198,9 +199,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     >>> torch.allclose(linear(x, w, b), F.linear(x, w, b), atol=1e-4)
     True
     """
-    if weight.dim() != 2 or x.dim() < 2 or weight.shape[1] == 0 or type(x) is not torch.Tensor or _compiling():
-        # A traced, fake or otherwise special tensor, or under torch.compile or torch.export, where a size test
-        # on a symbolic batch below would be a guard the tracer cannot keep.
+    if (
+        _tracing()
+        or _compiling()
+        or weight.dim() != 2
+        or x.dim() < 2
+        or weight.shape[1] == 0
+        or type(x) is not torch.Tensor
+    ):
+        # Under TorchScript's tracer (SB3's ONNX and TorchScript recipes), torch.compile or torch.export, where a
+        # size test on the batch below would be recorded for one batch size (the tracer warns of it) or be a guard
+        # the compiler cannot keep; or a fake or otherwise special tensor.
         return F.linear(x, weight, bias)
     n_out, n_in = weight.shape
     rows = x.numel() // n_in
