@@ -9,6 +9,7 @@ import torch
 from envs import SpaceEnv
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
+from stable_baselines3.common.callbacks import BaseCallback
 
 from covey import POCA, PPO, SAC
 
@@ -179,3 +180,49 @@ def test_multidiscrete_observations_are_checked_entry_by_entry():
         model.predict(np.array([2, 4]))
     with pytest.raises(ValueError, match=r"value 5 outside"):
         model.predict(np.array([[0, 1], [1, 5]]))
+
+
+class _PoisonBeforeUpdate(BaseCallback):
+    """Writes NaN into one weight at the end of a rollout, before the update, as a diverging update would."""
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        with torch.no_grad():
+            next(self.model.policy.parameters()).view(-1)[0] = float("nan")
+
+
+def test_a_model_whose_update_leaves_nan_weights_stops_with_divergence_advice():
+    """A Discrete policy with NaN weights acted silently on (always the first action), where SB3 fails at its next
+    step; an update that leaves a NaN or an infinity in the weights now stops learn, saying training diverged."""
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0)
+    with pytest.raises(ValueError, match=r"Training diverged: after 1 updates .*Lower learning_rate"):
+        model.learn(256, callback=_PoisonBeforeUpdate())
+    assert model.num_timesteps == 32
+
+
+@pytest.mark.parametrize("agent", ["ppo", "sac", "poca"])
+def test_diverging_learning_rates_are_named_as_divergence_not_as_the_envs_nan(agent):
+    """With a learning rate that diverges, the NaN weights' NaN actions made the env return NaN observations, and
+    the error blamed the env; learn now stops after the update that diverged."""
+    from covey.envs import EarlyExitEnv
+
+    if agent == "ppo":
+        model = PPO("MlpPolicy", "Pendulum-v1", learning_rate=1e6, max_grad_norm=1e12, n_steps=64, batch_size=32)
+    elif agent == "sac":
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e6, learning_starts=50, batch_size=32, seed=0)
+    else:
+        model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, learning_rate=1e6, max_grad_norm=1e12, seed=0)
+    with pytest.raises(ValueError, match=r"Training diverged: after \d+ updates \(train/n_updates\), \d+ of this"):
+        model.learn(1500)
+
+
+def test_learn_refuses_nan_weights_before_training():
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=10, seed=0)
+    with torch.no_grad():
+        dict(model.critic_target.named_parameters())["qs.0.trunk.0.bias"][0] = float("inf")
+    with pytest.raises(
+        ValueError, match=r"1 of this model's weights hold NaN or infinite values \(critic_target\..*before"
+    ):
+        model.learn(20)

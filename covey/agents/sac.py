@@ -787,6 +787,12 @@ class SAC(BaseAgent):
             return super()._flat_parameters()
         return [*super()._flat_parameters(), self._target_flat]
 
+    def _watched_flats(self) -> list[FlatParameters]:
+        # The actor's alone, after each train() call (a step of SAC's loop): the actor acts, and critics that
+        # diverge make the actor's next gradient step NaN, which the next call finds before the actor acts.
+        flat = getattr(self.actor_optimizer, "flat_parameters", None)
+        return [flat] if flat is not None and self._sb3_policy_class is None else self._flat_parameters()
+
     def _optimizer_slots(self) -> list[tuple[str, Any, Any]]:
         if self._sb3_policy_class is not None:
             return []  # the SB3 policy's optimizers are stepped wherever they are, as SB3 steps them
@@ -968,6 +974,7 @@ class SAC(BaseAgent):
                 if gradient_steps > 0:
                     with torch.enable_grad():  # as in on-policy learning (covey.agents.base)
                         self.train(gradient_steps, cfg.batch_size)
+                    self._check_weights_finite(after_update=True)
         callback.on_training_end()
         return self
 
