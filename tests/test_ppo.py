@@ -403,6 +403,23 @@ def test_batch_size_larger_than_rollout_warns_and_uses_the_whole_rollout():
     assert model._n_updates == 1
 
 
+def test_the_batch_size_warning_is_the_constructors_and_loads_only_where_load_changes_the_rollout(tmp_path):
+    """As SB3's: ``load(path, env=...)`` of a model whose constructor warned does not warn again (a continued
+    training run, RL-Zoo's ``-i``, repeated it); where load's env or arguments change the rollout, it warns."""
+    import warnings
+
+    with pytest.warns(UserWarning, match="batch_size=512 is larger than the rollout"):
+        PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=512).save(tmp_path / "m")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PPO.load(tmp_path / "m.zip", env="CartPole-v1")
+        PPO.load(tmp_path / "m.zip").set_env(make_vec_env("CartPole-v1", n_envs=1))
+    with pytest.warns(UserWarning, match=r"batch_size=512 is larger than the rollout \(n_steps \* n_envs = 128\)"):
+        PPO.load(tmp_path / "m.zip", env=make_vec_env("CartPole-v1", n_envs=2))
+    with pytest.warns(UserWarning, match=r"batch_size=48 does not divide the rollout \(n_steps \* n_envs = 64\)"):
+        PPO.load(tmp_path / "m.zip", env="CartPole-v1", batch_size=48)
+
+
 def test_sb3_rollout_buffer_classes_stand_for_covey_buffer_and_others_are_refused():
     from stable_baselines3.common.buffers import DictRolloutBuffer, ReplayBuffer
     from stable_baselines3.common.buffers import RolloutBuffer as SB3RolloutBuffer

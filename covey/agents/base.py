@@ -1395,6 +1395,10 @@ class BaseAgent:
             "from finite values (set_parameters, load_state_dict, or a model file saved before they diverged)."
         )
 
+    def _warn_batch_layout(self) -> None:
+        """Warn where minibatches do not tile what the model trains on (PPO's and POCA's rollouts): from the
+        constructor, and from ``load`` where its arguments change the layout."""
+
     def _watched_flats(self) -> list[FlatParameters]:
         """The flat buffers :meth:`_check_weights_finite` tests after each update: all of them."""
         return self._flat_parameters()
@@ -2082,6 +2086,8 @@ class BaseAgent:
             model._check_spaces(venv.observation_space, venv.action_space)
             model._attach_env(venv)
             model._last_obs = None
+            if {"batch_size", "n_steps"} & set(kwargs) or model.n_envs != settings.get("n_envs", 1):
+                model._warn_batch_layout()  # the constructor's warning, where load's arguments changed the layout
         model._setup_model()
         # a copy's: the classes and settings of a user's policy's optimizers (one a script assigned, too)
         owners = optimizer_owners(model.policy)

@@ -186,10 +186,16 @@ class POCA(BaseAgent):
         )
         self.agent_ids: list[str] = list(self.env.agent_ids) if self.env is not None else []
         self.agent_steps = 0
+        if self.env is not None:  # in the constructor, as PPO's: not again in load(path, env=...)
+            self._warn_batch_layout()
         if _init_setup_model:
             self._setup_model()
 
     # ------------------------------------------------------------------ env plumbing (groups, not VecEnvs)
+    def _warn_batch_layout(self) -> None:
+        if memory_settings(self.policy_name, self.policy_config) is None:  # minibatches of group-steps, as PPO's
+            warn_batch_size(self.config.batch_size, self.config.n_steps * self.n_envs)
+
     def _wrap_env(self, env: Any) -> GroupVecEnv:
         return make_group_env(env, getattr(self, "_requested_n_envs", None))
 
@@ -309,8 +315,6 @@ class POCA(BaseAgent):
             cfg.n_steps, self.n_envs, n_slots, self._stored_space, self.action_space
         )
         memory = memory_settings(self.policy_name, pc)
-        if memory is None and self.env is not None:
-            warn_batch_size(cfg.batch_size, cfg.n_steps * self.n_envs)  # minibatches of group-steps, as PPO's
         self.recurrent = None
         if memory is not None:
             self.recurrent = GroupRecurrentRollout(

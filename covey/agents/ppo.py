@@ -710,8 +710,13 @@ class PPO(BaseAgent):
                 "NumPy and computes the update's gradients by hand, than on a GPU, where every env step waits on "
                 "a device round trip. Pass device='cpu' (the model trains on the GPU too, slowly)."
             )
+        if self.env is not None:  # in the constructor, as SB3's: not again in load(path, env=...)
+            self._warn_batch_layout()
         if _init_setup_model:
             self._setup_model()
+
+    def _warn_batch_layout(self) -> None:
+        warn_batch_size(self.config.batch_size, self.config.n_steps * self.n_envs)
 
     def _attach_env(self, env) -> None:
         if self.policy_config.squash_output:
@@ -732,8 +737,6 @@ class PPO(BaseAgent):
                 f"n_steps * n_envs = {buffer_size}: advantage normalization needs at least 2 samples per rollout. "
                 "Raise n_steps or set normalize_advantage=False."
             )
-        if self.env is not None:
-            warn_batch_size(cfg.batch_size, buffer_size)
         self.set_random_seed(self.seed)
         if self._sb3_policy_class is not None:
             self._setup_sb3_policy()
