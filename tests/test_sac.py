@@ -734,6 +734,15 @@ def test_a_fixed_temperature_annealed_through_ent_coef_tensor_as_in_sb3(monkeypa
     assert SAC.load(tmp_path / "annealed.zip").ent_coef_tensor.item() == 0.25
 
 
+def test_a_fixed_temperature_given_comes_back_from_a_file_as_given(tmp_path):
+    """The file kept the float32 tensor's value, so ent_coef=0.005 loaded as 0.004999999888241291 (SB3's
+    loads 0.005): the number given is kept where the tensor in force still holds it."""
+    for given in (0.005, 0.1):
+        sac("Pendulum-v1", ent_coef=given).save(tmp_path / "m.zip")
+        loaded = SAC.load(tmp_path / "m.zip")
+        assert loaded.ent_coef == given and loaded.ent_coef_tensor.item() == float(np.float32(given))
+
+
 def test_auto_ent_coef_initial_value():
     model = sac("Pendulum-v1", ent_coef="auto_0.1")
     assert model._ent_coef().item() == pytest.approx(0.1)

@@ -867,7 +867,11 @@ class SAC(BaseAgent):
         if isinstance(target_entropy, (int, float, np.number)) and not isinstance(target_entropy, bool):
             params["target_entropy"] = float(target_entropy)  # the number in force, as SB3 keeps it
         if getattr(self, "log_ent_coef", None) is None and getattr(self, "ent_coef_tensor", None) is not None:
-            params["ent_coef"] = float(self.ent_coef_tensor)  # a fixed temperature in force (SB3 saves its tensor)
+            # a fixed temperature in force (SB3 saves its tensor), the number given where the tensor still holds it
+            # (a float32 tensor rounds 0.005 to 0.004999999888)
+            in_force, given = float(self.ent_coef_tensor), self.config.ent_coef
+            given_holds = isinstance(given, numbers.Real) and float(np.float32(given)) == in_force
+            params["ent_coef"] = float(given) if given_holds else in_force
         buffer_kwargs = {} if self._handle_timeouts else {"handle_timeout_termination": False}
         if self._her is not None:  # kept by name: a model file holds no classes
             params["replay_buffer_class"] = "HerReplayBuffer"
