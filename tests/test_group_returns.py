@@ -109,6 +109,89 @@ def test_early_leaver_with_zero_bootstrap_loses_the_credit():
     np.testing.assert_allclose(ret[:, 0, 1], [4.37184, 5.572, 5.6], rtol=1e-6)
 
 
+def test_early_leaver_follows_the_groups_return_on_while_the_group_continues():
+    """Given which agents are present and where the group goes on, a leaver's return continues with its
+    groupmates' (lambda-weighted), so team rewards after it left reach it even where the value misses them."""
+    rewards = np.zeros((3, 1, 2))
+    rewards[:, 0, 0] = [1.0, 0.0, 0.0]
+    rewards[:, 0, 1] = [0.0, 1.0, 2.0]
+    ended = np.zeros((3, 1, 2), dtype=bool)
+    ended[0, 0, 0] = True
+    bootstrap = np.zeros((3, 1, 2))
+    bootstrap[0, 0, 0] = 5.0
+    present = np.zeros((3, 1, 2), dtype=bool)
+    present[0, 0, :] = True
+    present[1:, 0, 1] = True
+    continues = np.ones((3, 1), dtype=bool)
+    values, last = one_env_values(1.0, 2.0, 3.0), np.array([4.0])
+    ret = group_lambda_returns(rewards, values, last, ended, bootstrap, GAMMA, LAM, present, continues)
+    # agent 1 as in test_early_leaver_gets_posthumous_credit: [4.37184, 5.572, 5.6]
+    np.testing.assert_allclose(ret[:, 0, 1], [4.37184, 5.572, 5.6], rtol=1e-6)
+    # agent 0: 1 + 0.9 * (0.8 * G1 of agent 1 + 0.2 * V_cont) = 1 + 0.9 * (0.8 * 5.572 + 0.2 * 5)
+    #        = 1 + 0.9 * (4.4576 + 1.0) = 1 + 4.91184 = 5.91184
+    np.testing.assert_allclose(ret[0, 0, 0], 5.91184, rtol=1e-6)
+    # lambda = 0 is the bootstrap alone: 1 + 0.9 * 5 = 5.5
+    ret0 = group_lambda_returns(rewards, values, last, ended, bootstrap, GAMMA, 0.0, present, continues)
+    np.testing.assert_allclose(ret0[0, 0, 0], 5.5, rtol=1e-6)
+
+
+def test_a_leaver_takes_the_mean_return_of_the_agents_present_after_it():
+    """N=1, S=3, T=2: agent 0 leaves at t=0; agents 1 and 2 stay; values [1, 2], last 4."""
+    rewards = np.zeros((2, 1, 3))
+    rewards[:, 0, 0] = [1.0, 0.0]
+    rewards[:, 0, 1] = [0.0, 1.0]
+    rewards[:, 0, 2] = [0.0, 3.0]
+    ended = np.zeros((2, 1, 3), dtype=bool)
+    ended[0, 0, 0] = True
+    bootstrap = np.zeros((2, 1, 3))
+    bootstrap[0, 0, 0] = 5.0
+    present = np.ones((2, 1, 3), dtype=bool)
+    present[1, 0, 0] = False
+    continues = np.ones((2, 1), dtype=bool)
+    ret = group_lambda_returns(
+        rewards, one_env_values(1.0, 2.0), np.array([4.0]), ended, bootstrap, GAMMA, LAM, present, continues
+    )
+    # at t=1: agent 1 = 1 + 0.9 * 4 = 4.6, agent 2 = 3 + 0.9 * 4 = 6.6; their mean 5.6
+    np.testing.assert_allclose(ret[1, 0, 1:], [4.6, 6.6], rtol=1e-6)
+    # agent 0: 1 + 0.9 * (0.8 * 5.6 + 0.2 * 5) = 1 + 0.9 * 5.48 = 5.932
+    np.testing.assert_allclose(ret[0, 0, 0], 5.932, rtol=1e-6)
+
+
+def test_a_leaver_on_the_rollouts_last_step_follows_the_last_value():
+    """T=2: agent 0 leaves at t=1, the last step, while agent 1 stays: the group's return after it is last_values."""
+    rewards = np.zeros((2, 1, 2))
+    rewards[1, 0, 0] = 2.0
+    ended = np.zeros((2, 1, 2), dtype=bool)
+    ended[1, 0, 0] = True
+    bootstrap = np.zeros((2, 1, 2))
+    bootstrap[1, 0, 0] = 5.0
+    present = np.ones((2, 1, 2), dtype=bool)
+    continues = np.ones((2, 1), dtype=bool)
+    ret = group_lambda_returns(
+        rewards, one_env_values(1.0, 2.0), np.array([4.0]), ended, bootstrap, GAMMA, LAM, present, continues
+    )
+    # 2 + 0.9 * (0.8 * 4 + 0.2 * 5) = 2 + 0.9 * 4.2 = 5.78
+    np.testing.assert_allclose(ret[1, 0, 0], 5.78, rtol=1e-6)
+
+
+def test_where_the_group_ends_a_leaver_keeps_its_bootstrap_alone():
+    """continues false (the whole group ended at t=0: a truncation bootstraps from the final state's value 5):
+    nothing after the step is the group's, so the return is r + gamma * bootstrap, whatever follows."""
+    rewards = np.zeros((2, 1, 2))
+    rewards[0, 0, :] = 1.0
+    rewards[1, 0, :] = 100.0  # the next episode's
+    ended = np.zeros((2, 1, 2), dtype=bool)
+    ended[0, 0, :] = True
+    bootstrap = np.zeros((2, 1, 2))
+    bootstrap[0, 0, :] = 5.0
+    present = np.ones((2, 1, 2), dtype=bool)
+    continues = np.array([[False], [True]])
+    ret = group_lambda_returns(
+        rewards, one_env_values(1.0, 2.0), np.array([4.0]), ended, bootstrap, GAMMA, LAM, present, continues
+    )
+    np.testing.assert_allclose(ret[0, 0, :], [5.5, 5.5], rtol=1e-6)  # 1 + 0.9 * 5
+
+
 # --- 4. a group terminal in the middle of the rollout ------------------------------------------
 
 

@@ -562,23 +562,27 @@ def hand_built_buffer(group_terminal_at_end: bool) -> GroupRolloutBuffer:
 def test_leaver_is_credited_with_the_group_it_leaves():
     buf = hand_built_buffer(group_terminal_at_end=True)
     ret = buf.returns_tensor[:, 0].numpy()
-    # Agent 0 left at t=0 while the group went on: r + gamma * V(continuing group) = 0.5 + 0.9 * 2 = 2.3 (not 0.5).
-    assert ret[0, 0] == pytest.approx(2.3)
     # Agents 1, 2 end at t=2 with a group terminal: no bootstrap (r only), then lambda-returns backwards:
     # agent 1: G2 = 3; G1 = 2 + 0.9 * (0.8 * 3 + 0.2 * 4) = 4.88; G0 = 1 + 0.9 * (0.8 * 4.88 + 0.2 * 2) = 4.8736
     # agent 2: G2 = 0; G1 = 1 + 0.9 * (0 + 0.8) = 1.72;          G0 = 0 + 0.9 * (0.8 * 1.72 + 0.4) = 1.5984
     np.testing.assert_allclose(ret[:, 1], [4.8736, 4.88, 3.0], rtol=1e-6)
     np.testing.assert_allclose(ret[:, 2], [1.5984, 1.72, 0.0], rtol=1e-6, atol=1e-7)
+    # Agent 0 left at t=0 while the group went on: its return follows the group's, with V(continuing group) = 2
+    # and the mean return of agents 1 and 2 at t=1, (4.88 + 1.72) / 2 = 3.3:
+    # 0.5 + 0.9 * (0.8 * 3.3 + 0.2 * 2) = 0.5 + 0.9 * 3.04 = 3.236 (0.5 without credit, 2.3 from V alone)
+    assert ret[0, 0] == pytest.approx(3.236)
 
 
 def test_time_limit_bootstraps_from_the_final_group_state():
     buf = hand_built_buffer(group_terminal_at_end=False)
     ret = buf.returns_tensor[:, 0].numpy()
-    assert ret[0, 0] == pytest.approx(2.3)
     # Truncation: r + gamma * continuing value 7: agent 1 3 + 6.3 = 9.3, agent 2 0 + 6.3 = 6.3.
     np.testing.assert_allclose(ret[2, 1:], [9.3, 6.3], rtol=1e-6)
     # G1 of agent 1 = 2 + 0.9 * (0.8 * 9.3 + 0.2 * 4) = 2 + 0.9 * 8.24 = 9.416
-    assert ret[1, 1] == pytest.approx(9.416)
+    # G1 of agent 2 = 1 + 0.9 * (0.8 * 6.3 + 0.2 * 4) = 1 + 0.9 * 5.84 = 6.256
+    np.testing.assert_allclose(ret[1, 1:], [9.416, 6.256], rtol=1e-6)
+    # The leaver: 0.5 + 0.9 * (0.8 * (9.416 + 6.256) / 2 + 0.2 * 2) = 0.5 + 0.9 * 6.6688 = 6.50192
+    assert ret[0, 0] == pytest.approx(6.50192)
 
 
 def test_group_terminal_at_the_leavers_step_cuts_its_bootstrap():
@@ -594,7 +598,8 @@ def test_advantages_are_returns_minus_baselines_on_present_slots(terminal):
     present = buf.present_tensor
     torch.testing.assert_close(buf.advantages_tensor[present], (buf.returns_tensor - buf.baselines_tensor)[present])
     assert (buf.advantages_tensor[~present] == 0).all()  # agent 0 at t=1, 2 (baseline 9 there is ignored)
-    assert buf.advantages_tensor[0, 0, 0].item() == pytest.approx(2.3 - 0.1)
+    leaver_return = 3.236 if terminal else 6.50192  # the two tests above
+    assert buf.advantages_tensor[0, 0, 0].item() == pytest.approx(leaver_return - 0.1)
     assert not buf.advantages_tensor.requires_grad and buf.advantages_tensor.dtype == torch.float32
 
 

@@ -125,7 +125,12 @@ class GroupRolloutBuffer:
         bootstrap = np.where(self.group_terminal[..., None], 0.0, self.continuing_values.numpy()[..., None])
         bootstrap = np.broadcast_to(bootstrap, self.rewards.shape)
         self.gamma, self.gae_lambda = gamma, gae_lambda
-        returns = group_lambda_returns(self.rewards, self.values, last_values, self.ended, bootstrap, gamma, gae_lambda)
+        # The group goes on after a step where some agent stays (leavers' returns follow it on).
+        staying = self.continuing_present & ~torch.as_tensor(self.ended)
+        continues = staying.any(dim=-1).numpy() & ~self.group_terminal
+        returns = group_lambda_returns(
+            self.rewards, self.values, last_values, self.ended, bootstrap, gamma, gae_lambda, self.present, continues
+        )
         self.returns_tensor = torch.as_tensor(returns, dtype=torch.float32)
         # Diagnostic: mean absolute one-step TD error of the group value over present agent-steps.
         values = self.values

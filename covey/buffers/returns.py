@@ -49,20 +49,29 @@ def group_lambda_returns(
     bootstrap: np.ndarray,
     gamma: float,
     gae_lambda: float,
+    present: np.ndarray | None = None,
+    continues: np.ndarray | None = None,
 ) -> np.ndarray:
     """MA-POCA's lambda-returns for every agent slot, from the group's centralized value.
 
-    Shapes: ``rewards``, ``ended``, ``bootstrap`` ``(T, N, S)`` (time, env copies, agent slots);
-    ``values`` ``(T, N)``: V of the group state each step; ``last_values`` ``(N,)``: V after the last step.
+    Shapes: ``rewards``, ``ended``, ``bootstrap``, ``present`` ``(T, N, S)`` (time, env copies, agent slots);
+    ``values`` ``(T, N)``: V of the group state each step; ``last_values`` ``(N,)``: V after the last step;
+    ``continues`` ``(T, N)``: the group goes on after step t, in the same episode (some agent stays).
 
-    ``ended[t]`` marks the last step of an agent's trajectory (it left the group, or the episode ended);
-    there the return is ``r + gamma * bootstrap``, where ``bootstrap`` is 0 only for a true terminal of
-    the whole group, and otherwise the value of the group state that continues (posthumous credit for an
-    agent that left early) or of the final state (truncation). Elsewhere::
+    Inside an agent's trajectory::
 
         G_t = r_t + gamma * (gae_lambda * G_{t+1} + (1 - gae_lambda) * V_{t+1})
 
-    and the rollout's last step uses ``G_T = V_T = last_values``. Entries of absent slots are meaningless.
+    and the rollout's last step uses ``G_T = V_T = last_values``. ``ended[t]`` marks the last step of an
+    agent's trajectory (it left the group, or the episode ended). Where the whole group ends (``continues``
+    false, or not given) the return is ``r + gamma * bootstrap``: ``bootstrap`` is 0 for a true terminal and
+    the value of the final state for a truncation. An agent that leaves while the group goes on gets
+    posthumous credit: its return follows the group's on, with the value of the state it leaves the group in
+    (``bootstrap``: its final observation and the agents still there) for ``V_{t+1}`` and the mean return of
+    the agents present at ``t + 1`` (``last_values`` after the rollout's last step) for ``G_{t+1}``. So the
+    team rewards that come after it left reach it as they reach its groupmates, weighted by ``gae_lambda``,
+    where a bootstrap alone gives only what the critic can read from the state it left. Entries of absent
+    slots are meaningless.
 
     >>> r = np.ones((2, 1, 1)); v = np.zeros((2, 1)); no = np.zeros((2, 1, 1), bool)
     >>> group_lambda_returns(r, v, np.zeros(1), no, np.zeros((2, 1, 1)), 0.5, 1.0)[:, 0, 0].tolist()
@@ -71,11 +80,22 @@ def group_lambda_returns(
     rewards = np.asarray(rewards, dtype=np.float64)
     n_steps = rewards.shape[0]
     returns = np.zeros_like(rewards)
-    next_return = np.broadcast_to(np.asarray(last_values, dtype=np.float64)[:, None], rewards.shape[1:])
+    last = np.asarray(last_values, dtype=np.float64)
+    next_return = np.broadcast_to(last[:, None], rewards.shape[1:])
     for t in reversed(range(n_steps)):
         next_value = (values[t + 1] if t + 1 < n_steps else last_values)[:, None]  # (N, 1)
         continuing = rewards[t] + gamma * (gae_lambda * next_return + (1.0 - gae_lambda) * next_value)
         # An agent whose trajectory ends here bootstraps from the state it leaves (0 only at a group terminal).
-        returns[t] = np.where(ended[t], rewards[t] + gamma * bootstrap[t], continuing)
+        leaving = rewards[t] + gamma * bootstrap[t]
+        if continues is not None and continues[t].any():
+            if t + 1 < n_steps:  # the group's return from t + 1: the mean over the agents present then
+                weights = np.asarray(present[t + 1], dtype=np.float64)
+                count = weights.sum(axis=-1)
+                group_next = np.where(count > 0, (next_return * weights).sum(axis=-1) / np.maximum(count, 1), 0.0)
+            else:
+                group_next = last
+            on = rewards[t] + gamma * (gae_lambda * group_next[:, None] + (1.0 - gae_lambda) * bootstrap[t])
+            leaving = np.where(continues[t][:, None], on, leaving)
+        returns[t] = np.where(ended[t], leaving, continuing)
         next_return = returns[t]
     return returns
