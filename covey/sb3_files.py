@@ -459,7 +459,8 @@ def _class_of(entry: Any) -> str | None:
 def _pickled_setting(name: str, entry: dict) -> Any:
     """A setting SB3 pickled, from the attributes written beside it, or None where they do not tell it: a
     constant schedule (``FloatSchedule`` of ``ConstantSchedule(val=0.2)``) is its value, a linear one SB3's
-    ``LinearSchedule``; a function is code, and not read. SAC's ``train_freq`` (a ``TrainFreq``, which has no
+    ``LinearSchedule`` (RL-Zoo's ``SimpleLinearSchedule``, of its ``lin_`` hyperparameters, SB3's
+    ``LinearSchedule`` to 0); a function is code, and not read. SAC's ``train_freq`` (a ``TrainFreq``, which has no
     attributes to write) is read from the pickle's opcodes, without running them (:func:`_train_freq`)."""
     if name == "train_freq":
         return _train_freq(entry[":serialized:"])
@@ -467,17 +468,21 @@ def _pickled_setting(name: str, entry: dict) -> Any:
         # a FloatSchedule writes its inner schedule's repr; a schedule object given directly, its own attributes
         text = str(entry.get("value_schedule", ""))
         kind = re.search(r"\.(\w+)'>$", entry.get(":type:", ""))
-        if kind and kind.group(1) in ("ConstantSchedule", "LinearSchedule"):
+        zoo = entry.get(":type:") == "<class 'rl_zoo3.utils.SimpleLinearSchedule'>"
+        if kind and (kind.group(1) in ("ConstantSchedule", "LinearSchedule") or zoo):
             attributes = ", ".join(f"{key}={value}" for key, value in entry.items() if not key.startswith(":"))
             text = f"{kind.group(1)}({attributes})"
         constant = re.fullmatch(r"ConstantSchedule\(val=([-+\w.]+)\)", text)
         if constant:
             return float(constant.group(1))
         linear = re.fullmatch(r"LinearSchedule\(start=([-+\w.]+), end=([-+\w.]+), end_fraction=([-+\w.]+)\)", text)
-        if linear:
+        zoo_linear = re.fullmatch(r"SimpleLinearSchedule\(initial_value=([-+\w.]+)\)", text)
+        if linear or zoo_linear:
             from stable_baselines3.common.utils import LinearSchedule
 
-            return LinearSchedule(*(float(x) for x in linear.groups()))
+            if linear:
+                return LinearSchedule(*(float(x) for x in linear.groups()))
+            return LinearSchedule(float(zoo_linear.group(1)), 0.0, 1.0)
     return None
 
 

@@ -156,3 +156,22 @@ class NormExtractor(BaseFeaturesExtractor):
     def forward(self, observations: torch.Tensor) -> torch.Tensor:
         self.calls.append((observations.shape[0], self.training))
         return self.net(observations)
+
+
+def zoo_schedule(rule):
+    """A class as RL-Zoo's ``rl_zoo3.utils.SimpleLinearSchedule`` is named (RL-Zoo is not a test dependency),
+    whose call is ``rule(progress_remaining, initial_value)``."""
+
+    class SimpleLinearSchedule:
+        def __init__(self, initial_value):
+            self.initial_value = float(initial_value)
+
+        def __call__(self, progress_remaining):
+            return rule(progress_remaining, self.initial_value)
+
+        def __repr__(self):  # RL-Zoo's, which SB3 writes beside the pickle of a FloatSchedule holding one
+            return f"SimpleLinearSchedule(initial_value={self.initial_value})"
+
+    SimpleLinearSchedule.__module__ = "rl_zoo3.utils"
+    SimpleLinearSchedule.__qualname__ = "SimpleLinearSchedule"
+    return SimpleLinearSchedule

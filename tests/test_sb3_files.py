@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import stable_baselines3 as sb3
 import torch
-from envs import SpaceEnv, image_space, needs_onnx_exporter
+from envs import SpaceEnv, image_space, needs_onnx_exporter, zoo_schedule
 from gymnasium import spaces
 
 from covey import POCA, PPO, SAC
@@ -376,6 +376,22 @@ def test_sb3s_schedule_objects_are_read(tmp_path):
         assert ours.learning_rate(progress) == pytest.approx(learning_rate(progress))
     sb3.PPO("MlpPolicy", "CartPole-v1", learning_rate=ConstantSchedule(5e-4), **kwargs).save(tmp_path / "c.zip")
     assert PPO.load(tmp_path / "c.zip").learning_rate == 5e-4
+
+
+def test_rl_zoos_linear_schedules_in_sb3_files_are_read(tmp_path):
+    """RL-Zoo's ``lin_`` hyperparameters (its ``SimpleLinearSchedule``, in most SB3 files it trained) took covey's
+    defaults with a warning; their attributes beside the pickle make them SB3's ``LinearSchedule`` to 0."""
+    linear = zoo_schedule(lambda p, v: p * v)
+    kwargs = dict(n_steps=32, batch_size=32)
+    sb3.PPO("MlpPolicy", "CartPole-v1", learning_rate=linear(1e-3), clip_range=linear(0.25), **kwargs).save(
+        tmp_path / "m.zip"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = PPO.load(tmp_path / "m.zip", device="cpu")
+    for progress in (1.0, 0.5, 0.0):
+        assert ours.learning_rate(progress) == pytest.approx(1e-3 * progress, rel=1e-12, abs=1e-15)
+        assert ours.clip_range(progress) == pytest.approx(0.25 * progress, rel=1e-12, abs=1e-15)
 
 
 def test_files_of_other_algorithms_name_where_they_load(tmp_path):

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs import zoo_schedule
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecEnvWrapper
@@ -230,6 +231,41 @@ def test_custom_activation_needs_custom_objects(tmp_path):
     np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
     # A key given goes over the file's.
     assert PPO.load(tmp_path / "m.zip", custom_objects={"policy_kwargs": kwargs}).policy_kwargs == kwargs
+
+
+def test_rl_zoos_linear_schedules_are_kept_whole(tmp_path):
+    """RL-Zoo's ``lin_1e-3`` hyperparameters (its ``SimpleLinearSchedule``) came back from a file as constants;
+    they are SB3's ``LinearSchedule`` to 0, so a loaded model goes on decaying as the saved one did. A class of
+    that name computing something else is kept as other functions are, by its value."""
+    import warnings
+
+    from stable_baselines3.common.utils import LinearSchedule
+
+    from covey import PPO
+
+    linear = zoo_schedule(lambda p, v: p * v)
+    model = PPO(
+        "MlpPolicy",
+        "CartPole-v1",
+        n_steps=64,
+        batch_size=64,
+        n_epochs=1,
+        seed=0,
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
+    ).learn(64)
+    model.save(tmp_path / "zoo.zip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "schedules that are functions" warning: nothing was lost
+        loaded = PPO.load(tmp_path / "zoo.zip", env="CartPole-v1")
+    assert isinstance(loaded.learning_rate, LinearSchedule) and isinstance(loaded.clip_range, LinearSchedule)
+    for progress in (1.0, 0.5, 0.1):
+        assert loaded.lr_schedule(progress) == pytest.approx(1e-3 * progress, rel=1e-12)
+        assert loaded.clip_range(progress) == pytest.approx(0.2 * progress, rel=1e-12)
+
+    squared = zoo_schedule(lambda p, v: p * p * v)
+    PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, learning_rate=squared(1e-3)).save(tmp_path / "sq.zip")
+    assert not isinstance(PPO.load(tmp_path / "sq.zip").learning_rate, LinearSchedule)
 
 
 def test_schedule_that_decayed_to_zero_still_loads(tmp_path):

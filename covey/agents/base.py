@@ -216,7 +216,21 @@ def schedule_to_json(schedule: Callable[[float], float], progress: float) -> flo
     entry = {"schedule_value": float(schedule(progress)), "schedule_initial": float(schedule(1.0))}
     if type(inner) is LinearSchedule:
         entry["linear"] = {"start": inner.start, "end": inner.end, "end_fraction": inner.end_fraction}
+    elif _zoo_linear(inner):  # RL-Zoo's lin_ schedules: SB3's LinearSchedule to 0 over the whole run
+        entry["linear"] = {"start": inner.initial_value, "end": 0.0, "end_fraction": 1.0}
     return entry
+
+
+def _zoo_linear(schedule: Any) -> bool:
+    """Whether ``schedule`` is RL-Zoo's ``SimpleLinearSchedule`` (``progress_remaining * initial_value``, what its
+    hyperparameter files' ``lin_3e-4`` make), checked on its values, not only its name."""
+    kind = type(schedule)
+    if kind.__name__ != "SimpleLinearSchedule" or not kind.__module__.startswith("rl_zoo3"):
+        return False
+    initial = getattr(schedule, "initial_value", None)
+    if not isinstance(initial, float) or not math.isfinite(initial):
+        return False
+    return all(schedule(p) == p * initial for p in (1.0, 0.75, 0.5, 0.25, 0.0))
 
 
 def schedule_from_json(entry: dict[str, Any]) -> float | LinearSchedule:
