@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import supersuit as ss
 from gymnasium import spaces
+from pettingzoo import ParallelEnv
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
@@ -256,6 +257,64 @@ def test_poca_credits_the_early_exit_that_independent_ppo_misses():
     best = EarlyExitEnv().best_group_return
     assert poca_return == pytest.approx(best)
     assert ppo_return < best - 5
+
+
+class Messenger(ParallelEnv):
+    """Two agents. At the first step the messenger sees one of two cues and presses a button, then leaves; the
+    other agent waits. After ``length`` steps the agent still there is paid 1 if the button matched the cue.
+    No observation after the press tells whether it matched: only the team's later reward does."""
+
+    metadata = {"name": "messenger_v0"}
+    possible_agents = ["messenger", "waiter"]
+
+    def __init__(self, length: int = 6) -> None:
+        self.length, self.agents = length, []
+        self._rng = np.random.default_rng()
+
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 1.0, (4,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def _observe(self, agent) -> np.ndarray:
+        obs = np.zeros(4, np.float32)
+        obs[0] = agent == "messenger"
+        if agent == "messenger" and self.t == 0:
+            obs[1 + self.cue] = 1.0
+        obs[3] = self.t / self.length
+        return obs
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.agents, self.t, self.cue = list(self.possible_agents), 0, int(self._rng.integers(2))
+        return {a: self._observe(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        if self.t == 0:
+            self.matched = int(actions["messenger"]) == self.cue
+        self.t += 1
+        end = self.t >= self.length
+        rewards = {a: float(end and self.matched) for a in self.agents}
+        terminated = {a: end or (a == "messenger" and self.t == 1) for a in self.agents}
+        obs = {a: self._observe(a) for a in self.agents}
+        self.agents = [a for a in self.agents if not terminated[a]]
+        return obs, rewards, terminated, {a: False for a in terminated}, {a: {} for a in terminated}
+
+
+@pytest.mark.slow
+def test_poca_credits_a_leaver_with_a_team_reward_no_observation_shows():
+    """The messenger's press decides a team reward that comes after it left, and nothing the critic sees at its
+    exit shows it (its value there is the same for both presses): a return that ends in that value alone left
+    the messenger at chance; its return follows the team's on, so it learns to press the cue's button."""
+    model = POCA("MlpPolicy", Messenger, n_envs=8, n_steps=64, batch_size=128, n_epochs=4, learning_rate=1e-3, seed=0)
+    model.learn(20_000)
+    env, matched = Messenger(), 0
+    for episode in range(200):
+        obs, _ = env.reset(seed=10_000 + episode)
+        matched += int(model.predict({"messenger": obs["messenger"]}, deterministic=True)[0]["messenger"]) == env.cue
+    assert matched / 200 >= 0.95
 
 
 @pytest.mark.slow
