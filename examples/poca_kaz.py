@@ -6,8 +6,8 @@ them and leave the episode; the team earns a point per zombie killed.
 
 Observations are KAZ's vector state: one row per entity (27 rows of 5 numbers), encoded with entity
 attention (``policy_kwargs=dict(entity_encoder=True)``). Prints the group return against random play: with
-seed 0 the team kills 7.2 zombies per episode against 2.8 for random actions, and lives longer (240 vs
-164 steps; 10 episodes, sampled actions).
+seed 0 the team kills 7.5 zombies per episode against 2.8 for random actions, and lives longer (234 vs
+164 steps; 10 episodes, sampled actions; 223 s on a 2-core AMD EPYC).
 """
 
 import argparse
