@@ -200,8 +200,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     True
     """
     if (
-        _tracing()
-        or _compiling()
+        _compiling()
+        or _tracing()
         or weight.dim() != 2
         or x.dim() < 2
         or weight.shape[1] == 0
