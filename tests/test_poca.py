@@ -626,7 +626,12 @@ def test_posthumous_credit_in_a_collected_rollout():
     with torch.no_grad():
         cont = model.critic.value(buf.continuing_obs[tl].reshape(-1, 3, 5), buf.continuing_present[tl].reshape(-1, 3))
     torch.testing.assert_close(buf.continuing_values[tl].reshape(-1), cont, rtol=1e-5, atol=1e-5)
-    expected = buf.rewards[t_left, :, 0] + 0.9 * buf.continuing_values[tl].numpy()
+    # The leaver's return follows its groupmates' (both present at the next step) on, with the value of the group
+    # it left in the value's place: r + gamma * (lambda * their mean return + (1 - lambda) * V_cont).
+    after = torch.as_tensor(np.roll(t_left, 1))  # the steps after the presses (inside the same episodes)
+    stayers_next = buf.returns_tensor[after][:, :, 1:].mean(dim=-1).numpy()
+    lam = model.gae_lambda
+    expected = buf.rewards[t_left, :, 0] + 0.9 * (lam * stayers_next + (1 - lam) * buf.continuing_values[tl].numpy())
     np.testing.assert_allclose(buf.returns_tensor[tl, :, 0].numpy(), expected, rtol=1e-5, atol=1e-6)
     assert (np.abs(buf.returns_tensor[tl, :, 0].numpy() - leaver_reward) > 1e-4).all()  # a bootstrap, not just r
     # The stayers end at the time limit (t = 7, 15) and bootstrap from their final group state.
