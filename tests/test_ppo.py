@@ -414,6 +414,7 @@ def test_the_batch_size_warning_is_the_constructors_and_loads_only_where_load_ch
         warnings.simplefilter("error")
         PPO.load(tmp_path / "m.zip", env="CartPole-v1")
         PPO.load(tmp_path / "m.zip").set_env(make_vec_env("CartPole-v1", n_envs=1))
+        PPO.load(tmp_path / "m.zip", env="CartPole-v1", n_steps=64, batch_size=512)  # RL-Zoo's -i passes them again
     with pytest.warns(UserWarning, match=r"batch_size=512 is larger than the rollout \(n_steps \* n_envs = 128\)"):
         PPO.load(tmp_path / "m.zip", env=make_vec_env("CartPole-v1", n_envs=2))
     with pytest.warns(UserWarning, match=r"batch_size=48 does not divide the rollout \(n_steps \* n_envs = 64\)"):

@@ -1743,7 +1743,7 @@ class BaseAgent:
         self,
         load_path_or_dict: str | os.PathLike | dict,
         exact_match: bool = True,
-        device: torch.device | str = "auto",
+        device: torch.device | str | int = "auto",
     ) -> None:
         """Load state dicts from a dict (as ``get_parameters`` returns), a covey model file or an SB3 one. With
         ``exact_match`` every network of the model must be given, with every tensor; optimizer states may be
@@ -2045,8 +2045,10 @@ class BaseAgent:
         unknown = sorted(set(kwargs) - set(hyper) - set(outside) - (constructor - {"device", "policy_kwargs"}))
         if unknown:
             raise ValueError(f"Unknown keyword arguments {unknown} for {cls.__name__}.load.")
+        saved = {key: hyper.get(key) for key in ("batch_size", "n_steps")}
         hyper.update(kwargs)
         hyper = {**outside, **hyper}
+        layout_changed = any(key in kwargs and kwargs[key] != value for key, value in saved.items())
         # As SB3: custom_objects' spaces stand for the file's (other bounds, say, of the same shapes: the
         # weights must fit them).
         spaces_given = {}
@@ -2100,7 +2102,7 @@ class BaseAgent:
             model._check_spaces(venv.observation_space, venv.action_space)
             model._attach_env(venv)
             model._last_obs = None
-            if {"batch_size", "n_steps"} & set(kwargs) or model.n_envs != settings.get("n_envs", 1):
+            if layout_changed or model.n_envs != settings.get("n_envs", 1):
                 model._warn_batch_layout()  # the constructor's warning, where load's arguments changed the layout
         model._setup_model()
         # a copy's: the classes and settings of a user's policy's optimizers (one a script assigned, too)
