@@ -125,7 +125,8 @@ class GroupRolloutBuffer:
         bootstrap = np.where(self.group_terminal[..., None], 0.0, self.continuing_values.numpy()[..., None])
         bootstrap = np.broadcast_to(bootstrap, self.rewards.shape)
         self.gamma, self.gae_lambda = gamma, gae_lambda
-        # The group goes on after a step where some agent stays (leavers' returns follow it on).
+        # The group goes on after a step where some agent is there after it, in the same episode (one that stays or
+        # one that joins): leavers' returns follow it on.
         staying = self.continuing_present & ~torch.as_tensor(self.ended)
         continues = staying.any(dim=-1).numpy() & ~self.group_terminal
         returns = group_lambda_returns(

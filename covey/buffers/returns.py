@@ -56,7 +56,8 @@ def group_lambda_returns(
 
     Shapes: ``rewards``, ``ended``, ``bootstrap``, ``present`` ``(T, N, S)`` (time, env copies, agent slots);
     ``values`` ``(T, N)``: V of the group state each step; ``last_values`` ``(N,)``: V after the last step;
-    ``continues`` ``(T, N)``: the group goes on after step t, in the same episode (some agent stays).
+    ``continues`` ``(T, N)``: the group goes on after step t, in the same episode (some agent is there at t + 1,
+    one that stays or one that joins), given with ``present``.
 
     Inside an agent's trajectory::
 
@@ -77,6 +78,8 @@ def group_lambda_returns(
     >>> group_lambda_returns(r, v, np.zeros(1), no, np.zeros((2, 1, 1)), 0.5, 1.0)[:, 0, 0].tolist()
     [1.5, 1.0]
     """
+    if continues is not None and present is None:
+        raise ValueError("continues needs present: the agents whose mean return a leaver's return follows.")
     rewards = np.asarray(rewards, dtype=np.float64)
     n_steps = rewards.shape[0]
     returns = np.zeros_like(rewards)

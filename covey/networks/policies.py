@@ -27,7 +27,12 @@ from stable_baselines3.common import policies as sb3_policies
 from torch import nn
 
 from covey.networks import sb3_names
-from covey.networks.actor_critic import PPO_ADAM_EPS, PolicyMethods, ReadOnlyViews
+from covey.networks.actor_critic import (
+    PPO_ADAM_EPS,
+    ParameterMismatchError,  # noqa: F401 (its name here before it moved)
+    PolicyMethods,
+    ReadOnlyViews,
+)
 from covey.networks.distributions import ActionDistribution
 from covey.networks.encoders import sb3_extractor
 from covey.networks.obs import ObsTensor, check_obs_tensors
