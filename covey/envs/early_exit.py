@@ -4,7 +4,7 @@ Three agents wait in a room with a switch. An agent that presses the switch leav
 it is terminated, pays a small cost for pressing and gets nothing more. From the next step on, every
 agent still in the room receives the group's reward each step: the number of agents still in the room.
 The best the team can do is to let exactly one agent leave at the first step. The leaver's own reward is
-negative, so only a learner that credits it with the value of the group it leaves behind (MA-POCA's
+negative, so only a learner that credits it with what the group it leaves behind earns (MA-POCA's
 posthumous credit) finds that. Learners that end a leaver's trajectory with a value of zero (or keep it
 as a zero-filled "dead" agent) learn that nobody should press.
 """
