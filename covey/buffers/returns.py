@@ -90,7 +90,7 @@ def group_lambda_returns(
         continuing = rewards[t] + gamma * (gae_lambda * next_return + (1.0 - gae_lambda) * next_value)
         # An agent whose trajectory ends here bootstraps from the state it leaves (0 only at a group terminal).
         leaving = rewards[t] + gamma * bootstrap[t]
-        if continues is not None and continues[t].any():
+        if continues is not None and (ended[t] & continues[t][:, None]).any():  # someone left a group that goes on
             if t + 1 < n_steps:  # the group's return from t + 1: the mean over the agents present then
                 weights = np.asarray(present[t + 1], dtype=np.float64)
                 count = weights.sum(axis=-1)
