@@ -956,10 +956,21 @@ def step_on_after_the_interrupt(venv, actions) -> None:
         signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt in this process, as in a terminal: a test run started in the background by a
+    shell without job control (``pytest ... &``) inherits SIGINT ignored, and Python then keeps it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 @pytest.mark.parametrize("raised", [False, True], ids=["sigint", "raised"])
 @pytest.mark.parametrize("when", ["reading", "sending"])
-def test_ctrl_c_while_a_workers_message_is_read_or_sent_leaves_the_pipe_in_step(monkeypatch, when, raised):
+def test_ctrl_c_while_a_workers_message_is_read_or_sent_leaves_the_pipe_in_step(
+    monkeypatch, when, raised, sigint_raises
+):
     """Ctrl-C landing just after a worker's answer was taken off the pipe (while it is unpickled), or just after a
     command was written to it, before the count of answers owed follows: the env resynchronizes with the worker
     at its next command and goes on stepping (it waited for an answer already read, for ever, before). As a
@@ -993,7 +1004,7 @@ def test_ctrl_c_while_a_workers_message_is_read_or_sent_leaves_the_pipe_in_step(
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_ctrl_c_in_the_middle_of_a_message_waits_for_its_end(monkeypatch):
+def test_ctrl_c_in_the_middle_of_a_message_waits_for_its_end(monkeypatch, sigint_raises):
     """Ctrl-C landing after an answer's 4-byte length was read and before its body: the KeyboardInterrupt left
     the body on the pipe, the next read took it for a message, and the env reported its worker lost ("ended
     without answering") while it ran on. The answer is now read whole first, then the KeyboardInterrupt is
