@@ -480,9 +480,8 @@ def _pickled_setting(name: str, entry: dict) -> Any:
         if linear or zoo_linear:
             from stable_baselines3.common.utils import LinearSchedule
 
-            if linear:
-                return LinearSchedule(*(float(x) for x in linear.groups()))
-            return LinearSchedule(float(zoo_linear.group(1)), 0.0, 1.0)
+            start, end, end_fraction = linear.groups() if linear else (zoo_linear.group(1), 0.0, 1.0)
+            return LinearSchedule(float(start), float(end), float(end_fraction))
     return None
 
 

@@ -127,8 +127,7 @@ class GroupRolloutBuffer:
         self.gamma, self.gae_lambda = gamma, gae_lambda
         # The group goes on after a step where some agent is there after it, in the same episode (one that stays or
         # one that joins): leavers' returns follow it on.
-        staying = self.continuing_present & ~torch.as_tensor(self.ended)
-        continues = staying.any(dim=-1).numpy() & ~self.group_terminal
+        continues = (self.continuing_present.numpy() & ~self.ended).any(axis=-1) & ~self.group_terminal
         returns = group_lambda_returns(
             self.rewards, self.values, last_values, self.ended, bootstrap, gamma, gae_lambda, self.present, continues
         )
