@@ -249,6 +249,9 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
             "took SB3's actions as they were, give covey's model an env whose space starts at 0."
         )
     hyperparameters, unread = _hyperparameters(data, agent, config_class)
+    noise = _action_noise(data.get("action_noise")) if agent == "SAC" else None
+    if noise is False:
+        unread.append("action_noise")
     tensors: dict[str, Any] = {"policy": policy}
     if (
         agent == "SAC"
@@ -280,6 +283,8 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         "unread": unread,
         "sb3_file": True,
     }
+    if noise:
+        settings["action_noise"] = noise
     if user_class:  # SB3 pickled the class without its name: PPO builds it from the class given at load
         settings["policy"] = f"of the module {user_class}"
         settings["sb3_policy_class"] = True
@@ -483,6 +488,50 @@ def _pickled_setting(name: str, entry: dict) -> Any:
             start, end, end_fraction = linear.groups() if linear else (zoo_linear.group(1), 0.0, 1.0)
             return LinearSchedule(float(start), float(end), float(end_fraction))
     return None
+
+
+_NOISE_TYPE = re.compile(r"<class 'stable_baselines3\.common\.noise\.(\w+)'>")
+_NOISE_REPR = re.compile(r"(NormalActionNoise|OrnsteinUhlenbeckActionNoise)\(mu=(.*), sigma=(.*)\)", flags=re.DOTALL)
+
+
+def _action_noise(entry: Any) -> dict | None | bool:
+    """SAC's ``action_noise`` in covey's JSON form (:func:`covey.noise.noise_to_json`), from the attributes SB3
+    wrote beside its pickle: None for no noise, False where they do not tell it (a user's own noise class, an
+    array NumPy printed summarized, a VectorizedActionNoise of Ornstein-Uhlenbeck noise, whose repr, the one
+    thing SB3 writes of its base noise, leaves out theta and dt)."""
+    if entry is None:
+        return None
+    kind = _NOISE_TYPE.fullmatch(str(entry.get(":type:", ""))) if isinstance(entry, dict) else None
+    if kind is None:
+        return False
+    try:
+        if kind.group(1) == "VectorizedActionNoise":
+            base = _NOISE_REPR.fullmatch(str(entry.get("_base_noise", entry.get("base_noise", ""))))
+            n_envs = entry.get("n_envs")
+            if base is None or base.group(1) != "NormalActionNoise" or not isinstance(n_envs, int):
+                return False
+            mean, sigma = (_numbers(text) for text in base.group(2, 3))
+            normal = {"class": "NormalActionNoise", "mean": mean, "sigma": sigma, "dtype": "float32"}
+            return {"class": "VectorizedActionNoise", "base_noise": normal, "n_envs": n_envs}
+        dtype = re.fullmatch(r"<class 'numpy\.(\w+)'>", str(entry.get("_dtype", "<class 'numpy.float32'>")))
+        noise = {
+            "class": kind.group(1),
+            "mean": _numbers(entry["_mu"]),
+            "sigma": _numbers(entry["_sigma"]),
+            "dtype": str(np.dtype(dtype.group(1))) if dtype else "float32",
+        }
+        if kind.group(1) == "OrnsteinUhlenbeckActionNoise":
+            initial = entry.get("initial_noise")
+            noise.update(
+                theta=float(entry["_theta"]),
+                dt=float(entry["_dt"]),
+                initial_noise=None if initial is None else _numbers(initial),
+            )
+        elif kind.group(1) != "NormalActionNoise":
+            return False
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError):
+        return False
+    return noise
 
 
 _INT_OPCODES = {"INT", "LONG", "BININT", "BININT1", "BININT2", "LONG1", "LONG4"}

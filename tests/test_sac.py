@@ -1211,6 +1211,74 @@ def test_load_takes_the_constructors_arguments_such_as_action_noise(tmp_path):
         SAC.load(tmp_path / "model", actoin_noise=noise)
 
 
+def _noise_settings(noise) -> dict:
+    """A noise's class and settings, its base noise's for a VectorizedActionNoise (arrays as lists)."""
+    out = {"class": type(noise).__name__}
+    if isinstance(noise, VectorizedActionNoise):
+        return {**out, "n_envs": noise.n_envs, "base": _noise_settings(noise.base_noise)}
+    names = ("_mu", "_sigma", "_dtype", "_theta", "_dt", "initial_noise")
+    return {**out, **{k: np.asarray(getattr(noise, k)).tolist() for k in names if hasattr(noise, k)}}
+
+
+def _sb3_noises():
+    from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
+
+    return [
+        NormalActionNoise(np.zeros(2), np.array([0.1, 0.2])),
+        OrnsteinUhlenbeckActionNoise(
+            np.full(2, 0.5), np.full(2, 0.3), theta=0.25, dt=0.05, initial_noise=np.ones(2), dtype=np.float64
+        ),
+        VectorizedActionNoise(NormalActionNoise(np.zeros(2), np.full(2, 0.4)), n_envs=2),
+    ]
+
+
+@pytest.mark.parametrize("noise", _sb3_noises(), ids=["normal", "ornstein_uhlenbeck", "vectorized"])
+def test_sb3s_action_noises_are_kept_in_the_model_file(tmp_path, noise):
+    """SB3's file keeps action_noise (a pickle), so a run continued from it explores as before: covey's keeps the
+    settings of SB3's noises. custom_objects and load's keyword set it as SB3's load does; exclude leaves it out."""
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    env = SpaceEnv(spaces.Box(-1, 1, (3,)), spaces.Box(-1, 1, (2,)))
+    SAC("MlpPolicy", env, action_noise=noise).save(tmp_path / "model")
+    loaded = SAC.load(tmp_path / "model")
+    assert loaded.action_noise is not noise and _noise_settings(loaded.action_noise) == _noise_settings(noise)
+    other = NormalActionNoise(np.zeros(2), np.ones(2))
+    assert SAC.load(tmp_path / "model", custom_objects={"action_noise": other}).action_noise is other
+    assert SAC.load(tmp_path / "model", action_noise=None).action_noise is None
+    SAC("MlpPolicy", env, action_noise=noise).save(tmp_path / "excluded", exclude=["action_noise"])
+    assert SAC.load(tmp_path / "excluded").action_noise is None
+
+
+def test_a_noise_covey_cannot_keep_is_named_at_save_and_load(tmp_path):
+    """A user's own noise class is code, which covey's file never holds: save and load say so, and how to give
+    it back."""
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    class MyNoise(NormalActionNoise):
+        pass
+
+    noise = MyNoise(np.zeros(1), np.ones(1))
+    with pytest.warns(UserWarning, match=r"save: action_noise is not in the file: .*MyNoise is not one of SB3's"):
+        SAC("MlpPolicy", "Pendulum-v1", action_noise=noise).save(tmp_path / "model")
+    with pytest.warns(UserWarning, match=r"The file does not hold action_noise.*custom_objects"):
+        assert SAC.load(tmp_path / "model").action_noise is None
+    assert SAC.load(tmp_path / "model", action_noise=noise).action_noise is noise  # given again: no warning
+
+
+def test_a_vectorized_noise_follows_the_env_it_learns_in(tmp_path):
+    """A model saved with 2 envs' noise processes, loaded with 1 env (or 3), learns with one process per env."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    noise = _sb3_noises()[2]
+    env = SpaceEnv(spaces.Box(-1, 1, (3,)), spaces.Box(-1, 1, (2,)))
+    SAC("MlpPolicy", env, action_noise=noise).save(tmp_path / "model")
+    one = SAC.load(tmp_path / "model", env=env, learning_starts=0, batch_size=4).learn(8)
+    assert _noise_settings(one.action_noise) == _noise_settings(noise.base_noise)
+    three = make_vec_env(lambda: SpaceEnv(spaces.Box(-1, 1, (3,)), spaces.Box(-1, 1, (2,))), n_envs=3)
+    model = SAC.load(tmp_path / "model", env=three, learning_starts=0, batch_size=4).learn(9)
+    assert model.action_noise.n_envs == 3 and model.replay_buffer.actions[:3].shape == (3, 3, 2)
+
+
 def test_sb3s_names_for_the_replay_buffer_critics_and_learning_rate():
     """SB3 attributes scripts read on a SAC model (AttributeErrors or a TypeError before): the replay buffer's
     obs_shape, action_dim and reset(), the critics as qf0/qf1, _vec_normalize_env, and

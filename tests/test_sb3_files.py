@@ -5,6 +5,7 @@ named in a warning."""
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import pickle
 import re
@@ -284,6 +285,35 @@ def test_an_sb3_sac_files_fixed_temperature_is_the_one_in_force(tmp_path):
     ours.save(tmp_path / "again.zip")
     assert SAC.load(tmp_path / "again.zip").ent_coef_tensor.item() == 0.125
     assert ours.to_sb3_model().ent_coef_tensor.item() == 0.125
+
+
+def test_an_sb3_sac_files_action_noise_is_read(tmp_path, no_unpickling):
+    """SB3's load gives back the action_noise it pickled; covey reads SB3's noises from the attributes written
+    beside the pickle. The one thing SB3 writes of a VectorizedActionNoise's base noise is its repr, which leaves
+    out Ornstein-Uhlenbeck's theta and dt: that noise is named as not read."""
+    from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise, VectorizedActionNoise
+
+    def settings(noise) -> dict:
+        if isinstance(noise, VectorizedActionNoise):
+            return {"n_envs": noise.n_envs, "base": settings(noise.base_noise)}
+        names = ("_mu", "_sigma", "_dtype", "_theta", "_dt", "initial_noise")
+        return {"class": type(noise), **{k: np.asarray(getattr(noise, k)).tolist() for k in names if hasattr(noise, k)}}
+
+    normal = NormalActionNoise(np.zeros(1), np.full(1, 0.1))
+    ou = OrnsteinUhlenbeckActionNoise(np.zeros(1), np.full(1, 0.2), theta=0.3, dt=0.05, initial_noise=np.ones(1))
+    small = dict(learning_starts=0, batch_size=4, policy_kwargs=dict(net_arch=[8]))
+    for name, noise, n_envs in [("normal", normal, 1), ("ou", ou, 1), ("vec", normal, 2), ("vec_ou", ou, 2)]:
+        env = sb3.common.env_util.make_vec_env("Pendulum-v1", n_envs=n_envs)
+        theirs = sb3.SAC("MlpPolicy", env, action_noise=copy.deepcopy(noise), **small).learn(4)
+        theirs.save(tmp_path / name)
+        if name == "vec_ou":
+            with pytest.warns(UserWarning, match=r"pickled action_noise .* custom_objects"):
+                assert SAC.load(tmp_path / name).action_noise is None
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ours = SAC.load(tmp_path / name)
+        assert settings(ours.action_noise) == settings(theirs.action_noise)
 
 
 # ============================================================================================ safety and errors

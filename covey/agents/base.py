@@ -1808,7 +1808,10 @@ class BaseAgent:
         exclude = set(exclude or []) - networks
         place = None if "_last_obs" in exclude else self._env_place()
         # What the file holds anyway, by SB3's attribute names: include may name it, as SB3's save takes it
-        saved = set(groups) | set(self._hyperparameters_json()) | _SAVED_ATTRIBUTES
+        # exclude may leave out a constructor argument kept there (SAC's action_noise), not the file's own records
+        arguments = set(inspect.signature(type(self).__init__).parameters)
+        extra_settings = {k: v for k, v in self._extra_settings().items() if k not in exclude or k not in arguments}
+        saved = set(groups) | set(self._hyperparameters_json()) | set(extra_settings) | _SAVED_ATTRIBUTES
         if place is not None:
             saved |= {"_last_obs", "_last_episode_starts", "_last_original_obs"}
         extra = sorted(set(include or []) - saved)
@@ -1852,7 +1855,7 @@ class BaseAgent:
                 for ep in self.ep_info_buffer
             ],
             "ep_success_buffer": [bool(x) for x in self.ep_success_buffer],
-            **self._extra_settings(),
+            **extra_settings,
         }
         arguments = self._subclass_arguments()
         if arguments:
@@ -1950,6 +1953,12 @@ class BaseAgent:
             self.device,
         )
 
+    @classmethod
+    def _saved_arguments(cls, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """Constructor arguments that :meth:`_extra_settings` saved (of the file ``name``), for ``load`` to pass
+        unless ``custom_objects`` or its keyword arguments give them."""
+        return {}
+
     def _restore_settings(self, settings: dict[str, Any]) -> None:
         """Read back what :meth:`_extra_settings` saved, before the networks are built."""
 
@@ -2011,9 +2020,14 @@ class BaseAgent:
         custom_objects = dict(custom_objects or {})
         unread = [key for key in settings.get("unread", []) if key not in custom_objects and key not in kwargs]
         if unread:
+            what = (
+                f"The Stable-Baselines3 file pickled {', '.join(unread)} (a function, a class or an object), which "
+                "covey never unpickles"
+                if settings.get("sb3_file")
+                else f"The file does not hold {', '.join(unread)}, which was of a kind covey's file cannot keep"
+            )
             warn_user(
-                f"The Stable-Baselines3 file pickled {', '.join(unread)} (a function or a class), which covey never "
-                "unpickles: the model takes covey's defaults for them. Pass them in custom_objects (or as load's "
+                f"{what}: the model takes covey's defaults for them. Pass them in custom_objects (or as load's "
                 "keyword arguments) to set them."
             )
         hyper = dict(settings["hyperparameters"])
@@ -2033,6 +2047,7 @@ class BaseAgent:
             "seed": settings.get("seed"),
             "tensorboard_log": settings.get("tensorboard_log"),
             "verbose": settings.get("verbose", 0),
+            **cls._saved_arguments(serialization.resolve_model_path(path)[0], settings),
         }
         # a subclass's own arguments, where this class's constructor takes them (a file of a subclass loaded by
         # covey's agent finds the subclass's networks unknown, below)

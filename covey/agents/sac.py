@@ -23,6 +23,7 @@ from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, Trai
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as SB3HerReplayBuffer
 
+from covey import serialization
 from covey.agents.base import (
     BaseAgent,
     FlatParameters,
@@ -47,6 +48,7 @@ from covey.networks.obs import batch_to_tensor
 from covey.networks.policies import SACPolicy
 from covey.networks.sb3_names import is_sb3, translate_groups
 from covey.networks.twohot import ScalarHead
+from covey.noise import noise_from_json, noise_to_json
 from covey.spaces import check_finite_bounds
 from covey.warning import warn_user
 from covey.wrappers.vec_env import VecImageLayout
@@ -583,7 +585,9 @@ class SAC(BaseAgent):
             )
         self.action_noise = action_noise
         """SB3's exploration noise (a ``stable_baselines3.common.noise.ActionNoise``) added to Box actions in
-        [-1, 1] while collecting, as in SB3; not saved with the model (set ``model.action_noise`` again)."""
+        [-1, 1] while collecting, as in SB3. Saved with the model as settings where it is SB3's Normal or
+        Ornstein-Uhlenbeck noise (or a VectorizedActionNoise of one); ``load(path, action_noise=...)`` gives any
+        other back."""
         self._last_original_obs = None  # behind a VecNormalize: the original of _last_obs
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
@@ -888,6 +892,26 @@ class SAC(BaseAgent):
         kwargs["action_noise"] = copy.deepcopy(self.action_noise)
         return kwargs
 
+    def _extra_settings(self) -> dict[str, Any]:
+        settings = super()._extra_settings()
+        try:
+            settings["action_noise"] = noise_to_json(self.action_noise)
+        except TypeError as err:  # a user's own noise: SB3 pickles it, covey's file holds settings only
+            warn_user(
+                f"save: action_noise is not in the file: {err} (NormalActionNoise, OrnsteinUhlenbeckActionNoise or "
+                "a VectorizedActionNoise of one), which covey's file keeps as settings. Pass it to load again: "
+                f"{type(self).__name__}.load(path, action_noise=...)."
+            )
+            settings["unread"] = ["action_noise"]
+        return settings
+
+    @classmethod
+    def _saved_arguments(cls, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return {"action_noise": noise_from_json(settings.get("action_noise"))}
+        except (KeyError, TypeError, ValueError) as err:
+            raise serialization.ModelFileError(f"{name} holds an action_noise covey cannot read ({err!r}).") from err
+
     def set_env(self, env: Any, force_reset: bool = True) -> None:
         super().set_env(env, force_reset)
         if isinstance(self.replay_buffer, HerReplayBuffer):
@@ -949,8 +973,12 @@ class SAC(BaseAgent):
             )
         noise = self.action_noise
         if noise is not None:  # as SB3: one noise process per env, each started afresh
-            if self.env is not None and self.env.num_envs > 1 and not isinstance(noise, VectorizedActionNoise):
-                self.action_noise = noise = VectorizedActionNoise(noise, self.env.num_envs)
+            n_envs = 1 if self.env is None else self.env.num_envs
+            if isinstance(noise, VectorizedActionNoise) and noise.n_envs != n_envs:  # a loaded model's, say
+                noise = noise.base_noise
+            if n_envs > 1 and not isinstance(noise, VectorizedActionNoise):
+                noise = VectorizedActionNoise(noise, n_envs)
+            self.action_noise = noise
             noise.reset()
         self._check_log_interval(log_interval)
         # SB3's call, which a subclass's override of _setup_learn takes
