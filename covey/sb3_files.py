@@ -167,25 +167,36 @@ def _space_repr(kind: str, entry: dict) -> str:
         return f"MultiDiscrete({entry['nvec']}{start})"
     if kind == "MultiBinary":
         return f"MultiBinary({entry['n']})"
-    if kind == "Dict":  # a dict's str: {'a': Box(...), ...}
-        return f"Dict({entry['spaces'].strip().removeprefix('{').removesuffix('}')})"
+    if kind == "Dict":  # a dict's str, {'a': Box(...), ...}; gymnasium before 1.0 (and gym) wrote an OrderedDict's
+        text = entry["spaces"].strip()
+        ordered = re.fullmatch(r"OrderedDict\(\[(.*)\]\)", text, flags=re.DOTALL)
+        if ordered:  # OrderedDict([('a', Box(...)), ...])
+            pairs = [_split_top(pair.strip().removeprefix("(").removesuffix(")")) for pair in _split_top(ordered[1])]
+            if any(len(pair) != 2 for pair in pairs):
+                raise ValueError(f"not a Dict space's items: {text[:80]!r}")
+            return f"Dict({', '.join(f'{key}: {space}' for key, space in pairs)})"
+        return f"Dict({text.removeprefix('{').removesuffix('}')})"
     raise ValueError(f"covey does not read {kind} spaces from SB3 files")
 
 
-def _space_entry(entry: Any, what: str, name: str) -> spaces.Space:
-    """A space from its entry in ``data``: the pickle's type and its attributes written beside it."""
+def _space_kind(entry: Any) -> str | None:
+    """The class name of a space SB3 pickled (``Box``, ``Dict``), from the type written beside the pickle."""
     if not isinstance(entry, dict) or ":type:" not in entry:
-        raise serialization.ModelFileError(f"{name} has no readable {what}.")
-    kind = re.search(r"\.(\w+)'>$", entry[":type:"])
-    kind = kind.group(1) if kind else entry[":type:"]
+        return None
+    kind = re.search(r"\.(\w+)'>$", str(entry[":type:"]))
+    return kind.group(1) if kind else str(entry[":type:"])
+
+
+def _space_entry(entry: Any, what: str, name: str) -> spaces.Space | str:
+    """A space from its entry in ``data``: the pickle's type and its attributes written beside it; where those do
+    not tell the space, why (``load`` raises with it unless ``custom_objects`` gives the space)."""
+    kind = _space_kind(entry)
+    if kind is None:
+        return f"{name} has no readable {what}."
     try:
         return parse_space(_space_repr(kind, entry))
     except (KeyError, ValueError, TypeError, SyntaxError) as err:
-        raise serialization.ModelFileError(
-            f"Could not read the {what} of {name} from what SB3 wrote beside its pickle ({err}). Load the file "
-            "with stable_baselines3 and copy its weights into a covey model built on the env: "
-            "model.set_parameters(sb3_model.get_parameters())."
-        ) from err
+        return f"Could not read the {what} of {name} from what SB3 wrote beside its pickle ({err})."
 
 
 # ------------------------------------------------------------------------------------------------ the file
@@ -242,7 +253,7 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         raise _not_covey(name, found)
     observation_space = _space_entry(data.get("observation_space"), "observation space", name)
     action_space = _space_entry(data.get("action_space"), "action space", name)
-    if np.any(getattr(action_space, "start", 0) != 0):
+    if isinstance(action_space, spaces.Space) and np.any(getattr(action_space, "start", 0) != 0):
         warn_user(
             f"{name}: the action space {action_space} has a start, which SB3 ignores: this model acted from 0 in "
             f"SB3 (outside the space), and acts in the space in covey, each action shifted by start. If the env "
@@ -264,11 +275,15 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         hyperparameters["ent_coef"] = float(variables["ent_coef_tensor"].reshape(()))
     settings = {
         "agent": agent,
-        "policy": _policy_name(observation_space, policy),
+        "policy": _policy_name(_space_kind(data.get("observation_space")), policy),
         "policy_kwargs": _policy_kwargs(data.get("policy_kwargs")),
         "hyperparameters": hyperparameters,
-        "observation_space": serialization.space_to_json(observation_space),
-        "action_space": serialization.space_to_json(action_space),
+        **{
+            key: serialization.space_to_json(space)
+            if isinstance(space, spaces.Space)
+            else serialization.unreadable_space(space)
+            for key, space in (("observation_space", observation_space), ("action_space", action_space))
+        },
         "n_envs": int(data.get("n_envs") or 1),
         "num_timesteps": int(data.get("num_timesteps") or 0),
         "total_timesteps": int(data.get("_total_timesteps") or 0),
@@ -358,8 +373,8 @@ def _algorithm(data: dict) -> str:
     return "A2C" if "n_steps" in data and "rollout_buffer_class" in data else f"unknown ({module or 'no policy class'})"
 
 
-def _policy_name(observation_space: spaces.Space, policy: dict) -> str:
-    if isinstance(observation_space, spaces.Dict):
+def _policy_name(observation_kind: str | None, policy: dict) -> str:
+    if observation_kind == "Dict":
         return "MultiInputPolicy"
     return "CnnPolicy" if any("features_extractor.cnn." in key for key in policy) else "MlpPolicy"
 
@@ -469,6 +484,11 @@ def _pickled_setting(name: str, entry: dict) -> Any:
     attributes to write) is read from the pickle's opcodes, without running them (:func:`_train_freq`)."""
     if name == "train_freq":
         return _train_freq(entry[":serialized:"])
+    kind = str(entry.get(":type:", ""))
+    if re.fullmatch(r"<class 'numpy\.(float|int|uint)\d+'>", kind):  # a NumPy number (SB3 1.x: target_entropy)
+        return _numpy_number(entry[":serialized:"])
+    if name in ("learning_rate", "clip_range", "clip_range_vf") and kind == "<class 'function'>":
+        return _sb3_schedule_function(entry[":serialized:"])
     if name in ("learning_rate", "clip_range", "clip_range_vf"):
         # a FloatSchedule writes its inner schedule's repr; a schedule object given directly, its own attributes
         text = str(entry.get("value_schedule", ""))
@@ -532,6 +552,64 @@ def _action_noise(entry: Any) -> dict | None | bool:
     except (KeyError, TypeError, ValueError, json.JSONDecodeError):
         return False
     return noise
+
+
+def _opcodes(serialized: str) -> list | None:
+    """A pickle's opcodes as ``(name, argument)`` pairs, listed by :func:`pickletools.genops` (nothing is called or
+    built); None for what is not a pickle."""
+    try:
+        return [(op.name, arg) for op, arg, _ in pickletools.genops(base64.b64decode(serialized))]
+    except (ValueError, TypeError, binascii.Error):
+        return None
+
+
+def _numpy_number(serialized: str) -> float | int | None:
+    """A pickled NumPy scalar (``numpy.float32(-1.0)``): its dtype's code and its bytes, read from the opcodes."""
+    ops = _opcodes(serialized)
+    if ops is None:
+        return None
+    strings = [arg for _, arg in ops if isinstance(arg, str)]
+    data = [arg for _, arg in ops if isinstance(arg, bytes)]
+    modules = {"numpy.core.multiarray", "numpy._core.multiarray", "numpy"}
+    codes = [text for text in strings if re.fullmatch(r"[fiu][1248]", text)]
+    order = [text for text in strings if text in ("<", ">", "|", "=")]
+    if set(strings) - modules - {"scalar", "dtype", *codes, *order} or len(codes) != 1 or len(data) != 1:
+        return None
+    dtype = np.dtype(codes[0]).newbyteorder(order[0] if order and order[0] in "<>" else "=")
+    if len(data[0]) != dtype.itemsize:
+        return None
+    return np.frombuffer(data[0], dtype=dtype)[0].item()
+
+
+_SB3_SCHEDULES = {"constant_fn.<locals>.func", "get_linear_fn.<locals>.func", "get_schedule_fn.<locals>.<lambda>"}
+"""The functions SB3 before 2.5 made its schedules of (``get_schedule_fn`` wrapped a number in ``constant_fn``;
+2.4 wrapped that in a lambda); it pickled them by value into its files."""
+
+
+def _sb3_schedule_function(serialized: str) -> float | Any | None:
+    """A schedule an SB3 before 2.5 saved as one of its own functions (:data:`_SB3_SCHEDULES`, in its
+    ``common/utils.py`` and nowhere else): ``constant_fn(val)`` is its number, ``get_linear_fn(start, end,
+    end_fraction)`` SB3's ``LinearSchedule`` of the same numbers, read from the closure's values in the opcodes
+    (nothing runs). A closure pickles its values in the order of the names of its free variables, which CPython
+    sorts: ``end, end_fraction, start``. None for any other function."""
+    ops = _opcodes(serialized)
+    if ops is None:
+        return None
+    strings = {arg for _, arg in ops if isinstance(arg, str)}
+    floats = [arg for name, arg in ops if name in ("BINFLOAT", "FLOAT")]
+    functions = {text for text in strings if ".<locals>." in text}
+    files = {text for text in strings if text.endswith(".py")}
+    own = all(re.search(r"stable_baselines3[/\\]common[/\\]utils\.py$", text) for text in files)
+    if not functions or functions - _SB3_SCHEDULES or not own or "__main__" in strings:
+        return None
+    if "get_linear_fn.<locals>.func" in functions:
+        if len(floats) != 3 or "constant_fn.<locals>.func" in functions:
+            return None
+        from stable_baselines3.common.utils import LinearSchedule
+
+        end, end_fraction, start = floats
+        return LinearSchedule(start, end, end_fraction)
+    return floats[0] if len(floats) == 1 and "constant_fn.<locals>.func" in functions else None
 
 
 _INT_OPCODES = {"INT", "LONG", "BININT", "BININT1", "BININT2", "LONG1", "LONG4"}

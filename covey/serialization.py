@@ -210,11 +210,19 @@ def check_settings(name: str, settings: dict) -> None:
         try:
             space_from_json(settings[key])
         except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise ModelFileError(
+            settings[key] = unreadable_space(
                 f"{name}'s settings ({SETTINGS_ENTRY}) hold an {key} that is not a space ({type(err).__name__}: "
-                f"{err}): the file is damaged, or was edited. Pass the space at load "
-                f"(custom_objects={{{key!r}: <the space>}}) if you know it."
-            ) from err
+                f"{err}): the file is damaged, or was edited."
+            )
+
+
+UNREADABLE = "unreadable"
+"""A space entry of a file's settings that could not be read: ``{"type": UNREADABLE, "reason": ...}``. ``load``
+raises with the reason unless ``custom_objects`` gives the space (the weights need no space to load)."""
+
+
+def unreadable_space(reason: str) -> dict:
+    return {"type": UNREADABLE, "reason": reason}
 
 
 _TORCH_ARCHIVE = b"PK\x03\x04"  # how every file torch.save writes begins (a zip archive, since torch 1.6)

@@ -124,3 +124,40 @@ def match_image_axes(obs: np.ndarray, space: spaces.Space) -> np.ndarray:
     if obs.shape[-3:] == (b, c, a):  # HWC given, CHW expected
         return np.moveaxis(obs, -1, -3)
     return obs
+
+
+def same_space(ours: spaces.Space, theirs: spaces.Space) -> bool:
+    """Whether two spaces are the same, as ``==`` tells, but where a Box bound is the dtype's largest number on
+    one side and infinite on the other (the same sign), as one: both leave the value unbounded. Gymnasium before
+    1.0 bounded CartPole's velocities at float32's largest, which it now writes as inf."""
+    if ours == theirs:
+        return True
+    if isinstance(ours, spaces.Dict) and isinstance(theirs, spaces.Dict):
+        return list(ours.spaces) == list(theirs.spaces) and all(
+            same_space(ours[key], theirs[key]) for key in ours.spaces
+        )
+    if not (isinstance(ours, spaces.Box) and isinstance(theirs, spaces.Box)):
+        return False
+    if ours.shape != theirs.shape or ours.dtype != theirs.dtype or ours.dtype.kind != "f":
+        return False
+    largest = np.finfo(ours.dtype).max
+
+    def unbounded(bound: np.ndarray) -> np.ndarray:
+        return np.sign(bound) * (np.abs(bound) >= largest)
+
+    return all(
+        np.all((a == b) | ((unbounded(a) == unbounded(b)) & (unbounded(a) != 0)))
+        for a, b in ((ours.low, theirs.low), (ours.high, theirs.high))
+    )
+
+
+def space_mismatch_advice(ours: spaces.Space, theirs: spaces.Space) -> str:
+    """What to do about an env whose space is not the model's: where only a Box's bounds differ, the weights fit
+    the env's space, which ``load``'s ``custom_objects`` can give the model."""
+    if isinstance(ours, spaces.Box) and isinstance(theirs, spaces.Box) and ours.shape == theirs.shape:
+        return (
+            "Only the bounds differ: if the model should act in this env anyway, load it with the env's space, "
+            "load(path, env=env, custom_objects={'observation_space': env.observation_space, 'action_space': "
+            "env.action_space})."
+        )
+    return "Use an env with the space the model was trained on."

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import pathlib
 import pickle
 import re
 import warnings
@@ -20,7 +21,7 @@ import torch
 from envs import SpaceEnv, image_space, needs_onnx_exporter, zoo_schedule
 from gymnasium import spaces
 
-from covey import POCA, PPO, SAC
+from covey import POCA, PPO, SAC, sb3_files
 from covey.sb3_files import parse_space
 from covey.serialization import ModelFileError
 
@@ -316,6 +317,76 @@ def test_an_sb3_sac_files_action_noise_is_read(tmp_path, no_unpickling):
         assert settings(ours.action_noise) == settings(theirs.action_noise)
 
 
+OLD_FILES = pathlib.Path(__file__).parent / "data" / "old_sb3"  # written by tests/data/old_sb3/make_files.py
+
+
+def _old_file(name: str) -> tuple[pathlib.Path, dict]:
+    """An older SB3's model file and its record: observations (a Dict's keys as obs_<key>) and SB3's actions."""
+    record = dict(np.load(OLD_FILES / f"{name}.npz"))
+    obs = {k.removeprefix("obs_"): v for k, v in record.items() if k.startswith("obs_")} or record["obs"]
+    return OLD_FILES / f"{name}.zip", {"obs": obs, "actions": record["actions"]}
+
+
+def test_files_of_older_sb3s_load_with_their_settings_and_act_as_there(no_unpickling):
+    """Files SB3 2.2.1 (gymnasium 0.29) and 1.8.0 (gym 0.21) wrote: a Dict space written as an OrderedDict, a
+    clip_range and a learning-rate schedule SB3 pickled as its own functions (constant_fn, get_linear_fn), a
+    target_entropy pickled as a NumPy number. Each loads without a warning, with the settings SB3 trained with,
+    and acts as SB3 did."""
+    from stable_baselines3.common.utils import LinearSchedule
+
+    expected = {
+        "sb3_2.2.1_ppo_cartpole": (PPO, {"clip_range": 0.15, "learning_rate": LinearSchedule(1e-3, 1e-4, 0.5)}),
+        "sb3_2.2.1_ppo_dict": (PPO, {"clip_range": 0.25, "learning_rate": 3e-4}),
+        "sb3_1.8.0_sac_pendulum": (SAC, {"target_entropy": -1.0, "learning_rate": 3e-4}),
+    }
+    for name, (agent, settings) in expected.items():
+        path, record = _old_file(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model = agent.load(path)
+        for key, value in settings.items():
+            got = getattr(model, key)
+            if isinstance(value, LinearSchedule):
+                assert [got(p) for p in (1.0, 0.75, 0.5, 0.25)] == [value(p) for p in (1.0, 0.75, 0.5, 0.25)]
+            else:
+                assert (got(1.0) if callable(got) else got) == pytest.approx(value), (name, key)
+        actions, _ = model.predict(record["obs"], deterministic=True)
+        np.testing.assert_allclose(actions, record["actions"], rtol=0, atol=1e-6)
+
+
+def test_an_old_cartpole_file_trains_on_todays_cartpole(tmp_path):
+    """Gymnasium before 1.0 bounded CartPole's velocities at float32's largest number; now they are inf. Both
+    leave them unbounded: the file's model takes today's env (SB3's load refuses it), and covey eval runs it."""
+    path, record = _old_file("sb3_2.2.1_ppo_cartpole")
+    assert np.isfinite(sb3_files.read_sb3_model(path, "PPO", PPO.config_class)[0]["observation_space"]["high"]).all()
+    model = PPO.load(path, env="CartPole-v1")
+    np.testing.assert_array_equal(model.predict(record["obs"], deterministic=True)[0], record["actions"])
+    assert model.learn(64).num_timesteps == 64
+    from covey.cli import main
+
+    assert main(["eval", str(path), "--env", "CartPole-v1", "--episodes", "1"]) == 0
+
+
+def test_an_unreadable_space_can_be_given_at_load(tmp_path):
+    """Where a file's space cannot be read (an SB3 file's repr covey does not parse, a damaged covey file), the
+    error names custom_objects, and the space given there loads the model."""
+    space = spaces.Box(-1, 1, (3,), np.float32)
+    sb3.PPO("MlpPolicy", SpaceEnv(space, spaces.Discrete(2)), policy_kwargs=dict(net_arch=[4])).save(tmp_path / "a")
+    data = json.loads(zipfile.ZipFile(tmp_path / "a.zip").read("data"))
+    data["observation_space"][":type:"] = "<class 'my_spaces.Weird'>"
+    _rewrite_zip(tmp_path / "a.zip", "data", json.dumps(data).encode())
+    PPO("MlpPolicy", SpaceEnv(space, spaces.Discrete(2)), policy_kwargs=dict(net_arch=[4])).save(tmp_path / "b")
+    settings = json.loads(zipfile.ZipFile(tmp_path / "b.zip").read("covey.json"))
+    settings["observation_space"] = {"type": "Weird"}
+    _rewrite_zip(tmp_path / "b.zip", "covey.json", json.dumps(settings).encode())
+    for name in ("a", "b"):
+        with pytest.raises(ModelFileError, match=r"custom_objects=\{'observation_space': env.observation_space\}"):
+            PPO.load(tmp_path / name)
+        model = PPO.load(tmp_path / name, custom_objects={"observation_space": space})
+        assert model.observation_space == space and model.predict(space.sample())[0] in (0, 1)
+        model.set_parameters(str(tmp_path / name))  # the weights alone need no space
+
+
 # ============================================================================================ safety and errors
 
 
@@ -538,12 +609,14 @@ def test_a_file_from_the_gym_era_loads(tmp_path):
 
 def test_a_space_the_file_does_not_tell_in_full_names_the_way_around(tmp_path):
     """Bounds of over 1,000 elements that differ are printed summarized beside the pickle: the load says so and
-    names the copy of weights from a model loaded with SB3."""
+    names custom_objects, which takes the env's space."""
     low = np.linspace(-2.0, -1.0, 1200, dtype=np.float32)
     env = SpaceEnv(spaces.Box(low, -low), spaces.Discrete(2))
     sb3.PPO("MlpPolicy", env, n_steps=16, batch_size=16, policy_kwargs=dict(net_arch=[8])).save(tmp_path / "m.zip")
-    with pytest.raises(ModelFileError, match=r"observation space .*summarized.*set_parameters\(sb3_model"):
+    with pytest.raises(ModelFileError, match=r"observation space .*summarized.*custom_objects="):
         PPO.load(tmp_path / "m.zip")
+    model = PPO.load(tmp_path / "m.zip", env=env, custom_objects={"observation_space": env.observation_space})
+    assert model.observation_space == env.observation_space
 
 
 def test_a_corrupt_tensor_entry_is_named_as_corrupt_in_covey_and_sb3_files_alike(tmp_path):

@@ -341,3 +341,24 @@ def test_a_dict_key_that_cannot_name_an_encoder_is_named_at_the_boundary(key) ->
     space = spaces.Dict({key: spaces.Box(-1, 1, (2,), np.float32), "goal": spaces.Box(-1, 1, (2,), np.float32)})
     with pytest.raises(ValueError, match=rf"key {re.escape(repr(key))} cannot name a network module.*Rename the key"):
         PPO("MultiInputPolicy", SpaceEnv(space, DISCRETE_ACTIONS))
+
+
+def test_same_space_takes_a_float_boxs_largest_number_for_infinity():
+    """A bound at the dtype's largest number and one at inf (the same sign) both leave the value unbounded:
+    gymnasium before 1.0 wrote CartPole's velocity bounds one way, 1.0 the other. Nothing else is relaxed."""
+    from covey.spaces import same_space
+
+    big = np.finfo(np.float32).max
+    old = spaces.Box(np.array([-4.8, -big], np.float32), np.array([4.8, big], np.float32))
+    new = spaces.Box(np.array([-4.8, -np.inf], np.float32), np.array([4.8, np.inf], np.float32))
+    assert same_space(old, new) and same_space(new, old)
+    assert same_space(
+        spaces.Dict({"a": old, "b": spaces.Discrete(2)}), spaces.Dict({"a": new, "b": spaces.Discrete(2)})
+    )
+    flipped = spaces.Box(np.array([-4.8, -big], np.float32), np.array([4.8, -big], np.float32))
+    assert not same_space(flipped, new)  # -largest is not +inf
+    assert not same_space(spaces.Box(-1, 1, (2,)), spaces.Box(-1, 2, (2,)))  # other finite bounds
+    assert not same_space(old, spaces.Box(new.low, new.high, dtype=np.float64))  # another dtype
+    ints = spaces.Box(np.iinfo(np.int64).min, np.iinfo(np.int64).max, (2,), np.int64)
+    assert same_space(ints, ints) and not same_space(ints, spaces.Box(0, 1, (2,), np.int64))
+    assert not same_space(spaces.Dict({"a": old}), spaces.Dict({"b": new}))

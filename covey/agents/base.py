@@ -58,6 +58,8 @@ from covey.spaces import (
     check_action_space,
     check_observation_space,
     is_image_space,
+    same_space,
+    space_mismatch_advice,
     warn_unmasked_actions,
 )
 from covey.version import __version__
@@ -967,15 +969,15 @@ class BaseAgent:
             self._last_obs = None
 
     def _check_spaces(self, observation_space: spaces.Space, action_space: spaces.Space) -> None:
-        if observation_space != self.observation_space:
+        if not same_space(self.observation_space, observation_space):
             raise ValueError(
                 f"Observation spaces do not match: the model has {self.observation_space}, "
-                f"the env has {observation_space}. Use an env with the space the model was trained on."
+                f"the env has {observation_space}. " + space_mismatch_advice(self.observation_space, observation_space)
             )
-        if action_space != self.action_space:
+        if not same_space(self.action_space, action_space):
             raise ValueError(
                 f"Action spaces do not match: the model has {self.action_space}, the env has {action_space}. "
-                "Use an env with the space the model was trained on."
+                + space_mismatch_advice(self.action_space, action_space)
             )
 
     # ------------------------------------------------------------------ seeding
@@ -2071,6 +2073,11 @@ class BaseAgent:
             given_space = custom_objects.get(key)
             if given_space is not None and not isinstance(given_space, spaces.Space):
                 raise ValueError(f"custom_objects {key}={given_space!r} is invalid: pass a gymnasium space.")
+            if given_space is None and settings[key].get("type") == serialization.UNREADABLE:
+                raise serialization.ModelFileError(
+                    f"{settings[key]['reason']} Pass the space if you know it: {cls.__name__}.load(path, "
+                    f"custom_objects={{{key!r}: env.{key}}}), with the env the model was trained on."
+                )
             spaces_given[key] = given_space or serialization.space_from_json(settings[key])
         observation_space, action_space = spaces_given["observation_space"], spaces_given["action_space"]
         check_observation_space(observation_space)

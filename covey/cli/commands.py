@@ -71,7 +71,9 @@ def load_model(path: pathlib.Path, cfg: RunConfig) -> Any:
             obs_space, act_space = env.observation_space, env.action_space
     finally:
         env.close()
-    if obs_space != model.observation_space or act_space != model.action_space:
+    from covey.spaces import same_space
+
+    if not same_space(model.observation_space, obs_space) or not same_space(model.action_space, act_space):
         raise CLIError(
             f"The model ({path}) was trained with observation space {model.observation_space} and action space "
             f"{model.action_space}; {cfg.env} has {obs_space} and {act_space}. Pass the env it was trained on."
