@@ -588,8 +588,13 @@ def test_n_step_returns_from_sacs_argument_or_sb3s_n_step_buffer(tmp_path):
     kwargs = dict(n_steps=5, gamma=0.99)
     assert sac("Pendulum-v1", replay_buffer_class=NStepReplayBuffer, replay_buffer_kwargs=kwargs).n_steps == 5
     assert sac("Pendulum-v1", replay_buffer_class=NStepReplayBuffer).replay_buffer.n_steps == 3
-    with pytest.raises(NotImplementedError, match="gamma=0.99 differs from SAC's gamma=0.9.*n_steps=3 and gamma=0.99"):
+    # SB3 discounts with the buffer's gamma, which covey's returns do not take: the error names where it came from
+    own = r"NStepReplayBuffer's own gamma=0.99 \(.*\) differs from SAC's gamma=0.9.*Pass n_steps=3 and the gamma"
+    with pytest.raises(NotImplementedError, match=own):
         sac("Pendulum-v1", gamma=0.9, replay_buffer_class=NStepReplayBuffer)
+    given = r"replay_buffer_kwargs gamma=0.95 \(.*\) differs from SAC's gamma=0.99.*Pass n_steps=2 and the gamma"
+    with pytest.raises(NotImplementedError, match=given):
+        sac("Pendulum-v1", replay_buffer_class=NStepReplayBuffer, replay_buffer_kwargs=dict(n_steps=2, gamma=0.95))
     with pytest.warns(UserWarning, match="n_steps=3 is ignored because replay_buffer_class=ReplayBuffer"):
         assert sac("Pendulum-v1", n_steps=3, replay_buffer_class=ReplayBuffer).replay_buffer.n_steps == 1
     with pytest.raises(ValueError, match="n_steps=0 is invalid"):
@@ -1277,6 +1282,31 @@ def test_a_vectorized_noise_follows_the_env_it_learns_in(tmp_path):
     three = make_vec_env(lambda: SpaceEnv(spaces.Box(-1, 1, (3,)), spaces.Box(-1, 1, (2,))), n_envs=3)
     model = SAC.load(tmp_path / "model", env=three, learning_starts=0, batch_size=4).learn(9)
     assert model.action_noise.n_envs == 3 and model.replay_buffer.actions[:3].shape == (3, 3, 2)
+
+
+def test_train_called_by_hand_takes_sb3s_default_batch_size():
+    """SB3's SAC.train(gradient_steps, batch_size=64): a script that calls it by hand (offline pretraining from a
+    filled buffer) gets minibatches of 64, whatever the model's batch_size; learn passes the model's."""
+    model = SAC("MlpPolicy", "Pendulum-v1", batch_size=128, learning_starts=0, seed=0)
+    model.learn(130)
+    sizes = []
+    sample = model.replay_buffer.sample_batch
+    model.replay_buffer.sample_batch = lambda n, *args, **kwargs: sizes.append(n) or sample(n, *args, **kwargs)
+    model.train(2)
+    model.train(1, batch_size=16)
+    model.learn(2, reset_num_timesteps=False)
+    assert sizes == [64, 64, 16, 128, 128]
+
+
+def test_a_replay_buffer_of_another_library_is_refused_at_learn():
+    """An SB3 ReplayBuffer assigned to model.replay_buffer made learn fail inside covey (no end_episodes): learn
+    now refuses it, naming the buffer's add and load_replay_buffer."""
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=0, batch_size=8)
+    model.replay_buffer = SB3ReplayBuffer(100, model.observation_space, model.action_space)
+    with pytest.raises(TypeError, match=r"replay_buffer is a stable_baselines3.*ReplayBuffer.*replay_buffer\.add\("):
+        model.learn(10)
 
 
 def test_sb3s_names_for_the_replay_buffer_critics_and_learning_rate():

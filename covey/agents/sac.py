@@ -426,11 +426,14 @@ def check_replay_buffer_args(
             her["goal_selection_strategy"] = goal_strategy(her["goal_selection_strategy"])
     if replay_buffer_class is SB3NStepReplayBuffer:
         n_steps = kwargs.pop("n_steps", 3)  # SB3's NStepReplayBuffer defaults
+        given = "gamma" in kwargs
         buffer_gamma = kwargs.pop("gamma", 0.99)
         if buffer_gamma != gamma:
+            which = f"replay_buffer_kwargs gamma={buffer_gamma}" if given else "NStepReplayBuffer's own gamma=0.99"
             raise NotImplementedError(
-                f"replay_buffer_kwargs gamma={buffer_gamma} differs from SAC's gamma={gamma}: covey's n-step returns "
-                f"discount with SAC's gamma. Pass n_steps={n_steps} and gamma={buffer_gamma} to SAC instead."
+                f"{which} (its n-step returns' discount, where replay_buffer_kwargs gives none) differs from SAC's "
+                f"gamma={gamma}: covey's n-step returns discount with SAC's gamma. Pass n_steps={n_steps} and the "
+                "gamma you mean to SAC instead (without replay_buffer_class)."
             )
     if kwargs:
         raise NotImplementedError(
@@ -971,6 +974,14 @@ class SAC(BaseAgent):
                 f"{torch.backends.cpu.get_cpu_capability()}), so each gradient step's bfloat16 products run in a "
                 "fallback loop, tens of times slower than in float32. Use bf16_matmuls=False on this machine."
             )
+        if self.replay_buffer is not None and not isinstance(self.replay_buffer, ReplayBuffer):
+            kind = type(self.replay_buffer)
+            raise TypeError(
+                f"model.replay_buffer is a {kind.__module__}.{kind.__qualname__}: covey's SAC stores and samples "
+                "with its own buffer, which another buffer cannot stand for. Fill the model's buffer instead: "
+                "model.replay_buffer.add(obs, next_obs, action, reward, done, infos) takes SB3's arguments, and "
+                "model.load_replay_buffer(path) reads a file that covey's save_replay_buffer wrote."
+            )
         noise = self.action_noise
         if noise is not None:  # as SB3: one noise process per env, each started afresh
             n_envs = 1 if self.env is None else self.env.num_envs
@@ -1158,8 +1169,9 @@ class SAC(BaseAgent):
             return self.log_ent_coef.detach().exp()
         return torch.as_tensor(self.ent_coef_tensor, dtype=torch.float32, device=self.device)
 
-    def train(self, gradient_steps: int, batch_size: int = 256) -> None:
-        """``gradient_steps`` SAC updates: temperature, critics, actor, then the target critics."""
+    def train(self, gradient_steps: int, batch_size: int = 64) -> None:
+        """``gradient_steps`` SAC updates on minibatches of ``batch_size``: temperature, critics, actor, then the
+        target critics. ``learn`` passes the model's ``batch_size``; a call without one takes 64, as SB3's does."""
         # SB3's calls (the optimizers as SB3's SAC passes them), which a subclass's overrides take
         self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
         self._relink_parameters()
