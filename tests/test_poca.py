@@ -709,6 +709,17 @@ def test_predict_names_what_is_wrong_with_its_input(learned):
     # the array it names gives each copy's actions
     actions, _ = learned.predict(np.stack([np.stack([o[i] for o in batched.values()]) for i in range(3)]))
     assert actions.shape == (3, 3)
+    # SB3's loop on model.get_env(): its reset gives (observations, mask), its step a GroupStep (NumPy's
+    # "inhomogeneous shape" error before)
+    venv = learned.get_env()
+    first = venv.reset()
+    with pytest.raises(ValueError, match=r"tuple of \(observations, mask\).*obs, mask = env.reset\(\)"):
+        learned.predict(first)
+    actions, _ = learned.predict(first[0])
+    step = venv.step(actions)
+    with pytest.raises(ValueError, match=r"got a GroupStep.*model.predict\(step.observations\)"):
+        learned.predict(step)
+    assert learned.predict(step.observations)[0].shape == actions.shape
 
 
 def test_predict_array_of_env_copies(learned):

@@ -248,6 +248,16 @@ def test_cnn_policy_scaling_pixels_needs_uint8_images(space: spaces.Box) -> None
     assert trains(spaces.Box(0, 255, space.shape, np.uint8))
 
 
+def test_cnn_policy_on_small_float_images_names_both_problems_at_once() -> None:
+    """A 7x7 float grid (PettingZoo's pursuit) under CnnPolicy: the pixel error's advice, normalize_images=False,
+    led to a second error, NatureCNN's minimum size. One error now names both and the ways out."""
+    space = spaces.Box(0.0, 8.0, (7, 7, 3), np.float32)
+    with pytest.raises(ValueError, match=r"at least 36x36 pixels .*, 7x7\. Use 'MlpPolicy'.*resize_v1"):
+        PPO("CnnPolicy", make_vec_env(space, DISCRETE_ACTIONS))
+    with pytest.raises(ValueError, match=r"too small for the NatureCNN encoder"):  # the same size, told alone
+        PPO("CnnPolicy", make_vec_env(space, DISCRETE_ACTIONS), policy_kwargs=dict(normalize_images=False))
+
+
 def test_encoders_have_sb3s_features_dim() -> None:
     """SB3's BaseFeaturesExtractor.features_dim and ActorCriticPolicy.features_dim: the number of features."""
     images = make_vec_env(spaces.Box(0, 255, (40, 40, 3), np.uint8), DISCRETE_ACTIONS)

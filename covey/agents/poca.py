@@ -368,6 +368,22 @@ class POCA(BaseAgent):
                 "predict() got a tuple of two dicts: PettingZoo's reset() returns (observations, infos). Pass the "
                 "observations: obs, infos = env.reset(); actions, _ = model.predict(obs)."
             )
+        if isinstance(observation, GroupStep):
+            raise ValueError(
+                "predict() got a GroupStep, what the group env's step() returns: pass its observations, "
+                "actions, _ = model.predict(step.observations)."
+            )
+        if (
+            isinstance(observation, tuple)
+            and len(observation) == 2
+            and isinstance(observation[1], np.ndarray)
+            and observation[1].dtype == bool
+            and observation[1].shape == np.shape(observation[0])[:2]
+        ):
+            raise ValueError(
+                "predict() got a tuple of (observations, mask), what the group env's reset() returns: pass the "
+                "observations, obs, mask = env.reset(); actions, _ = model.predict(obs)."
+            )
         if not isinstance(observation, dict):
             obs = match_image_axes(np.asarray(observation), self._stored_space)  # HWC for CHW (or back), as PPO's
             if obs.dtype == object and any(isinstance(x, dict) for x in obs.reshape(-1)):

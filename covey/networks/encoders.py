@@ -331,6 +331,13 @@ def _check_pixels(space: spaces.Box) -> None:
     """CnnPolicy with ``normalize_images=True`` scales pixels by 1/255, so it takes uint8 images in [0, 255], as
     SB3's does (a 2-D or 1-D Box gets NatureCNN's own message)."""
     if len(space.shape) == 3 and not is_image_space(space):
+        height, width = space.shape[:2] if channels_last(space.shape) else space.shape[1:]
+        if min(height, width) < 36:  # the next error would be NatureCNN's: say both at once
+            raise ValueError(
+                f"CnnPolicy needs uint8 images in [0, 255] (or normalize_images=False) of at least 36x36 pixels "
+                f"for its NatureCNN encoder; got {space}, {height}x{width}. Use 'MlpPolicy' (it flattens the "
+                "observation), or resize the images to 36x36 or more (SuperSuit's resize_v1 for a PettingZoo env)."
+            )
         raise ValueError(
             f"CnnPolicy scales pixels from [0, 255] to [0, 1] (normalize_images=True, the default), so it needs a "
             f"uint8 image Box with bounds [0, 255]; got {space}. If the observations are pixels in [0, 255], "
