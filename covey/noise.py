@@ -63,9 +63,9 @@ def noise_from_json(data: dict | None) -> ActionNoise | None:
         return NormalActionNoise(**shared)
     if kind == "OrnsteinUhlenbeckActionNoise":
         initial = data.get("initial_noise")
-        return OrnsteinUhlenbeckActionNoise(
-            theta=float(data["theta"]),
-            dt=float(data["dt"]),
+        return OrnsteinUhlenbeckActionNoise(  # SB3's defaults for theta and dt (a config may leave them out)
+            theta=float(data.get("theta", 0.15)),
+            dt=float(data.get("dt", 1e-2)),
             initial_noise=None if initial is None else np.asarray(initial, dtype=np.float64),
             **shared,
         )

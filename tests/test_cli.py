@@ -296,6 +296,25 @@ def test_config_values_numbers_and_dotted_overrides():
         RunConfig.from_dict({**raw, "hyperparameters": {"tensorboard_log": "tb"}})
 
 
+def test_a_sac_config_gives_sb3s_action_noise_by_class_name():
+    """A config holds no objects: action_noise is given as the model file keeps it, SB3's class by name and its
+    arguments (Ornstein-Uhlenbeck's theta and dt default to SB3's)."""
+    from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
+
+    from covey.cli.config import agent_kwargs
+
+    def noise(entry):
+        text = f"agent: sac\nenv: Pendulum-v1\nhyperparameters: {{action_noise: {entry}}}\n"
+        return agent_kwargs(RunConfig.from_dict(parse_yaml(text, "test")))["action_noise"]
+
+    normal = noise("{class: NormalActionNoise, mean: [0.0], sigma: [0.3]}")
+    assert type(normal) is NormalActionNoise and normal._sigma.tolist() == [0.3]
+    ou = noise("{class: OrnsteinUhlenbeckActionNoise, mean: [0.0], sigma: [0.2]}")
+    assert type(ou) is OrnsteinUhlenbeckActionNoise and (ou._theta, ou._dt) == (0.15, 1e-2)
+    with pytest.raises(CLIError, match=r"hyperparameters.action_noise=.*'normal'.*class: NormalActionNoise"):
+        noise("{class: normal, mean: [0.0], sigma: [0.3]}")
+
+
 def test_linear_schedule_falls_from_its_initial_value_to_zero():
     schedule = linear_schedule(1e-3)
     assert schedule(1.0) == pytest.approx(1e-3) and schedule(0.25) == pytest.approx(2.5e-4) and schedule(0.0) == 0.0

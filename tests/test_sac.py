@@ -1254,6 +1254,21 @@ def test_sb3s_action_noises_are_kept_in_the_model_file(tmp_path, noise):
     assert SAC.load(tmp_path / "excluded").action_noise is None
 
 
+def test_a_noise_of_another_action_size_is_refused_at_the_constructor():
+    """A noise of 2 numbers for 1-dimensional actions broadcast the env's actions to 2 numbers at the first step;
+    the constructor names the sizes. One mean for all dimensions is SB3's (one draw for them all), as is one per
+    dimension."""
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    env = SpaceEnv(spaces.Box(-1, 1, (3,)), spaces.Box(-1, 1, (2,)))
+    with pytest.raises(ValueError, match=r"action_noise's mean has shape \(3,\), the env's actions 2 numbers"):
+        SAC("MlpPolicy", env, action_noise=NormalActionNoise(np.zeros(3), np.ones(3)))
+    with pytest.raises(ValueError, match=r"mean has shape \(3,\)"):
+        SAC("MlpPolicy", env, action_noise=VectorizedActionNoise(NormalActionNoise(np.zeros(3), np.ones(3)), 2))
+    for size in [(), (1,), (2,)]:
+        SAC("MlpPolicy", env, action_noise=NormalActionNoise(np.zeros(size), np.ones(size)))
+
+
 def test_a_noise_covey_cannot_keep_is_named_at_save_and_load(tmp_path):
     """A user's own noise class is code, which covey's file never holds: save and load say so, and how to give
     it back."""

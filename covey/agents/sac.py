@@ -634,6 +634,15 @@ class SAC(BaseAgent):
                 f"action_noise applies to Box actions, the env's are {env.action_space}: SAC explores Discrete "
                 "actions by sampling its policy. Remove action_noise."
             )
+        base = getattr(self.action_noise, "base_noise", self.action_noise)
+        mean = getattr(base, "_mu", None)  # SB3's Normal and Ornstein-Uhlenbeck noises
+        n_actions = int(np.prod(env.action_space.shape)) if isinstance(env.action_space, spaces.Box) else 0
+        if mean is not None and n_actions and np.shape(mean) not in ((), (1,), (n_actions,)):
+            raise ValueError(
+                f"action_noise's mean has shape {np.shape(mean)}, the env's actions {n_actions} numbers "
+                f"({env.action_space}): give the noise {n_actions} means and sigmas, e.g. NormalActionNoise("
+                f"mean=np.zeros({n_actions}), sigma=0.1 * np.ones({n_actions}))."
+            )
         super()._attach_env(env)
 
     def _setup_model(self) -> None:

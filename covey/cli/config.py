@@ -451,6 +451,18 @@ def agent_kwargs(cfg: RunConfig) -> dict[str, Any]:
     for key in getattr(cls, "schedule_keys", ()):
         if isinstance(kwargs.get(key), str):
             kwargs[key] = linear_schedule(parse_schedule(f"hyperparameters.{key}", kwargs[key]))
+    noise = kwargs.get("action_noise")
+    if isinstance(noise, dict):  # SB3's noise by its class name and arguments, as SAC's model file keeps it
+        from covey.noise import noise_from_json
+
+        try:
+            kwargs["action_noise"] = noise_from_json(noise)
+        except (KeyError, TypeError, ValueError) as err:
+            raise CLIError(
+                f"hyperparameters.action_noise={noise!r} is invalid ({err!r}): give class: NormalActionNoise with "
+                "mean and sigma (one number per action dimension), or class: OrnsteinUhlenbeckActionNoise with "
+                "mean, sigma, theta and dt."
+            ) from err
     policy_kwargs = kwargs.get("policy_kwargs")
     if policy_kwargs is not None:
         if not isinstance(policy_kwargs, dict):
