@@ -536,8 +536,8 @@ def _action_noise(entry: Any) -> dict | None | bool:
         dtype = re.fullmatch(r"<class 'numpy\.(\w+)'>", str(entry.get("_dtype", "<class 'numpy.float32'>")))
         noise = {
             "class": kind.group(1),
-            "mean": _numbers(entry["_mu"]),
-            "sigma": _numbers(entry["_sigma"]),
+            "mean": _number_entry(entry["_mu"]),
+            "sigma": _number_entry(entry["_sigma"]),
             "dtype": str(np.dtype(dtype.group(1))) if dtype else "float32",
         }
         if kind.group(1) == "OrnsteinUhlenbeckActionNoise":
@@ -545,13 +545,21 @@ def _action_noise(entry: Any) -> dict | None | bool:
             noise.update(
                 theta=float(entry["_theta"]),
                 dt=float(entry["_dt"]),
-                initial_noise=None if initial is None else _numbers(initial),
+                initial_noise=None if initial is None else _number_entry(initial),
             )
         elif kind.group(1) != "NormalActionNoise":
             return False
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError):
+    except (AttributeError, KeyError, TypeError, ValueError, json.JSONDecodeError):
         return False
     return noise
+
+
+def _number_entry(value: Any) -> Any:
+    """A number or an array SB3 wrote beside a pickle: as JSON held it (a float, a list, where the object held
+    one), or as NumPy printed it (``[0.1 0.2]``, to its printed precision)."""
+    if isinstance(value, (int, float, list)) and not isinstance(value, bool):
+        return value
+    return _numbers(value)
 
 
 def _opcodes(serialized: str) -> list | None:
@@ -571,7 +579,7 @@ def _numpy_number(serialized: str) -> float | int | None:
     strings = [arg for _, arg in ops if isinstance(arg, str)]
     data = [arg for _, arg in ops if isinstance(arg, bytes)]
     modules = {"numpy.core.multiarray", "numpy._core.multiarray", "numpy"}
-    codes = [text for text in strings if re.fullmatch(r"[fiu][1248]", text)]
+    codes = [text for text in strings if re.fullmatch(r"f[248]|[iu][1248]", text)]
     order = [text for text in strings if text in ("<", ">", "|", "=")]
     if set(strings) - modules - {"scalar", "dtype", *codes, *order} or len(codes) != 1 or len(data) != 1:
         return None

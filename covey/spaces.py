@@ -154,7 +154,8 @@ def same_space(ours: spaces.Space, theirs: spaces.Space) -> bool:
 def space_mismatch_advice(ours: spaces.Space, theirs: spaces.Space) -> str:
     """What to do about an env whose space is not the model's: where only a Box's bounds differ, the weights fit
     the env's space, which ``load``'s ``custom_objects`` can give the model."""
-    if isinstance(ours, spaces.Box) and isinstance(theirs, spaces.Box) and ours.shape == theirs.shape:
+    box = isinstance(ours, spaces.Box) and isinstance(theirs, spaces.Box)
+    if box and (ours.shape, ours.dtype) == (theirs.shape, theirs.dtype):
         return (
             "Only the bounds differ: if the model should act in this env anyway, load it with the env's space, "
             "load(path, env=env, custom_objects={'observation_space': env.observation_space, 'action_space': "

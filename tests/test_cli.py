@@ -309,6 +309,9 @@ def test_a_sac_config_gives_sb3s_action_noise_by_class_name():
 
     normal = noise("{class: NormalActionNoise, mean: [0.0], sigma: [0.3]}")
     assert type(normal) is NormalActionNoise and normal._sigma.tolist() == [0.3]
+    from covey import SAC
+
+    assert SAC("MlpPolicy", "Pendulum-v1", action_noise=normal, learning_starts=0, batch_size=8).learn(4).num_timesteps
     ou = noise("{class: OrnsteinUhlenbeckActionNoise, mean: [0.0], sigma: [0.2]}")
     assert type(ou) is OrnsteinUhlenbeckActionNoise and (ou._theta, ou._dt) == (0.15, 1e-2)
     with pytest.raises(CLIError, match=r"hyperparameters.action_noise=.*'normal'.*class: NormalActionNoise"):

@@ -1729,3 +1729,26 @@ def test_poca_policy_has_sb3s_vector_scaling_and_distribution_methods():
     np.testing.assert_allclose(log_prob, by_head, rtol=1e-6)
     with pytest.raises(TypeError, match="obs_to_tensor"):
         policy.get_distribution(obs)
+
+
+def test_pocas_arguments_follow_sb3_ppos_order_and_its_load_takes_sb3s(tmp_path):
+    """SB3 PPO's arguments keep their positions in POCA (n_envs stood third: POCA("MlpPolicy", env, 1e-3) set
+    n_envs=0.001), POCA's own come after device, and load takes SB3's arguments by position too."""
+    import inspect
+
+    import stable_baselines3
+
+    ours = list(inspect.signature(POCA.__init__).parameters)
+    theirs = list(inspect.signature(stable_baselines3.PPO.__init__).parameters)
+    shared = [name for name in theirs if name in ours]
+    assert ours[: ours.index("device") + 1] == shared[: shared.index("device") + 1]
+    assert ours[ours.index("device") + 1 :] == ["n_envs", "baseline_coef", "groupmate_rewards", "_init_setup_model"]
+    model = POCA("MlpPolicy", EarlyExitEnv, 1e-3, 8, 8, seed=0)
+    assert (model.learning_rate, model.n_steps, model.batch_size, model.n_envs) == (1e-3, 8, 8, 1)
+    model.save(tmp_path / "m")
+    assert (
+        list(inspect.signature(POCA.load).parameters)[:7]
+        == list(inspect.signature(stable_baselines3.PPO.load).parameters)[:7]
+    )
+    loaded = POCA.load(tmp_path / "m", EarlyExitEnv, "cpu", None, False, True)
+    assert loaded.device.type == "cpu" and loaded.n_steps == 8

@@ -3,6 +3,7 @@
 import csv
 import io
 import pathlib
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -1254,6 +1255,29 @@ def test_sb3s_action_noises_are_kept_in_the_model_file(tmp_path, noise):
     assert SAC.load(tmp_path / "excluded").action_noise is None
 
 
+def test_a_damaged_noise_entry_is_named_and_can_be_passed_again(tmp_path):
+    """A file whose action_noise entry cannot be read: load names it and the way out, which works (the file's
+    entry is not read where the noise is given)."""
+    import json
+    import zipfile
+
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    SAC("MlpPolicy", "Pendulum-v1", action_noise=NormalActionNoise(np.zeros(1), np.ones(1))).save(tmp_path / "model")
+    with zipfile.ZipFile(tmp_path / "model.zip") as zf:
+        entries = {name: zf.read(name) for name in zf.namelist()}
+    for damaged in ([1, 2], {"class": "NormalActionNoise", "mean": "x"}, {"class": "Mystery"}):
+        settings = json.loads(entries["covey.json"])
+        settings["action_noise"] = damaged
+        with zipfile.ZipFile(tmp_path / "damaged.zip", "w") as zf:
+            for name, value in {**entries, "covey.json": json.dumps(settings).encode()}.items():
+                zf.writestr(name, value)
+        with pytest.raises(covey.serialization.ModelFileError, match=r"action_noise covey cannot read.*action_noise="):
+            SAC.load(tmp_path / "damaged.zip")
+        assert SAC.load(tmp_path / "damaged.zip", action_noise=None).action_noise is None
+        assert SAC.load(tmp_path / "damaged.zip", custom_objects={"action_noise": None}).action_noise is None
+
+
 def test_a_noise_of_another_action_size_is_refused_at_the_constructor():
     """A noise of 2 numbers for 1-dimensional actions broadcast the env's actions to 2 numbers at the first step;
     the constructor names the sizes. One mean for all dimensions is SB3's (one draw for them all), as is one per
@@ -1265,8 +1289,17 @@ def test_a_noise_of_another_action_size_is_refused_at_the_constructor():
         SAC("MlpPolicy", env, action_noise=NormalActionNoise(np.zeros(3), np.ones(3)))
     with pytest.raises(ValueError, match=r"mean has shape \(3,\)"):
         SAC("MlpPolicy", env, action_noise=VectorizedActionNoise(NormalActionNoise(np.zeros(3), np.ones(3)), 2))
+    with pytest.raises(ValueError, match=r"action_noise's sigma has shape \(3,\)"):
+        SAC("MlpPolicy", env, action_noise=NormalActionNoise(np.zeros(2), np.ones(3)))
     for size in [(), (1,), (2,)]:
         SAC("MlpPolicy", env, action_noise=NormalActionNoise(np.zeros(size), np.ones(size)))
+    # a noise shaped as a 2x2 action space, which SB3 trains with: each action gets its own number
+    square = SpaceEnv(spaces.Box(-1, 1, (3,)), spaces.Box(-1, 1, (2, 2)))
+    shift = np.array([[0.5, -0.5], [0.25, 0.0]])
+    kwargs = dict(learning_starts=10, gradient_steps=0, seed=0)
+    plain = SAC("MlpPolicy", square, **kwargs).learn(4).replay_buffer.actions[:4, 0]
+    noisy = SAC("MlpPolicy", square, action_noise=_recording_noise(shift), **kwargs).learn(4).replay_buffer.actions
+    np.testing.assert_allclose(noisy[:4, 0], np.clip(plain + shift.reshape(-1), -1, 1), atol=1e-6)
 
 
 def test_a_noise_covey_cannot_keep_is_named_at_save_and_load(tmp_path):
@@ -1282,7 +1315,12 @@ def test_a_noise_covey_cannot_keep_is_named_at_save_and_load(tmp_path):
         SAC("MlpPolicy", "Pendulum-v1", action_noise=noise).save(tmp_path / "model")
     with pytest.warns(UserWarning, match=r"The file does not hold action_noise.*custom_objects"):
         assert SAC.load(tmp_path / "model").action_noise is None
-    assert SAC.load(tmp_path / "model", action_noise=noise).action_noise is noise  # given again: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert SAC.load(tmp_path / "model", action_noise=noise).action_noise is noise  # given again: no warning
+        # left out on purpose: nothing to warn of, at save or at load
+        SAC("MlpPolicy", "Pendulum-v1", action_noise=noise).save(tmp_path / "excluded", exclude=["action_noise"])
+        assert SAC.load(tmp_path / "excluded").action_noise is None
 
 
 def test_a_vectorized_noise_follows_the_env_it_learns_in(tmp_path):

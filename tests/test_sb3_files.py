@@ -315,6 +315,13 @@ def test_an_sb3_sac_files_action_noise_is_read(tmp_path, no_unpickling):
             warnings.simplefilter("error")
             ours = SAC.load(tmp_path / name)
         assert settings(ours.action_noise) == settings(theirs.action_noise)
+    # SB3 writes a noise's plain values as JSON (a list or a float given as the mean), not as NumPy's text
+    for mean, sigma in (([0.0], [0.1]), (0.0, 0.2)):
+        sb3.SAC("MlpPolicy", "Pendulum-v1", action_noise=NormalActionNoise(mean, sigma), **small).save(tmp_path / "j")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            loaded = SAC.load(tmp_path / "j").action_noise
+        assert (loaded._mu.tolist(), loaded._sigma.tolist()) == (mean, sigma)
 
 
 OLD_FILES = pathlib.Path(__file__).parent / "data" / "old_sb3"  # written by tests/data/old_sb3/make_files.py

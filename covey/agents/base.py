@@ -1800,8 +1800,8 @@ class BaseAgent:
         then takes the constructor's default, as SB3's does) to leave out. The networks' weights are always saved,
         as SB3 saves them whatever ``exclude`` names, and other names (SB3's pickled attributes, such as
         ``"env"``) are ignored, as there is nothing of them in the file. ``include`` asks SB3 to pickle
-        an attribute it leaves out; covey pickles nothing, so it may only name what is saved anyway (a
-        replay buffer has its own file: :meth:`save_replay_buffer`). A subclass's own networks, optimizers and
+        an attribute it leaves out; covey pickles nothing, so it may only name what is saved anyway (SAC's
+        replay buffer has its own file: ``save_replay_buffer``). A subclass's own networks, optimizers and
         tensors are saved where its :meth:`_get_torch_save_params` names them, and its own constructor arguments
         where they are attributes of the same name that JSON holds (numbers, strings, lists, dicts).
         """
@@ -1812,7 +1812,8 @@ class BaseAgent:
         # What the file holds anyway, by SB3's attribute names: include may name it, as SB3's save takes it
         # exclude may leave out a constructor argument kept there (SAC's action_noise), not the file's own records
         arguments = set(inspect.signature(type(self).__init__).parameters)
-        extra_settings = {k: v for k, v in self._extra_settings().items() if k not in exclude or k not in arguments}
+        excluded = frozenset(exclude & arguments)
+        extra_settings = {k: v for k, v in self._extra_settings(excluded).items() if k not in excluded}
         saved = set(groups) | set(self._hyperparameters_json()) | set(extra_settings) | _SAVED_ATTRIBUTES
         if place is not None:
             saved |= {"_last_obs", "_last_episode_starts", "_last_original_obs"}
@@ -1901,9 +1902,10 @@ class BaseAgent:
             )
         return out
 
-    def _extra_settings(self) -> dict[str, Any]:
-        """Agent-specific settings to keep in the model file (JSON): here, whether ``policy`` names a user's SB3
-        policy class (which load takes from ``custom_objects``)."""
+    def _extra_settings(self, excluded: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """Agent-specific settings to keep in the model file (JSON), but for the constructor arguments ``excluded``
+        (``save``'s ``exclude``): here, whether ``policy`` names a user's SB3 policy class (which load takes from
+        ``custom_objects``)."""
         return {"sb3_policy_class": True} if self._sb3_policy_class is not None else {}
 
     def _env_place(self) -> dict[str, Any] | None:
@@ -1956,9 +1958,9 @@ class BaseAgent:
         )
 
     @classmethod
-    def _saved_arguments(cls, name: str, settings: dict[str, Any]) -> dict[str, Any]:
-        """Constructor arguments that :meth:`_extra_settings` saved (of the file ``name``), for ``load`` to pass
-        unless ``custom_objects`` or its keyword arguments give them."""
+    def _saved_arguments(cls, name: str, settings: dict[str, Any], given: set[str]) -> dict[str, Any]:
+        """Constructor arguments that :meth:`_extra_settings` saved (of the file ``name``), for ``load`` to pass,
+        but for those ``given`` (in ``custom_objects`` or as load's keywords), which are not read."""
         return {}
 
     def _restore_settings(self, settings: dict[str, Any]) -> None:
@@ -2049,7 +2051,8 @@ class BaseAgent:
             "seed": settings.get("seed"),
             "tensorboard_log": settings.get("tensorboard_log"),
             "verbose": settings.get("verbose", 0),
-            **cls._saved_arguments(serialization.resolve_model_path(path)[0], settings),
+            # given again in custom_objects or as keywords: the file's are not read
+            **cls._saved_arguments(serialization.resolve_model_path(path)[0], settings, {*custom_objects, *kwargs}),
         }
         # a subclass's own arguments, where this class's constructor takes them (a file of a subclass loaded by
         # covey's agent finds the subclass's networks unknown, below)

@@ -3,6 +3,8 @@ PettingZoo group, with a centralized attention critic and posthumous credit for 
 
 from __future__ import annotations
 
+import io
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -83,6 +85,14 @@ class POCA(BaseAgent):
     attention critic. ``total_timesteps`` counts env steps of all copies (one parallel step of one copy = 1);
     agent-steps are logged beside it (``time/agent_steps``).
 
+    The arguments are SB3 PPO's, in its order (defaults for small cooperative teams; each is described in
+    :class:`POCAConfig`), then POCA's own, after ``device``:
+
+    - ``n_envs``: env copies made from a function or class ``env`` (default 1).
+    - ``baseline_coef``: weight of the counterfactual baseline's loss beside the value loss (0.5):
+      ``policy + vf_coef * (value + baseline_coef * baseline) - ent_coef * entropy``.
+    - ``groupmate_rewards``: add the groupmates' rewards of each step to every agent's (a team reward; False).
+
     >>> from covey import POCA
     >>> from covey.envs import EarlyExitEnv
     >>> model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, seed=0).learn(32)
@@ -100,7 +110,6 @@ class POCA(BaseAgent):
         self,
         policy: str,
         env: Any,
-        n_envs: int | None = None,
         learning_rate: Schedule = 3e-4,
         n_steps: int = 256,
         batch_size: int = 256,
@@ -108,24 +117,25 @@ class POCA(BaseAgent):
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         clip_range: Schedule = 0.2,
+        clip_range_vf: Schedule | None = None,
         normalize_advantage: bool = True,
         ent_coef: float = 5e-3,
         vf_coef: float = 0.5,
-        baseline_coef: float = 0.5,
         max_grad_norm: float = 0.5,
-        groupmate_rewards: bool = False,
-        target_kl: float | None = None,
-        clip_range_vf: Schedule | None = None,
         use_sde: bool = False,
         sde_sample_freq: int = -1,
         rollout_buffer_class: Any = None,
         rollout_buffer_kwargs: dict | None = None,
+        target_kl: float | None = None,
         stats_window_size: int = 100,
         tensorboard_log: str | None = None,
         policy_kwargs: dict | None = None,
         verbose: int = 0,
         seed: int | None = None,
         device: torch.device | str = "auto",
+        n_envs: int | None = None,
+        baseline_coef: float = 0.5,
+        groupmate_rewards: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         self.config = POCAConfig(
@@ -235,7 +245,7 @@ class POCA(BaseAgent):
         loaded POCA model starts with a reset."""
         return None
 
-    def _extra_settings(self) -> dict[str, Any]:
+    def _extra_settings(self, excluded: frozenset[str] = frozenset()) -> dict[str, Any]:
         # predict() maps agent ids to slots; agent_steps keeps counting across save/load; the critic's shape.
         return {
             "agent_ids": list(self.agent_ids),
@@ -262,12 +272,37 @@ class POCA(BaseAgent):
             )
 
     @classmethod
-    def load(cls, path, env: Any = None, **kwargs: Any) -> POCA:
-        """As :meth:`BaseAgent.load`; an env instance is one copy (``n_envs=1``), whatever the file's count, as an
-        SB3 model takes the number of envs of the env it is loaded with."""
+    def load(
+        cls,
+        path: str | os.PathLike | io.BufferedIOBase,
+        env: Any = None,
+        device: torch.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> POCA:
+        """As :meth:`BaseAgent.load`, with SB3's arguments; an env instance is one copy (``n_envs=1``), whatever
+        the file's count, as an SB3 model takes the number of envs of the env it is loaded with."""
         if env is not None and not isinstance(env, GroupVecEnv) and not is_env_maker(env):
             kwargs.setdefault("n_envs", 1)
-        return super().load(path, env=env, **kwargs)
+        return super().load(
+            path,
+            env=env,
+            device=device,
+            custom_objects=custom_objects,
+            print_system_info=print_system_info,
+            force_reset=force_reset,
+            **kwargs,
+        )
+
+    def get_sb3_parameters(self) -> dict[str, dict]:
+        """Not for POCA: SB3 has no POCA to take its weights (PPO and SAC have this method)."""
+        return super().get_sb3_parameters()
+
+    def to_sb3_model(self, env: Any = None) -> Any:
+        """Not for POCA: SB3 has no POCA (PPO and SAC have this method)."""
+        return super().to_sb3_model(env)
 
     def set_env(self, env: Any, force_reset: bool = True) -> None:
         """As SB3's: the env must have the model's number of copies, which its buffers are built for. A function

@@ -609,7 +609,8 @@ class PPO(BaseAgent):
     ``model.critic``); ``model.policy`` holds both with SB3's ``ActorCriticPolicy`` calls
     (:class:`~covey.networks.policies.ActorCriticPolicy`). A user's subclass of SB3's ``ActorCriticPolicy`` as
     ``policy`` is built and trained through SB3's policy calls instead (:mod:`covey.agents.sb3_policy`):
-    ``model.policy`` is then the SB3 policy, and ``model.actor`` and ``model.critic`` are None.
+    ``model.policy`` is then the SB3 policy, and ``model.actor`` and ``model.critic`` are None. Each argument is
+    described in :class:`PPOConfig`.
 
     >>> from covey import PPO
     >>> model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, seed=0).learn(128)

@@ -461,6 +461,11 @@ class SAC(BaseAgent):
     (:mod:`covey.agents.sb3_policy`): ``model.policy`` is then the SB3 policy, and ``model.actor``, ``model.critic``
     and ``model.critic_target`` its modules.
 
+    Each argument is described in :class:`SACConfig`. covey's one addition, after SB3's arguments:
+    ``bf16_matmuls`` (False) multiplies the large layers of each gradient step in bfloat16, which pays on CPUs
+    with bfloat16 units (on x86, AVX-512 with its bfloat16 instructions) and is tens of times slower where
+    PyTorch has none (``learn`` warns); parameters, optimizers and losses stay float32.
+
     >>> from covey import SAC
     >>> model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=50, seed=0).learn(100)
     >>> model.num_timesteps
@@ -635,14 +640,16 @@ class SAC(BaseAgent):
                 "actions by sampling its policy. Remove action_noise."
             )
         base = getattr(self.action_noise, "base_noise", self.action_noise)
-        mean = getattr(base, "_mu", None)  # SB3's Normal and Ornstein-Uhlenbeck noises
         n_actions = int(np.prod(env.action_space.shape)) if isinstance(env.action_space, spaces.Box) else 0
-        if mean is not None and n_actions and np.shape(mean) not in ((), (1,), (n_actions,)):
-            raise ValueError(
-                f"action_noise's mean has shape {np.shape(mean)}, the env's actions {n_actions} numbers "
-                f"({env.action_space}): give the noise {n_actions} means and sigmas, e.g. NormalActionNoise("
-                f"mean=np.zeros({n_actions}), sigma=0.1 * np.ones({n_actions}))."
-            )
+        shapes = ((), (1,), (n_actions,), env.action_space.shape if n_actions else ())
+        for name, attribute in (("mean", "_mu"), ("sigma", "_sigma")):  # SB3's Normal and Ornstein-Uhlenbeck noises
+            value = getattr(base, attribute, None)
+            if value is not None and n_actions and np.shape(value) not in shapes:
+                raise ValueError(
+                    f"action_noise's {name} has shape {np.shape(value)}, the env's actions {n_actions} numbers "
+                    f"({env.action_space}): give the noise {n_actions} means and sigmas, e.g. NormalActionNoise("
+                    f"mean=np.zeros({n_actions}), sigma=0.1 * np.ones({n_actions}))."
+                )
         super()._attach_env(env)
 
     def _setup_model(self) -> None:
@@ -904,8 +911,10 @@ class SAC(BaseAgent):
         kwargs["action_noise"] = copy.deepcopy(self.action_noise)
         return kwargs
 
-    def _extra_settings(self) -> dict[str, Any]:
-        settings = super()._extra_settings()
+    def _extra_settings(self, excluded: frozenset[str] = frozenset()) -> dict[str, Any]:
+        settings = super()._extra_settings(excluded)
+        if "action_noise" in excluded:
+            return settings
         try:
             settings["action_noise"] = noise_to_json(self.action_noise)
         except TypeError as err:  # a user's own noise: SB3 pickles it, covey's file holds settings only
@@ -918,11 +927,16 @@ class SAC(BaseAgent):
         return settings
 
     @classmethod
-    def _saved_arguments(cls, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    def _saved_arguments(cls, name: str, settings: dict[str, Any], given: set[str]) -> dict[str, Any]:
+        if "action_noise" in given:
+            return {"action_noise": None}  # custom_objects' or the keyword's stands for it
         try:
             return {"action_noise": noise_from_json(settings.get("action_noise"))}
-        except (KeyError, TypeError, ValueError) as err:
-            raise serialization.ModelFileError(f"{name} holds an action_noise covey cannot read ({err!r}).") from err
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise serialization.ModelFileError(
+                f"{name} holds an action_noise covey cannot read ({err!r}): the file is damaged, or was edited. "
+                f"Pass the noise to load instead: {cls.__name__}.load(path, action_noise=...) (None for none)."
+            ) from err
 
     def set_env(self, env: Any, force_reset: bool = True) -> None:
         super().set_env(env, force_reset)
@@ -1105,7 +1119,10 @@ class SAC(BaseAgent):
                 buffer_actions = actor.act(obs).cpu().numpy()
             actions = actor.to_env_actions(buffer_actions)
         if action_noise is not None:
-            buffer_actions = np.clip(buffer_actions + action_noise(), -1.0, 1.0).astype(buffer_actions.dtype)
+            noise = np.asarray(action_noise())
+            if noise.size == buffer_actions.size:  # a noise shaped as the action space (SB3 takes that too)
+                noise = noise.reshape(buffer_actions.shape)
+            buffer_actions = np.clip(buffer_actions + noise, -1.0, 1.0).astype(buffer_actions.dtype)
             actions = self._to_env_actions(buffer_actions)
         return actions, buffer_actions
 
