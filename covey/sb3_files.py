@@ -625,14 +625,13 @@ _INT_OPCODES = {"INT", "LONG", "BININT", "BININT1", "BININT2", "LONG1", "LONG4"}
 
 def _train_freq(serialized: str) -> list | None:
     """SAC's ``TrainFreq(frequency, unit)`` as ``[frequency, "step" | "episode"]``, read from its pickle by listing
-    the opcodes (:func:`pickletools.genops` parses; nothing is called or built). None unless the pickle is SB3's
-    ``TrainFreq`` of one integer and a ``TrainFrequencyUnit``, and nothing else."""
-    try:
-        ops = list(pickletools.genops(base64.b64decode(serialized)))
-    except (ValueError, TypeError, binascii.Error):
+    the opcodes (:func:`_opcodes`). None unless the pickle is SB3's ``TrainFreq`` of one integer and a
+    ``TrainFrequencyUnit``, and nothing else."""
+    ops = _opcodes(serialized)
+    if ops is None:
         return None
-    strings = {arg for _, arg, _ in ops if isinstance(arg, str)}
-    ints = [arg for op, arg, _ in ops if op.name in _INT_OPCODES]
+    strings = {arg for _, arg in ops if isinstance(arg, str)}
+    ints = [arg for name, arg in ops if name in _INT_OPCODES]
     units = strings & {"step", "episode"}
     names = {"stable_baselines3.common.type_aliases", "TrainFreq", "TrainFrequencyUnit"}
     if len(units) != 1 or strings != names | units or len(ints) != 1:
