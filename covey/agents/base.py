@@ -1958,6 +1958,11 @@ class BaseAgent:
         )
 
     @classmethod
+    def _load_defaults(cls, env: Any) -> dict[str, Any]:
+        """Keyword arguments ``load`` takes for ``env`` unless given (POCA: an env instance is one copy)."""
+        return {}
+
+    @classmethod
     def _saved_arguments(cls, name: str, settings: dict[str, Any], given: set[str]) -> dict[str, Any]:
         """Constructor arguments that :meth:`_extra_settings` saved (of the file ``name``), for ``load`` to pass,
         but for those ``given`` (in ``custom_objects`` or as load's keywords), which are not read."""
@@ -2007,6 +2012,7 @@ class BaseAgent:
         """
         # Tensors are read onto the CPU and copied into the model, built on the device that it resolves
         # (some models run on the CPU only, whatever "auto" would pick).
+        kwargs = {**cls._load_defaults(env), **kwargs}
         settings, tensors = cls._read_model_file(path, "cpu")
         place = tensors.pop(ENV_PLACE, None)
         if print_system_info:

@@ -3,8 +3,6 @@ PettingZoo group, with a centralized attention critic and posthumous credit for 
 
 from __future__ import annotations
 
-import io
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -272,29 +270,12 @@ class POCA(BaseAgent):
             )
 
     @classmethod
-    def load(
-        cls,
-        path: str | os.PathLike | io.BufferedIOBase,
-        env: Any = None,
-        device: torch.device | str = "auto",
-        custom_objects: dict[str, Any] | None = None,
-        print_system_info: bool = False,
-        force_reset: bool = True,
-        **kwargs: Any,
-    ) -> POCA:
-        """As :meth:`BaseAgent.load`, with SB3's arguments; an env instance is one copy (``n_envs=1``), whatever
-        the file's count, as an SB3 model takes the number of envs of the env it is loaded with."""
+    def _load_defaults(cls, env: Any) -> dict[str, Any]:
+        """``load`` with an env instance makes one copy (``n_envs=1``), whatever the file's count, as an SB3 model
+        takes the number of envs of the env it is loaded with."""
         if env is not None and not isinstance(env, GroupVecEnv) and not is_env_maker(env):
-            kwargs.setdefault("n_envs", 1)
-        return super().load(
-            path,
-            env=env,
-            device=device,
-            custom_objects=custom_objects,
-            print_system_info=print_system_info,
-            force_reset=force_reset,
-            **kwargs,
-        )
+            return {"n_envs": 1}
+        return {}
 
     def get_sb3_parameters(self) -> dict[str, dict]:
         """Not for POCA: SB3 has no POCA to take its weights (PPO and SAC have this method)."""
