@@ -370,6 +370,8 @@ def _algorithm(data: dict) -> str:
         return "PPO"
     if "buffer_size" in data and "target_entropy" in data:  # a user's policy class: SAC's own settings say it
         return "SAC"
+    if "cg_max_steps" in data or "cg_damping" in data:  # sb3-contrib's TRPO takes SB3's own policy classes
+        return "sb3-contrib TRPO"
     return "A2C" if "n_steps" in data and "rollout_buffer_class" in data else f"unknown ({module or 'no policy class'})"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from gymnasium import spaces
 from torch import nn
@@ -53,6 +55,21 @@ def warn_unmasked_actions(space: spaces.Space) -> None:
             "The observations hold an 'action_mask', but covey's policies do not mask actions: the mask is read as "
             "one more input and actions it forbids can be chosen. Make forbidden actions harmless in the env (e.g. "
             "a no-op), or use a library with masked policies (sb3_contrib's MaskablePPO)."
+        )
+
+
+def warn_masking_env(env: Any) -> None:
+    """Warn where a VecEnv's envs have an ``action_masks()`` method (sb3_contrib's ``ActionMasker`` adds one, and
+    its MaskablePPO reads it): covey's policies never call it, so the actions it forbids can be chosen."""
+    try:
+        masking = bool(env.has_attr("action_masks"))
+    except Exception:  # a VecEnv without has_attr, or one whose envs fail to answer: nothing to say
+        return
+    if masking:
+        warn_user(
+            "The env has an action_masks() method (sb3_contrib's ActionMasker), but covey's policies do not mask "
+            "actions: the masks are never read and actions they forbid can be chosen. Make forbidden actions "
+            "harmless in the env (e.g. a no-op), or train with sb3_contrib's MaskablePPO."
         )
 
 

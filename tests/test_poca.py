@@ -913,6 +913,16 @@ def test_advantages_are_normalized_once_over_the_update_buffer_as_ma_pocas(monke
     assert abs(float(raw.std()) - 1.0) > 0.05  # the buffer's advantages are the rollout's
 
 
+def test_a_minibatch_of_one_group_step_is_taken_as_the_advantages_are_normalized_over_the_update():
+    """PPO refuses batch_size=1 with normalize_advantage (SB3's rule: one advantage cannot be normalized within
+    its minibatch); POCA normalizes over the update, so a minibatch of one group-step trains, on normalized
+    advantages."""
+    with pytest.raises(ValueError, match="batch_size=1 is invalid.*normalize_advantage=True"):
+        PPO("MlpPolicy", "CartPole-v1", n_steps=8, batch_size=1)
+    model = POCA("MlpPolicy", EarlyExitEnv, n_envs=1, n_steps=8, batch_size=1, n_epochs=1, seed=0).learn(8)
+    assert model._n_updates == 1 and np.isfinite(model.logger.name_to_value["train/policy_gradient_loss"])
+
+
 # ============================================================================================ 5. bad input
 
 

@@ -403,6 +403,33 @@ def test_batch_size_larger_than_rollout_warns_and_uses_the_whole_rollout():
     assert model._n_updates == 1
 
 
+@pytest.mark.parametrize("manual", [True, False], ids=["hand-written", "autograd"])
+def test_an_interrupted_update_has_counted_the_epochs_it_finished(monkeypatch, manual):
+    """As SB3 counts them (one update per epoch, as it ends): a KeyboardInterrupt in the second epoch leaves
+    n_updates at 1, the first epoch having moved the weights; the hand-written update counted whole updates."""
+    import covey.agents.base as base_module
+
+    monkeypatch.setattr(PPO, "manual_gradients", manual)
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=2, seed=0)
+    assert (model._manual is not None) == manual
+    steps = [0]
+    step = base_module.FlatParameters.step
+
+    def interrupted(self, *args, **kwargs):
+        steps[0] += 1
+        if steps[0] == 3:  # the first minibatch of the second epoch
+            raise KeyboardInterrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(base_module.FlatParameters, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(64)
+    assert model._n_updates == 1
+    monkeypatch.setattr(base_module.FlatParameters, "step", step)
+    model.learn(64, reset_num_timesteps=False)
+    assert model._n_updates == 3 and model.logger.name_to_value["train/n_updates"] == 3
+
+
 def test_the_batch_size_warning_is_the_constructors_and_loads_only_where_load_changes_the_rollout(tmp_path):
     """As SB3's: ``load(path, env=...)`` of a model whose constructor warned does not warn again (a continued
     training run, RL-Zoo's ``-i``, repeated it); where load's env or arguments change the rollout, it warns."""

@@ -257,6 +257,11 @@ def test_sb3_contrib_names_map_to_covey_and_its_options_are_taken_or_refused_wit
     same = dict(n_lstm_layers=1, shared_lstm=False, enable_critic_lstm=True)
     for extra in (None, {}):
         PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(same, lstm_kwargs=extra))
+    # NumPy's numbers and Python's truthiness, as sb3-contrib reads them
+    PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(n_lstm_layers=np.int64(1), shared_lstm=0))
+    PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(shared_lstm=np.False_, enable_critic_lstm=np.True_))
+    with pytest.raises(ValueError, match="n_lstm_layers=True is sb3-contrib's RecurrentPPO setting"):
+        PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(n_lstm_layers=True))
     # lstm_hidden_size is the memory's size, as sb3-contrib's: the same networks (parameters) as memory's
     sized = PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(same, lstm_hidden_size=64))
     own = PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(memory=dict(hidden_size=64)))
@@ -266,6 +271,14 @@ def test_sb3_contrib_names_map_to_covey_and_its_options_are_taken_or_refused_wit
         PPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=dict(lstm_hidden_size=64, memory=dict(hidden_size=32)))
     with pytest.raises(ValueError, match="policy is 'MlpPolicy': use 'MlpLstmPolicy'"):
         PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(lstm_hidden_size=64))
+    # the recurrent settings that are covey's behaviour are refused too without memory (SB3's MlpPolicy raises a
+    # TypeError for them), not dropped
+    with pytest.raises(ValueError, match="n_lstm_layers, enable_critic_lstm are sb3-contrib's settings of its .*Lstm"):
+        PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(n_lstm_layers=1, enable_critic_lstm=True))
+    with pytest.raises(ValueError, match="shared_lstm is sb3-contrib's setting.*policy is 'CnnPolicy': use 'CnnLstm"):
+        PPO("CnnPolicy", "CartPole-v1", policy_kwargs=dict(shared_lstm=False))
+    # with covey's own memory key the policy has memory, and the settings are read as with a *LstmPolicy name
+    assert PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(memory={}, n_lstm_layers=1)).actor.memory is not None
     refusals = {
         "n_lstm_layers": (2, "covey's memory has one layer"),
         "shared_lstm": (True, "the actor and the critic always have memories of their own"),

@@ -1064,6 +1064,11 @@ def test_sac_refuses_recurrent_policies_and_memory_by_name(policy):
         SAC(policy, "Pendulum-v1")
     with pytest.raises(ValueError, match="policy_kwargs memory is not a SAC setting"):
         SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(memory=dict(hidden_size=8)))
+    # sb3-contrib's RecurrentPPO keys are named as given (SB3's SAC raises a TypeError for them), not as covey's
+    with pytest.raises(ValueError, match="policy_kwargs lstm_hidden_size is not a SAC setting"):
+        SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(lstm_hidden_size=8))
+    with pytest.raises(ValueError, match="policy_kwargs n_lstm_layers, enable_critic_lstm are not SAC settings"):
+        SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(n_lstm_layers=1, enable_critic_lstm=True))
     with pytest.raises(ValueError, match="Unknown policy 'MlpPolcy'") as error:
         SAC("MlpPolcy", "Pendulum-v1")
     assert "Lstm" not in str(error.value)
@@ -1192,6 +1197,30 @@ def test_a_new_learn_ends_the_buffers_running_episodes_where_its_reset_cuts_them
     assert (next_obs[:, 0] == obs[:, 0]).all()  # the same episode
     np.testing.assert_allclose(next_obs[:, 1], obs[:, 1] + steps, atol=1e-4)  # and its next step(s)
     assert (obs[:, 0] == 0).any() and ((obs[:, 0] == 0) & (obs[:, 1] == 4)).any()  # the cut step is sampled
+
+
+def test_a_loaded_memory_saving_buffer_ends_its_running_episodes_and_goes_on(tmp_path):
+    """A resumed run (model and buffer loaded, learn(reset_num_timesteps=False)) whose newest stored step is
+    mid-episode: the model's file has no last observation, so the step ends terminal (as SB3 makes it); sampling
+    it failed with a KeyError for its missing final observation, on the first gradient step."""
+    model = SAC("MlpPolicy", EpisodeClock(), buffer_size=100, learning_starts=1000, optimize_memory_usage=True, seed=0)
+    model.learn(5)
+    model.save(tmp_path / "sac")
+    model.save_replay_buffer(tmp_path / "buffer")
+    loaded = SAC.load(tmp_path / "sac", env=EpisodeClock(), learning_starts=0, batch_size=64)
+    loaded.load_replay_buffer(tmp_path / "buffer")
+    loaded.learn(3, reset_num_timesteps=False)
+    buffer = loaded.replay_buffer
+    assert loaded._n_updates == 3 and buffer.pos == 8
+    assert buffer.dones[:8, 0].tolist() == [False] * 4 + [True] + [False] * 3
+    assert buffer.terminated[:8, 0].tolist() == [0.0] * 4 + [1.0] + [0.0] * 3  # no next observation to bootstrap from
+    np.random.seed(0)
+    batch = buffer.sample(256)
+    obs, next_obs, ended = batch.observations.numpy(), batch.next_observations.numpy(), batch.dones.numpy()[:, 0]
+    cut = (obs[:, 0] == 0) & (obs[:, 1] == 4)
+    assert cut.any() and (ended[cut] == 1.0).all() and (ended[~cut] == 0.0).all()
+    assert (next_obs[~cut, 0] == obs[~cut, 0]).all()  # no other transition runs into the next episode
+    np.testing.assert_allclose(next_obs[~cut, 1], obs[~cut, 1] + 1)
 
 
 def test_an_assigned_target_entropy_is_kept_by_save_load_and_copies(tmp_path):

@@ -528,6 +528,17 @@ def test_files_of_other_algorithms_name_where_they_load(tmp_path):
         loader = f"sb3_contrib.{algorithm}.load" if algorithm else "sb3_contrib"
         with pytest.raises(ModelFileError, match=rf"holds an sb3-contrib.* model; load it with {re.escape(loader)}\."):
             PPO.load(tmp_path / "contrib.zip")
+    # sb3-contrib's TRPO builds SB3's own policy classes; its conjugate-gradient settings name it (A2C.load would
+    # open it as an A2C model without a word)
+    data["policy_class"]["__module__"] = "stable_baselines3.common.policies"
+    data.update(cg_max_steps=15, cg_damping=0.1, n_critic_updates=10)
+    for data_key in ("n_epochs", "clip_range"):  # TRPO's file has neither
+        data.pop(data_key, None)
+    with zipfile.ZipFile(tmp_path / "trpo.zip", "w") as zf:
+        for name, content in {**entries, "data": json.dumps(data).encode()}.items():
+            zf.writestr(name, content)
+    with pytest.raises(ModelFileError, match=r"holds an sb3-contrib TRPO model; load it with sb3_contrib\.TRPO\.load"):
+        PPO.load(tmp_path / "trpo.zip")
 
 
 def test_train_freq_is_read_from_its_pickles_opcodes_alone(tmp_path):

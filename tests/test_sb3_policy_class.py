@@ -293,6 +293,21 @@ def test_a_subclass_of_an_sb3_contrib_policy_is_refused():
         PPO(MyRecurrent, "CartPole-v1")
 
 
+def test_the_policies_of_other_sb3_contrib_algorithms_are_named_as_such():
+    """MaskablePPO's, TQC's and CrossQ's policy classes (and a user's subclasses of them) are not SB3's: the error
+    says which library's algorithm they belong to, not only that the policy is unknown. Stand-ins carry sb3-contrib's
+    module names, so the test needs no sb3-contrib."""
+    masked = type("MaskableActorCriticPolicy", (), {"__module__": "sb3_contrib.common.maskable.policies"})
+    quantiles = type("TQCPolicy", (), {"__module__": "sb3_contrib.tqc.policies"})
+    mine = type("MyTQC", (quantiles,), {"__module__": __name__})
+    with pytest.raises(ValueError, match=r"^MaskableActorCriticPolicy \(sb3_contrib.common.maskable.policies\) is"):
+        PPO(masked, "CartPole-v1")
+    with pytest.raises(ValueError, match=r"^TQCPolicy \(sb3_contrib.tqc.policies\) is the policy of an sb3-contrib"):
+        SAC(quantiles, "Pendulum-v1")
+    with pytest.raises(ValueError, match=r"^MyTQC \(a subclass of TQCPolicy, sb3_contrib.tqc.policies\).*'MlpPolicy'"):
+        SAC(mine, "Pendulum-v1")
+
+
 def test_the_steps_values_and_log_probs_are_in_callbacks_locals():
     seen = []
 

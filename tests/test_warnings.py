@@ -86,6 +86,17 @@ def action_mask_in_observations(tmp_path):
     PPO("MultiInputPolicy", MaskedEnv(), n_steps=64, batch_size=64)
 
 
+class MaskingWrapper(gym.Wrapper):
+    """sb3_contrib's ActionMasker's interface: the env answers action_masks(), which MaskablePPO reads."""
+
+    def action_masks(self):
+        return np.array([True, False])
+
+
+def action_masks_method_in_env(tmp_path):
+    PPO("MlpPolicy", MaskingWrapper(gym.make("CartPole-v1")), n_steps=64, batch_size=64)
+
+
 def sb3_weights_copied(tmp_path):
     # SB3's optimizer is another than covey's: its state cannot go into covey's Adam
     theirs = stable_baselines3.PPO(
@@ -166,6 +177,7 @@ CASES = {
     cuda_asked_for_at_load: "CUDA is not available",
     go_on_without_a_place: "force_reset=False",
     action_mask_in_observations: "covey's policies do not mask actions",
+    action_masks_method_in_env: "action_masks() method (sb3_contrib's ActionMasker), but covey's policies do not",
     sb3_weights_copied: "policy.optimizer: the optimizers are of different kinds",
     learned_temperature_loaded_fixed: "which this model does not use",
     sb3_file_with_a_function: "which covey never unpickles",

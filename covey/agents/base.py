@@ -60,6 +60,7 @@ from covey.spaces import (
     is_image_space,
     same_space,
     space_mismatch_advice,
+    warn_masking_env,
     warn_unmasked_actions,
 )
 from covey.version import __version__
@@ -923,6 +924,7 @@ class BaseAgent:
         check_observation_space(env.observation_space)
         check_action_space(env.action_space, self.supported_action_spaces)
         warn_unmasked_actions(env.observation_space)
+        warn_masking_env(env)
         self.env = env
         self.observation_space = env.observation_space
         self.action_space = env.action_space

@@ -59,6 +59,7 @@ class POCAConfig(OnPolicyConfig):
     """MA-POCA's hyperparameters: PPO's names, with defaults for small cooperative PettingZoo envs."""
 
     agent: ClassVar[str] = "POCA"
+    minibatch_advantages: ClassVar[bool] = False
 
     n_steps: int = 256
     """Steps collected per env copy per rollout (a step of one copy moves all its agents)."""
@@ -66,6 +67,9 @@ class POCAConfig(OnPolicyConfig):
     """Minibatch size in group-steps (each carries every agent slot of its copy)."""
     n_epochs: int = 3
     """Passes over the rollout per update."""
+    normalize_advantage: bool = True
+    """Normalize the advantages once over the update's present agent-steps (MA-POCA's rule), not per minibatch
+    as PPO does (so a minibatch of one group-step is fine)."""
     ent_coef: float = 5e-3
     """Entropy bonus coefficient (beta)."""
     baseline_coef: float = 0.5

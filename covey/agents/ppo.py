@@ -58,6 +58,8 @@ class OnPolicyConfig:
     """Hyperparameters shared by the on-policy agents (PPO, POCA), named and defaulted as in SB3's PPO."""
 
     agent: ClassVar[str] = "PPO"
+    minibatch_advantages: ClassVar[bool] = True
+    """Whether ``normalize_advantage`` normalizes within each minibatch (PPO's, as SB3's) or over the update."""
 
     learning_rate: Schedule = 3e-4
     """Adam step size, or a function of the remaining progress (1 -> 0)."""
@@ -95,7 +97,7 @@ class OnPolicyConfig:
         need(isinstance(self.n_steps, (int, np.integer)) and self.n_steps >= 1, "n_steps", "it must be an int >= 1")
         need(isinstance(self.batch_size, (int, np.integer)) and self.batch_size >= 1, "batch_size", "it must be >= 1")
         need(
-            not (self.normalize_advantage and self.batch_size == 1),
+            not (self.normalize_advantage and self.batch_size == 1 and self.minibatch_advantages),
             "batch_size",
             "it must be > 1 when normalize_advantage=True (a single advantage cannot be normalized)",
         )
@@ -352,10 +354,13 @@ class ManualPPOUpdate:
         config: PPOConfig,
         clip_range: float,
         early_stop: Any = None,
+        epoch_done: Any = None,
     ) -> tuple[dict[str, float], int]:
         """Run the epochs on the collected rollout: returns the minibatch statistics (as :func:`ppo_loss` names
         them) reduced as SB3 logs them, and the number of epochs started (an early stop ends one early, and
-        calls ``early_stop(epoch, approx_kl)`` if given)."""
+        calls ``early_stop(epoch, approx_kl)`` if given). ``epoch_done()`` is called as each epoch ends (an early
+        stopped one too), where SB3 counts its updates, so an update interrupted midway has counted the epochs
+        that changed the weights."""
         head = self.actor.head
         self.bind()
         flat = optimizer.flat_parameters
@@ -430,6 +435,8 @@ class ManualPPOUpdate:
                 self._backward(inputs, grad_params, error.mul(2.0 * vf_coef / size))
                 flat.clip_grad_norm_(config.max_grad_norm)
                 flat.step(optimizer)
+            if epoch_done is not None:
+                epoch_done()
             if stop:
                 break
         stash = {"log_ratio": log_ratios, "s1": s1s, "s2": s2s, "error": errors, "entropy": entropies}
@@ -1087,6 +1094,9 @@ class PPO(BaseAgent):
                 buffer.truncation_values[step, env_idx] = value
         earlier.truncated_until = truncated_until
 
+    def _count_update(self) -> None:
+        self._n_updates += 1
+
     def train(self) -> None:
         """Several epochs of minibatch updates on the collected rollout."""
         cfg = self.config
@@ -1098,8 +1108,9 @@ class PPO(BaseAgent):
         self._set_training_mode(True)
         if self._manual is not None and not has_hooks(self.actor, self.critic):
             early_stop = print_early_stop if self.verbose >= 1 else None
-            means, epochs = self._manual.train(self.rollout_buffer, self.optimizer, cfg, clip_range, early_stop)
-            self._n_updates += epochs
+            means, _ = self._manual.train(
+                self.rollout_buffer, self.optimizer, cfg, clip_range, early_stop, epoch_done=self._count_update
+            )
             self._record_train_means(means, clip_range, clip_range_vf)
             return
         history: list[dict[str, torch.Tensor]] = []

@@ -576,10 +576,16 @@ class SAC(BaseAgent):
                 kwargs, activation_fn=torch.nn.ReLU, ortho_init=False, share_features_extractor=False, log_std_init=-3.0
             )
         self.policy_config.use_sde = bool(use_sde)
-        if self.policy_config.memory is not None:
+        contrib_keys = getattr(self.policy_config, "_recurrent_ppo_keys", [])
+        if self.policy_config.memory is not None or contrib_keys:
+            asked = self.policy_config.memory is not None and not getattr(
+                self.policy_config, "_memory_from_lstm_hidden_size", False
+            )
+            named = ", ".join(["memory"] * asked + contrib_keys)
             raise ValueError(
-                "policy_kwargs memory is not a SAC setting: SAC has no recurrent memory. Remove it, or use PPO or "
-                "POCA for a policy with memory; stacked frames (SB3's VecFrameStack) give SAC the recent past."
+                f"policy_kwargs {named} {'is not a SAC setting' if named.count(',') == 0 else 'are not SAC settings'}: "
+                "SAC has no recurrent memory. Remove it, or use PPO or POCA for a policy with memory; stacked frames "
+                "(SB3's VecFrameStack) give SAC the recent past."
             )
         if self.policy_config.squash_output:
             raise ValueError(

@@ -211,8 +211,9 @@ class ReplayBuffer:
         env) cuts them: the step becomes an episode end that keeps its bootstrap, as a time limit does, so no
         sample runs on into the next episode (its next observation, an n-step return's rewards). With
         ``optimize_memory_usage`` that step's next observation would be the next row's, the reset's: ``next_obs``
-        (the observations after the step, as :meth:`store` takes them) keeps it; without it, the step is made
-        terminal, as SB3 makes it."""
+        (the observations after the step, as :meth:`store` takes them) keeps it; without it (a loaded model, whose
+        last observations are not in its file), the step is made terminal, as SB3 makes it, and its own
+        observation stands in for the next one, which the zero bootstrap never reads."""
         if self.size() == 0:
             return
         row = (self.pos - 1) % self.capacity
@@ -221,6 +222,7 @@ class ReplayBuffer:
             for env in running:
                 if next_obs is None:
                     self.terminated[row, env] = 1.0
+                    self.final_observations[(row, int(env))] = {k: np.array(v[row, env]) for k, v in self._obs.items()}
                 else:
                     self.final_observations[(row, int(env))] = self._one_env(next_obs, env)
         self.dones[row, running] = True

@@ -82,6 +82,17 @@ def policy_name(policy: str | type, agent: str | None = None) -> str:
         )
     if isinstance(name, str) and (name in POLICY_KINDS or name in LSTM_POLICIES):
         return name
+    contrib = [c for c in getattr(policy, "__mro__", ()) if c.__module__.split(".")[0] == "sb3_contrib"]
+    if contrib:  # MaskablePPO's, TQC's, CrossQ's, ... (RecurrentPPO's are named above)
+        origin = f"a subclass of {contrib[0].__name__}, " if contrib[0] is not policy else ""
+        raise ValueError(
+            f"{policy.__name__} ({origin}{contrib[0].__module__}) is the policy of an sb3-contrib algorithm that "
+            "covey does not implement (action masks, quantile critics, ...). Train it with sb3_contrib, or pass a "
+            "policy name to covey "
+            f"(one of {list(POLICY_KINDS)}"
+            + ("" if agent is not None else f", or with recurrent memory {list(LSTM_POLICIES)}")
+            + ")."
+        )
     names = (
         f"{list(POLICY_KINDS)} (or SB3's classes of those names)"
         if agent is not None
@@ -110,6 +121,17 @@ _RECURRENT_PPO_KWARGS = {
         "covey's is memory=dict(kind='lstm' or 'gru', hidden_size=..., sequence_length=...)",
     ),
 }
+
+
+def _same_setting(value: Any, ok: Any) -> bool:
+    """Whether ``value`` is the sb3-contrib setting ``ok`` (NumPy's ints and bools too, a bool read as Python and
+    sb3-contrib read it; a bool is not a number of layers)."""
+    if isinstance(ok, bool):
+        return isinstance(value, (bool, np.bool_, int, np.integer)) and bool(value) == ok
+    if isinstance(ok, int):
+        return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value == ok
+    return type(value) is type(ok) and value == ok
+
 
 SAC_ONLY_KWARGS = {"n_critics": "SAC's number of Q networks", "clip_mean": "SAC's bound on use_sde's Gaussian mean"}
 """policy_kwargs of SAC's that PPO and POCA refuse (SB3's PPO raises a TypeError for them)."""
@@ -245,6 +267,7 @@ class PolicyConfig:
             if key in kwargs:
                 raise ValueError(f"policy_kwargs {key} is {what}, not a setting of this agent: remove it.")
         from_lstm_size = "lstm_hidden_size" in kwargs and kwargs.get("memory") is None
+        contrib_keys = [key for key in ("lstm_hidden_size", *_RECURRENT_PPO_KWARGS) if key in kwargs]
         if "lstm_hidden_size" in kwargs:  # sb3-contrib's RecurrentPPO name for the memory's size
             size, memory = kwargs.pop("lstm_hidden_size"), kwargs.get("memory")
             if not positive_int(size):
@@ -259,7 +282,7 @@ class PolicyConfig:
         for key, (same, how) in _RECURRENT_PPO_KWARGS.items():
             if key in kwargs:
                 value = kwargs.pop(key)
-                if not any(type(value) is type(ok) and value == ok for ok in same):
+                if not any(_same_setting(value, ok) for ok in same):
                     raise ValueError(
                         f"policy_kwargs {key}={value!r} is sb3-contrib's RecurrentPPO setting; "
                         f"{how.format(value=value)}."
@@ -270,6 +293,7 @@ class PolicyConfig:
             raise ValueError(f"Unknown policy_kwargs {unknown}; supported keys are {sorted(names)}.")
         config = cls(**{**defaults, **kwargs})
         config._memory_from_lstm_hidden_size = from_lstm_size
+        config._recurrent_ppo_keys = contrib_keys
         config._check_covey_keys(given=set(kwargs))
         for key, base, example in (
             ("activation_fn", nn.Module, "torch.nn.ReLU"),
@@ -795,14 +819,18 @@ def positive_int(value: Any) -> bool:
 
 def memory_settings(policy: str, config: PolicyConfig) -> dict | None:
     """The recurrent memory asked for by a *LstmPolicy name or ``policy_kwargs['memory']`` (None: none)."""
+    contrib_keys = getattr(config, "_recurrent_ppo_keys", [])
+    asked = config.memory is not None and not getattr(config, "_memory_from_lstm_hidden_size", False)
+    if policy not in LSTM_POLICIES and contrib_keys and not asked:  # SB3's MlpPolicy raises a TypeError for them
+        named = ", ".join(contrib_keys)
+        raise ValueError(
+            f"policy_kwargs {named} {'is' if len(contrib_keys) == 1 else 'are'} sb3-contrib's "
+            f"setting{'s' if len(contrib_keys) > 1 else ''} of its *LstmPolicy policies, and the policy is {policy!r}: "
+            f"use {next((k for k, v in LSTM_POLICIES.items() if v == policy), 'MlpLstmPolicy')!r} for a policy with "
+            f"memory, or remove {named}."
+        )
     if config.memory is None and policy not in LSTM_POLICIES:
         return None
-    if policy not in LSTM_POLICIES and getattr(config, "_memory_from_lstm_hidden_size", False):
-        raise ValueError(
-            f"policy_kwargs lstm_hidden_size is sb3-contrib's setting of its *LstmPolicy policies, and the policy is "
-            f"{policy!r}: use {next((k for k, v in LSTM_POLICIES.items() if v == policy), 'MlpLstmPolicy')!r} "
-            "for a policy with memory, or remove lstm_hidden_size."
-        )
     settings = {**MEMORY_DEFAULTS, **(config.memory or {})}
     unknown = set(settings) - set(MEMORY_DEFAULTS)
     if unknown:
