@@ -60,10 +60,19 @@ def warn_unmasked_actions(space: spaces.Space) -> None:
 
 def warn_masking_env(env: Any) -> None:
     """Warn where a VecEnv's envs have an ``action_masks()`` method (sb3_contrib's ``ActionMasker`` adds one, and
-    its MaskablePPO reads it): covey's policies never call it, so the actions it forbids can be chosen."""
+    its MaskablePPO reads it): covey's policies never call it, so the actions it forbids can be chosen. Only SB3's
+    own VecEnvs are asked, whose ``has_attr`` answers without harm (a Gymnasium AsyncVectorEnv raises the missing
+    attribute in its workers and is broken afterwards)."""
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnvWrapper
+
+    base = env
+    while isinstance(base, VecEnvWrapper):
+        base = base.venv
+    if not isinstance(base, (DummyVecEnv, SubprocVecEnv)):  # covey's FastVecEnv is a DummyVecEnv
+        return
     try:
         masking = bool(env.has_attr("action_masks"))
-    except Exception:  # a VecEnv without has_attr, or one whose envs fail to answer: nothing to say
+    except Exception:  # envs that fail to answer: nothing to say
         return
     if masking:
         warn_user(

@@ -717,11 +717,17 @@ def test_categorical_samples_follow_the_softmax():
 # ---------------------------------------------------------------------------- PPO: acting in NumPy
 @pytest.mark.parametrize(
     ("env_id", "kwargs"),
-    [("CartPole-v1", {}), ("Pendulum-v1", {}), ("CartPole-v1", dict(policy_kwargs=dict(activation_fn=nn.ReLU)))],
+    [
+        ("CartPole-v1", {}),
+        ("Pendulum-v1", {}),
+        ("CartPole-v1", dict(policy_kwargs=dict(activation_fn=nn.ReLU))),
+        ("Pendulum-v1", dict(policy_kwargs=dict(normalize_observations=True))),
+    ],
 )
 @pytest.mark.cpu
 def test_numpy_acting_equals_the_actor_and_follows_its_updates(env_id, kwargs):
-    """The NumPy forward reads the live weights: after updates it still equals the actor's own forward."""
+    """The NumPy forward reads the live weights (and running statistics of the observations): after updates it
+    still equals the actor's own forward."""
     model = PPO("MlpPolicy", env_id, n_steps=64, batch_size=32, seed=0, **kwargs)
     acting = model._numpy_acting
     assert acting is not None

@@ -922,7 +922,7 @@ def test_ctrl_c_while_this_process_steps_its_block_leaves_no_answer_behind():
 
     venv = SubprocGroupVecEnv([InterruptedAtStepEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
     try:
-        venv.reset(seed=0)
+        before = venv.reset(seed=0)
         actions = np.zeros((3, 3), np.int64)
         venv.set_attr("interrupt", True, indices=0)
         with pytest.raises(KeyboardInterrupt):
@@ -930,8 +930,10 @@ def test_ctrl_c_while_this_process_steps_its_block_leaves_no_answer_behind():
         assert venv.get_attr("steps") == [0, 0, 1]  # the worker's copy stepped; this process's did not
         venv.set_attr("interrupt", False, indices=0)
         step = venv.step(actions)
-        # copy 0, cut short, ends its episode and resets without stepping (as GroupVecEnv settles one); the others step
-        assert step.env_done.tolist() == [True, False, False] and venv.get_attr("steps") == [0, 1, 2]
+        # copy 0, cut short, ends its episode and resets without stepping (as GroupVecEnv settles one), and so does
+        # copy 2, whose step the caller never saw; copy 1, not reached, steps
+        assert step.env_done.tolist() == [True, False, True] and venv.get_attr("steps") == [0, 1, 1]
+        assert step.left[2].all() and np.array_equal(step.final_observations[2], before[0][2])  # as the caller saw it
     finally:
         venv.close()
 
@@ -1432,6 +1434,122 @@ def test_poca_goes_on_after_an_exception_in_an_envs_reset(monkeypatch):
     before = model.num_timesteps
     model.learn(64, reset_num_timesteps=False)
     assert model.num_timesteps >= before + 64
+
+
+def test_copies_stepped_before_one_cut_short_are_unsettled_as_it_is():
+    """Copies 0 and 1 stepped inside a call that copy 2 cut short: the caller never got their step. They were
+    left settled, so the next step went on from observations the caller never saw (POCA stored their next step
+    after the one lost, and an agent that left in it as present). Now they end the episode the caller saw, as
+    copy 2 does; a reset cut short likewise leaves the copies it had reset unsettled."""
+    venv = GroupVecEnv([FailsAtStepEnv] * 4)
+    for e, env in enumerate(venv.envs):
+        env.copy, env.fail = e, e == 2
+    obs, mask = venv.reset(seed=0)
+    actions = np.zeros((4, 3), np.int64)
+    given = venv.step(venv.step(actions) and actions)  # the second step: what the caller last saw
+    with pytest.raises(RuntimeError, match="simulator of copy 2 diverged"):
+        venv.step(actions)
+    assert [env.steps for env in venv.envs] == [3, 3, 3, 2]  # copy 3 was not reached
+    venv.envs[2].fail = False
+    out = venv.step(actions)
+    assert out.env_done.tolist() == [True, True, True, False] and [env.steps for env in venv.envs] == [3, 3, 3, 3]
+    for e in range(3):  # each ends the episode the caller saw, with what it was given
+        assert out.left[e].tolist() == given.mask[e].tolist() == out.truncated[e].tolist()
+        np.testing.assert_array_equal(out.final_observations[e], given.observations[e])
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(FlakyResetEnv, "fail_at_reset", 2)
+    try:
+        flaky = GroupVecEnv([EarlyExitEnv, FlakyResetEnv, EarlyExitEnv])
+        flaky.envs[1].resets = 1  # its next reset fails
+        with pytest.raises(OSError, match="transient failure"):
+            flaky.reset(seed=0)
+        assert sorted(flaky.restart_unsettled()) == [0, 1]  # copy 2 was not reached
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("failing", [0, 2], ids=["in-this-process", "in-a-worker"])
+def test_a_subprocess_step_cut_short_leaves_every_copy_it_did_not_report_unsettled(failing):
+    """Where one block's step raises, the other blocks' answers are dropped: their copies stepped unseen. Each is
+    restarted by restart_unsettled (POCA calls it as a rollout starts), or ends the episode the caller saw at the
+    next step, with what the caller was given; a copy the failing block had not reached steps on."""
+    venv = SubprocGroupVecEnv([FailsAtStepEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
+    try:
+        for e in range(3):
+            venv.set_attr("copy", e, indices=e)
+        venv.set_attr("fail", True, indices=failing)
+        venv.reset(seed=0)
+        actions = np.zeros((3, 3), np.int64)
+        venv.step(actions)
+        given = venv.step(actions)
+        with pytest.raises(RuntimeError, match=f"simulator of copy {failing} diverged"):
+            venv.step(actions)
+        venv.set_attr("fail", False)
+        if failing == 2:  # this process's block had stepped: both its copies are unseen, as the worker's
+            assert sorted(venv.restart_unsettled()) == [0, 1, 2]
+            assert venv.get_attr("steps") == [3, 3, 3]
+            return
+        out = venv.step(actions)  # copy 0 cut short, copy 1 not reached, copy 2's step (the worker's) unseen
+        assert out.env_done.tolist() == [True, False, True] and venv.get_attr("steps") == [3, 3, 3]
+        for e in (0, 2):
+            assert out.left[e].tolist() == given.mask[e].tolist()
+            np.testing.assert_array_equal(out.final_observations[e], given.observations[e])
+    finally:
+        venv.close()
+
+
+def test_poca_counts_start_again_together_where_learns_reset_is_cut_short():
+    """learn(reset_num_timesteps=True) sets num_timesteps to 0, then resets the env: a reset cut short left
+    agent_steps at the last run's count beside it."""
+    from covey import POCA
+
+    model = POCA("MlpPolicy", lambda: FlakyResetEnv(), n_envs=2, n_steps=8, batch_size=16, n_epochs=1, seed=0)
+    model.learn(16)
+    assert model.agent_steps > 0
+    flaky = model.get_env().envs[1]
+    flaky.fail_at_reset = flaky.resets + 1  # learn's reset reaches it after copy 0's
+    with pytest.raises(OSError, match="transient failure"):
+        model.learn(16)
+    assert model.num_timesteps == 0 and model.agent_steps == 0
+    flaky.fail_at_reset = None
+    model.learn(16, reset_num_timesteps=False)
+    assert model.num_timesteps == 16 and model.agent_steps == int(model.rollout_buffer.present.sum())
+
+
+class InterruptingEnv(EarlyExitEnv):
+    """EarlyExitEnv interrupted (Ctrl-C) at its step number ``interrupt_at``; its observations' last feature is
+    the time left, 1.0 after a reset."""
+
+    interrupt_at = None
+
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    def step(self, actions):
+        self.steps += 1
+        if self.steps == self.interrupt_at:
+            raise KeyboardInterrupt
+        return super().step(actions)
+
+
+def test_poca_goes_on_from_the_envs_own_state_after_a_step_cut_short_in_a_later_copy():
+    from covey import POCA
+
+    model = POCA("MlpPolicy", InterruptingEnv, n_envs=3, n_steps=4, batch_size=12, n_epochs=1, seed=0)
+    model.learn(12)
+    copies = model.get_env().envs
+    copies[2].interrupt_at = copies[2].steps + 2  # the second step of the next rollout, after copies 0 and 1 stepped
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(12, reset_num_timesteps=False)
+    assert model.num_timesteps == 15 and [env.steps for env in copies] == [6, 6, 6]
+    copies[2].interrupt_at = None
+    model.learn(12, reset_num_timesteps=False)
+    # Every copy starts afresh: its first stored step is a reset's observation (time left 1.0). Copies 0 and 1 went
+    # on from their observations before the lost step, which the env had left behind.
+    time_left = model.rollout_buffer.observations[0, :, :, -1]
+    present = model.rollout_buffer.present[0]
+    assert (time_left[present] == 1.0).all() and present.all()
 
 
 class BrokenStep(OneStepTeam):

@@ -1071,13 +1071,20 @@ def test_load_with_another_group_is_refused(tmp_path):
         POCA.load(tmp_path / "m.zip", env=_RenamedGroup)
 
 
-def test_n_envs_beside_a_group_vec_env_must_match_its_copies():
-    """The env's copies are what POCA steps: an n_envs that says otherwise is refused, not ignored."""
+def test_n_envs_beside_a_group_vec_env_must_match_its_copies(tmp_path):
+    """The env's copies are what POCA steps: an n_envs that says otherwise is refused, not ignored (load's too,
+    which went on with the env's copies)."""
     with pytest.raises(ValueError, match=r"n_envs=8, but the env given is a GroupVecEnv of 2 copies"):
         POCA("MlpPolicy", GroupVecEnv([EarlyExitEnv] * 2), n_envs=8)
     assert POCA("MlpPolicy", GroupVecEnv([EarlyExitEnv] * 2), n_envs=2).n_envs == 2
     assert POCA("MlpPolicy", GroupVecEnv([EarlyExitEnv] * 2)).n_envs == 2
-    assert POCA("MlpPolicy", EarlyExitEnv).n_envs == 1
+    model = POCA("MlpPolicy", EarlyExitEnv)
+    assert model.n_envs == 1
+    model.save(tmp_path / "m.zip")
+    with pytest.raises(ValueError, match=r"n_envs=3, but the env given is a GroupVecEnv of 2 copies"):
+        POCA.load(tmp_path / "m.zip", env=GroupVecEnv([EarlyExitEnv] * 2), n_envs=3)
+    assert POCA.load(tmp_path / "m.zip", env=GroupVecEnv([EarlyExitEnv] * 2), n_envs=2).n_envs == 2
+    assert POCA.load(tmp_path / "m.zip", env=GroupVecEnv([EarlyExitEnv] * 2)).n_envs == 2
 
 
 def test_set_env_with_another_number_of_copies_is_refused():

@@ -51,7 +51,7 @@ from covey.agents.sb3_policy import action_start, build_policy, class_path, opti
 from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import ParameterMismatchError, policy_kwargs_dict, policy_name
-from covey.networks.encoders import FlattenEncoder
+from covey.networks.encoders import FlattenEncoder, NormalizedEncoder
 from covey.networks.sb3_names import move_optimizer_state, to_sb3
 from covey.spaces import (
     channels_last,
@@ -1213,6 +1213,7 @@ class BaseAgent:
         if reset_num_timesteps:
             self.num_timesteps = 0
             self._episode_num = 0
+            self._reset_own_counts()
         else:
             total_timesteps += self.num_timesteps
         self._total_timesteps = int(total_timesteps)
@@ -1230,6 +1231,10 @@ class BaseAgent:
             self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
         self._list_settings()
         return self._total_timesteps, self._init_callback(callback, progress_bar)
+
+    def _reset_own_counts(self) -> None:
+        """Counts of a subclass's own that start again with ``num_timesteps`` (at once: a reset of the env cut
+        short afterwards leaves them agreeing)."""
 
     def _learn_on_policy(
         self,
@@ -1261,6 +1266,8 @@ class BaseAgent:
             with torch.enable_grad():  # whatever grad mode an interrupt inside a no_grad block left the process in
                 self.train()
             self._check_weights_finite(after_update=True)
+            if self._normalizes_observations():  # the next rollout acts on them; this one's update did not move
+                self._update_observation_statistics(self._rollout_observations())
         callback.on_training_end()
         return self
 
@@ -1504,6 +1511,28 @@ class BaseAgent:
                 kwargs["fused"] = True
         flat = FlatParameters(params)
         return flat.attach(optimizer_class([flat.data], lr=self.lr_schedule(1.0), **kwargs))
+
+    # ------------------------------------------------------------------ observation statistics
+    def _normalizes_observations(self) -> bool:
+        config = getattr(self, "policy_config", None)
+        return bool(getattr(config, "normalize_observations", False)) and self._sb3_policy_class is None
+
+    def _update_observation_statistics(self, observations: Any) -> None:
+        """``normalize_observations``: take a batch of collected observations (as the networks take them) into
+        the running statistics. Each network holds its own (the critic's copies too: SAC's target, the EMA), and
+        each takes every batch, so they stay equal."""
+        encoders = {
+            id(module): module
+            for network in self._networks().values()
+            for module in network.modules()
+            if isinstance(module, NormalizedEncoder)
+        }
+        for encoder in encoders.values():
+            encoder.update(observations)
+
+    def _rollout_observations(self) -> Any:
+        """The observations of the rollout just trained on, as one batch (on-policy agents)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ parameters and files
     def _networks(self) -> dict[str, torch.nn.Module]:
@@ -1960,8 +1989,9 @@ class BaseAgent:
         )
 
     @classmethod
-    def _load_defaults(cls, env: Any) -> dict[str, Any]:
-        """Keyword arguments ``load`` takes for ``env`` unless given (POCA: an env instance is one copy)."""
+    def _load_defaults(cls, env: Any, given: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments ``load`` takes for ``env`` unless ``given`` (POCA: an env instance is one copy); an
+        error where ``given`` cannot hold with ``env``."""
         return {}
 
     @classmethod
@@ -2014,7 +2044,7 @@ class BaseAgent:
         """
         # Tensors are read onto the CPU and copied into the model, built on the device that it resolves
         # (some models run on the CPU only, whatever "auto" would pick).
-        kwargs = {**cls._load_defaults(env), **kwargs}
+        kwargs = {**cls._load_defaults(env, kwargs), **kwargs}
         settings, tensors = cls._read_model_file(path, "cpu")
         place = tensors.pop(ENV_PLACE, None)
         if print_system_info:

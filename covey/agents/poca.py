@@ -78,6 +78,15 @@ class POCAConfig(OnPolicyConfig):
     """Add the groupmates' rewards of the step to each agent's reward (a team reward)."""
 
 
+def _check_copies(env: Any, n_envs: int | None) -> None:
+    """A GroupVecEnv is stepped with its own copies: an ``n_envs`` given beside it must be their number."""
+    if isinstance(env, GroupVecEnv) and n_envs is not None and n_envs != env.n_envs:
+        raise ValueError(
+            f"n_envs={n_envs}, but the env given is a {type(env).__name__} of {env.n_envs} copies, which POCA "
+            f"steps as they are. Leave n_envs out (the env's copies count), or build the env with {n_envs} copies."
+        )
+
+
 class POCA(BaseAgent):
     """MA-POCA for a cooperative group of agents in a PettingZoo parallel env, with SB3's API.
 
@@ -187,11 +196,7 @@ class POCA(BaseAgent):
                 f"n_envs={n_envs!r} is invalid: it must be an int >= 1 (the env copies), or None for one copy of an "
                 "env function or the copies of a GroupVecEnv."
             )
-        if isinstance(env, GroupVecEnv) and n_envs is not None and n_envs != env.n_envs:
-            raise ValueError(
-                f"n_envs={n_envs}, but the env given is a {type(env).__name__} of {env.n_envs} copies, which POCA "
-                f"steps as they are. Leave n_envs out (the env's copies count), or build the env with {n_envs} copies."
-            )
+        _check_copies(env, n_envs)
         self._requested_n_envs = n_envs
         super().__init__(
             policy, env, learning_rate, policy_kwargs, stats_window_size, tensorboard_log, verbose, device, seed
@@ -274,9 +279,11 @@ class POCA(BaseAgent):
             )
 
     @classmethod
-    def _load_defaults(cls, env: Any) -> dict[str, Any]:
+    def _load_defaults(cls, env: Any, given: dict[str, Any]) -> dict[str, Any]:
         """``load`` with an env instance makes one copy (``n_envs=1``), whatever the file's count, as an SB3 model
-        takes the number of envs of the env it is loaded with."""
+        takes the number of envs of the env it is loaded with; an ``n_envs`` given beside a GroupVecEnv must match
+        its copies, as in the constructor."""
+        _check_copies(env, given.get("n_envs"))
         if env is not None and not isinstance(env, GroupVecEnv) and not is_env_maker(env):
             return {"n_envs": 1}
         return {}
@@ -340,6 +347,10 @@ class POCA(BaseAgent):
             self.recurrent = GroupRecurrentRollout(
                 self.actor, self.critic, cfg.n_steps, self.n_envs, n_slots, int(memory["sequence_length"])
             )
+
+    def _rollout_observations(self) -> Any:
+        buffer = self.rollout_buffer
+        return buffer.observations_tensor[buffer.present_tensor]  # the agents that acted (K, *obs_shape)
 
     def _networks(self) -> dict[str, torch.nn.Module]:
         networks = {"actor": self.actor, "critic": self.critic}
@@ -512,11 +523,8 @@ class POCA(BaseAgent):
             total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar
         )
 
-    def _setup_learn(self, total_timesteps: int, callback: Any, reset_num_timesteps: bool, *args: Any) -> Any:
-        setup = super()._setup_learn(total_timesteps, callback, reset_num_timesteps, *args)
-        if reset_num_timesteps:  # with num_timesteps, once learn's checks passed (a failed learn changes no count)
-            self.agent_steps = 0
-        return setup
+    def _reset_own_counts(self) -> None:
+        self.agent_steps = 0  # with num_timesteps, once learn's checks passed (a failed learn changes no count)
 
     def collect_rollouts(self, env: GroupVecEnv, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
         """Fill the group buffer with ``n_rollout_steps`` steps of every copy (the model's env, buffer and

@@ -40,7 +40,7 @@ from covey.networks.actor_critic import (
 )
 from covey.networks.distributions import CategoricalHead, DiagGaussianHead, StateDependentGaussianHead
 from covey.networks.ema import CriticEMA, ema_regularizer
-from covey.networks.encoders import FlattenEncoder
+from covey.networks.encoders import FlattenEncoder, NormalizedEncoder, RunningNormalizer
 from covey.networks.mlp import ManualMLP, PairedMLP
 from covey.networks.obs import ObsTensor, batch_to_tensor
 from covey.networks.policies import ActorCriticPolicy
@@ -519,11 +519,16 @@ class NumpyActing:
     (:meth:`ManualPPOUpdate.evaluate`).
 
     It applies (:meth:`applies`) to float32 CPU networks behind a plain :class:`FlattenEncoder` (Box or
-    MultiBinary observations, no scaling).
+    MultiBinary observations, no scaling), or one behind running statistics of the whole observation
+    (``normalize_observations``), which it standardizes as :class:`RunningNormalizer` does, in float32.
     """
 
     def __init__(self, actor: Actor, net: ManualMLP) -> None:
         # Views of the parameters' memory: the optimizer updates them in place, and these follow.
+        normalizer = self._normalizer(actor)
+        # the statistics' buffers, which change in place (their update, load_state_dict) as the weights do
+        self.statistics = None if normalizer is None else (normalizer.mean.numpy(), normalizer.var.numpy())
+        self.eps, self.clip = (1e-8, 10.0) if normalizer is None else (normalizer.eps, normalizer.clip)
         self.weights_t = [weight_t.numpy() for weight_t in net.weights_t]  # (in, out)
         self.biases = [bias.numpy() for bias in net.biases]
         self.kinds = net.kinds
@@ -535,8 +540,21 @@ class NumpyActing:
         self.log_std = None if self.categorical or self.sde else head.log_std.detach().numpy()
 
     @staticmethod
+    def _normalizer(actor: Actor) -> RunningNormalizer | None:
+        """The running statistics in front of the actor's flattening encoder, if any."""
+        encoder = actor.encoder
+        return encoder.normalizer if type(encoder) is NormalizedEncoder else None
+
+    @staticmethod
     def applies(actor: Actor, manual: ManualPPOUpdate | None) -> bool:
-        if manual is None or type(actor.encoder) is not FlattenEncoder or actor.encoder.scale is not None:
+        encoder, normalizer = actor.encoder, NumpyActing._normalizer(actor)
+        if normalizer is not None:
+            if type(normalizer) is not RunningNormalizer or normalizer.positions is not None:
+                return False
+            if normalizer.mean.device.type != "cpu":
+                return False
+            encoder = encoder.encoder
+        if manual is None or type(encoder) is not FlattenEncoder or encoder.scale is not None:
             return False
         weights = [*manual.policy_net.weights, *manual.policy_net.biases]
         if type(actor.head) in (DiagGaussianHead, StateDependentGaussianHead):
@@ -550,6 +568,10 @@ class NumpyActing:
     def _latent(self, obs: np.ndarray) -> np.ndarray:
         """The trunk's output ``(B, hidden)`` for a batch of observations."""
         h = obs.reshape(obs.shape[0], self.weights_t[0].shape[0]).astype(np.float32, copy=False)  # B may be 0
+        if self.statistics is not None:  # standardized as RunningNormalizer.forward does it
+            mean, var = self.statistics
+            scale = 1.0 / np.sqrt(var.astype(np.float32) + np.float32(self.eps))
+            h = np.clip((h - mean.astype(np.float32)) * scale.reshape(-1), -self.clip, self.clip, dtype=np.float32)
         for weight_t, bias, kind in zip(self.weights_t, self.biases, self.kinds):
             h = h @ weight_t
             h += bias
@@ -824,6 +846,9 @@ class PPO(BaseAgent):
             self.policy.optimizer = value
         else:
             self._optimizer = value
+
+    def _rollout_observations(self) -> Any:
+        return self.rollout_buffer.flat_observations()
 
     def _networks(self) -> dict[str, torch.nn.Module]:
         if self._sb3_policy_class is not None:

@@ -25,7 +25,14 @@ from covey.networks.distributions import (
     StateDependentGaussianHead,
     make_action_head,
 )
-from covey.networks.encoders import ExternalEncoder, FlatDict, FlatDictEncoder, make_encoder, sb3_extractor
+from covey.networks.encoders import (
+    ExternalEncoder,
+    FlatDict,
+    FlatDictEncoder,
+    NormalizedEncoder,
+    make_encoder,
+    sb3_extractor,
+)
 from covey.networks.memory import Memory, State, sequence_features
 from covey.networks.mlp import mlp, parse_net_arch
 from covey.networks.obs import ObsTensor, check_obs_tensors, obs_to_tensor
@@ -182,6 +189,12 @@ class PolicyConfig:
     """If set (e.g. 0.98): an EMA copy of the critic regularizes its predictions (never used for targets)."""
     critic_ema_coef: float = 1.0
     """Weight of the EMA regularizer in the critic loss."""
+    normalize_observations: bool = False
+    """Standardize Box observations (each Box key of a Dict) by their running mean and variance, clipped to
+    ``observation_clip``: statistics that the agent updates from the observations it collects (after each
+    rollout's update for PPO and POCA, each step for SAC) and that are saved with the model."""
+    observation_clip: float = 10.0
+    """With ``normalize_observations``: standardized values are clipped to [-clip, clip] (VecNormalize's 10)."""
     memory: dict | None = None
     """Recurrent memory in actor and critic (each its own): dict(hidden_size=128, sequence_length=16,
     kind="lstm" | "gru"); set by the *LstmPolicy names."""
@@ -238,6 +251,23 @@ class PolicyConfig:
             )
         if not isinstance(self.entity_encoder, (bool, np.bool_)):
             raise ValueError(f"policy_kwargs entity_encoder={self.entity_encoder!r} is invalid: use True or False.")
+        if not isinstance(self.normalize_observations, (bool, np.bool_)):
+            raise ValueError(
+                f"policy_kwargs normalize_observations={self.normalize_observations!r} is invalid: use True or False."
+            )
+        clip = self.observation_clip
+        if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (math.isfinite(clip) and clip > 0):
+            raise ValueError(f"policy_kwargs observation_clip={clip!r} is invalid: it must be a finite number > 0.")
+        if "observation_clip" in given and not self.normalize_observations:
+            raise ValueError(
+                "policy_kwargs observation_clip bounds the values that normalize_observations=True standardizes: set "
+                "normalize_observations=True too, or remove observation_clip."
+            )
+        if self.normalize_observations and self.entity_encoder:
+            raise ValueError(
+                "policy_kwargs normalize_observations=True and entity_encoder=True cannot go together: the entity "
+                "encoder reads all-zero rows as padding, which standardizing would move off zero. Remove one of them."
+            )
         if self.entity_encoder and self.features_extractor_class is not None:
             extractor = getattr(self.features_extractor_class, "__name__", self.features_extractor_class)
             raise ValueError(
@@ -762,8 +792,11 @@ def policy_kind(policy: str, observation_space: spaces.Space) -> str:
     return kind
 
 
-def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyConfig) -> Callable[[], nn.Module]:
-    """A function building a fresh observation encoder as ``config`` asks (each call: new weights)."""
+def _encoder_factory(
+    kind: str, observation_space: spaces.Space, config: PolicyConfig, normalized: bool = True
+) -> Callable[[], nn.Module]:
+    """A function building a fresh observation encoder as ``config`` asks (each call: new weights), behind
+    running statistics with ``normalize_observations`` (unless ``normalized=False``: the caller adds them)."""
     fx = dict(config.features_extractor_kwargs)
     unknown = set(fx) - {"features_dim", "cnn_output_dim", "normalized_image"}
     if config.features_extractor_class is None and unknown:
@@ -776,6 +809,12 @@ def _encoder_factory(kind: str, observation_space: spaces.Space, config: PolicyC
         _check_policy_fits(kind, observation_space)
 
     def encoder() -> nn.Module:
+        inner = built()
+        if normalized and config.normalize_observations:
+            return NormalizedEncoder(inner, observation_space, config.observation_clip)
+        return inner
+
+    def built() -> nn.Module:
         if config.entity_encoder:
             return EntityEncoder(observation_space, fx.get("features_dim", 64))
         if config.features_extractor_class is not None:
@@ -1098,12 +1137,17 @@ def build_poca_networks(
     kind = policy_kind(policy, observation_space)
     encoder = _encoder_factory(kind, observation_space, config)
     if isinstance(observation_space, spaces.Dict):
-        # A team's Dict observations travel flat (one vector per agent slot); each encoder unflattens them.
-        flat, dict_encoder = FlatDict(observation_space), encoder
+        # A team's Dict observations travel flat (one vector per agent slot); each encoder unflattens them, and
+        # standardizes the flat vector's Box keys first.
+        flat = FlatDict(observation_space)
+        dict_encoder = _encoder_factory(kind, observation_space, config, normalized=False)
         observation_space = flat.flat_space
 
         def encoder() -> nn.Module:
-            return FlatDictEncoder(flat, dict_encoder())
+            inner = FlatDictEncoder(flat, dict_encoder())
+            if config.normalize_observations:
+                return NormalizedEncoder(inner, observation_space, config.observation_clip)
+            return inner
 
     arch = parse_net_arch(config.net_arch, ("pi", "vf"), [128, 128])
     memory = memory_settings(policy, config)  # the actor's memory per agent, the critic's per group

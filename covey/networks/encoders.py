@@ -281,6 +281,120 @@ class FlatDictEncoder(Encoder):
         return self.encoder(self.flat.unflatten(obs))  # (B, out_dim)
 
 
+class RunningNormalizer(nn.Module):
+    """Running mean and variance of observations of one shape, and the observations standardized by them:
+    ``clamp((x - mean) / sqrt(var + eps), -clip, clip)``, at the positions of ``positions`` (a bool mask of the
+    shape; None: all), the others passed as they are.
+
+    The statistics are buffers, so they travel with the model's weights (``save``, ``get_parameters``, ONNX
+    export) and change only by :meth:`update`, with the observations an agent collected; never in ``forward``.
+    They start at mean 0, variance 1 (an identity but for the clip) and take each batch by Chan et al.'s parallel
+    merge, in float64.
+
+    >>> norm = RunningNormalizer((2,))
+    >>> norm.update(torch.tensor([[1.0, 10.0], [3.0, 30.0]]))
+    >>> norm.mean.tolist(), norm.var.tolist()
+    ([2.0, 20.0], [1.0, 100.0])
+    >>> norm(torch.tensor([[3.0, 30.0]])).tolist()
+    [[1.0, 1.0]]
+    """
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8, positions: Any = None) -> None:
+        super().__init__()
+        self.clip, self.eps = float(clip), float(eps)
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        mask = None if positions is None else torch.as_tensor(np.asarray(positions, dtype=bool).reshape(shape))
+        self.register_buffer("positions", mask, persistent=False)
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Take a batch ``(B, *shape)`` of observations into the statistics (an empty batch changes nothing)."""
+        x = x.detach().reshape(-1, *self.mean.shape).to(self.mean)
+        n = x.shape[0]
+        if n == 0:
+            return
+        batch_mean = x.mean(dim=0)
+        batch_var = x.var(dim=0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.var.copy_((self.var * self.count + batch_var * n + delta.square() * self.count * n / total) / total)
+        self.mean.add_(delta * (n / total))
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = self.mean.to(torch.float32)
+        scale = torch.rsqrt(self.var.to(torch.float32) + self.eps)
+        y = ((x.float() - mean) * scale).clamp(-self.clip, self.clip)
+        return y if self.positions is None else torch.where(self.positions, y, x.float())
+
+
+def standardized(space: spaces.Space, encoder: nn.Module) -> bool:
+    """Whether ``normalize_observations`` standardizes observations of ``space`` that go to ``encoder``: a Box
+    that the encoder flattens unscaled (or, for a user's features extractor, that is not an image). Images are
+    scaled by ``normalize_images``; Discrete values are one-hot codes, MultiBinary ones bits."""
+    if not isinstance(space, spaces.Box):
+        return False
+    if isinstance(encoder, FlattenEncoder):
+        return encoder.scale is None
+    return isinstance(encoder, ExternalEncoder) and not is_image_space(space)
+
+
+def _key_encoder(encoder: nn.Module, key: str) -> nn.Module:
+    """The encoder of one key of a Dict space: a :class:`DictEncoder`'s own, else ``encoder`` (a features
+    extractor, which takes the whole Dict)."""
+    return encoder.encoders[key] if isinstance(encoder, DictEncoder) else encoder
+
+
+class NormalizedEncoder(Encoder):
+    """``encoder`` on observations standardized by running statistics (``policy_kwargs``
+    ``normalize_observations=True``): one :class:`RunningNormalizer` for a Box space, one per Box key of a Dict
+    space, or, for a team's flattened Dict observations (``encoder`` a :class:`FlatDictEncoder`), one over the
+    flat vector that leaves the other keys' positions as they are. Images and discrete values pass unchanged."""
+
+    def __init__(self, encoder: nn.Module, space: spaces.Space, clip: float) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.out_dim = encoder.out_dim
+        if isinstance(encoder, FlatDictEncoder):
+            flat = encoder.flat
+            keys = [key for key in flat.shapes if standardized(flat.space[key], _key_encoder(encoder.encoder, key))]
+            positions = np.zeros(flat.flat_space.shape, dtype=bool)
+            for key in keys:
+                start, end = flat.bounds[key]
+                positions[start:end] = True
+            self.normalizer: nn.Module = RunningNormalizer(flat.flat_space.shape, clip, positions=positions)
+        elif isinstance(space, spaces.Dict):
+            keys = [key for key, sub in space.spaces.items() if standardized(sub, _key_encoder(encoder, key))]
+            self.normalizer = nn.ModuleDict({key: RunningNormalizer(space[key].shape, clip) for key in keys})
+        else:
+            keys = [None] if standardized(space, encoder) else []
+            self.normalizer = RunningNormalizer(space.shape, clip)
+        if not keys:
+            raise ValueError(
+                f"policy_kwargs normalize_observations=True has nothing to standardize in {space}: it standardizes "
+                "Box observations (or Box keys of a Dict) that are not images; images are scaled by normalize_images "
+                "and discrete values are one-hot codes. Remove normalize_observations."
+            )
+
+    def normalize(self, obs: Any) -> Any:
+        if isinstance(self.normalizer, nn.ModuleDict):
+            return {key: self.normalizer[key](value) if key in self.normalizer else value for key, value in obs.items()}
+        return self.normalizer(obs)
+
+    def update(self, obs: Any) -> None:
+        """Take a batch of collected observations (as ``forward`` takes them) into the statistics."""
+        if isinstance(self.normalizer, nn.ModuleDict):
+            for key, normalizer in self.normalizer.items():
+                normalizer.update(obs[key])
+        else:
+            self.normalizer.update(obs)
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        return self.encoder(self.normalize(obs))
+
+
 def make_encoder(
     space: spaces.Space,
     kind: EncoderKind = "mlp",

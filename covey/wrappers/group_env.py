@@ -280,8 +280,12 @@ class GroupVecEnv:
         """Reset every copy; returns ``(observations, mask)``."""
         seed = self._seed if seed is None else seed
         self._seed = None
-        for e in range(self.n_envs):
-            self._reset_env(e, None if seed is None else seed + e)
+        try:
+            for e in range(self.n_envs):
+                self._reset_env(e, None if seed is None else seed + e)
+        except BaseException:  # the copies reset before it hold episodes the caller never saw: each is unsettled
+            self._unsettled[: e + 1] = True
+            raise
         self._given = (self._obs.copy(), self._mask.copy())
         return self._given
 
@@ -364,7 +368,29 @@ class GroupVecEnv:
         final_obs = np.zeros_like(self._obs)
         env_done = np.zeros(self.n_envs, dtype=bool)
         infos: list[dict[str, Any]] = [{} for _ in range(self.n_envs)]
+        self._reached = 0  # the copies this call has begun to step (or settle)
+        try:
+            self._step_copies(actions, rewards, terminated, truncated, left, final_obs, env_done, infos)
+        except BaseException:  # the copies stepped before the one cut short moved on too, unseen by the caller
+            self._unsettled[: self._reached] = True
+            raise
+        self._given = (self._obs.copy(), self._mask.copy())
+        return GroupStep(*self._given, rewards, terminated, truncated, left, final_obs, env_done, infos)
+
+    def _step_copies(
+        self,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        left: np.ndarray,
+        final_obs: np.ndarray,
+        env_done: np.ndarray,
+        infos: list[dict[str, Any]],
+    ) -> None:
+        """:meth:`step`'s work, copy by copy, into the arrays it returns."""
         for e, env in enumerate(self.envs):
+            self._reached = e + 1
             if self._unsettled[e]:
                 self._settle(e, left, truncated, final_obs, env_done)
                 continue
@@ -441,8 +467,6 @@ class GroupVecEnv:
                 }
                 self._reset_env(e, None)
             self._unsettled[e] = False
-        self._given = (self._obs.copy(), self._mask.copy())
-        return GroupStep(*self._given, rewards, terminated, truncated, left, final_obs, env_done, infos)
 
     def _settle(self, e: int, left: np.ndarray, truncated: np.ndarray, final_obs: np.ndarray, done: np.ndarray) -> None:
         """Copy ``e``'s last reset or step was cut short: end the episode the caller last saw (its agents leave,
@@ -461,6 +485,16 @@ class GroupVecEnv:
         copies = [e for e, own in enumerate(self.envs) if _same_env(own, env)]
         self._unsettled[copies] = True
         return bool(copies)
+
+    def unsettle(self, indices: None | int | Sequence[int] = None) -> None:
+        """Mark copies (default: all) as unsettled, as after a step cut short: their last step's results did not
+        reach the caller (:class:`SubprocGroupVecEnv` drops a block's answer where another block raised)."""
+        self._unsettled[self._indices(indices)] = True
+
+    def restart(self, indices: None | int | Sequence[int] = None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Reset copies (default: all) now, as unsettled ones; returns :meth:`restart_unsettled`'s."""
+        self.unsettle(indices)
+        return self.restart_unsettled()
 
     def restart_unsettled(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Reset the unsettled copies now; returns each one's new ``(observations, mask)`` by copy index."""
@@ -839,6 +873,8 @@ class SubprocGroupVecEnv(GroupVecEnv):
         self.processes = []
         self._owed: dict[Any, int] = {}  # per worker, the answers not yet read (a worker first sends its agent ids)
         self._unsure: set[Any] = set()  # workers whose count a KeyboardInterrupt may have left wrong (_resync)
+        self._unseen = False  # whether a reset or step cut short left the workers' copies unseen by the caller
+        self._given: tuple[np.ndarray, np.ndarray] | None = None  # the observations and mask last returned
         self._marks = itertools.count()
         for b in range(first_remote, len(sizes)):
             remote, work_remote = ctx.Pipe()
@@ -999,22 +1035,76 @@ class SubprocGroupVecEnv(GroupVecEnv):
         return self.local is not None and self.local.played_elsewhere(env)
 
     def restart_unsettled(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """As :meth:`GroupVecEnv.restart_unsettled`, for the block stepped in this process (its copies come first);
-        a worker's copies settle at their next step."""
-        return {} if self.local is None else self.local.restart_unsettled()
+        """As :meth:`GroupVecEnv.restart_unsettled`, for the block stepped in this process (its copies come first),
+        and for every worker's copy after a reset or step cut short (their answers never reached the caller); a
+        worker's copy is otherwise restarted by its next step, as an unsettled copy is."""
+        restarted = {} if self.local is None else self.local.restart_unsettled()
+        if self._unseen:
+            for b, answer in self._on_workers("restart").items():
+                restarted.update({self.starts[b] + e: copy for e, copy in answer.items()})
+            self._unseen = False
+        if self._given is not None:  # what the caller holds from here on
+            for e, (obs, mask) in restarted.items():
+                self._given[0][e], self._given[1][e] = obs, mask
+        return restarted
+
+    def _on_workers(self, method: str) -> dict[int, Any]:
+        """``method`` of every worker's GroupVecEnv (on all its copies); the answers by block."""
+        self._open()
+        blocks = [b for b, remote in enumerate(self.handlers) if remote is not None]
+        for b in blocks:
+            self._send(self.handlers[b], ("call", (method, (), {}, None)))
+        return dict(zip(blocks, self._here_and_gathered(list, [self.handlers[b] for b in blocks])))
+
+    def _unseen_on_failure(self, command: str, data_of_block: Callable[[int], Any], here: Callable[[Any], Any]):
+        """:meth:`_run`, where a failure (an env's exception, a KeyboardInterrupt, a lost worker) leaves no block's
+        answer with the caller: this process's copies are unsettled where its block had finished (else its own
+        step marked those it reached), and every worker's copy is (:meth:`restart_unsettled`, or the next step)."""
+        finished = []
+
+        def here_marked(data: Any) -> Any:
+            out = here(data)
+            finished.append(True)
+            return out
+
+        try:
+            return self._run(command, data_of_block, here_marked)
+        except BaseException:
+            if finished:
+                self.local.unsettle()
+            self._unseen = True
+            raise
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         seed = self._seed if seed is None else seed
         self._seed = None
-        results = self._run(
+        results = self._unseen_on_failure(
             "reset", lambda b: None if seed is None else seed + self.starts[b], lambda s: self.local.reset(seed=s)
         )
-        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+        self._unseen = False  # every copy was reset, as the caller sees it
+        obs, mask = np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+        self._given = (obs.copy(), mask.copy())
+        return obs, mask
 
     def step(self, actions: np.ndarray) -> GroupStep:
-        steps = self._run("step", lambda b: actions[self.starts[b] : self.starts[b + 1]], lambda a: self.local.step(a))
-        fields = [np.concatenate([getattr(s, name) for s in steps]) for name in GroupStep._fields[:-1]]
-        return GroupStep(*fields, [info for s in steps for info in s.infos])
+        unseen = self._unseen
+        if unseen:  # the workers' copies end the episode the caller saw, as unsettled ones
+            self._on_workers("unsettle")
+            self._unseen = False
+        steps = self._unseen_on_failure(
+            "step", lambda b: actions[self.starts[b] : self.starts[b + 1]], lambda a: self.local.step(a)
+        )
+        step = GroupStep(
+            *[np.concatenate([getattr(s, name) for s in steps]) for name in GroupStep._fields[:-1]],
+            [info for s in steps for info in s.infos],
+        )
+        if unseen and self._given is not None:  # their agents leave with what the caller was given, not with what
+            given_obs, given_mask = self._given  # the workers' copies held after the step it never saw
+            workers = slice(self.starts[1] if self.local is not None else 0, self.n_envs)
+            step.left[workers] = step.truncated[workers] = given_mask[workers]
+            step.final_observations[workers] = given_obs[workers]
+        self._given = (step.observations.copy(), step.mask.copy())
+        return step
 
     def _call(self, method: str, indices, *args, **kwargs) -> list[Any]:
         """``method`` on the copies of ``indices``, each asked of its block; their results in ``indices``' order."""
