@@ -371,6 +371,8 @@ def _edited(arrays: dict, name: str) -> dict:
         arrays["meta"][2] = 9999
     elif name == "short meta":
         arrays["meta"] = arrays["meta"][:2]
+    elif name == "returns of no buffer":
+        arrays["returns"] = np.array([0, 1])
     elif name == "final row past the rows":
         arrays["final_index"] = np.array([[10**6, 0]])
     elif name == "no final observations":
@@ -387,6 +389,7 @@ def _edited(arrays: dict, name: str) -> dict:
         ("short rewards", r"holds 2 rows of rewards where its position says 7 were saved"),
         ("position past the ring", r"holds meta \[10, 2, 9999, 0, 0\].*position must lie in \[0, capacity\)"),
         ("short meta", r"holds a meta array of shape \(2,\)"),
+        ("returns of no buffer", r"holds returns \[0, 1\] where covey's save_replay_buffer writes \(n_steps >= 1"),
         ("final row past the rows", r"final observations for rows or envs outside its 7 rows of 2 envs"),
         ("no final observations", r"holds final_obs/None of shape none"),
         ("objects", r"holds an array of Python objects"),

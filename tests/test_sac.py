@@ -456,6 +456,51 @@ def test_a_replay_buffer_file_of_another_size_replaces_the_buffer_as_in_sb3(tmp_
         assert model.replay_buffer.size() == 40 + -(-10 // n_envs)
 
 
+def test_a_replay_buffer_file_brings_its_returns_settings_as_sb3s_does(tmp_path):
+    """SB3's buffer file is its buffer, n-step length and time-limit handling included; covey's file keeps them
+    too, and a model given it goes on with the file's (its n_steps and replay_buffer_kwargs follow), where it
+    kept its own and trained on other targets without a word. A file of hindsight replay warns where the model
+    has a plain buffer; a file written before covey kept them leaves the model's settings."""
+    from stable_baselines3.common.envs import BitFlippingEnv
+    from stable_baselines3.her import HerReplayBuffer
+
+    small = dict(buffer_size=200, learning_starts=5, batch_size=16, seed=0)
+    sac("Pendulum-v1", n_steps=3, **small).learn(30).save_replay_buffer(tmp_path / "nstep")
+    model = sac("Pendulum-v1", **small)
+    model.load_replay_buffer(tmp_path / "nstep")
+    assert model.n_steps == 3 and model.replay_buffer.n_steps == 3
+    assert model.replay_buffer.sample(8).discounts is not None
+    model.learn(5, reset_num_timesteps=False)
+    timeouts = dict(replay_buffer_kwargs=dict(handle_timeout_termination=False), optimize_memory_usage=True)
+    sac("Pendulum-v1", **timeouts, **small).learn(30).save_replay_buffer(tmp_path / "memory")
+    model = sac("Pendulum-v1", n_steps=3, **small)  # SB3 refuses n-step returns beside memory saving
+    model.load_replay_buffer(tmp_path / "memory")
+    buffer = model.replay_buffer
+    assert (model.n_steps, buffer.n_steps, buffer.optimize_memory_usage, buffer.handle_timeout_termination) == (
+        1,
+        1,
+        True,
+        False,
+    )
+    model.save(tmp_path / "model")
+    assert SAC.load(tmp_path / "model").replay_buffer.handle_timeout_termination is False
+    # a file of an earlier covey holds no returns settings: the model's stay
+    with np.load(tmp_path / "nstep.pkl") as archive:
+        older = {name: archive[name] for name in archive.files if name != "returns"}
+    with open(tmp_path / "older.pkl", "wb") as f:
+        np.savez(f, **older)
+    model = sac("Pendulum-v1", **small)
+    model.load_replay_buffer(tmp_path / "older.pkl")
+    assert model.n_steps == 1 and model.replay_buffer.n_steps == 1
+    env = BitFlippingEnv(n_bits=4, continuous=True, max_steps=4)
+    her = SAC("MultiInputPolicy", env, replay_buffer_class=HerReplayBuffer, **small).learn(12)
+    her.save_replay_buffer(tmp_path / "her")
+    plain = SAC("MultiInputPolicy", env, **small)
+    with pytest.warns(UserWarning, match="saved by a hindsight replay buffer .* no goal is relabelled"):
+        plain.load_replay_buffer(tmp_path / "her")
+    assert plain.replay_buffer.size() == 12
+
+
 def test_warm_up_actions_reach_the_env_as_sb3s_do():
     """Before learning_starts SB3 steps the env with the random sample scaled into [-1, 1] and back, which may
     differ from the sample in its last bit; covey's env gets the same actions, so a seeded run follows SB3's
@@ -1197,6 +1242,28 @@ def test_a_new_learn_ends_the_buffers_running_episodes_where_its_reset_cuts_them
     assert (next_obs[:, 0] == obs[:, 0]).all()  # the same episode
     np.testing.assert_allclose(next_obs[:, 1], obs[:, 1] + steps, atol=1e-4)  # and its next step(s)
     assert (obs[:, 0] == 0).any() and ((obs[:, 0] == 0) & (obs[:, 1] == 4)).any()  # the cut step is sampled
+
+
+@pytest.mark.parametrize("memory", [True, False], ids=["memory-saving", "plain"])
+def test_set_env_ends_the_running_episodes_from_their_own_next_observations(memory):
+    """set_env lets go of the last observations, so the new env's first reset found none and a memory-saving
+    buffer made the newest step terminal (its bootstrap lost); it now ends the episodes with the observations
+    after that step, as a new learn() does."""
+    model = SAC(
+        "MlpPolicy", EpisodeClock(), buffer_size=100, learning_starts=1000, optimize_memory_usage=memory, seed=0
+    )
+    model.learn(5)
+    model.set_env(EpisodeClock())
+    model.learn(3, reset_num_timesteps=False)
+    buffer = model.replay_buffer
+    assert buffer.dones[:8, 0].tolist() == [False] * 4 + [True] + [False] * 3
+    assert not buffer.terminated[:8].any()  # the cut keeps its bootstrap, as a time limit does
+    np.random.seed(0)
+    batch = buffer.sample(256)
+    obs, next_obs = batch.observations.numpy(), batch.next_observations.numpy()
+    cut = (obs[:, 0] == 0) & (obs[:, 1] == 4)
+    assert cut.any() and (next_obs[:, 0] == obs[:, 0]).all()
+    np.testing.assert_allclose(next_obs[:, 1], obs[:, 1] + 1)  # the cut step's next observation is its episode's
 
 
 def test_a_loaded_memory_saving_buffer_ends_its_running_episodes_and_goes_on(tmp_path):

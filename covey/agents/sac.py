@@ -38,7 +38,7 @@ from covey.agents.base import (
 from covey.agents.sb3_policy import sb3_policy_class
 from covey.buffers.finite import check_discrete_observations, check_finite, check_terminal_observation
 from covey.buffers.her import HER_KWARGS, HerReplayBuffer, goal_strategy
-from covey.buffers.replay import ReplayBatch, ReplayBuffer, file_layout, read_buffer_file
+from covey.buffers.replay import ReplayBatch, ReplayBuffer, file_layout, file_returns, read_buffer_file
 from covey.networks import linear
 from covey.networks.actor_critic import PolicyConfig, build_sac_networks, policy_kwargs_dict
 from covey.networks.distributions import SquashedGaussianHead, SquashedStateDependentHead
@@ -945,7 +945,14 @@ class SAC(BaseAgent):
             ) from err
 
     def set_env(self, env: Any, force_reset: bool = True) -> None:
+        # The episodes running at the newest stored step end with the env they ran in, from the observations after
+        # it, which set_env lets go (the new env's first reset would find none and make that step terminal).
+        original = self.get_vec_normalize_env() is not None
+        last = getattr(self, "_last_original_obs" if original else "_last_obs", None)
         super().set_env(env, force_reset)
+        buffer = getattr(self, "replay_buffer", None)
+        if force_reset and buffer is not None and last is not None:
+            buffer.end_episodes(last)
         if isinstance(self.replay_buffer, HerReplayBuffer):
             self.replay_buffer.env = self.env  # relabeled rewards come from the env trained on
 
@@ -957,26 +964,44 @@ class SAC(BaseAgent):
 
     def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
         """Fill the replay buffer from :meth:`save_replay_buffer`'s file (``path`` as given there, or the file).
-        A file of another ``buffer_size`` (or ``optimize_memory_usage``) gives the model a buffer of the file's, as
-        SB3's load replaces the buffer with the file's (``model.buffer_size`` follows it). With hindsight replay,
-        ``truncate_last_traj`` ends the episodes the file left running, as SB3 does (and warns where there are
-        some)."""
+        A file of another ``buffer_size``, ``optimize_memory_usage``, ``n_steps`` or ``handle_timeout_termination``
+        gives the model a buffer of the file's, as SB3's load replaces the buffer with the file's (the model's
+        settings follow it). With hindsight replay, ``truncate_last_traj`` ends the episodes the file left
+        running, as SB3 does (and warns where there are some)."""
         path, data = read_buffer_file(path)
         capacity, n_envs, optimize = file_layout(path, data)
         buffer = self.replay_buffer
-        if n_envs == buffer.n_envs and (capacity, optimize) != (buffer.capacity, buffer.optimize_memory_usage):
-            cfg, kept = self.config, (self.config.buffer_size, self.config.optimize_memory_usage)
-            cfg.buffer_size, cfg.optimize_memory_usage = capacity * n_envs, optimize  # the file's rows of n_envs
+        returns = file_returns(path, data) or (buffer.n_steps, buffer.handle_timeout_termination)  # older files
+        wanted = (capacity, optimize, *returns)
+        if n_envs == buffer.n_envs and wanted != (
+            buffer.capacity,
+            buffer.optimize_memory_usage,
+            buffer.n_steps,
+            buffer.handle_timeout_termination,
+        ):
+            cfg = self.config
+            kept = (cfg.buffer_size, cfg.optimize_memory_usage, cfg.n_steps, self._handle_timeouts)
+            # the file's rows of n_envs, and its returns
+            cfg.buffer_size, cfg.optimize_memory_usage, cfg.n_steps, self._handle_timeouts = (
+                capacity * n_envs,
+                *wanted[1:],
+            )
             try:
                 self._setup_replay_buffer()
                 self.replay_buffer.fill(path, data)
             except BaseException:  # a file of other spaces: the model keeps its buffer
                 self.replay_buffer = buffer
-                cfg.buffer_size, cfg.optimize_memory_usage = kept
+                cfg.buffer_size, cfg.optimize_memory_usage, cfg.n_steps, self._handle_timeouts = kept
                 raise
             self._list_settings()
         else:
             buffer.fill(path, data)
+        if "her/ep_length" in data and not isinstance(self.replay_buffer, HerReplayBuffer):
+            warn_user(
+                "The replay buffer file was saved by a hindsight replay buffer (HerReplayBuffer), and this model's "
+                "buffer is a plain one: its transitions are loaded, and no goal is relabelled. Load the file into a "
+                "model built with replay_buffer_class=HerReplayBuffer to go on with hindsight replay."
+            )
         if truncate_last_traj and isinstance(self.replay_buffer, HerReplayBuffer):
             if self.replay_buffer.truncate_last_trajectory():
                 warn_user(

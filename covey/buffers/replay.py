@@ -211,8 +211,8 @@ class ReplayBuffer:
         env) cuts them: the step becomes an episode end that keeps its bootstrap, as a time limit does, so no
         sample runs on into the next episode (its next observation, an n-step return's rewards). With
         ``optimize_memory_usage`` that step's next observation would be the next row's, the reset's: ``next_obs``
-        (the observations after the step, as :meth:`store` takes them) keeps it; without it (a loaded model, whose
-        last observations are not in its file), the step is made terminal, as SB3 makes it, and its own
+        (the observations after the step, as :meth:`store` takes them) keeps it; without it (a model loaded with an
+        env, which starts from that env's reset), the step is made terminal, as SB3 makes it, and its own
         observation stands in for the next one, which the zero bootstrap never reads."""
         if self.size() == 0:
             return
@@ -366,6 +366,7 @@ class ReplayBuffer:
         stored = self.size()  # rows at and after pos are still zeros until the ring is full
         arrays = {
             "meta": np.array([self.capacity, self.n_envs, self.pos, int(self.full), int(self.optimize_memory_usage)]),
+            "returns": np.array([self.n_steps, int(self.handle_timeout_termination)]),
             "actions": self.actions[:stored],
             "rewards": self.rewards[:stored],
             "terminated": self.terminated[:stored],
@@ -400,6 +401,7 @@ class ReplayBuffer:
         """Fill this buffer from the arrays of its file at ``path`` (:func:`read_buffer_file`). Every array is
         checked first (names, shapes, rows, positions): a file this buffer cannot take leaves it unchanged."""
         capacity, n_envs, pos, full, optimize = file_meta(path, data)
+        file_returns(path, data)  # a damaged record is named here (the agent's load reads it to build the buffer)
         if (capacity, n_envs, bool(optimize)) != (self.capacity, self.n_envs, self.optimize_memory_usage):
             raise ValueError(
                 f"Replay buffer file has capacity {capacity} x {n_envs} envs (optimize_memory_usage="
@@ -514,6 +516,25 @@ def file_meta(path: Any, data: dict[str, np.ndarray]) -> tuple[int, int, int, bo
             "is unchanged."
         )
     return capacity, n_envs, pos, bool(full), bool(optimize)
+
+
+def file_returns(path: Any, data: dict[str, np.ndarray]) -> tuple[int, bool] | None:
+    """``(n_steps, handle_timeout_termination)`` of the buffer whose file's arrays are ``data`` (None for a file
+    written before covey kept them), or the error that says the file is damaged where they are not a buffer's."""
+    if "returns" not in data:
+        return None
+    returns = data["returns"]
+    if (
+        returns.shape != (2,)
+        or not np.issubdtype(returns.dtype, np.integer)
+        or returns[0] < 1
+        or returns[1] not in (0, 1)
+    ):
+        raise ValueError(
+            f"{path} holds returns {returns.tolist()} where covey's save_replay_buffer writes (n_steps >= 1, "
+            "handle_timeout_termination 0 or 1): the file is damaged (or was edited). The buffer is unchanged."
+        )
+    return int(returns[0]), bool(returns[1])
 
 
 def file_layout(path: Any, data: dict[str, np.ndarray]) -> tuple[int, int, bool]:
