@@ -1468,8 +1468,10 @@ def test_copies_stepped_before_one_cut_short_are_unsettled_as_it_is():
         monkeypatch.undo()
 
 
-@pytest.mark.parametrize("failing", [0, 2], ids=["in-this-process", "in-a-worker"])
-def test_a_subprocess_step_cut_short_leaves_every_copy_it_did_not_report_unsettled(failing):
+@pytest.mark.parametrize(
+    "failing,restart", [(0, False), (2, True), (2, False)], ids=["in-this-process", "in-a-worker", "worker-then-step"]
+)
+def test_a_subprocess_step_cut_short_leaves_every_copy_it_did_not_report_unsettled(failing, restart):
     """Where one block's step raises, the other blocks' answers are dropped: their copies stepped unseen. Each is
     restarted by restart_unsettled (POCA calls it as a rollout starts), or ends the episode the caller saw at the
     next step, with what the caller was given; a copy the failing block had not reached steps on."""
@@ -1485,17 +1487,36 @@ def test_a_subprocess_step_cut_short_leaves_every_copy_it_did_not_report_unsettl
         with pytest.raises(RuntimeError, match=f"simulator of copy {failing} diverged"):
             venv.step(actions)
         venv.set_attr("fail", False)
-        if failing == 2:  # this process's block had stepped: both its copies are unseen, as the worker's
+        if restart:  # this process's block had stepped: both its copies are unseen, as the worker's
             assert sorted(venv.restart_unsettled()) == [0, 1, 2]
             assert venv.get_attr("steps") == [3, 3, 3]
             return
-        out = venv.step(actions)  # copy 0 cut short, copy 1 not reached, copy 2's step (the worker's) unseen
+        out = venv.step(actions)
+        if failing == 2:  # every copy's step was unseen: each ends with what the caller was given
+            assert out.env_done.all() and venv.get_attr("steps") == [3, 3, 3]
+            assert out.left.tolist() == given.mask.tolist()
+            np.testing.assert_array_equal(out.final_observations, given.observations)
+            return
+        # copy 0 cut short, copy 1 not reached, copy 2's step (the worker's) unseen
         assert out.env_done.tolist() == [True, False, True] and venv.get_attr("steps") == [3, 3, 3]
         for e in (0, 2):
             assert out.left[e].tolist() == given.mask[e].tolist()
             np.testing.assert_array_equal(out.final_observations[e], given.observations[e])
     finally:
         venv.close()
+
+
+def test_copies_restarted_before_a_reset_that_fails_are_restarted_again():
+    """restart_unsettled reset copy 0, then copy 1's reset failed: copy 0's new observations never reached the
+    caller, so it stays unsettled and the next restart gives it again (it was left settled, and the next step went
+    on from an episode the caller never saw)."""
+    venv = GroupVecEnv([EarlyExitEnv, FlakyResetEnv])
+    venv.reset(seed=0)
+    venv._unsettle()
+    venv.envs[1].fail_at_reset = venv.envs[1].resets + 1
+    with pytest.raises(OSError, match="transient failure"):
+        venv.restart_unsettled()
+    assert sorted(venv.restart_unsettled()) == [0, 1]
 
 
 def test_poca_counts_start_again_together_where_learns_reset_is_cut_short():

@@ -100,6 +100,54 @@ def test_ppo_acts_on_statistics_of_the_rollouts_before_and_takes_each_after_its_
     assert model.actor.encoder.normalize(collected.float()).abs().mean() < 2.0
 
 
+def test_observations_pass_as_they_are_until_the_first_statistics_and_keep_their_shape():
+    """Before any data the encoder is the identity (not a clip at +-10 of the raw values); observations of more
+    than one dimension are standardized element by element, by the networks and by PPO's NumPy acting alike."""
+    grid = spaces.Box(-1000.0, 1000.0, (3, 4), np.float32)
+    model = PPO("MlpPolicy", SpaceEnv(grid, spaces.Discrete(2)), n_steps=32, batch_size=32, n_epochs=1, seed=0,
+                policy_kwargs=NORMALIZED)  # fmt: skip
+    obs = torch.as_tensor(np.array([grid.sample() for _ in range(4)]))
+    assert torch.equal(model.actor.encoder.normalize(obs), obs)  # values up to 1000, as they are
+    model.learn(64)
+    normalizer = model.actor.encoder.normalizer
+    assert normalizer.mean.shape == (3, 4) and float(normalizer.count) == 64
+    torch.testing.assert_close(model.actor.encoder.normalize(obs), standardized(obs, normalizer.mean, normalizer.var))
+    assert model._numpy_acting is not None
+    with torch.no_grad():
+        expected = model.actor.distribution_params(obs).numpy()
+    np.testing.assert_allclose(model._numpy_acting.forward(obs.numpy()), expected, atol=1e-5)
+
+
+def test_a_features_extractor_behind_the_statistics_is_still_sb3s_features_extractor():
+    from tests.envs import NormExtractor
+
+    model = PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(NORMALIZED, features_extractor_class=NormExtractor))
+    assert isinstance(model.policy.features_extractor, NormExtractor)
+    assert model.policy.features_extractor_class is NormExtractor
+
+
+class NaNAt(SpaceEnv):
+    """SpaceEnv whose observation after its step ``at`` is NaN."""
+
+    at = 12
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return (np.full_like(obs, np.nan) if self._t == self.at else obs), *rest
+
+
+def test_sac_statistics_take_no_observation_the_finiteness_check_refuses():
+    """A NaN observation stops learn with its error before it reaches the statistics, which made every later
+    prediction NaN."""
+    model = SAC("MlpPolicy", NaNAt(SCALED, spaces.Box(-1.0, 1.0, (1,), np.float32), episode_length=50),
+                learning_starts=5, batch_size=4, seed=0, policy_kwargs=NORMALIZED)  # fmt: skip
+    with pytest.raises(ValueError, match="NaN or infinite observations"):
+        model.learn(20)
+    normalizer = model.actor.encoder.normalizer
+    assert float(normalizer.count) == 11 and torch.isfinite(normalizer.mean).all()
+    assert np.isfinite(model.predict(SCALED.sample())[0]).all()
+
+
 def test_sac_takes_every_collected_observation_into_every_networks_statistics():
     """SAC updates the statistics with each step's observations (warm-up steps too); its target critic and critic
     EMA hold the same statistics as the actor and the critic (each updated, not averaged)."""
@@ -220,6 +268,7 @@ def test_settings_that_cannot_hold_are_refused_by_name():
     with pytest.raises(ValueError, match="normalize_observations='yes' is invalid"):
         POCA("MlpPolicy", EarlyExitEnv(), policy_kwargs=dict(normalize_observations="yes"))
     clipped = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(NORMALIZED, observation_clip=2.5))
+    clipped.actor.encoder.normalizer.update(torch.randn(16, 4))
     assert clipped.actor.encoder.normalizer(torch.full((1, 4), 100.0)).tolist() == [[2.5] * 4]
 
 

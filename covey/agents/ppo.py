@@ -527,7 +527,9 @@ class NumpyActing:
         # Views of the parameters' memory: the optimizer updates them in place, and these follow.
         normalizer = self._normalizer(actor)
         # the statistics' buffers, which change in place (their update, load_state_dict) as the weights do
-        self.statistics = None if normalizer is None else (normalizer.mean.numpy(), normalizer.var.numpy())
+        self.statistics = (
+            None if normalizer is None else (normalizer.mean.numpy(), normalizer.var.numpy(), normalizer.count.numpy())
+        )
         self.eps, self.clip = (1e-8, 10.0) if normalizer is None else (normalizer.eps, normalizer.clip)
         self.weights_t = [weight_t.numpy() for weight_t in net.weights_t]  # (in, out)
         self.biases = [bias.numpy() for bias in net.biases]
@@ -568,10 +570,10 @@ class NumpyActing:
     def _latent(self, obs: np.ndarray) -> np.ndarray:
         """The trunk's output ``(B, hidden)`` for a batch of observations."""
         h = obs.reshape(obs.shape[0], self.weights_t[0].shape[0]).astype(np.float32, copy=False)  # B may be 0
-        if self.statistics is not None:  # standardized as RunningNormalizer.forward does it
-            mean, var = self.statistics
-            scale = 1.0 / np.sqrt(var.astype(np.float32) + np.float32(self.eps))
-            h = np.clip((h - mean.astype(np.float32)) * scale.reshape(-1), -self.clip, self.clip, dtype=np.float32)
+        if self.statistics is not None and self.statistics[2] > 0:  # standardized as RunningNormalizer.forward does
+            mean, var, _ = self.statistics
+            scale = 1.0 / np.sqrt(var.astype(np.float32).reshape(-1) + np.float32(self.eps))
+            h = np.clip((h - mean.astype(np.float32).reshape(-1)) * scale, -self.clip, self.clip, dtype=np.float32)
         for weight_t, bias, kind in zip(self.weights_t, self.biases, self.kinds):
             h = h @ weight_t
             h += bias

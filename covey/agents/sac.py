@@ -1114,9 +1114,9 @@ class SAC(BaseAgent):
                 continue_training = False
                 return RolloutReturn(num_collected_steps * env.num_envs, num_collected_episodes, continue_training)
             self._update_info_buffer(infos, dones)
-            if self._normalizes_observations():
-                self._update_observation_statistics(batch_to_tensor(new_obs, self.observation_space, self.device))
             self._store_transition(replay_buffer, buffer_actions, new_obs, rewards, dones, infos)
+            if self._normalizes_observations():  # once they passed the store's finiteness check
+                self._update_observation_statistics(batch_to_tensor(new_obs, self.observation_space, self.device))
             # as SB3: schedules' progress moves with every step, and the model's own _on_step hook runs
             self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
             self._on_step()

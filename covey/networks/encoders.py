@@ -288,8 +288,8 @@ class RunningNormalizer(nn.Module):
 
     The statistics are buffers, so they travel with the model's weights (``save``, ``get_parameters``, ONNX
     export) and change only by :meth:`update`, with the observations an agent collected; never in ``forward``.
-    They start at mean 0, variance 1 (an identity but for the clip) and take each batch by Chan et al.'s parallel
-    merge, in float64.
+    Until the first batch the observations pass as they are (no statistics yet); each batch joins by Chan et al.'s
+    parallel merge, in float64.
 
     >>> norm = RunningNormalizer((2,))
     >>> norm.update(torch.tensor([[1.0, 10.0], [3.0, 30.0]]))
@@ -324,10 +324,11 @@ class RunningNormalizer(nn.Module):
         self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
         mean = self.mean.to(torch.float32)
         scale = torch.rsqrt(self.var.to(torch.float32) + self.eps)
-        y = ((x.float() - mean) * scale).clamp(-self.clip, self.clip)
-        return y if self.positions is None else torch.where(self.positions, y, x.float())
+        y = torch.where(self.count > 0, ((x - mean) * scale).clamp(-self.clip, self.clip), x)  # raw before any data
+        return y if self.positions is None else torch.where(self.positions, y, x)
 
 
 def standardized(space: spaces.Space, encoder: nn.Module) -> bool:
@@ -473,5 +474,7 @@ def obs_dtype(space: spaces.Space) -> torch.dtype:
 
 def sb3_extractor(encoder: nn.Module) -> nn.Module:
     """What SB3's ``features_extractor`` attributes hold: a user's extractor object (inside covey's
-    :class:`ExternalEncoder`, which prepares its inputs), else covey's encoder."""
+    :class:`ExternalEncoder`, which prepares its inputs, and behind running statistics), else covey's encoder."""
+    if isinstance(encoder, NormalizedEncoder) and isinstance(encoder.encoder, ExternalEncoder):
+        return encoder.encoder.extractor
     return encoder.extractor if isinstance(encoder, ExternalEncoder) else encoder

@@ -486,22 +486,27 @@ class GroupVecEnv:
         self._unsettled[copies] = True
         return bool(copies)
 
-    def unsettle(self, indices: None | int | Sequence[int] = None) -> None:
+    def _unsettle(self, indices: None | int | Sequence[int] = None) -> None:
         """Mark copies (default: all) as unsettled, as after a step cut short: their last step's results did not
         reach the caller (:class:`SubprocGroupVecEnv` drops a block's answer where another block raised)."""
         self._unsettled[self._indices(indices)] = True
 
-    def restart(self, indices: None | int | Sequence[int] = None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    def _restart(self, indices: None | int | Sequence[int] = None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Reset copies (default: all) now, as unsettled ones; returns :meth:`restart_unsettled`'s."""
-        self.unsettle(indices)
+        self._unsettle(indices)
         return self.restart_unsettled()
 
     def restart_unsettled(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Reset the unsettled copies now; returns each one's new ``(observations, mask)`` by copy index."""
+        """Reset the unsettled copies now; returns each one's new ``(observations, mask)`` by copy index. Where a
+        reset fails, the copies restarted before it stay unsettled: the caller never got their observations."""
         restarted = {}
-        for e in np.flatnonzero(self._unsettled):
-            self._reset_env(int(e), None)
-            restarted[int(e)] = (self._obs[e].copy(), self._mask[e].copy())
+        try:
+            for e in np.flatnonzero(self._unsettled):
+                self._reset_env(int(e), None)
+                restarted[int(e)] = (self._obs[e].copy(), self._mask[e].copy())
+        except BaseException:
+            self._unsettled[list(restarted)] = True
+            raise
         if restarted and self._given is not None:  # new arrays: the caller holds the old ones as the last step's
             self._given = (self._obs.copy(), self._mask.copy())
         return restarted
@@ -1040,7 +1045,13 @@ class SubprocGroupVecEnv(GroupVecEnv):
         worker's copy is otherwise restarted by its next step, as an unsettled copy is."""
         restarted = {} if self.local is None else self.local.restart_unsettled()
         if self._unseen:
-            for b, answer in self._on_workers("restart").items():
+            try:
+                answers = self._on_workers("_restart")
+            except BaseException:  # the copies restarted here never reached the caller either
+                if restarted:
+                    self.local._unsettle(list(restarted))
+                raise
+            for b, answer in answers.items():
                 restarted.update({self.starts[b] + e: copy for e, copy in answer.items()})
             self._unseen = False
         if self._given is not None:  # what the caller holds from here on
@@ -1070,8 +1081,11 @@ class SubprocGroupVecEnv(GroupVecEnv):
         try:
             return self._run(command, data_of_block, here_marked)
         except BaseException:
-            if finished:
-                self.local.unsettle()
+            if finished:  # its copies end the episode the caller saw, with what it was given
+                self.local._unsettle()
+                if self._given is not None:
+                    local = slice(0, self.starts[1])
+                    self.local._given = (self._given[0][local].copy(), self._given[1][local].copy())
             self._unseen = True
             raise
 
@@ -1089,7 +1103,7 @@ class SubprocGroupVecEnv(GroupVecEnv):
     def step(self, actions: np.ndarray) -> GroupStep:
         unseen = self._unseen
         if unseen:  # the workers' copies end the episode the caller saw, as unsettled ones
-            self._on_workers("unsettle")
+            self._on_workers("_unsettle")
             self._unseen = False
         steps = self._unseen_on_failure(
             "step", lambda b: actions[self.starts[b] : self.starts[b + 1]], lambda a: self.local.step(a)
