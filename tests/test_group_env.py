@@ -1506,6 +1506,46 @@ def test_a_subprocess_step_cut_short_leaves_every_copy_it_did_not_report_unsettl
         venv.close()
 
 
+class FragileEnv(EarlyExitEnv):
+    """EarlyExitEnv whose step or reset raises while ``fail_step`` or ``fail_reset`` is set."""
+
+    fail_step = fail_reset = False
+
+    def reset(self, seed=None, options=None):
+        if self.fail_reset:
+            raise OSError("transient reset failure")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, actions):
+        if self.fail_step:
+            raise OSError("transient step failure")
+        return super().step(actions)
+
+
+def test_a_workers_failed_restart_leaves_this_processs_copies_with_what_the_caller_was_given():
+    """restart_unsettled reset this process's copies, then a worker's reset failed: those copies' new episodes
+    never reached the caller, and their next step ended them with the restart's observations instead of the ones
+    the caller held."""
+    venv = SubprocGroupVecEnv([FragileEnv] * 3, n_processes=2)  # copies 0 and 1 here, 2 in a worker
+    try:
+        venv.reset(seed=0)
+        actions = np.zeros((3, 3), np.int64)
+        given = venv.step(actions)
+        venv.set_attr("fail_step", True, indices=2)
+        with pytest.raises(OSError, match="transient step failure"):
+            venv.step(actions)
+        venv.set_attr("fail_step", False, indices=2)
+        venv.set_attr("fail_reset", True, indices=2)
+        with pytest.raises(OSError, match="transient reset failure"):
+            venv.restart_unsettled()
+        venv.set_attr("fail_reset", False, indices=2)
+        out = venv.step(actions)
+        assert out.env_done.all() and out.left.tolist() == given.mask.tolist()
+        np.testing.assert_array_equal(out.final_observations, given.observations)
+    finally:
+        venv.close()
+
+
 def test_copies_restarted_before_a_reset_that_fails_are_restarted_again():
     """restart_unsettled reset copy 0, then copy 1's reset failed: copy 0's new observations never reached the
     caller, so it stays unsettled and the next restart gives it again (it was left settled, and the next step went

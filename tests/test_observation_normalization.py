@@ -136,15 +136,26 @@ class NaNAt(SpaceEnv):
         return (np.full_like(obs, np.nan) if self._t == self.at else obs), *rest
 
 
-def test_sac_statistics_take_no_observation_the_finiteness_check_refuses():
+class NaNReset(SpaceEnv):
+    """SpaceEnv whose second episode starts with a NaN observation."""
+
+    def reset(self, **kwargs):
+        obs, info = super().reset(**kwargs)
+        self.resets = getattr(self, "resets", 0) + 1
+        return (np.full_like(obs, np.nan) if self.resets == 2 else obs), info
+
+
+@pytest.mark.parametrize("where", ["step", "reset"])
+def test_sac_statistics_take_no_observation_the_finiteness_check_refuses(where):
     """A NaN observation stops learn with its error before it reaches the statistics, which made every later
-    prediction NaN."""
-    model = SAC("MlpPolicy", NaNAt(SCALED, spaces.Box(-1.0, 1.0, (1,), np.float32), episode_length=50),
-                learning_starts=5, batch_size=4, seed=0, policy_kwargs=NORMALIZED)  # fmt: skip
+    prediction NaN; a reset's observation, checked only as the next step's, waits for that check too."""
+    actions = spaces.Box(-1.0, 1.0, (1,), np.float32)
+    env = NaNAt(SCALED, actions, episode_length=50) if where == "step" else NaNReset(SCALED, actions, episode_length=5)
+    model = SAC("MlpPolicy", env, learning_starts=2, batch_size=4, seed=0, policy_kwargs=NORMALIZED)
     with pytest.raises(ValueError, match="NaN or infinite observations"):
         model.learn(20)
     normalizer = model.actor.encoder.normalizer
-    assert float(normalizer.count) == 11 and torch.isfinite(normalizer.mean).all()
+    assert float(normalizer.count) == (11 if where == "step" else 4) and torch.isfinite(normalizer.mean).all()
     assert np.isfinite(model.predict(SCALED.sample())[0]).all()
 
 

@@ -458,8 +458,8 @@ def test_a_replay_buffer_file_of_another_size_replaces_the_buffer_as_in_sb3(tmp_
 
 def test_a_replay_buffer_file_brings_its_returns_settings_as_sb3s_does(tmp_path):
     """SB3's buffer file is its buffer, n-step length and time-limit handling included; covey's file keeps them
-    too, and a model given it goes on with the file's (its n_steps and replay_buffer_kwargs follow), where it
-    kept its own and trained on other targets without a word. A file of hindsight replay warns where the model
+    too, and a model given it goes on with the file's (its n_steps and saved settings follow), where it kept its
+    own and trained on other targets without a word. A file of hindsight replay warns where the model
     has a plain buffer; a file written before covey kept them leaves the model's settings."""
     from stable_baselines3.common.envs import BitFlippingEnv
     from stable_baselines3.her import HerReplayBuffer
@@ -1264,6 +1264,25 @@ def test_set_env_ends_the_running_episodes_from_their_own_next_observations(memo
     cut = (obs[:, 0] == 0) & (obs[:, 1] == 4)
     assert cut.any() and (next_obs[:, 0] == obs[:, 0]).all()
     np.testing.assert_allclose(next_obs[:, 1], obs[:, 1] + 1)  # the cut step's next observation is its episode's
+
+
+def test_a_buffer_loaded_from_a_file_ends_its_episodes_without_the_models_last_observations(tmp_path):
+    """The file's newest step is another run's: the model's last observations do not follow it. set_env (or a
+    new learn) after load_replay_buffer made them that step's next observation, with its bootstrap; the step is
+    now terminal, as for a model loaded without its last observations."""
+    source = SAC("MlpPolicy", EpisodeClock(), buffer_size=100, learning_starts=1000, optimize_memory_usage=True)
+    source.learn(5)
+    source.save_replay_buffer(tmp_path / "buffer")
+    for how in ("set_env", "learn"):
+        model = SAC("MlpPolicy", EpisodeClock(), buffer_size=100, learning_starts=1000, optimize_memory_usage=True)
+        model.learn(12)  # its last observation: step 12 of its episode
+        model.load_replay_buffer(tmp_path / "buffer")
+        if how == "set_env":
+            model.set_env(EpisodeClock())
+        model.learn(2, reset_num_timesteps=how == "learn")
+        buffer = model.replay_buffer
+        assert buffer.dones[4, 0] and buffer.terminated[4, 0] == 1.0, how
+        np.testing.assert_array_equal(buffer.final_observations[(4, 0)][None], buffer.observations[4, 0])
 
 
 def test_a_loaded_memory_saving_buffer_ends_its_running_episodes_and_goes_on(tmp_path):

@@ -947,12 +947,14 @@ class SAC(BaseAgent):
     def set_env(self, env: Any, force_reset: bool = True) -> None:
         # The episodes running at the newest stored step end with the env they ran in, from the observations after
         # it, which set_env lets go (the new env's first reset would find none and make that step terminal).
-        original = self.get_vec_normalize_env() is not None
-        last = getattr(self, "_last_original_obs" if original else "_last_obs", None)
+        last = self._observations_after_the_buffer()
         super().set_env(env, force_reset)
         buffer = getattr(self, "replay_buffer", None)
-        if force_reset and buffer is not None and last is not None:
-            buffer.end_episodes(last)
+        if force_reset:
+            self._last_original_obs = None  # the old env's, as _last_obs
+            if buffer is not None:
+                buffer.end_episodes(last)
+                self._buffer_from_file = False
         if isinstance(self.replay_buffer, HerReplayBuffer):
             self.replay_buffer.env = self.env  # relabeled rewards come from the env trained on
 
@@ -996,6 +998,7 @@ class SAC(BaseAgent):
             self._list_settings()
         else:
             buffer.fill(path, data)
+        self._buffer_from_file = True  # its newest step is not followed by this model's last observations
         if "her/ep_length" in data and not isinstance(self.replay_buffer, HerReplayBuffer):
             warn_user(
                 "The replay buffer file was saved by a hindsight replay buffer (HerReplayBuffer), and this model's "
@@ -1116,7 +1119,7 @@ class SAC(BaseAgent):
             self._update_info_buffer(infos, dones)
             self._store_transition(replay_buffer, buffer_actions, new_obs, rewards, dones, infos)
             if self._normalizes_observations():  # once they passed the store's finiteness check
-                self._update_observation_statistics(batch_to_tensor(new_obs, self.observation_space, self.device))
+                self._update_finite_statistics(batch_to_tensor(new_obs, self.observation_space, self.device))
             # as SB3: schedules' progress moves with every step, and the model's own _on_step hook runs
             self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
             self._on_step()
@@ -1175,11 +1178,27 @@ class SAC(BaseAgent):
         low, high = self.action_space.low, self.action_space.high
         return (2.0 * (env_actions - low) / (high - low) - 1.0).reshape(env_actions.shape[0], -1)
 
+    def _update_finite_statistics(self, obs: Any) -> None:
+        """The statistics take a step's observations where all are finite; an env's reset observation is checked
+        only as the next step's, which then raises: until then the statistics wait."""
+        values = obs.values() if isinstance(obs, dict) else (obs,)
+        if all(bool(torch.isfinite(v).all()) for v in values if v.is_floating_point()):
+            self._update_observation_statistics(obs)
+
+    def _observations_after_the_buffer(self) -> Any:
+        """The observations after the replay buffer's newest stored step (the original ones behind a
+        VecNormalize), for :meth:`ReplayBuffer.end_episodes`; None where the model holds none, or where its buffer
+        came from a file since (its newest step is another run's)."""
+        if getattr(self, "_buffer_from_file", False):
+            return None
+        original = self.get_vec_normalize_env() is not None
+        return getattr(self, "_last_original_obs" if original else "_last_obs", None)
+
     def _reset_env(self) -> None:
         buffer = getattr(self, "replay_buffer", None)
         if buffer is not None:  # the reset cuts the episodes of the newest stored steps: they end there
-            original = self.get_vec_normalize_env() is not None
-            buffer.end_episodes(getattr(self, "_last_original_obs" if original else "_last_obs", None))
+            buffer.end_episodes(self._observations_after_the_buffer())
+            self._buffer_from_file = False
         super()._reset_env()
         vec_normalize = self.get_vec_normalize_env()
         self._last_original_obs = self._original_obs(vec_normalize) if vec_normalize is not None else None
@@ -1193,6 +1212,7 @@ class SAC(BaseAgent):
     def _store_transition(self, replay_buffer, actions, new_obs, rewards, dones, infos) -> None:
         """SB3's: store one step of every env in ``replay_buffer`` (the model's), and move on to ``new_obs``."""
         self._check_collection(self.env, replay_buffer, "replay_buffer")
+        self._buffer_from_file = False  # the newest step is this model's own from here
         # Behind a VecNormalize the buffer keeps the original observations and rewards, normalized when sampled
         # with the statistics of that time (as SB3 does): stored normalized ones would go stale as they move.
         vec_normalize = self.get_vec_normalize_env()

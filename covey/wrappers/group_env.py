@@ -1050,6 +1050,7 @@ class SubprocGroupVecEnv(GroupVecEnv):
             except BaseException:  # the copies restarted here never reached the caller either
                 if restarted:
                     self.local._unsettle(list(restarted))
+                    self._give_local_block_back()
                 raise
             for b, answer in answers.items():
                 restarted.update({self.starts[b] + e: copy for e, copy in answer.items()})
@@ -1083,11 +1084,15 @@ class SubprocGroupVecEnv(GroupVecEnv):
         except BaseException:
             if finished:  # its copies end the episode the caller saw, with what it was given
                 self.local._unsettle()
-                if self._given is not None:
-                    local = slice(0, self.starts[1])
-                    self.local._given = (self._given[0][local].copy(), self._given[1][local].copy())
+                self._give_local_block_back()
             self._unseen = True
             raise
+
+    def _give_local_block_back(self) -> None:
+        """This process's block holds what the caller was last given (its own record moved on unseen)."""
+        if self._given is not None:
+            local = slice(0, self.starts[1])
+            self.local._given = (self._given[0][local].copy(), self._given[1][local].copy())
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         seed = self._seed if seed is None else seed
