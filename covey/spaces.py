@@ -63,12 +63,10 @@ def warn_masking_env(env: Any) -> None:
     its MaskablePPO reads it): covey's policies never call it, so the actions it forbids can be chosen. Only SB3's
     own VecEnvs are asked, whose ``has_attr`` answers without harm (a Gymnasium AsyncVectorEnv raises the missing
     attribute in its workers and is broken afterwards)."""
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnvWrapper
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-    base = env
-    while isinstance(base, VecEnvWrapper):
-        base = base.venv
-    if not isinstance(base, (DummyVecEnv, SubprocVecEnv)):  # covey's FastVecEnv is a DummyVecEnv
+    # SB3's unwrapped: the vector env below its VecEnvWrappers (covey's FastVecEnv is a DummyVecEnv)
+    if not isinstance(getattr(env, "unwrapped", env), (DummyVecEnv, SubprocVecEnv)):
         return
     try:
         masking = bool(env.has_attr("action_masks"))

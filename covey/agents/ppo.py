@@ -550,10 +550,8 @@ class NumpyActing:
     @staticmethod
     def applies(actor: Actor, manual: ManualPPOUpdate | None) -> bool:
         encoder, normalizer = actor.encoder, NumpyActing._normalizer(actor)
-        if normalizer is not None:
+        if normalizer is not None:  # (on the weights' device, which the check below puts on the CPU)
             if type(normalizer) is not RunningNormalizer or normalizer.positions is not None:
-                return False
-            if normalizer.mean.device.type != "cpu":
                 return False
             encoder = encoder.encoder
         if manual is None or type(encoder) is not FlattenEncoder or encoder.scale is not None:

@@ -809,10 +809,7 @@ def _encoder_factory(
         _check_policy_fits(kind, observation_space)
 
     def encoder() -> nn.Module:
-        inner = built()
-        if normalized and config.normalize_observations:
-            return NormalizedEncoder(inner, observation_space, config.observation_clip)
-        return inner
+        return _with_statistics(built(), observation_space, config) if normalized else built()
 
     def built() -> nn.Module:
         if config.entity_encoder:
@@ -828,6 +825,13 @@ def _encoder_factory(
             normalized_image=bool(fx.get("normalized_image", False)),
         )
 
+    return encoder
+
+
+def _with_statistics(encoder: nn.Module, observation_space: spaces.Space, config: PolicyConfig) -> nn.Module:
+    """``encoder`` behind running statistics of its observations where ``normalize_observations`` asks for them."""
+    if config.normalize_observations:
+        return NormalizedEncoder(encoder, observation_space, config.observation_clip)
     return encoder
 
 
@@ -1144,10 +1148,7 @@ def build_poca_networks(
         observation_space = flat.flat_space
 
         def encoder() -> nn.Module:
-            inner = FlatDictEncoder(flat, dict_encoder())
-            if config.normalize_observations:
-                return NormalizedEncoder(inner, observation_space, config.observation_clip)
-            return inner
+            return _with_statistics(FlatDictEncoder(flat, dict_encoder()), observation_space, config)
 
     arch = parse_net_arch(config.net_arch, ("pi", "vf"), [128, 128])
     memory = memory_settings(policy, config)  # the actor's memory per agent, the critic's per group
