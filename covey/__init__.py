@@ -39,5 +39,5 @@ _ELSEWHERE = {
         for name in ("ARS", "CrossQ", "MaskablePPO", "QRDQN", "TQC", "TRPO")
     },
     "RecurrentPPO": "sb3-contrib's RecurrentPPO is covey's PPO with its policy names: PPO('MlpLstmPolicy', ...) "
-    "(or 'CnnLstmPolicy', 'MultiInputLstmPolicy').",
+    "(or 'CnnLstmPolicy', 'MultiInputLstmPolicy'); PPO.load reads RecurrentPPO's files.",
 }

@@ -6,6 +6,8 @@ schedules, classes in ``policy_kwargs``) are cloudpickled inside ``data``, and S
 attributes beside each pickle for people to read. covey reads those attributes and the JSON values, and the
 tensors with ``torch.load(weights_only=True)``; it never unpickles, so what a pickle alone holds (a schedule
 written as a function, a custom class) is not read: the load says what it left out and how to pass it again.
+sb3-contrib's RecurrentPPO writes the same file, with an LSTM per network: covey's PPO reads it as its recurrent
+policy of the same name (``MlpLstmPolicy``, ...).
 
 :func:`read_sb3_model` turns a file into covey's settings and parameter groups, which
 :meth:`covey.agents.base.BaseAgent.load` then loads like a covey file.
@@ -217,6 +219,8 @@ _CONTRIB = {  # where sb3-contrib defines a policy class -> the algorithm that u
     "ars": "ARS",
     "crossq": "CrossQ",
 }
+_COVEY_AGENTS = {"PPO": "PPO", "SAC": "SAC", "sb3-contrib RecurrentPPO": "PPO"}
+"""The algorithms of the files covey reads -> covey's agent of them."""
 _SETTING_NAMES = {"stats_window_size": "_stats_window_size"}
 """covey's hyperparameter -> SB3's attribute, where they differ."""
 
@@ -245,12 +249,18 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
     except (zipfile.BadZipFile, EOFError, OSError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise serialization.ModelFileError(f"{name} is a corrupt Stable-Baselines3 model file ({err}).") from err
     found = _algorithm(data)
-    if found != agent:
-        if found in ("PPO", "SAC"):
+    if _COVEY_AGENTS.get(found) != agent:
+        if found in _COVEY_AGENTS:
+            what = f"an {found}" if found.startswith("sb3-contrib") else f"a Stable-Baselines3 {found}"
             raise serialization.ModelFileError(
-                f"{name} holds a Stable-Baselines3 {found} model; load it with covey.{found}.load."
+                f"{name} holds {what} model; load it with covey.{_COVEY_AGENTS[found]}.load."
             )
         raise _not_covey(name, found)
+    policy_kwargs = _policy_kwargs(data.get("policy_kwargs"))
+    policy_name = _policy_name(_space_kind(data.get("observation_space")), policy)
+    if found == "sb3-contrib RecurrentPPO":
+        policy_name = policy_name.replace("Policy", "LstmPolicy")
+        policy_kwargs["lstm_hidden_size"] = _recurrent_hidden_size(name, policy, policy_kwargs)
     observation_space = _space_entry(data.get("observation_space"), "observation space", name)
     action_space = _space_entry(data.get("action_space"), "action space", name)
     if isinstance(action_space, spaces.Space) and np.any(getattr(action_space, "start", 0) != 0):
@@ -275,8 +285,8 @@ def read_sb3_model(path: Any, agent: str, config_class: type) -> tuple[dict, dic
         hyperparameters["ent_coef"] = float(variables["ent_coef_tensor"].reshape(()))
     settings = {
         "agent": agent,
-        "policy": _policy_name(_space_kind(data.get("observation_space")), policy),
-        "policy_kwargs": _policy_kwargs(data.get("policy_kwargs")),
+        "policy": policy_name,
+        "policy_kwargs": policy_kwargs,
         "hyperparameters": hyperparameters,
         **{
             key: serialization.space_to_json(space)
@@ -319,9 +329,9 @@ def file_algorithm(path: Any) -> str:
         if hasattr(source, "seek"):
             source.seek(0)
     found = _algorithm(data)
-    if found not in ("PPO", "SAC"):
+    if found not in _COVEY_AGENTS:
         raise _not_covey(name, found)
-    return found
+    return _COVEY_AGENTS[found]
 
 
 def _not_covey(name: str, found: str) -> serialization.ModelFileError:
@@ -334,8 +344,30 @@ def _not_covey(name: str, found: str) -> serialization.ModelFileError:
         what = f"a Stable-Baselines3 {found}"
         where = f"stable_baselines3.{found}.load" if found in ("DQN", "A2C") else "stable_baselines3"
     return serialization.ModelFileError(
-        f"{name} holds {what} model; load it with {where}. covey loads SB3's PPO and SAC files."
+        f"{name} holds {what} model; load it with {where}. covey loads SB3's PPO and SAC files and sb3-contrib's "
+        "RecurrentPPO files."
     )
+
+
+def _recurrent_hidden_size(name: str, policy: dict, policy_kwargs: dict) -> int:
+    """The LSTMs' size of an sb3-contrib RecurrentPPO file, read off its weights (its ``policy_kwargs`` hold only
+    what the user gave, and sb3-contrib's default size is 256, covey's 128); a file of settings covey's recurrent
+    PPO does not have (two layers or more, no memory of the critic's own, LSTM arguments) is refused, naming them."""
+    why = None
+    if any(key.startswith(("lstm_actor.", "lstm_critic.")) and not key.endswith("_l0") for key in policy):
+        why = "n_lstm_layers > 1: covey's memory has one layer"
+    elif "lstm_actor.weight_hh_l0" not in policy:
+        why = "no LSTM weights (lstm_actor.weight_hh_l0)"
+    elif "lstm_critic.weight_hh_l0" not in policy:
+        setting = "enable_critic_lstm=False" if "critic.weight" in policy else "shared_lstm=True"
+        why = f"{setting}: covey's recurrent critic has a memory of its own"
+    elif policy_kwargs.get("lstm_kwargs") not in (None, {}):
+        why = f"lstm_kwargs={policy_kwargs['lstm_kwargs']!r}: covey's LSTM takes no other arguments"
+    if why is not None:
+        raise serialization.ModelFileError(
+            f"{name} holds an sb3-contrib RecurrentPPO model with {why}. Load it with sb3_contrib.RecurrentPPO.load."
+        )
+    return int(policy["lstm_actor.weight_hh_l0"].shape[1])
 
 
 def _load_tensors(zf: zipfile.ZipFile, entry: str, name: str) -> dict:

@@ -515,12 +515,13 @@ def test_files_of_other_algorithms_name_where_they_load(tmp_path):
     sb3.DQN("MlpPolicy", "CartPole-v1", buffer_size=100).save(tmp_path / "dqn.zip")
     with pytest.raises(ModelFileError, match="DQN model"):
         SAC.load(tmp_path / "dqn.zip")
-    # sb3-contrib's files name their own loader (SB3's PPO.load opened a RecurrentPPO file, which then failed in
-    # learn): a PPO file whose policy class is sb3-contrib's RecurrentActorCriticPolicy stands in for one here.
+    # sb3-contrib's files name their own loader (SB3's PPO.load opened a MaskablePPO file without a word): a PPO
+    # file whose policy class is of sb3-contrib's stands in for one here (RecurrentPPO's load as covey's PPO:
+    # test_recurrent_ppo_files.py).
     with zipfile.ZipFile(tmp_path / "ppo.zip") as zf:
         entries = {name: zf.read(name) for name in zf.namelist()}
     data = json.loads(entries["data"])
-    for module, algorithm in [("common.recurrent.policies", "RecurrentPPO"), ("common.new_thing.policies", None)]:
+    for module, algorithm in [("common.maskable.policies", "MaskablePPO"), ("common.new_thing.policies", None)]:
         data["policy_class"]["__module__"] = f"sb3_contrib.{module}"
         with zipfile.ZipFile(tmp_path / "contrib.zip", "w") as zf:
             for name, content in {**entries, "data": json.dumps(data).encode()}.items():

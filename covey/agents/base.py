@@ -50,7 +50,7 @@ from covey import sb3_files, serialization
 from covey.agents.sb3_policy import action_start, build_policy, class_path, optimizer_owners, sb3_policy_class
 from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
-from covey.networks.actor_critic import ParameterMismatchError, policy_kwargs_dict, policy_name
+from covey.networks.actor_critic import LSTM_POLICIES, ParameterMismatchError, policy_kwargs_dict, policy_name
 from covey.networks.encoders import FlattenEncoder, NormalizedEncoder
 from covey.networks.sb3_names import move_optimizer_state, to_sb3
 from covey.spaces import (
@@ -1617,13 +1617,13 @@ class BaseAgent:
         """The policy's weights and its optimizers' states under SB3's names and in SB3's parameter order, for an
         SB3 model built with this model's settings: ``sb3_model.set_parameters(model.get_sb3_parameters())``. The
         way back of ``model.set_parameters(sb3_model.get_parameters())``, for PPO and SAC with ``MlpPolicy``,
-        ``CnnPolicy`` (NatureCNN) and ``MultiInputPolicy`` (CombinedExtractor); a network SB3 does not have
-        (recurrent memory, a two-hot critic) is refused. SAC's learned temperature is ``model.log_ent_coef``, which
+        ``CnnPolicy`` (NatureCNN) and ``MultiInputPolicy`` (CombinedExtractor), and PPO with LSTM memory for
+        sb3-contrib's RecurrentPPO (``MlpLstmPolicy``, ...); a network SB3 does not have (a GRU, a two-hot critic) is
+        refused. SAC's learned temperature is ``model.log_ent_coef``, which
         SB3 keeps outside its parameters (``sb3_model.log_ent_coef.data.copy_(model.log_ent_coef.data)``); its
         optimizer's state is ``ent_coef_optimizer``, as in SB3. A Discrete or MultiDiscrete action space with a
         ``start`` is warned of: SB3's model acts from 0 (each action covey's minus the start)."""
-        if getattr(stable_baselines3, self.agent_name, None) is None:
-            raise ValueError(f"SB3 has no {self.agent_name}: weights go to SB3's PPO and SAC.")
+        self._sb3_class()
         start = action_start(self.action_space)
         if start is not None:
             warn_user(
@@ -1653,7 +1653,8 @@ class BaseAgent:
         return out
 
     def to_sb3_model(self, env: Any = None) -> Any:
-        """This model as SB3's model of its class (``stable_baselines3.PPO`` or ``SAC``): the same policy,
+        """This model as SB3's model of its class (``stable_baselines3.PPO`` or ``SAC``, sb3-contrib's
+        ``RecurrentPPO`` for a PPO with LSTM memory): the same policy,
         ``policy_kwargs`` and hyperparameters, the weights and optimizer states (:meth:`get_sb3_parameters`), SAC's
         learned temperature, and where training stands (``num_timesteps``, the update count, the schedules'
         progress, the episode statistics). On ``env`` when given; without one the model is built as SB3's ``load``
@@ -1665,21 +1666,21 @@ class BaseAgent:
                 f"This model's policy is a class of your own ({type(self.policy).__name__}): build SB3's model with it "
                 "and copy the parameters: sb3_model.set_parameters(model.get_sb3_parameters())."
             )
-        sb3_class = getattr(stable_baselines3, self.agent_name)
+        sb3_class = self._sb3_class()
         kwargs = self._sb3_arguments()
         if env is None and kwargs.get("replay_buffer_class") is stable_baselines3.HerReplayBuffer:
             raise ValueError("SB3 builds a HerReplayBuffer from the env: pass env to to_sb3_model.")
         common = dict(
-            policy_kwargs=copy.deepcopy(self.policy_kwargs),
+            policy_kwargs=self._sb3_policy_kwargs(),
             seed=self.seed,
             verbose=self.verbose,
             tensorboard_log=self.tensorboard_log,
             device=self.device,
         )
         if env is not None:
-            model = sb3_class(self.policy_name, env, **common, **kwargs)
+            model = sb3_class(self._sb3_policy_name(), env, **common, **kwargs)
         else:  # as SB3's load: the spaces set before the networks are built
-            model = sb3_class(self.policy_name, None, **common, **kwargs, _init_setup_model=False)
+            model = sb3_class(self._sb3_policy_name(), None, **common, **kwargs, _init_setup_model=False)
             model.observation_space, model.action_space = self._sb3_observation_space(), self.action_space
             model.n_envs = self.n_envs
             model._setup_model()
@@ -1696,8 +1697,7 @@ class BaseAgent:
     def _sb3_arguments(self) -> dict[str, Any]:
         """SB3's constructor arguments for this model's hyperparameters (covey's own, such as ``bf16_matmuls``,
         left out)."""
-        sb3_class = getattr(stable_baselines3, self.agent_name)
-        accepted = inspect.signature(sb3_class.__init__).parameters
+        accepted = inspect.signature(self._sb3_class().__init__).parameters
         return {key: value for key, value in self._hyperparameters().items() if key in accepted}
 
     def _sb3_observation_space(self) -> spaces.Space:
@@ -1723,21 +1723,67 @@ class BaseAgent:
                 f"SB3's SAC has Box actions only; this model's are {self.action_space} (covey's SAC for Discrete "
                 "actions has no SB3 counterpart)."
             )
-        sb3_policy = getattr(stable_baselines3, self.agent_name).policy_aliases.get(self.policy_name)
+        sb3_class, name = self._sb3_class(), self._sb3_policy_name()
+        sb3_policy = sb3_class.policy_aliases.get(name)
         if sb3_policy is None:
             raise ValueError(
-                f"SB3's {self.agent_name} has no {self.policy_name}: weights go to its MlpPolicy, CnnPolicy and "
-                "MultiInputPolicy."
+                f"SB3's {self.agent_name} has no {name}: weights go to its MlpPolicy, CnnPolicy and MultiInputPolicy."
             )
         space = self._sb3_observation_space()
-        own = sorted(set(self.policy_kwargs) - set(inspect.signature(sb3_policy).parameters))
+        kwargs = self._sb3_policy_kwargs()
+        kwargs.pop("use_sde", None)  # the model's decides
+        own = sorted(set(kwargs) - set(inspect.signature(sb3_policy).parameters))
         if own:
             raise ValueError(
-                f"policy_kwargs {own} are covey's own settings, which SB3's {self.agent_name} {self.policy_name} does "
-                "not have: this model's networks have no SB3 counterpart."
+                f"policy_kwargs {own} are covey's own settings, which {sb3_class.__name__}'s {name} does not have: "
+                "this model's networks have no SB3 counterpart."
             )
-        kwargs = {key: value for key, value in self.policy_kwargs.items() if key != "use_sde"}  # the model's decides
         return build_policy(sb3_policy, space, self.action_space, lambda _: 0.0, self.use_sde, kwargs, "cpu")
+
+    def _memory(self) -> Any:
+        """The actor's recurrent memory (None without one)."""
+        return getattr(getattr(self, "actor", None), "memory", None)
+
+    def _sb3_class(self) -> type:
+        """SB3's model class of this model: ``stable_baselines3.PPO`` or ``SAC``, sb3-contrib's ``RecurrentPPO``
+        for a PPO with memory. A ValueError says where there is none."""
+        if getattr(stable_baselines3, self.agent_name, None) is None:
+            raise ValueError(f"SB3 has no {self.agent_name}: weights go to SB3's PPO and SAC.")
+        if self._memory() is None:
+            return getattr(stable_baselines3, self.agent_name)
+        if self.agent_name != "PPO":
+            raise ValueError(
+                f"SB3's {self.agent_name} has no recurrent memory: this model's networks have no SB3 counterpart."
+            )
+        try:
+            from sb3_contrib import RecurrentPPO
+        except ImportError as err:
+            raise ValueError(
+                "A PPO with memory is sb3-contrib's RecurrentPPO in SB3's world, and sb3-contrib is not installed: "
+                "pip install sb3-contrib."
+            ) from err
+        return RecurrentPPO
+
+    def _sb3_policy_name(self) -> str:
+        """The name of this model's policy in its SB3 class: a PPO with memory built as ``MlpPolicy`` with
+        ``policy_kwargs`` memory is RecurrentPPO's ``MlpLstmPolicy``."""
+        if self._memory() is None or self.policy_name in LSTM_POLICIES:
+            return self.policy_name
+        return next((lstm for lstm, plain in LSTM_POLICIES.items() if plain == self.policy_name), self.policy_name)
+
+    def _sb3_policy_kwargs(self) -> dict[str, Any]:
+        """``policy_kwargs`` for SB3's policy of this model: a memory's size is RecurrentPPO's ``lstm_hidden_size``
+        (covey's ``memory`` sequence length is a training setting RecurrentPPO does not have)."""
+        kwargs = copy.deepcopy(self.policy_kwargs)
+        memory = self._memory()
+        if memory is not None:
+            if memory.kind != "lstm":
+                raise ValueError(
+                    f"This model's memory is a {memory.kind.upper()}; sb3-contrib's RecurrentPPO has LSTMs only."
+                )
+            kwargs.pop("memory", None)
+            kwargs["lstm_hidden_size"] = memory.hidden_size
+        return kwargs
 
     def _sb3_optimizer_names(
         self, template: Any, name: str

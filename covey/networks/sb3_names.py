@@ -40,6 +40,9 @@ _NATURE_CNN = re.compile(
     r"^(?:(actor|critic|critic_target)\.)?(pi_|vf_)?features_extractor\.(?:extractors\.([^.]+)\.)?(cnn|linear)\.(.+)$"
 )
 _PPO_ENCODERS = {"pi_": "actor.encoder", "vf_": "critic.encoder"}
+# sb3-contrib's RecurrentPPO: one torch LSTM layer per network, whose layer 0 is covey's LSTMCell (the same gates,
+# in the same order).
+_LSTM = re.compile(r"^lstm_(actor|critic)\.(weight_ih|weight_hh|bias_ih|bias_hh)_l(\d+)$")
 
 
 def translate_groups(
@@ -111,8 +114,8 @@ def is_sb3(agent: str, state_dict: dict) -> bool:
 
 
 def from_sb3(agent: str, state_dict: dict) -> dict:
-    """An SB3 PPO or SAC ``MlpPolicy``, ``CnnPolicy`` or ``MultiInputPolicy`` state dict renamed to covey's
-    ``model.policy`` names."""
+    """An SB3 PPO or SAC ``MlpPolicy``, ``CnnPolicy`` or ``MultiInputPolicy`` state dict (or an sb3-contrib
+    RecurrentPPO one of these with its LSTMs) renamed to covey's ``model.policy`` names."""
     nets = {key: value for key, value in state_dict.items() if "features_extractor." not in key}
     out = _ppo(nets) if agent == "PPO" else _sac(nets)
     for key, value in state_dict.items():
@@ -138,11 +141,26 @@ def from_sb3(agent: str, state_dict: dict) -> dict:
 def _ppo(state_dict: dict) -> dict:
     out = {}
     for key, value in state_dict.items():
+        lstm = _LSTM.match(key)
+        if lstm is not None:
+            network, kind, layer = lstm.groups()
+            if layer != "0":
+                raise ValueError(
+                    f"sb3-contrib RecurrentPPO parameter {key!r} is of a second LSTM layer (n_lstm_layers > 1): "
+                    "covey's memory has one layer."
+                )
+            out[f"{network}.memory.cell.{kind}"] = value
+            continue
         for sb3, ours in _PPO:
             if key.startswith(sb3):
                 out[ours + key[len(sb3) :]] = value
                 break
         else:
+            if key.startswith("critic."):  # RecurrentPPO's enable_critic_lstm=False: a linear layer for a memory
+                raise ValueError(
+                    f"sb3-contrib RecurrentPPO parameter {key!r} is the critic's linear layer of "
+                    "enable_critic_lstm=False: covey's recurrent critic has a memory of its own."
+                )
             raise ValueError(f"SB3 PPO parameter {key!r} has no counterpart in covey's networks.")
     return out
 
