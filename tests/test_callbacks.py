@@ -191,3 +191,37 @@ def test_evaluating_on_the_env_instance_training_steps_cuts_its_episode_instead_
     np.testing.assert_allclose(first[:3], 1.0)  # the rollout's first step: a new episode's, for every agent
     for before, after in record.rows:
         np.testing.assert_allclose(before - after, tick, atol=1e-6)
+
+
+class KeepRolloutArrays(BaseCallback):
+    """Keeps the rollout buffer's SB3 arrays at each rollout's end without copying them (as notebooks do), and a
+    copy of each beside."""
+
+    FIELDS = ("observations", "actions", "rewards", "episode_starts", "values", "log_probs", "advantages", "returns")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[dict] = []
+        self.copies: list[dict] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buf = self.locals["rollout_buffer"]
+        self.kept.append({name: getattr(buf, name) for name in self.FIELDS})
+        self.copies.append({name: np.copy(getattr(buf, name)) for name in self.FIELDS})
+
+
+def test_a_rollouts_arrays_kept_by_a_callback_keep_that_rollout():
+    """SB3's buffer allocates new arrays for each rollout, so arrays a callback keeps from one rollout still hold
+    it after the next ones; covey's did too for the values and returns, but wrote the next rollouts' observations,
+    actions and episode starts over the kept ones."""
+    callback = KeepRolloutArrays()
+    PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0).learn(96, callback=callback)
+    assert len(callback.kept) == 3
+    for kept, copied in zip(callback.kept, callback.copies):
+        for name in KeepRolloutArrays.FIELDS:
+            np.testing.assert_array_equal(kept[name], copied[name], err_msg=name)
+    first, last = callback.copies[0], callback.copies[-1]
+    assert not np.array_equal(first["observations"], last["observations"])  # the rollouts differ

@@ -142,15 +142,25 @@ class RolloutBuffer:
         self.obs_shape = _obs_shape(observation_space)
         self.action_dim = _action_dim(action_space)
         self.device = torch.device(device)
-        self.observations_tensor = _alloc_obs(observation_space, (n_steps, n_envs), device)
-        act_shape, act_dtype = action_storage(action_space)
-        self.actions_tensor = torch.zeros((n_steps, n_envs, *act_shape), dtype=act_dtype, device=device)
         # Where the policy's actions are those stored less a start (a user's SB3 policy class acts from 0 in a
         # Discrete space with a start): get() gives the policy's, as SB3's train() hands them to it
         self.policy_action_start: np.ndarray | None = None
+        self._next_starts = np.ones(n_envs, dtype=bool)  # for an add() not given episode_starts
+        self.gamma, self.gae_lambda = 0.99, 0.95  # those of the last compute_returns
+        self.td_error_abs = 0.0
+        self._sb3_steps = False  # whether add() was given SB3's form (values and log-probs with each step)
+        self.reset()
+
+    def _allocate(self) -> None:
+        """New zeroed storage for a rollout, as SB3's ``reset`` allocates it: arrays a callback kept from the last
+        rollout (``rollout_buffer.observations`` in ``_on_rollout_end``, without a copy) keep that rollout's."""
+        n_steps, n_envs, device = self.n_steps, self.n_envs, self.device
+        self.observations_tensor = _alloc_obs(self.observation_space, (n_steps, n_envs), device)
+        act_shape, act_dtype = action_storage(self.action_space)
+        self.actions_tensor = torch.zeros((n_steps, n_envs, *act_shape), dtype=act_dtype, device=device)
         # On the CPU, NumPy views of the same memory: a step's NumPy arrays are written straight into them (a
         # fraction of what a tensor made of them and written by PyTorch costs)
-        cpu = self.device.type == "cpu"
+        cpu = device.type == "cpu"
         plain = cpu and not isinstance(self.observations_tensor, dict)
         self._observations_np = self.observations_tensor.numpy() if plain else None
         self._actions_np = self.actions_tensor.numpy() if cpu else None
@@ -159,17 +169,12 @@ class RolloutBuffer:
         self.dones = np.zeros((n_steps, n_envs), dtype=bool)
         # SB3's episode_starts: 1.0 where the step's observation is the first of an episode.
         self.episode_starts = np.zeros((n_steps, n_envs), dtype=np.float32)
-        self._next_starts = np.ones(n_envs, dtype=bool)  # for an add() not given episode_starts
         # Bootstrap values for truncated steps: V(true final observation), filled in after collection.
         self.truncation_values = np.zeros((n_steps, n_envs), dtype=np.float32)
-        self.values_tensor = torch.zeros((n_steps, n_envs), device=device)
-        self.log_probs_tensor = torch.zeros((n_steps, n_envs), device=device)
-        self.advantages_tensor = torch.zeros((n_steps, n_envs), device=device)
-        self.returns_tensor = torch.zeros((n_steps, n_envs), device=device)
-        self.gamma, self.gae_lambda = 0.99, 0.95  # those of the last compute_returns
-        self.pos = 0
-        self.td_error_abs = 0.0
-        self._sb3_steps = False  # whether add() was given SB3's form (values and log-probs with each step)
+        # the last rollout's may be inference tensors, or read by a callback still
+        self.values_tensor, self.log_probs_tensor, self.advantages_tensor, self.returns_tensor = (
+            torch.zeros(n_steps, n_envs, device=device) for _ in range(4)
+        )
 
     # SB3's fields, as NumPy arrays
     @property
@@ -225,17 +230,10 @@ class RolloutBuffer:
         return self.pos == self.n_steps
 
     def reset(self) -> None:
-        """Start a rollout: position 0, and its per-step numbers zeroed as SB3's reset zeroes them (a callback's
-        ``_on_rollout_start`` finds none of the last rollout's; the observations and actions are left to be
-        overwritten)."""
+        """Start a rollout at position 0 in new zeroed storage, as SB3's reset starts one (a callback's
+        ``_on_rollout_start`` finds none of the last rollout's, and arrays kept from it stay as they were)."""
         self.pos = 0
-        self.truncation_values[:] = 0.0
-        for array in (self.rewards, self.terminated, self.dones, self.episode_starts):
-            array[:] = 0
-        # new zeros, not zero_(): the last rollout's may be inference tensors, or read by a callback still
-        self.values_tensor, self.log_probs_tensor, self.advantages_tensor, self.returns_tensor = (
-            torch.zeros(self.n_steps, self.n_envs, device=self.device) for _ in range(4)
-        )
+        self._allocate()
 
     def add(
         self,
