@@ -1516,3 +1516,72 @@ def test_sb3s_names_for_the_replay_buffer_critics_and_learning_rate():
     assert [g["lr"] for g in model.critic.optimizer.param_groups] == [0.5]
     model._update_learning_rate([model.critic.optimizer])
     assert [g["lr"] for g in model.critic.optimizer.param_groups] == [pytest.approx(2.5e-4)]
+
+
+def _hook_calls(lib, target: str, **kwargs) -> tuple[int, list]:
+    """Calls of a forward hook on ``model.<target>`` of ``lib``'s SAC over a short run, and the shapes it saw."""
+    model = lib.SAC(
+        "MlpPolicy",
+        kwargs.pop("env", "Pendulum-v1"),
+        learning_starts=10,
+        batch_size=16,
+        buffer_size=1000,
+        seed=0,
+        policy_kwargs=dict(net_arch=[16]),
+        **kwargs,
+    )
+    shapes = []
+    module = model.critic_target if target == "critic_target" else getattr(model, target)
+    module.register_forward_hook(
+        lambda m, i, out: shapes.append([tuple(o.shape) for o in out] if isinstance(out, tuple) else tuple(out.shape))
+    )
+    model.learn(20)
+    return len(shapes), shapes
+
+
+@pytest.mark.parametrize("target", ["actor", "critic", "critic_target"])
+def test_a_forward_hook_on_sacs_networks_runs_as_in_sb3(target):
+    """A forward hook on model.critic (to log Q-values, say), model.critic_target or model.actor runs where SB3's
+    SAC calls those modules, as often, and sees SB3's shapes (the critic's tuple of (B, 1) Q-values); the
+    hand-written update calls no module and the critics' update called their values, not their forward, so these
+    hooks never ran."""
+    import stable_baselines3
+
+    calls, shapes = _hook_calls(covey, target)
+    expected_calls, expected_shapes = _hook_calls(stable_baselines3, target)
+    assert calls == expected_calls > 0
+    assert shapes == expected_shapes
+
+
+def test_a_forward_hook_on_discrete_sacs_critic_sees_every_actions_values():
+    calls, shapes = _hook_calls(covey, "critic", env="CartPole-v1")
+    assert calls == 20 and shapes[0] == [(16, 2), (16, 2)]  # 10 gradient steps: the critic's loss, the actor's
+
+
+def test_a_forward_hook_on_a_module_made_on_each_access_warns_with_the_layer_to_hook():
+    model = SAC("MlpPolicy", "Pendulum-v1", buffer_size=100, learning_starts=0)
+    for module, name in ((model.actor.mu, "mu"), (model.actor.log_std, "log_std"), (model.critic.q_networks[0], "q_")):
+        with pytest.warns(UserWarning, match=f"A forward hook on model.*{name}.* runs only where your code calls it"):
+            module.register_forward_hook(lambda m, i, out: None)
+    calls = []
+    model.actor.head.proj.register_forward_hook(lambda m, i, out: calls.append(out.shape))
+    model.learn(5)
+    assert calls  # the layer the warning names runs in acting
+
+
+def test_the_parameters_of_sb3s_mu_and_log_std_layers_warn_that_they_are_one_layer():
+    """SB3's actor has a layer for the means and one for the log-stds; covey's has one for both, whose rows
+    model.actor.mu and model.actor.log_std show. Their parameters are that whole layer's, so freezing mu's froze the
+    log-stds too, silently; it warns, and the way it names holds the means' rows alone."""
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=0, batch_size=16, policy_kwargs=dict(net_arch=[16]), seed=0)
+    for view, rows in ((model.actor.mu, "rows \\(0 to 0\\)"), (model.actor.log_std, "rows \\(1 to 1\\)")):
+        with pytest.warns(UserWarning, match=f"one layer of the means and the log-stds.*{rows}"):
+            assert [p.shape for p in view.parameters()] == [(2, 16), (2,)]
+    layer = model.actor.head.proj
+    masks = [torch.ones_like(layer.weight), torch.ones_like(layer.bias)]
+    for mask, parameter in zip(masks, (layer.weight, layer.bias)):
+        mask[0] = 0.0
+        parameter.register_hook(lambda grad, mask=mask: grad * mask)
+    before = layer.weight.detach().clone()
+    model.learn(40)
+    assert torch.equal(layer.weight[0], before[0]) and not torch.equal(layer.weight[1], before[1])

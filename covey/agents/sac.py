@@ -1151,8 +1151,8 @@ class SAC(BaseAgent):
             actions = self.policy.unscale_action(buffer_actions)
         else:
             obs = batch_to_tensor(self._last_obs, self.observation_space, self.device)
-            with torch.inference_mode():
-                buffer_actions = actor.act(obs).cpu().numpy()
+            with torch.inference_mode():  # through the actor's call, SB3's, which a forward hook on it sees
+                buffer_actions = actor(obs).cpu().numpy()
             actions = actor.to_env_actions(buffer_actions)
         if action_noise is not None:
             noise = np.asarray(action_noise())

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 from covey.networks.attention import EntityEncoder, POCACritic
 from covey.networks.distributions import (
@@ -439,10 +440,46 @@ class SB3FeatureNames:
         return features_extractor(obs)
 
 
-class _HeadRows(nn.Module):
+def _forward_hooked(module: nn.Module) -> bool:
+    """Whether a forward hook is registered on ``module`` itself, or on every module."""
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+    )
+
+
+class _MadeOnAccess:
+    """A module covey makes on each access to an SB3 attribute (:attr:`Actor.mu`, :attr:`QEnsemble.q_networks`),
+    over layers of its own that acting and training call instead: a forward hook registered on it would never run,
+    so registering one warns, naming the layer to hook."""
+
+    _name: str
+    _instead: str
+
+    def register_forward_hook(self, hook, *args, **kwargs):
+        self._warn_unused_hook()
+        return super().register_forward_hook(hook, *args, **kwargs)
+
+    def register_forward_pre_hook(self, hook, *args, **kwargs):
+        self._warn_unused_hook()
+        return super().register_forward_pre_hook(hook, *args, **kwargs)
+
+    def _warn_unused_hook(self) -> None:
+        warn_user(
+            f"A forward hook on {self._name} runs only where your code calls it: covey makes {self._name} on each "
+            f"access, over its own layers, which acting and training call instead. Register the hook on "
+            f"{self._instead}."
+        )
+
+
+class _HeadRows(_MadeOnAccess, nn.Module):
     """Rows of a SAC head's output layer as SB3's layer of them (:attr:`Actor.mu`, :attr:`Actor.log_std`): its
     ``weight`` and ``bias`` are views of the head's, so reading them, or an in-place edit or ``nn.init`` of them,
     reaches the head (a gradient is the head's, in its own ``.grad``)."""
+
+    _instead = "the layer of the means and log-stds, model.actor.head.proj (its output: the means, then the log-stds)"
 
     def __init__(self, head: nn.Module, rows: slice) -> None:
         super().__init__()
@@ -456,9 +493,23 @@ class _HeadRows(nn.Module):
     def bias(self) -> torch.Tensor:
         return self.head.proj.bias[self.rows]
 
+    def named_parameters(self, *args: Any, **kwargs: Any):
+        """``nn.Module``'s: the whole head layer's parameters, the means' rows and the log-stds', with a warning
+        (freezing them, or handing them to an optimizer, takes both halves, where SB3 has a layer for each)."""
+        warn_user(
+            f"{self._name}'s parameters are covey's one layer of the means and the log-stds, model.actor.head.proj "
+            f"(SB3 has a layer for each): freezing them or handing them to an optimizer takes both. To hold these "
+            f"rows ({self.rows.start} to {self.rows.stop - 1}) alone, zero their gradient instead: "
+            "model.actor.head.proj.weight.register_hook(lambda grad: grad * mask), mask zero on those rows (and "
+            "likewise the bias)."
+        )
+        return super().named_parameters(*args, **kwargs)
+
 
 class _MeanLayer(_HeadRows):
     """The mean of a squashed Gaussian head's output, from the latent features (:attr:`Actor.mu`)."""
+
+    _name = "model.actor.mu"
 
     def __init__(self, head: nn.Module) -> None:
         super().__init__(head, slice(0, head.action_dim))
@@ -470,6 +521,8 @@ class _MeanLayer(_HeadRows):
 class _LogStdLayer(_HeadRows):
     """SB3 SAC actor's ``log_std`` layer (without gSDE): the log-std part of the head's output, before the clamp
     that ``get_action_dist_params`` applies."""
+
+    _name = "model.actor.log_std"
 
     def __init__(self, head: nn.Module) -> None:
         super().__init__(head, slice(head.action_dim, 2 * head.action_dim))
@@ -1043,6 +1096,15 @@ class QEnsemble(ReadOnlyViews, SB3FeatureNames, nn.Module):
         return features.detach() if self.share_features_extractor else features
 
     def raw(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+        """The Q networks' raw outputs ``(n_critics, B[, n_actions][, K])``. While a forward hook is registered on
+        this module (to log its Q-values, say), a scalar head's come through its call, SB3's ``critic(obs,
+        actions)``, so that the hook runs wherever SB3's training runs it (and what it returns is used)."""
+        if not self.value_head.distributional and _forward_hooked(self):
+            values = torch.stack(self(obs, actions))
+            return values if self.qs[0].discrete else values.squeeze(-1)
+        return self._raw(obs, actions)
+
+    def _raw(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
         features = self.features(obs)
         return torch.stack([q(features, actions) for q in self.qs])
 
@@ -1050,7 +1112,7 @@ class QEnsemble(ReadOnlyViews, SB3FeatureNames, nn.Module):
         return self.value_head.value(self.raw(obs, actions))
 
     def forward(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        return tuple(self._sb3_shape(q) for q in self.values(obs, actions))
+        return tuple(self._sb3_shape(q) for q in self.value_head.value(self._raw(obs, actions)))
 
     def q1_forward(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
         """The first critic's Q values, ``(B, 1)`` (``(B, n_actions)`` for Discrete actions), as SB3's."""
@@ -1082,8 +1144,11 @@ class QEnsemble(ReadOnlyViews, SB3FeatureNames, nn.Module):
         self.train(mode)
 
 
-class _SB3QNetwork(nn.Module):
+class _SB3QNetwork(_MadeOnAccess, nn.Module):
     """One of :attr:`QEnsemble.q_networks`: a critic's trunk and value head as one module, SB3's layout."""
+
+    _name = "model.critic.q_networks[i]"
+    _instead = "model.critic (its call gives every Q network's values) or the Q network's layers, model.critic.qs[i]"
 
     def __init__(self, q: QNetwork) -> None:
         super().__init__()
