@@ -2582,3 +2582,32 @@ def test_a_subclass_keeps_its_own_networks_tensors_and_arguments_through_save_lo
 
     with pytest.raises(AttributeError, match=r"_get_torch_save_params names 'auxiliary', which this model does not"):
         Misnamed("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(tmp_path / "misnamed")
+
+
+def test_the_rollout_buffers_arrays_after_learn_get_the_reshape_they_need():
+    """SB3's update flattens its buffer to (n_steps * n_envs, ...), where a notebook then hands the observations to
+    the policy; covey's stay (n_steps, n_envs, ...), and the policy's tensor methods took them as a batch of
+    (n_steps,) with a reshape error from deep inside. They name the reshape; the reshaped arrays give SB3's calls."""
+    model = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=0), n_steps=16, batch_size=32, seed=0)
+    model.learn(32)
+    buffer = model.rollout_buffer
+    obs = torch.as_tensor(buffer.observations)
+    assert obs.shape == (16, 2, 4)
+    reshape = re.escape("got a tensor of shape (16, 2, 4)") + ".*" + re.escape("reshape them to (-1, 4)")
+    for call in (
+        lambda: model.policy.predict_values(obs),
+        lambda: model.policy.evaluate_actions(obs, torch.as_tensor(buffer.actions)),
+        lambda: model.policy(obs),
+        lambda: model.policy.get_distribution(obs[0, 0]),  # one observation, unbatched
+    ):
+        with pytest.raises(ValueError, match=re.escape("takes a batch of observations of shape (B, 4)")):
+            call()
+    with torch.no_grad():
+        values = model.policy.predict_values(obs.reshape(-1, 4))
+        _, log_prob, _ = model.policy.evaluate_actions(obs.reshape(-1, 4), torch.as_tensor(buffer.actions).reshape(-1))
+    assert values.shape == (32, 1) and log_prob.shape == (32,)
+    with pytest.raises(ValueError, match=reshape):
+        model.policy.predict_values(obs)
+    sac = SAC("MlpPolicy", "Pendulum-v1", buffer_size=100)
+    with pytest.raises(ValueError, match=re.escape("got a tensor of shape (5, 2, 3)")):
+        sac.policy(torch.zeros(5, 2, 3))

@@ -600,7 +600,7 @@ class Actor(PolicyMethods, ReadOnlyViews, SB3FeatureNames, nn.Module):
 
     def get_distribution(self, obs: ObsTensor) -> ActionDistribution:
         """SB3's ``get_distribution``: the action distribution for a batch of observation tensors."""
-        check_obs_tensors(obs)
+        check_obs_tensors(obs, self.observation_space)
         if self.memory is not None:
             raise NotImplementedError(
                 "get_distribution has no memory input: a recurrent actor gives its distribution parameters with "

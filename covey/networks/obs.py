@@ -7,7 +7,7 @@ import torch
 from gymnasium import spaces
 
 from covey.networks.encoders import obs_dtype
-from covey.spaces import match_image_axes
+from covey.spaces import is_image_space, match_image_axes
 
 ObsTensor = torch.Tensor | dict[str, torch.Tensor]
 
@@ -120,10 +120,20 @@ def batch_to_tensor(obs, space: spaces.Space, device: torch.device | str = "cpu"
     return torch.as_tensor(obs, dtype=obs_dtype(space), device=device)
 
 
-def check_obs_tensors(obs) -> None:
+def check_obs_tensors(obs, space: spaces.Space | None = None) -> None:
     """Refuses anything but observation tensors (a dict of them for Dict spaces) where a policy's tensor methods
-    take them, naming the conversions."""
+    take them, naming the conversions; with a vector ``space`` (a Box but an image's), a tensor that is not one
+    batch ``(B, *space.shape)`` too, as the rollout buffer's ``(n_steps, n_envs, ...)`` arrays are."""
     if isinstance(obs, torch.Tensor):
+        vector = isinstance(space, spaces.Box) and not is_image_space(space)
+        shape = tuple(space.shape) if vector and not torch.jit.is_tracing() else None  # a trace's sizes are tensors
+        if shape is not None and (obs.ndim != len(shape) + 1 or tuple(obs.shape[1:]) != shape):
+            dims = ", ".join(map(str, shape))
+            raise ValueError(
+                f"The policy takes a batch of observations of shape (B, {dims}) (the observation space's {shape}), "
+                f"got a tensor of shape {tuple(obs.shape)}. The rollout buffer's arrays are (n_steps, n_envs, ...), "
+                f"also after learn (SB3 flattens them there): reshape them to (-1, {dims})."
+            )
         return
     if isinstance(obs, dict) and all(isinstance(v, torch.Tensor) for v in obs.values()):
         return

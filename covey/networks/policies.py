@@ -340,7 +340,7 @@ class ActorCriticPolicy(_UncalledWhole, _PolicyBase):
 
     def predict_values(self, obs: ObsTensor, *memory: Any) -> torch.Tensor:
         """State values ``(B, 1)``."""
-        check_obs_tensors(obs)
+        check_obs_tensors(obs, self.observation_space)
         self._no_memory("predict_values", memory)
         return self.critic(obs).unsqueeze(-1)
 
@@ -446,7 +446,7 @@ class SACPolicy(_PolicyBase):
         return self._setting("share_features_extractor")
 
     def forward(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
-        check_obs_tensors(obs)
+        check_obs_tensors(obs, self.observation_space)
         return self.actor.act(obs, deterministic).reshape((-1, *self.action_space.shape))
 
     def _predict(self, observation: ObsTensor, deterministic: bool = False) -> torch.Tensor:
