@@ -24,11 +24,22 @@ def __getattr__(name: str):
         from covey.agents.sac import SAC
 
         return SAC
+    if name in _submodules():  # covey.agents.load(...) after a plain `import covey`, as covey's docs write it
+        import importlib
+
+        return importlib.import_module(f"covey.{name}")
     if name in _ELSEWHERE:
         raise ImportError(
             f"covey has no {name}: it trains PPO (recurrent too), SAC and POCA. {_ELSEWHERE[name]}", name=name
         )
     raise AttributeError(f"module 'covey' has no attribute {name!r}")
+
+
+def _submodules() -> set[str]:
+    """The names of covey's modules and packages (``agents``, ``export``, ...)."""
+    import pkgutil
+
+    return {module.name for module in pkgutil.iter_modules(__path__)}
 
 
 # Stable-Baselines3's and sb3-contrib's other algorithms: where to import them from.

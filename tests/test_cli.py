@@ -980,3 +980,22 @@ def test_resuming_a_run_stopped_during_its_final_evaluation_evaluates_it(ppo_run
     assert main(["resume", str(run)]) == 0
     assert (run / "evaluations.csv").read_text().splitlines() == again  # evaluated once
     capsys.readouterr()
+
+
+def test_eval_says_it_does_not_read_vecnormalize_statistics_beside_the_model(tmp_path):
+    """RL Zoo writes <env>.zip and <env>/vecnormalize.pkl; SB3's docs save vecnormalize.pkl beside the model.
+    covey eval reads no pickle, so such a model played on raw observations without a word (scoring lower)."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from covey import PPO
+
+    venv = VecNormalize(make_vec_env("CartPole-v1", n_envs=1))
+    PPO("MlpPolicy", venv, n_steps=16, batch_size=16).save(tmp_path / "CartPole-v1.zip")
+    quiet = covey("eval", tmp_path / "CartPole-v1.zip", "--env", "CartPole-v1", "--episodes", "1", cwd=tmp_path)
+    assert "VecNormalize" not in quiet.stderr
+    (tmp_path / "CartPole-v1").mkdir()
+    venv.save(tmp_path / "CartPole-v1" / "vecnormalize.pkl")
+    said = covey("eval", tmp_path / "CartPole-v1.zip", "--env", "CartPole-v1", "--episodes", "1", cwd=tmp_path)
+    assert "vecnormalize.pkl holds SB3's VecNormalize statistics, which this command does not read" in said.stderr
+    assert "mean return" in said.stdout

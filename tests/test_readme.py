@@ -67,3 +67,24 @@ def test_the_module_switches_the_readme_names_are_the_modules_own() -> None:
             reached = getattr(reached, part)  # as the README's dotted assignment resolves it
         assert reached is module, f"covey...{path} is {reached!r}, not the module"
         assert hasattr(module, name), f"{path} has no switch {name}"
+
+
+def test_covey_submodules_are_reached_after_a_plain_import_as_the_readme_writes_them(tmp_path) -> None:
+    """The README's ``covey.agents.load("runs/cartpole/model.zip")`` after ``import covey``: covey's modules load
+    on first use (as its agents do, so the import stays cheap), where this was an AttributeError."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, covey\n"
+        "assert 'torch' not in sys.modules\n"
+        "assert callable(covey.agents.load) and callable(covey.export.export_onnx)\n"
+        "try:\n"
+        "    covey.no_such_module\n"
+        "except AttributeError as err:\n"
+        "    print(err)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "module 'covey' has no attribute 'no_such_module'" in result.stdout
+    assert "covey.agents.load(" in README.read_text()

@@ -210,3 +210,29 @@ def test_a_ppo_with_memory_goes_to_sb3_contribs_recurrent_ppo_and_back(tmp_path)
         gru.to_sb3_model()
     # what the memory's state says in sb3-contrib's terms: its RNNStates of the actor's and the critic's
     assert RNNStates._fields == ("pi", "vf")
+
+
+def test_covey_export_sb3_of_a_ppo_with_memory_is_checked_as_recurrent_ppo_over_steps(tmp_path, capsys):
+    """``covey export --sb3`` writes sb3-contrib's RecurrentPPO file of a PPO with memory, names that class, and
+    checks the file with its load over several steps with the memories carried: a first step from a fresh memory
+    never reads the LSTMs' hidden-to-hidden weights, so a file with wrong ones passed a one-step check."""
+    from covey.cli.commands import _export_sb3
+
+    model = PPO("MlpLstmPolicy", "CartPole-v1", **SMALL, policy_kwargs=dict(lstm_hidden_size=8, net_arch=[8]))
+    model.learn(32)
+    assert _export_sb3(model, tmp_path / "m.zip", tmp_path / "m_sb3.zip") == 0
+    out = capsys.readouterr().out
+    assert "(sb3-contrib RecurrentPPO)" in out
+    assert "verified: True (sb3_contrib.RecurrentPPO.load of it against model.predict on 4 steps" in out
+    assert isinstance(RecurrentPPO.load(tmp_path / "m_sb3.zip"), RecurrentPPO)
+    to_sb3_model = model.to_sb3_model
+
+    def wrong_memory_weights(*args, **kwargs):
+        sb3_model = to_sb3_model(*args, **kwargs)
+        with torch.no_grad():
+            sb3_model.policy.lstm_actor.weight_hh_l0.mul_(-1.0)
+        return sb3_model
+
+    model.to_sb3_model = wrong_memory_weights
+    assert _export_sb3(model, tmp_path / "m.zip", tmp_path / "bad_sb3.zip") != 0
+    assert "verified: False" in capsys.readouterr().out

@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
         const="",
         metavar="FILE",
         help="write a Stable-Baselines3 model file instead, which stable_baselines3.PPO/SAC.load reads "
-        "(default file: <run folder>/model_sb3.zip or <model>_sb3.zip)",
+        "(sb3_contrib.RecurrentPPO.load for a PPO with LSTM memory; default file: <run folder>/model_sb3.zip or "
+        "<model>_sb3.zip)",
     )
     export.set_defaults(func=_run("cmd_export"))
 

@@ -78,6 +78,17 @@ def load_model(path: pathlib.Path, cfg: RunConfig) -> Any:
             f"The model ({path}) was trained with observation space {model.observation_space} and action space "
             f"{model.action_space}; {cfg.env} has {obs_space} and {act_space}. Pass the env it was trained on."
         )
+    # SB3's VecNormalize statistics, where SB3 and RL Zoo save them: beside the model, or in RL Zoo's env folder
+    for statistics in (path.parent / "vecnormalize.pkl", path.parent / path.stem / "vecnormalize.pkl"):
+        if statistics.is_file():
+            print(
+                f"covey: {statistics} holds SB3's VecNormalize statistics, which this command does not read (a "
+                "pickle; covey never unpickles): the model sees the env's raw observations and rewards, and may "
+                "score lower than where it trained. Evaluate in Python with VecNormalize.load(path, venv) "
+                "(training=False, norm_reward=False) and SB3's evaluate_policy.",
+                file=sys.stderr,
+            )
+            break
     return model
 
 
@@ -205,11 +216,12 @@ def _report_export(wrote: str, verified: bool, how: str, mismatch: str) -> int:
 
 
 def _export_sb3(model: Any, model_path: pathlib.Path, out: pathlib.Path) -> int:
-    """``covey export --sb3``: the model as SB3's file (:meth:`~covey.agents.base.BaseAgent.to_sb3_model`), written
-    atomically; its bytes, read back by SB3's own ``load``, are checked to act as covey's model."""
+    """``covey export --sb3``: the model as SB3's file (:meth:`~covey.agents.base.BaseAgent.to_sb3_model`; sb3-contrib's
+    RecurrentPPO for a PPO with memory), written atomically; its bytes, read back by that class's own ``load``, are
+    checked to act as covey's model (a model with memory over a few steps, its memories carried)."""
     import io
 
-    import stable_baselines3
+    import numpy as np
     from gymnasium import spaces
 
     from covey.agents.sb3_policy import action_start
@@ -227,18 +239,29 @@ def _export_sb3(model: Any, model_path: pathlib.Path, out: pathlib.Path) -> int:
         write_atomically(out, lambda f: f.write(data.getvalue()))
     except OSError as err:
         raise CLIError(str(err)) from err
-    loaded = getattr(stable_baselines3, model.agent_name).load(io.BytesIO(data.getvalue()), device="cpu")  # as written
-    obs = sample_observations(model.observation_space, 32)
-    ours, theirs = model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0]
+    sb3_class = type(sb3_model)
+    library = sb3_class.__module__.split(".")[0]  # stable_baselines3, or sb3_contrib
+    loaded = sb3_class.load(io.BytesIO(data.getvalue()), device="cpu")  # as written
+    steps = 1 if getattr(model.policy.actor, "memory", None) is None else 4
+    ours, theirs, ours_state, theirs_state = [], [], None, None
+    for step in range(steps):  # a memory's later steps read what the first ones left in it
+        obs = sample_observations(model.observation_space, 32, seed=step)
+        kwargs = {} if steps == 1 else {"episode_start": np.full(32, step == 0)}
+        action, ours_state = model.predict(obs, state=ours_state, deterministic=True, **kwargs)
+        ours.append(action)
+        action, theirs_state = loaded.predict(obs, state=theirs_state, deterministic=True, **kwargs)
+        theirs.append(action)
+    ours, theirs = np.concatenate(ours), np.concatenate(theirs)
     start = action_start(model.action_space)  # SB3 acts from 0 whatever the start (to_sb3_model warned of it)
     ours, against = (ours, "model.predict") if start is None else (ours - start, "model.predict minus the start")
     verified, difference = compare_actions(ours, theirs, discrete=not isinstance(model.action_space, spaces.Box))
+    what = "32 sampled observations" if steps == 1 else f"{steps} steps of 32 sampled observations, memories carried"
+    name = {"stable_baselines3": "Stable-Baselines3", "sb3_contrib": "sb3-contrib"}.get(library, library)
     return _report_export(
-        f"{out} (Stable-Baselines3 {model.agent_name}) from {model_path}",
+        f"{out} ({name} {sb3_class.__name__}) from {model_path}",
         verified,
-        f"stable_baselines3.{model.agent_name}.load of it against {against} on 32 sampled observations, max abs "
-        f"difference {difference:.3g}",
-        "SB3's model of the file does not act as the covey model.",
+        f"{library}.{sb3_class.__name__}.load of it against {against} on {what}, max abs difference {difference:.3g}",
+        f"{name}'s model of the file does not act as the covey model.",
     )
 
 
