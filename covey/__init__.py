@@ -35,11 +35,17 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'covey' has no attribute {name!r}")
 
 
-def _submodules() -> set[str]:
-    """The names of covey's modules and packages (``agents``, ``export``, ...)."""
-    import pkgutil
+_SUBMODULES: set[str] = set()
 
-    return {module.name for module in pkgutil.iter_modules(__path__)}
+
+def _submodules() -> set[str]:
+    """The names of covey's public modules and packages (``agents``, ``export``, ...; not ``__main__``, which runs
+    the command line)."""
+    if not _SUBMODULES:
+        import pkgutil
+
+        _SUBMODULES.update(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return _SUBMODULES
 
 
 # Stable-Baselines3's and sb3-contrib's other algorithms: where to import them from.

@@ -996,6 +996,14 @@ def test_eval_says_it_does_not_read_vecnormalize_statistics_beside_the_model(tmp
     assert "VecNormalize" not in quiet.stderr
     (tmp_path / "CartPole-v1").mkdir()
     venv.save(tmp_path / "CartPole-v1" / "vecnormalize.pkl")
-    said = covey("eval", tmp_path / "CartPole-v1.zip", "--env", "CartPole-v1", "--episodes", "1", cwd=tmp_path)
-    assert "vecnormalize.pkl holds SB3's VecNormalize statistics, which this command does not read" in said.stderr
-    assert "mean return" in said.stdout
+    notice = "vecnormalize.pkl holds SB3's VecNormalize statistics, which this command does not read"
+    for model in ("CartPole-v1.zip", "best_model.zip"):  # RL Zoo's best model sits beside the env folder too
+        (tmp_path / model).write_bytes((tmp_path / "CartPole-v1.zip").read_bytes())
+        said = covey("eval", tmp_path / model, "--env", "CartPole-v1", "--episodes", "1", cwd=tmp_path)
+        assert notice in said.stderr and "mean return" in said.stdout, model
+    checkpoints = tmp_path / "checkpoints"  # SB3's CheckpointCallback(save_vecnormalize=True)
+    checkpoints.mkdir()
+    (checkpoints / "rl_model_16_steps.zip").write_bytes((tmp_path / "CartPole-v1.zip").read_bytes())
+    venv.save(checkpoints / "rl_model_vecnormalize_16_steps.pkl")
+    said = covey("eval", checkpoints / "rl_model_16_steps.zip", "--env", "CartPole-v1", "--episodes", "1", cwd=tmp_path)
+    assert "rl_model_vecnormalize_16_steps.pkl holds SB3's VecNormalize statistics" in said.stderr

@@ -79,6 +79,7 @@ def test_covey_submodules_are_reached_after_a_plain_import_as_the_readme_writes_
         "import sys, covey\n"
         "assert 'torch' not in sys.modules\n"
         "assert callable(covey.agents.load) and callable(covey.export.export_onnx)\n"
+        "assert not hasattr(covey, '__main__')\n"  # which would run the command line
         "try:\n"
         "    covey.no_such_module\n"
         "except AttributeError as err:\n"

@@ -1535,6 +1535,9 @@ def _hook_calls(lib, target: str, **kwargs) -> tuple[int, list]:
     module.register_forward_hook(
         lambda m, i, out: shapes.append([tuple(o.shape) for o in out] if isinstance(out, tuple) else tuple(out.shape))
     )
+    obs = model.observation_space.sample()
+    model.predict(obs)  # acting outside training: SB3's policy calls its actor
+    model.policy.predict(obs, deterministic=True)
     model.learn(20)
     return len(shapes), shapes
 
@@ -1556,6 +1559,15 @@ def test_a_forward_hook_on_sacs_networks_runs_as_in_sb3(target):
 def test_a_forward_hook_on_discrete_sacs_critic_sees_every_actions_values():
     calls, shapes = _hook_calls(covey, "critic", env="CartPole-v1")
     assert calls == 20 and shapes[0] == [(16, 2), (16, 2)]  # 10 gradient steps: the critic's loss, the actor's
+
+
+def test_a_forward_hook_on_a_two_hot_critic_warns_with_the_layers_to_hook():
+    model = SAC("MlpPolicy", "Pendulum-v1", buffer_size=100, policy_kwargs=dict(value_head="twohot"))
+    with pytest.warns(UserWarning, match=r"two-hot critic runs only where your code calls it.*qs\[i\]\.trunk"):
+        model.critic.register_forward_hook(lambda m, i, out: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SAC("MlpPolicy", "Pendulum-v1", buffer_size=100).critic.register_forward_hook(lambda m, i, out: None)
 
 
 def test_a_forward_hook_on_a_module_made_on_each_access_warns_with_the_layer_to_hook():

@@ -2593,14 +2593,14 @@ def test_the_rollout_buffers_arrays_after_learn_get_the_reshape_they_need():
     buffer = model.rollout_buffer
     obs = torch.as_tensor(buffer.observations)
     assert obs.shape == (16, 2, 4)
-    reshape = re.escape("got a tensor of shape (16, 2, 4)") + ".*" + re.escape("reshape them to (-1, 4)")
+    reshape = re.escape("got a tensor of shape (16, 2, 4), with 2 batch axes") + ".*" + re.escape("(-1, 4)")
     for call in (
         lambda: model.policy.predict_values(obs),
         lambda: model.policy.evaluate_actions(obs, torch.as_tensor(buffer.actions)),
         lambda: model.policy(obs),
-        lambda: model.policy.get_distribution(obs[0, 0]),  # one observation, unbatched
+        lambda: model.policy.get_distribution(obs),
     ):
-        with pytest.raises(ValueError, match=re.escape("takes a batch of observations of shape (B, 4)")):
+        with pytest.raises(ValueError, match=re.escape("takes one batch of observations, of shape (B, 4)")):
             call()
     with torch.no_grad():
         values = model.policy.predict_values(obs.reshape(-1, 4))
@@ -2611,3 +2611,10 @@ def test_the_rollout_buffers_arrays_after_learn_get_the_reshape_they_need():
     sac = SAC("MlpPolicy", "Pendulum-v1", buffer_size=100)
     with pytest.raises(ValueError, match=re.escape("got a tensor of shape (5, 2, 3)")):
         sac.policy(torch.zeros(5, 2, 3))
+    # a batch flattened as SB3's FlattenExtractor flattens it is taken, as SB3 takes it; a Dict's keys are checked
+    flat = PPO("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (2, 3), np.float32), spaces.Discrete(2)), n_steps=16)
+    assert flat.policy.predict_values(torch.zeros(5, 6)).shape == (5, 1)
+    space = spaces.Dict({"a": spaces.Box(-1, 1, (3,), np.float32), "b": spaces.Discrete(2)})
+    keyed = PPO("MultiInputPolicy", SpaceEnv(space, spaces.Discrete(2)), n_steps=16)
+    with pytest.raises(ValueError, match=re.escape("of shape (B, 3) for key 'a'; got a tensor of shape (4, 2, 3)")):
+        keyed.policy.predict_values({"a": torch.zeros(4, 2, 3), "b": torch.zeros(4, 2)})

@@ -1727,7 +1727,7 @@ class BaseAgent:
         sb3_policy = sb3_class.policy_aliases.get(name)
         if sb3_policy is None:
             raise ValueError(
-                f"SB3's {self.agent_name} has no {name}: weights go to its MlpPolicy, CnnPolicy and MultiInputPolicy."
+                f"{sb3_class.__name__} has no {name}: weights go to its {', '.join(sb3_class.policy_aliases)}."
             )
         space = self._sb3_observation_space()
         kwargs = self._sb3_policy_kwargs()

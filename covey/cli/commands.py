@@ -78,8 +78,10 @@ def load_model(path: pathlib.Path, cfg: RunConfig) -> Any:
             f"The model ({path}) was trained with observation space {model.observation_space} and action space "
             f"{model.action_space}; {cfg.env} has {obs_space} and {act_space}. Pass the env it was trained on."
         )
-    # SB3's VecNormalize statistics, where SB3 and RL Zoo save them: beside the model, or in RL Zoo's env folder
-    for statistics in (path.parent / "vecnormalize.pkl", path.parent / path.stem / "vecnormalize.pkl"):
+    # SB3's VecNormalize statistics, where SB3 and RL Zoo save them: beside the model (its checkpoints'
+    # rl_model_vecnormalize_<N>_steps.pkl too), or in RL Zoo's env folder (beside <env>.zip and best_model.zip)
+    folders = (path.parent, path.parent / path.stem, path.parent / str(cfg.env).split(":")[-1])
+    for statistics in sorted({found for folder in folders for found in folder.glob("*vecnormalize*.pkl")}):
         if statistics.is_file():
             print(
                 f"covey: {statistics} holds SB3's VecNormalize statistics, which this command does not read (a "
@@ -242,7 +244,7 @@ def _export_sb3(model: Any, model_path: pathlib.Path, out: pathlib.Path) -> int:
     sb3_class = type(sb3_model)
     library = sb3_class.__module__.split(".")[0]  # stable_baselines3, or sb3_contrib
     loaded = sb3_class.load(io.BytesIO(data.getvalue()), device="cpu")  # as written
-    steps = 1 if getattr(model.policy.actor, "memory", None) is None else 4
+    steps = 1 if model._memory() is None else 4
     ours, theirs, ours_state, theirs_state = [], [], None, None
     for step in range(steps):  # a memory's later steps read what the first ones left in it
         obs = sample_observations(model.observation_space, 32, seed=step)

@@ -719,8 +719,8 @@ class Actor(PolicyMethods, ReadOnlyViews, SB3FeatureNames, nn.Module):
         obs, batched = self.obs_to_tensor(observation)
         if self.memory is not None:
             return self._predict_recurrent(obs, batched, state, episode_start, deterministic)
-        with torch.inference_mode():
-            actions = self.act(obs, deterministic).cpu().numpy()
+        with torch.inference_mode():  # through the call, as SB3's policy calls its actor: a forward hook sees it
+            actions = self(obs, deterministic).cpu().numpy()
         actions = self.to_env_actions(actions)
         return (actions if batched else actions.squeeze(axis=0)), state
 
@@ -1103,6 +1103,22 @@ class QEnsemble(ReadOnlyViews, SB3FeatureNames, nn.Module):
             values = torch.stack(self(obs, actions))
             return values if self.qs[0].discrete else values.squeeze(-1)
         return self._raw(obs, actions)
+
+    def register_forward_hook(self, hook, *args, **kwargs):
+        self._warn_distributional_hook()
+        return super().register_forward_hook(hook, *args, **kwargs)
+
+    def register_forward_pre_hook(self, hook, *args, **kwargs):
+        self._warn_distributional_hook()
+        return super().register_forward_pre_hook(hook, *args, **kwargs)
+
+    def _warn_distributional_hook(self) -> None:
+        if self.value_head.distributional:
+            warn_user(
+                "A forward hook on a two-hot critic runs only where your code calls it: its update reads the "
+                "critics' bins, not the Q-values its call gives. Register it on its layers (model.critic.qs[i].trunk, "
+                "model.critic.qs[i].head), whose hooks run in training."
+            )
 
     def _raw(self, obs: ObsTensor, actions: torch.Tensor | None = None) -> torch.Tensor:
         features = self.features(obs)

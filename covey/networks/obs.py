@@ -9,6 +9,8 @@ from gymnasium import spaces
 from covey.networks.encoders import obs_dtype
 from covey.spaces import is_image_space, match_image_axes
 
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
 ObsTensor = torch.Tensor | dict[str, torch.Tensor]
 
 
@@ -120,22 +122,35 @@ def batch_to_tensor(obs, space: spaces.Space, device: torch.device | str = "cpu"
     return torch.as_tensor(obs, dtype=obs_dtype(space), device=device)
 
 
+def _check_batch_axes(obs: torch.Tensor, space: spaces.Space | None, where: str) -> None:
+    """A vector Box's tensor ``(n_steps, n_envs, *shape)`` names the reshape to one batch. Other shapes go on to
+    the networks as before (a batch flattened to ``(B, prod(shape))`` reads as SB3's flattening reads it). Shapes
+    are compared before anything else, as plain integers, so that a trace or a compiled graph has nothing to
+    guard on where they fit."""
+    if not isinstance(space, spaces.Box) or not space.shape or torch.jit.is_tracing() or _compiling():
+        return
+    shape = tuple(space.shape)
+    if obs.ndim <= len(shape) + 1 or tuple(obs.shape[obs.ndim - len(shape) :]) != shape or is_image_space(space):
+        return
+    dims = ", ".join(map(str, shape))
+    raise ValueError(
+        f"The policy takes one batch of observations, of shape (B, {dims}){where}; got a tensor of shape "
+        f"{tuple(obs.shape)}, with {obs.ndim - len(shape)} batch axes. The rollout buffer's arrays are "
+        f"(n_steps, n_envs, ...), also after learn (SB3 flattens them there): reshape them to (-1, {dims})."
+    )
+
+
 def check_obs_tensors(obs, space: spaces.Space | None = None) -> None:
     """Refuses anything but observation tensors (a dict of them for Dict spaces) where a policy's tensor methods
-    take them, naming the conversions; with a vector ``space`` (a Box but an image's), a tensor that is not one
-    batch ``(B, *space.shape)`` too, as the rollout buffer's ``(n_steps, n_envs, ...)`` arrays are."""
+    take them, naming the conversions; with ``space``, a tensor of a vector Box (not an image) with batch axes
+    before the space's shape beyond one, as the rollout buffer's ``(n_steps, n_envs, ...)`` arrays have, too."""
     if isinstance(obs, torch.Tensor):
-        vector = isinstance(space, spaces.Box) and not is_image_space(space)
-        shape = tuple(space.shape) if vector and not torch.jit.is_tracing() else None  # a trace's sizes are tensors
-        if shape is not None and (obs.ndim != len(shape) + 1 or tuple(obs.shape[1:]) != shape):
-            dims = ", ".join(map(str, shape))
-            raise ValueError(
-                f"The policy takes a batch of observations of shape (B, {dims}) (the observation space's {shape}), "
-                f"got a tensor of shape {tuple(obs.shape)}. The rollout buffer's arrays are (n_steps, n_envs, ...), "
-                f"also after learn (SB3 flattens them there): reshape them to (-1, {dims})."
-            )
+        _check_batch_axes(obs, space, "")
         return
     if isinstance(obs, dict) and all(isinstance(v, torch.Tensor) for v in obs.values()):
+        if isinstance(space, spaces.Dict):
+            for key, value in obs.items():
+                _check_batch_axes(value, space.spaces.get(key), f" for key {key!r}")
         return
     raise TypeError(
         f"The policy takes observation tensors (a dict of them for Dict spaces), got {type(obs).__name__}. "

@@ -446,8 +446,8 @@ class SACPolicy(_PolicyBase):
         return self._setting("share_features_extractor")
 
     def forward(self, obs: ObsTensor, deterministic: bool = False) -> torch.Tensor:
-        check_obs_tensors(obs, self.observation_space)
-        return self.actor.act(obs, deterministic).reshape((-1, *self.action_space.shape))
+        check_obs_tensors(obs, self.observation_space)  # through the actor's call, which a forward hook on it sees
+        return self.actor(obs, deterministic).reshape((-1, *self.action_space.shape))
 
     def _predict(self, observation: ObsTensor, deterministic: bool = False) -> torch.Tensor:
         """SB3's ``_predict``: :meth:`forward`."""
