@@ -450,13 +450,9 @@ def _forward_hooked(module: nn.Module) -> bool:
     )
 
 
-class _MadeOnAccess:
-    """A module covey makes on each access to an SB3 attribute (:attr:`Actor.mu`, :attr:`QEnsemble.q_networks`),
-    over layers of its own that acting and training call instead: a forward hook registered on it would never run,
-    so registering one warns, naming the layer to hook."""
-
-    _name: str
-    _instead: str
+class WarnsOnHook:
+    """A module on which SB3 users register forward hooks that covey's acting or training would not run (or would
+    not run as SB3 runs them): registering one first calls ``_warn_unused_hook``, which says where to hook instead."""
 
     def register_forward_hook(self, hook, *args, **kwargs):
         self._warn_unused_hook()
@@ -465,6 +461,18 @@ class _MadeOnAccess:
     def register_forward_pre_hook(self, hook, *args, **kwargs):
         self._warn_unused_hook()
         return super().register_forward_pre_hook(hook, *args, **kwargs)
+
+    def _warn_unused_hook(self) -> None:
+        raise NotImplementedError
+
+
+class _MadeOnAccess(WarnsOnHook):
+    """A module covey makes on each access to an SB3 attribute (:attr:`Actor.mu`, :attr:`QEnsemble.q_networks`),
+    over layers of its own that acting and training call instead: a forward hook registered on it would never run,
+    so registering one warns, naming the layer to hook."""
+
+    _name: str
+    _instead: str
 
     def _warn_unused_hook(self) -> None:
         warn_user(
@@ -1054,7 +1062,7 @@ class QNetwork(nn.Module):
         return self.head(self.trunk(x))
 
 
-class QEnsemble(ReadOnlyViews, SB3FeatureNames, nn.Module):
+class QEnsemble(WarnsOnHook, ReadOnlyViews, SB3FeatureNames, nn.Module):
     """``n_critics`` Q networks over one shared critic encoder.
 
     ``values`` gives the Q values stacked on dim 0: Box actions ``(n_critics, B)``, Discrete
@@ -1104,15 +1112,7 @@ class QEnsemble(ReadOnlyViews, SB3FeatureNames, nn.Module):
             return values if self.qs[0].discrete else values.squeeze(-1)
         return self._raw(obs, actions)
 
-    def register_forward_hook(self, hook, *args, **kwargs):
-        self._warn_distributional_hook()
-        return super().register_forward_hook(hook, *args, **kwargs)
-
-    def register_forward_pre_hook(self, hook, *args, **kwargs):
-        self._warn_distributional_hook()
-        return super().register_forward_pre_hook(hook, *args, **kwargs)
-
-    def _warn_distributional_hook(self) -> None:
+    def _warn_unused_hook(self) -> None:
         if self.value_head.distributional:
             warn_user(
                 "A forward hook on a two-hot critic runs only where your code calls it: its update reads the "

@@ -32,6 +32,7 @@ from covey.networks.actor_critic import (
     ParameterMismatchError,  # noqa: F401 (its name here before it moved)
     PolicyMethods,
     ReadOnlyViews,
+    WarnsOnHook,
 )
 from covey.networks.distributions import ActionDistribution
 from covey.networks.encoders import sb3_extractor
@@ -39,20 +40,12 @@ from covey.networks.obs import ObsTensor, check_obs_tensors
 from covey.warning import warn_user
 
 
-class _UncalledWhole:
+class _UncalledWhole(WarnsOnHook):
     """A module whose own ``forward`` covey never calls in acting or training, where SB3's PPO calls it at each
     step: registering a forward hook on it warns, naming ``_hooked_as`` and the layers to hook instead."""
 
     _hooked_as: str
     _layers_to_hook: str
-
-    def register_forward_hook(self, hook, *args, **kwargs):
-        self._warn_unused_hook()
-        return super().register_forward_hook(hook, *args, **kwargs)
-
-    def register_forward_pre_hook(self, hook, *args, **kwargs):
-        self._warn_unused_hook()
-        return super().register_forward_pre_hook(hook, *args, **kwargs)
 
     def _warn_unused_hook(self) -> None:
         name = self._hooked_as
