@@ -765,3 +765,48 @@ def test_the_policys_load_state_dict_reads_sb3s_names_and_warns_where_it_loads_n
     sac = covey.SAC("MlpPolicy", "Pendulum-v1")
     with pytest.raises(ValueError, match=r"SB3's actor.mu.weight without actor.log_std.weight"):
         sac.policy.load_state_dict({"actor.mu.weight": torch.zeros(1, 256)}, strict=False)
+
+
+def test_the_extractors_layers_are_reached_by_sb3s_names_and_their_hooks_see_sb3s_inputs():
+    """SB3's ``features_extractor.cnn`` (NatureCNN) and ``.extractors`` (CombinedExtractor) were AttributeErrors:
+    feature-map and Grad-CAM code reads and hooks them. They are covey's ``convs`` and ``encoders``: the same layers
+    in the same order, whose hooks run in training and see what SB3's see (channel-first floats in [0, 1])."""
+    env = SpaceEnv(image_space((36, 36, 3)), spaces.Discrete(3))
+    sb3_model = stable_baselines3.PPO("CnnPolicy", env, n_steps=16, batch_size=16, seed=0)
+    model = covey.PPO("CnnPolicy", env, n_steps=16, batch_size=16, seed=0)
+    ours, theirs = model.policy.features_extractor.cnn, sb3_model.policy.features_extractor.cnn
+    assert ours is model.policy.features_extractor.convs
+    assert [type(m) for m in ours] == [type(m) for m in theirs]
+    assert [p.shape for p in ours.parameters()] == [p.shape for p in theirs.parameters()]
+    seen = {"covey": [], "sb3": []}
+    for name, cnn in (("covey", ours), ("sb3", theirs)):
+        cnn[0].register_forward_pre_hook(lambda _, args, name=name: seen[name].append(args[0].detach().clone()))
+        cnn[4].register_forward_hook(lambda _, args, out, name=name: seen[name].append(out.shape[1:]))
+    for m in (model, sb3_model):
+        m.learn(16)
+    first = {name: inputs[0] for name, inputs in seen.items()}
+    assert first["covey"].shape[1:] == first["sb3"].shape[1:] == (3, 36, 36)
+    assert (
+        first["covey"].dtype == torch.float32 and 0.0 <= float(first["covey"].min()) <= float(first["covey"].max()) <= 1
+    )
+    assert seen["covey"][1] == seen["sb3"][1] == (64, 1, 1)  # the last convolution's maps, (channels, h, w)
+    assert len(seen["covey"]) > 2  # the hooks ran in training too, not only in acting
+
+    dict_env = SpaceEnv(IMAGE_AND_VECTOR, spaces.Discrete(3))
+    fe = covey.PPO("MultiInputPolicy", dict_env, n_steps=16, batch_size=16).policy.features_extractor
+    sb3_fe = stable_baselines3.PPO("MultiInputPolicy", dict_env, n_steps=16, batch_size=16).policy.features_extractor
+    assert fe.extractors is fe.encoders and list(fe.extractors) == list(sb3_fe.extractors)
+    assert [type(m) for m in fe.extractors["image"].cnn] == [type(m) for m in sb3_fe.extractors["image"].cnn]
+
+
+def test_to_sb3_model_refuses_channel_last_float_images_which_sb3s_cnn_cannot_read():
+    """covey's CnnPolicy reads channel-last float images (normalize_images=False); SB3 moves only uint8 images
+    channels first, so SB3's template failed with a convolution size error from torch."""
+    env = SpaceEnv(spaces.Box(0, 1, (36, 36, 3), np.float32), spaces.Discrete(3))
+    model = covey.PPO("CnnPolicy", env, n_steps=16, batch_size=16, policy_kwargs=dict(normalize_images=False))
+    for convert in (model.to_sb3_model, model.get_sb3_parameters):
+        with pytest.raises(ValueError, match=r"channel-last images that are not uint8 pixels .*Train on channel-first"):
+            convert()
+    first = SpaceEnv(spaces.Box(0, 1, (3, 36, 36), np.float32), spaces.Discrete(3))
+    model = covey.PPO("CnnPolicy", first, n_steps=16, batch_size=16, policy_kwargs=dict(normalize_images=False))
+    assert model.to_sb3_model().observation_space.shape == (3, 36, 36)  # channels first: SB3's counterpart

@@ -51,7 +51,7 @@ from covey.agents.sb3_policy import action_start, build_policy, class_path, opti
 from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import LSTM_POLICIES, ParameterMismatchError, policy_kwargs_dict, policy_name
-from covey.networks.encoders import FlattenEncoder, NormalizedEncoder
+from covey.networks.encoders import FlattenEncoder, NatureCNN, NormalizedEncoder
 from covey.networks.sb3_names import move_optimizer_state, to_sb3
 from covey.spaces import (
     channels_last,
@@ -1730,6 +1730,14 @@ class BaseAgent:
                 f"{sb3_class.__name__} has no {name}: weights go to its {', '.join(sb3_class.policy_aliases)}."
             )
         space = self._sb3_observation_space()
+        unmoved = [m for m in self.policy.modules() if isinstance(m, NatureCNN) and m.channels_last and not m.pixels]
+        if unmoved:
+            raise ValueError(
+                f"This model's CNN reads channel-last images that are not uint8 pixels ({self.observation_space}), "
+                "which covey moves channels first itself; SB3 moves only uint8 images in [0, 255] (VecTransposeImage), "
+                "so its CnnPolicy would read the last axis as a width. Train on channel-first images (C, H, W) for a "
+                "model SB3 has a counterpart of."
+            )
         kwargs = self._sb3_policy_kwargs()
         kwargs.pop("use_sde", None)  # the model's decides
         own = sorted(set(kwargs) - set(inspect.signature(sb3_policy).parameters))

@@ -96,8 +96,9 @@ class NatureCNN(Encoder):
                 "Use 'MlpPolicy' for vector observations."
             )
         self.channels_last = channels_last(space.shape)
+        self.pixels = is_image_space(space)  # uint8 in [0, 255], which SB3 moves channels first too
         c, h, w = (space.shape[2], *space.shape[:2]) if self.channels_last else space.shape
-        self.scale = 1.0 / 255.0 if normalize_images and is_image_space(space) else None
+        self.scale = 1.0 / 255.0 if normalize_images and self.pixels else None
         self.convs = nn.Sequential(
             nn.Conv2d(c, 32, kernel_size=8, stride=4),
             nn.ReLU(),
@@ -118,6 +119,12 @@ class NatureCNN(Encoder):
         self.linear = nn.Sequential(Linear(n_flat, features_dim), nn.ReLU())
         self.out_dim = features_dim
 
+    @property
+    def cnn(self) -> nn.Sequential:
+        """SB3's ``NatureCNN.cnn``: :attr:`convs`, the same layers in the same order, which take what SB3's take
+        (floats, scaled, channels first), so that a hook on ``cnn[4]`` (the last convolution) runs in training."""
+        return self.convs
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float()
         if self.scale is not None:
@@ -134,6 +141,12 @@ class DictEncoder(Encoder):
         super().__init__()
         self.encoders = nn.ModuleDict(encoders)
         self.out_dim = sum(enc.out_dim for enc in encoders.values())
+
+    @property
+    def extractors(self) -> nn.ModuleDict:
+        """SB3's ``CombinedExtractor.extractors``: :attr:`encoders`, one per key (a key's images take the env's
+        observations, as the encoder of a whole image observation does)."""
+        return self.encoders
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.cat([enc(obs[key]) for key, enc in self.encoders.items()], dim=1)  # (B, out_dim)
