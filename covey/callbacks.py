@@ -16,7 +16,7 @@ from stable_baselines3.common.callbacks import BaseCallback, EventCallback
 
 from covey.evaluation import group_episodes
 from covey.files import write_atomically
-from covey.wrappers.group_env import is_env_maker, is_parallel_env, make_one_env
+from covey.wrappers.group_env import is_aec_env, is_env_maker, is_parallel_env, make_one_env
 
 
 class GroupEvalCallback(EventCallback):
@@ -65,7 +65,7 @@ class GroupEvalCallback(EventCallback):
                 f"GroupEvalCallback got the name {eval_env!r}; pass a PettingZoo env or a function making one, "
                 "e.g. GroupEvalCallback(lambda: simple_spread_v3.parallel_env())."
             )
-        if not is_env_maker(eval_env) and not is_parallel_env(eval_env) and not hasattr(eval_env, "agent_iter"):
+        if not is_env_maker(eval_env) and not is_parallel_env(eval_env) and not is_aec_env(eval_env):
             raise TypeError(
                 f"GroupEvalCallback evaluates POCA on a PettingZoo env (or a function making one), got "
                 f"{type(eval_env).__name__}. For PPO and SAC use SB3's EvalCallback."

@@ -7,7 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from covey.wrappers.group_env import LiveAgents, _api_error, _not_a_reward, check_group_spaces, make_one_env
+from covey.wrappers.group_env import (
+    LiveAgents,
+    _api_error,
+    _not_a_reward,
+    check_group_spaces,
+    check_possible_agents,
+    make_one_env,
+)
 
 
 def evaluate_group(
@@ -79,8 +86,10 @@ def _play(
     on_step: Callable[[Any], bool] | None,
 ) -> tuple[list[float], list[float], list[int]]:
     group, per_agent, lengths = [], [], []
+    agent_ids = list(env.possible_agents)
     for episode in range(n_episodes):
         obs, _ = env.reset(seed=seed + episode)
+        check_possible_agents(env, agent_ids)
         for i, agent in enumerate(env.possible_agents):
             env.action_space(agent).seed(seed + 1000 * episode + i)
         agents, live = list(env.agents), LiveAgents()

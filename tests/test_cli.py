@@ -1007,3 +1007,66 @@ def test_eval_says_it_does_not_read_vecnormalize_statistics_beside_the_model(tmp
     venv.save(checkpoints / "rl_model_vecnormalize_16_steps.pkl")
     said = covey("eval", checkpoints / "rl_model_16_steps.zip", "--env", "CartPole-v1", "--episodes", "1", cwd=tmp_path)
     assert "rl_model_vecnormalize_16_steps.pkl holds SB3's VecNormalize statistics" in said.stderr
+
+
+def test_eval_of_a_run_folder_replays_its_last_evaluation(poca_run):
+    """By default eval plays a run folder's own evaluation episodes (its seed + 1000), so it prints the run's last
+    evaluation; it played seed 0 before, a different score for the same model. --seed still picks the episodes."""
+    last = read_rows(poca_run / "evaluations.csv")[-1]
+    assert int(last["timesteps"]) == 1536
+    result = covey("eval", poca_run, "--episodes", "2", cwd=poca_run.parent)
+    match = re.search(r"mean group return \(sum over the team\): (-?\d+\.\d+) \+/- (\d+\.\d+)", result.stdout)
+    assert match, result.stdout
+    assert float(match.group(1)) == pytest.approx(float(last["mean_return"]), abs=0.006)
+    assert float(match.group(2)) == pytest.approx(float(last["std_return"]), abs=0.006)
+    other = covey("eval", poca_run, "--episodes", "2", "--seed", "0", cwd=poca_run.parent)
+    assert re.search(r"return \(sum over the team\): (-?\d+\.\d+)", other.stdout).group(1) != match.group(1)
+
+
+def test_eval_of_a_model_on_an_env_its_wrappers_changed_names_the_run_folder(tmp_path):
+    """A team trained with SuperSuit's padding, evaluated as a bare file on the env itself (whose agents differ in
+    their spaces): a traceback before, now the error and the way to evaluate it."""
+    import supersuit
+    from mpe2 import simple_speaker_listener_v4
+
+    from covey import POCA
+
+    def padded():
+        return supersuit.pad_action_space_v0(supersuit.pad_observations_v0(simple_speaker_listener_v4.parallel_env()))
+
+    run = tmp_path / "run"
+    run.mkdir()
+    POCA("MlpPolicy", padded, n_steps=16, batch_size=16).save(run / "model.zip")
+    (run / "config.yaml").write_text("agent: poca\nenv: mpe2:simple_speaker_listener_v4\n")  # a run folder's
+    env = ("--env", "mpe2:simple_speaker_listener_v4")
+    result = covey("eval", run / "model.zip", *env, cwd=tmp_path, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "its agents differ in their spaces (a group shares one observation space, but 'speaker_0'" in result.stderr
+    assert f"If it trained with wrappers, evaluate its run folder, whose config names them: {run}." in result.stderr
+    assert "one_side" not in result.stderr  # advice on training one side, which evaluating this model needs not
+    # the run folder itself, with --env naming the env without its wrappers: the way is to leave --env out
+    result = covey("eval", run, *env, cwd=tmp_path, check=False)
+    assert result.returncode == 2 and "--env and --env-kwargs replace its env (and keep its wrappers)" in result.stderr
+    (run / "model.zip").rename(tmp_path / "model.zip")  # a model file outside any run folder
+    result = covey("eval", tmp_path / "model.zip", *env, cwd=tmp_path, check=False)
+    assert result.returncode == 2 and "plays only through them" in result.stderr
+
+
+def test_the_fix_for_a_config_whose_wrapped_team_differs_keeps_the_configs_wrappers(tmp_path):
+    """A config that trains one side already, of agents whose action spaces differ: the error's config line put
+    the padding in place of the config's one_side, which would have trained every agent as one team."""
+    team = "[leadadversary_0, adversary_0]"
+    config = (
+        "agent: poca\nenv: mpe2:simple_world_comm_v3\nenv_kwargs: {max_cycles: 5}\n"
+        f"wrappers: [{{name: one_side, kwargs: {{team: {team}}}}}]\n"
+    )
+    (tmp_path / "side.yaml").write_text(config)
+    result = covey("check", "side.yaml", cwd=tmp_path, check=False)
+    said = result.stderr + result.stdout
+    assert result.returncode == 2 and "Traceback" not in said
+    fix = f"[{{name: one_side, kwargs: {{team: {team}}}}}, {{name: pad_action_space_v0}}]"
+    assert f"wrappers: {fix}" in said
+    assert "for one side, whose opponents act at random" not in said  # it is one side
+    (tmp_path / "fixed.yaml").write_text(config.replace(config.splitlines()[-1], f"wrappers: {fix}"))
+    result = covey("check", "fixed.yaml", cwd=tmp_path, check=False)
+    assert result.returncode == 0, result.stderr

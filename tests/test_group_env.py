@@ -1680,3 +1680,165 @@ def test_a_missing_reward_and_a_reward_no_agent_trains_on_are_warned_of_once():
     venv.reset(seed=0)
     with pytest.warns(UserWarning, match=r"reward of 10.0 under 'team', which did not act .* no agent trains on it"):
         venv.step(np.zeros((1, 2), np.int64))
+
+
+class ReadsEveryListedActionEnv(ScriptedEnv):
+    """ScriptedEnv that keeps listing agent a after its end at step 3 and reads an action of every listed agent, as
+    an env written against PettingZoo's API may not (an ended agent leaves ``self.agents``)."""
+
+    def step(self, actions):
+        [int(actions[a]) for a in self.agents]  # a KeyError for a listed agent without an action
+        keep = self.agents
+        out = super().step({a: actions[a] for a in keep})
+        if "a" in keep and "a" not in self.agents:
+            self.agents.insert(0, "a")
+        return out
+
+
+def test_an_env_that_reads_the_action_of_an_agent_it_ended_but_lists_is_named_with_the_fix():
+    """covey sends no action to an agent the env ended (as PettingZoo's API has it), even where the env still lists
+    it; an env that reads one failed with a bare KeyError from inside the env."""
+    venv = GroupVecEnv([ReadsEveryListedActionEnv])
+    venv.reset(seed=0)
+    for _ in range(3):  # a terminates at step 3
+        venv.step(np.zeros((1, 3), np.int64))
+    with pytest.raises(ValueError, match=r"raised KeyError\('a'\), for an agent that terminated or truncated") as info:
+        venv.step(np.zeros((1, 3), np.int64))
+    assert "Take an agent out of self.agents in the step that ends it" in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+class KeyErrorEnv(ScriptedEnv):
+    def step(self, actions):
+        return {}["not an agent"]
+
+
+class ReadsAJoiningAgentsActionEnv(ScriptedEnv):
+    """ScriptedEnv that reads the action of agent c in step 2, where c joins (it lists c only after the step)."""
+
+    def step(self, actions):
+        if self.t == 1:
+            self.agents.append("c")
+            actions["c"]
+        return super().step(actions)
+
+
+@pytest.mark.parametrize("env", [KeyErrorEnv, ReadsAJoiningAgentsActionEnv])
+def test_a_key_error_of_the_envs_own_stays_the_envs(env):
+    """A KeyError for what is no agent, or for an agent that never ended, is not blamed on an ended agent."""
+    venv = GroupVecEnv([env])
+    venv.reset(seed=0)
+    if env is ReadsAJoiningAgentsActionEnv:
+        venv.step(np.zeros((1, 3), np.int64))
+    with pytest.raises(KeyError, match="not an agent" if env is KeyErrorEnv else "'c'"):
+        venv.step(np.zeros((1, 3), np.int64))
+
+
+class SharesPossibleAgentsEnv(ScriptedEnv):
+    """ScriptedEnv whose reset lists ``self.possible_agents`` itself, not a copy: agents the steps take out of
+    ``self.agents`` leave ``possible_agents`` too (a common slip PettingZoo's api test does not catch)."""
+
+    def __init__(self):
+        super().__init__(end=3)
+        self.possible_agents = ["a", "b"]
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        self.agents = self.possible_agents
+        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        done = self.t >= self.end
+        observations = {a: self._obs(a) for a in self.agents}
+        flags = {a: done for a in self.agents}
+        rewards = {a: 1.0 for a in self.agents}
+        for a in list(self.agents) if done else []:
+            self.agents.remove(a)
+        return observations, rewards, flags, dict(flags), {a: {} for a in observations}
+
+
+def test_an_env_whose_agents_list_is_its_possible_agents_is_named_at_the_reset_after_it_emptied_them():
+    venv = GroupVecEnv([SharesPossibleAgentsEnv])
+    venv.reset(seed=0)
+    made_with = r"left possible_agents \[\], where the env was made with \['a', 'b'\]: self.agents is the same list"
+    with pytest.raises(ValueError, match=made_with) as info:
+        for _ in range(3):
+            venv.step(np.zeros((1, 2), np.int64))
+    assert "self.agents = self.possible_agents[:]" in str(info.value)
+    with pytest.raises(ValueError, match=made_with):  # an evaluation scored the later episodes as empty ones
+        evaluate_group(None, SharesPossibleAgentsEnv, n_eval_episodes=3)
+
+
+class DropsAPossibleAgentEnv(SharesPossibleAgentsEnv):
+    """Takes agent a out of ``possible_agents`` in its first step and lists a copy in ``reset``: the group shrank
+    from its second episode on, silently."""
+
+    def reset(self, seed=None, options=None):
+        out = super().reset(seed=seed, options=options)
+        self.agents = list(self.possible_agents)
+        return out
+
+    def _obs(self, agent):
+        return np.array([["a", "b"].index(agent) + 1, self.t, 7], np.float32)
+
+    def step(self, actions):
+        out = super().step(actions)
+        if "a" in self.possible_agents:
+            self.possible_agents.remove("a")
+        return out
+
+
+def test_possible_agents_that_change_are_named_at_the_next_reset():
+    venv = GroupVecEnv([DropsAPossibleAgentEnv])
+    venv.reset(seed=0)
+    changed = r"left possible_agents \['b'\], where the env was made with \['a', 'b'\]: possible_agents lists every"
+    with pytest.raises(ValueError, match=changed):
+        for _ in range(3):
+            venv.step(np.zeros((1, 2), np.int64))
+
+
+class DictObsUndeclaredEnv(ScriptedEnv):
+    """ScriptedEnv whose observations are PettingZoo's newer tutorial's dicts with an action mask, under a declared
+    Box space."""
+
+    def _obs(self, agent):
+        return {"observation": super()._obs(agent), "action_mask": np.ones(3, np.int8)}
+
+
+class DictObsUnderDiscreteEnv(DictObsUndeclaredEnv):
+    def observation_space(self, agent):
+        return spaces.Discrete(5)
+
+
+@pytest.mark.parametrize("env", [DictObsUndeclaredEnv, DictObsUnderDiscreteEnv])
+def test_a_dict_observation_under_a_space_that_is_no_dict_is_named_as_a_dict(env):
+    """It was reported as an observation "of shape ()" (NumPy's shape of a dict), or a bare TypeError."""
+    venv = GroupVecEnv([env])
+    keys = r"gave agent 'a' a dict observation \(keys \['observation', 'action_mask'\]\)"
+    with pytest.raises(ValueError, match=keys):
+        venv.reset(seed=0)
+
+
+def test_mixed_spaces_name_the_largest_side_and_inside_one_side_do_not_suggest_it_again():
+    from mpe2 import simple_world_comm_v3
+
+    from covey.wrappers import one_side
+
+    with pytest.raises(MixedSpacesError) as info:
+        GroupVecEnv([lambda: simple_world_comm_v3.parallel_env(max_cycles=5)])
+    message = str(info.value)
+    # ids: one lead adversary, three adversaries, two agents; a team of one was the example before
+    assert "(by their ids: 'leadadversary' (1), 'adversary' (3), 'agent' (2))" in message
+    assert "covey.wrappers.one_side(env, 'adversary')" in message and info.value.side == "adversary"
+    assert "its team may also be a list of agent ids" in message
+    team = ["leadadversary_0", "adversary_0", "adversary_1", "adversary_2"]
+    with pytest.raises(MixedSpacesError) as info:
+        GroupVecEnv([lambda: one_side(simple_world_comm_v3.parallel_env(max_cycles=5), team)])
+    message = str(info.value)
+    assert "The env is one side already (covey.wrappers.one_side)" in message
+    assert "covey.wrappers.one_side(env," not in message and info.value.side is None
+    # as the message says: padded over one_side's env, that team steps
+    padded = GroupVecEnv([lambda: supersuit.pad_action_space_v0(one_side(simple_world_comm_v3.parallel_env(), team))])
+    obs, mask = padded.reset(seed=0)
+    assert mask.shape == (1, 4) and mask.all()

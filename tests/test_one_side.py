@@ -127,3 +127,20 @@ def test_actions_for_the_other_side_are_refused():
     env.reset(seed=0)
     with pytest.raises(ValueError, match=r"actions for \['agent_0'\], which are not the team's agents"):
         env.step({**{agent: 0 for agent in TEAM}, "agent_0": 1})
+
+
+def test_it_takes_an_aec_env_as_poca_does():
+    """one_side around PettingZoo's default AEC env (simple_tag_v3.env()) failed at reset with a bare TypeError,
+    and POCA mistook the wrapper for an AEC env through the attributes a parallel wrapper passes on."""
+    from covey.wrappers.group_env import as_parallel
+
+    aec = simple_tag_v3.env(num_good=1, num_adversaries=3, num_obstacles=1, max_cycles=20)
+    env = one_side(aec, "adversary")
+    assert env.possible_agents == TEAM and as_parallel(env) is env
+    observations, _ = env.reset(seed=0)
+    assert sorted(observations) == TEAM
+    parallel = one_side(tag(), "adversary")
+    np.testing.assert_array_equal(observations["adversary_1"], parallel.reset(seed=0)[0]["adversary_1"])
+    model = POCA("MlpPolicy", lambda: one_side(simple_tag_v3.env(max_cycles=20), "adversary"), n_steps=32, seed=0)
+    model.learn(64)
+    assert model.num_timesteps == 64

@@ -861,6 +861,22 @@ def test_logger_keys(tmp_path):
         assert np.isfinite(float(last[k])), k
     assert int(last["time/agent_steps"]) == model.agent_steps
     assert int(last["time/total_timesteps"]) == 96
+    # under PPO's names too: its entropy term, and no std for Discrete actions
+    assert float(last["train/entropy_loss"]) == pytest.approx(-float(last["train/entropy"]))
+    assert "train/std" not in last
+
+
+def test_a_box_action_teams_policy_std_is_logged_under_ppos_key():
+    from mpe2 import simple_spread_v3
+
+    make = lambda: simple_spread_v3.parallel_env(N=2, max_cycles=10, continuous_actions=True)  # noqa: E731
+    model = POCA("MlpPolicy", make, n_steps=32, batch_size=32, seed=0)
+    with torch.no_grad():
+        model.actor.head.log_std.copy_(torch.log(torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0])))
+    model.learn(32)
+    logged = model.logger.name_to_value
+    std = model.actor.head.log_std.detach().exp().mean().item()
+    assert logged["train/std"] == pytest.approx(std, rel=1e-6) and abs(std - 1.6) < 0.05  # after one update
 
 
 def test_update_statistics_are_reduced_as_sb3s_ppo_logs_them(monkeypatch):

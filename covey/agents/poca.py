@@ -40,7 +40,14 @@ from covey.networks.attention import POCACritic
 from covey.networks.ema import CriticEMA, ema_regularizer
 from covey.networks.encoders import FlatDict, obs_dtype
 from covey.spaces import match_image_axes, warn_unmasked_actions
-from covey.wrappers.group_env import GroupStep, GroupVecEnv, is_env_maker, is_parallel_env, make_group_env
+from covey.wrappers.group_env import (
+    GroupStep,
+    GroupVecEnv,
+    is_aec_env,
+    is_env_maker,
+    is_parallel_env,
+    make_group_env,
+)
 
 _EVAL_CHUNK = 256
 """Group-steps per batched pass of the rollout evaluation (:meth:`POCA._evaluate_rollout`): the attention critic's
@@ -301,7 +308,7 @@ class POCA(BaseAgent):
         (or class) making the env is called once per copy; an env instance is one copy."""
         if is_env_maker(env):
             env = make_group_env(env, self.n_envs)
-        elif self.n_envs != 1 and (is_parallel_env(env) or hasattr(env, "agent_iter")):
+        elif self.n_envs != 1 and (is_parallel_env(env) or is_aec_env(env)):
             raise ValueError(
                 f"set_env() got one env instance, which is one copy, but this model steps {self.n_envs} env copies "
                 f"(its buffers are built for them). Pass a function that makes the env (set_env(lambda: ...) makes "
@@ -780,8 +787,16 @@ class POCA(BaseAgent):
         return last_epoch
 
     def _log_train(self, history: list, last_epoch: int, clip_range: float) -> None:
-        for key, value in sb3_train_log(history, last_epoch).items():  # reduced as SB3's PPO logs them
+        means = sb3_train_log(history, last_epoch)  # reduced as SB3's PPO logs them
+        for key, value in means.items():
             self.logger.record(f"train/{key}", value)
+        # under PPO's names too, so that one plot of PPO's and POCA's runs finds them: its entropy term, and the
+        # policy's std for Box actions
+        if "entropy" in means:  # (no minibatch held a present agent: nothing trained)
+            self.logger.record("train/entropy_loss", -means["entropy"])
+        log_std = getattr(self.actor.head, "log_std", None)
+        if log_std is not None:
+            self.logger.record("train/std", log_std.detach().exp().mean().item())
         buf = self.rollout_buffer
         present = buf.present_tensor
         values = buf.values_tensor[:, :, None].expand_as(buf.returns_tensor)[present]

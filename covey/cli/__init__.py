@@ -181,7 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--episodes", type=int, default=20 if name == "eval" else 1, help=f"default {20 if name == 'eval' else 1}"
         )
         cmd.add_argument("--stochastic", action="store_true", help="sample actions (default: the most likely one)")
-        cmd.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
+        cmd.add_argument(
+            "--seed",
+            type=int,
+            help="seed of the first episode (default: for a run folder, its evaluations' seed, the run's seed + 1000, "
+            "so that eval replays the episodes the run's evaluations played; for a model file, 0)",
+        )
         cmd.add_argument("--best", action="store_true", help="use the run's checkpoints/best_model.zip")
         if name == "enjoy":
             cmd.add_argument("--gif", help="output GIF (default: <run folder>/<model>.gif)")

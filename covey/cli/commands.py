@@ -47,7 +47,32 @@ def resolve_model(
     return path, RunConfig.from_dict({"agent": agent, "env": env, "env_kwargs": env_kwargs or {}})
 
 
-def load_model(path: pathlib.Path, cfg: RunConfig) -> Any:
+def episode_seed(args: Any, cfg: RunConfig) -> int:
+    """``--seed``, or by default the seed the run's own evaluations played (a run folder), or 0 (a model file)."""
+    if args.seed is not None:
+        return args.seed
+    if pathlib.Path(args.target).is_dir() and cfg.seed is not None:
+        return int(cfg.seed) + 1000  # as covey train's Evaluator
+    return 0
+
+
+def _trained_with_wrappers(target: str, path: pathlib.Path) -> str:
+    """The end of an error for a model that does not fit the env it was given: wrappers it trained with may be why."""
+    if pathlib.Path(target).is_dir():
+        return (
+            f" The run's config.yaml names the env and the wrappers it trained with; --env and --env-kwargs replace "
+            f"its env (and keep its wrappers): leave them out to evaluate {target} as it trained."
+        )
+    for folder in (path.parent, path.parent.parent):  # a run's model, or one of its checkpoints
+        if RunFolder(folder).is_run():
+            return f" If it trained with wrappers, evaluate its run folder, whose config names them: {folder}."
+    return (
+        " A model trained with wrappers (SuperSuit's, say) plays only through them: evaluate a run folder whose "
+        "config names them, or evaluate in Python on the wrapped env."
+    )
+
+
+def load_model(path: pathlib.Path, cfg: RunConfig, target: str) -> Any:
     """Load with covey.agents.load, and check the model fits the env it will play."""
     import torch
 
@@ -64,9 +89,17 @@ def load_model(path: pathlib.Path, cfg: RunConfig) -> Any:
     env = env_fn(cfg)()
     try:
         if cfg.is_group:
-            from covey.wrappers.group_env import as_parallel, check_group_spaces
+            from covey.wrappers.group_env import MixedSpacesError, as_parallel, check_group_spaces
 
-            obs_space, act_space = check_group_spaces(as_parallel(env))
+            try:
+                obs_space, act_space = check_group_spaces(as_parallel(env))
+            except MixedSpacesError as err:  # which the wrappers a model trained with may have made equal
+                raise CLIError(
+                    f"{cfg.env}: its agents differ in their spaces (a group shares {err.problems}), so no model "
+                    f"of one team plays it as it is.{_trained_with_wrappers(target, path)}"
+                ) from err
+            except ValueError as err:
+                raise CLIError(f"{cfg.env}: {err}") from err
         else:
             obs_space, act_space = env.observation_space, env.action_space
     finally:
@@ -77,6 +110,7 @@ def load_model(path: pathlib.Path, cfg: RunConfig) -> Any:
         raise CLIError(
             f"The model ({path}) was trained with observation space {model.observation_space} and action space "
             f"{model.action_space}; {cfg.env} has {obs_space} and {act_space}. Pass the env it was trained on."
+            + _trained_with_wrappers(target, path)
         )
     # SB3's VecNormalize statistics, where SB3 and RL Zoo save them: beside the model (its checkpoints'
     # rl_model_vecnormalize_<N>_steps.pkl too), or in RL Zoo's env folder (beside <env>.zip and best_model.zip)
@@ -98,10 +132,10 @@ def cmd_eval(args: Any) -> int:
     from covey.cli.evaluation import Evaluator
 
     path, cfg = resolve_model(args.target, args.env, parse_env_kwargs(args.env_kwargs), args.best)
-    model = load_model(path, cfg)
+    model = load_model(path, cfg, args.target)
     if args.episodes < 1:
         raise CLIError("--episodes must be >= 1.")
-    evaluator = Evaluator(cfg, args.episodes, deterministic=not args.stochastic, seed=args.seed)
+    evaluator = Evaluator(cfg, args.episodes, deterministic=not args.stochastic, seed=episode_seed(args, cfg))
     mean, std = evaluator(model)
     evaluator.close()
     kind = "stochastic" if args.stochastic else "deterministic"
@@ -117,7 +151,7 @@ def cmd_enjoy(args: Any) -> int:
     from covey.cli.evaluation import record_gif
 
     path, cfg = resolve_model(args.target, args.env, parse_env_kwargs(args.env_kwargs), args.best)
-    model = load_model(path, cfg)
+    model = load_model(path, cfg, args.target)
     for flag, value in (("--episodes", args.episodes), ("--fps", args.fps), ("--max-frames", args.max_frames)):
         if value < 1:
             raise CLIError(f"{flag} must be >= 1, got {value}.")
@@ -132,7 +166,7 @@ def cmd_enjoy(args: Any) -> int:
             out,
             episodes=args.episodes,
             deterministic=not args.stochastic,
-            seed=args.seed,
+            seed=episode_seed(args, cfg),
             fps=args.fps,
             max_frames=args.max_frames,
         )

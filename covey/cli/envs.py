@@ -172,11 +172,16 @@ def build_env(cfg: RunConfig, n_envs: int | None = None, seed: int | None = None
                 return SubprocGroupVecEnv([make] * n_envs, n_processes=n_processes)
             return make_group_env(make, n_envs)
         except MixedSpacesError as err:
-            listed = ", ".join(f"{{name: {name}}}" for name in err.wrappers)
-            side = f"{{name: one_side, kwargs: {{team: {err.side}}}}}"
+            import yaml
+
+            # the config's own wrappers first, as they are: the fix goes around them
+            kept = [yaml.safe_dump(dict(w), default_flow_style=True, sort_keys=False).strip() for w in cfg.wrappers]
+            listed = ", ".join([*kept, *(f"{{name: {name}}}" for name in err.wrappers)])
+            side = ", ".join([*kept, f"{{name: one_side, kwargs: {{team: {err.side}}}}}"])
+            one_side = "" if err.side is None else f"; for one side, whose opponents act at random: wrappers: [{side}]"
             raise CLIError(
                 f"env {cfg.env}: {err} In a run's config, for one team: wrappers: [{listed}] (or --set "
-                f"'wrappers=[{listed}]'); for one side, whose opponents act at random: wrappers: [{side}]."
+                f"'wrappers=[{listed}]'){one_side}."
             ) from err
         except (ValueError, NotImplementedError) as err:
             raise CLIError(f"env {cfg.env}: {err}") from err

@@ -40,6 +40,23 @@ def _api_error(call: str, problem: str) -> ValueError:
     return ValueError(f"The env's {call} {problem}. {PETTINGZOO_API}")
 
 
+def check_possible_agents(env: Any, agent_ids: list[Any]) -> None:
+    """After a reset: ``env.possible_agents`` is still ``agent_ids``, its list when it was made (PettingZoo's
+    possible_agents never change); else an error, which names the usual cause where it is the cause."""
+    now = env.possible_agents
+    if list(now) == agent_ids:
+        return
+    if env.agents is now:
+        cause = (
+            "self.agents is the same list as self.possible_agents (self.agents = self.possible_agents in reset), "
+            "so the agents taken out of self.agents were taken out of possible_agents too. Give reset() a copy: "
+            "self.agents = self.possible_agents[:]"
+        )
+    else:
+        cause = "possible_agents lists every agent that may ever act, fixed when the env is made"
+    raise _api_error("reset()", f"left possible_agents {list(now)}, where the env was made with {agent_ids}: {cause}")
+
+
 class GroupStep(NamedTuple):
     """What one step of every env copy returns (arrays ``(n_envs, n_slots, ...)`` unless said)."""
 
@@ -68,9 +85,15 @@ def is_parallel_env(env: Any) -> bool:
     return not isinstance(env, type) and all(hasattr(env, k) for k in ("possible_agents", "step", "reset"))
 
 
+def is_aec_env(env: Any) -> bool:
+    """An AEC env instance, told by its class: PettingZoo's parallel wrappers pass attribute reads through to the
+    env they wrap, so a parallel wrapper around an AEC env has the AEC env's ``agent_iter`` too."""
+    return not isinstance(env, type) and hasattr(type(env), "agent_iter")
+
+
 def as_parallel(env: Any) -> Any:
     """A PettingZoo ParallelEnv as it is; an AEC env converted to parallel."""
-    if not isinstance(env, type) and hasattr(env, "agent_iter"):  # AEC API
+    if is_aec_env(env):
         from pettingzoo.utils.conversions import aec_to_parallel
 
         metadata = getattr(env, "metadata", {})
@@ -127,10 +150,11 @@ class MixedSpacesError(ValueError):
     """Agents of one group with different observation or action spaces; ``wrappers`` names the SuperSuit wrappers
     that make them equal, ``side`` the team :func:`covey.wrappers.one_side` would train instead."""
 
-    def __init__(self, message: str, wrappers: list[str], side: str) -> None:
+    def __init__(self, message: str, wrappers: list[str], side: str | None, problems: str = "") -> None:
         super().__init__(message)
+        self.problems = problems  # which spaces differ, in words
         self.wrappers = wrappers
-        self.side = side  # the team one_side would take in the message's example
+        self.side = side  # the team one_side would take in the message's example (None: the env is one side)
 
 
 SAME_AGENTS = "All env copies must have the same possible_agents, in the same order"
@@ -158,18 +182,34 @@ def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
             fixes.append(fix)
     if problems:
         sides = _name_groups(agents)
-        example = next(iter(sides)) if len(sides) > 1 else str(agents[0])
+        # the largest side (the first of equals) as the example: a team of one is seldom the side to train
+        example = max(sides, key=sides.__getitem__) if len(sides) > 1 else str(agents[0])
         named = ", ".join(f"{prefix!r} ({n})" for prefix, n in sides.items()) if len(sides) > 1 else ""
+        pad = f"make their spaces equal, e.g. with SuperSuit's {' and '.join(f + '(env)' for f in fixes)}"
+        from covey.wrappers.one_side import OneSideEnv
+
+        one_side = any(isinstance(inner, OneSideEnv) for inner in _wrapped(env))
+        if one_side:
+            advice = (
+                f"The env is one side already (covey.wrappers.one_side): its team's agents differ, so {pad} around "
+                "one_side's env (pad_action_space_v0(one_side(env, team)), say), or pass one_side a team whose agents "
+                "share their spaces."
+            )
+        else:
+            advice = (
+                f"If they are one team, {pad}. If they are opposing sides"
+                f"{f' (by their ids: {named})' if named else ''}, train one side: covey.wrappers.one_side(env, "
+                f"{example!r}) lists that side's agents and acts for the others (at random, or by a model of theirs "
+                "you pass as others=); its team may also be a list of agent ids."
+            )
         raise MixedSpacesError(
             "Agents of one group must share "
             + "; and ".join(problems)
-            + ". POCA trains all of the env's agents as one cooperative group with one shared policy. If they are "
-            f"one team, make their spaces equal, e.g. with SuperSuit's {' and '.join(f + '(env)' for f in fixes)}. "
-            f"If they are opposing sides{f' (by their ids: {named})' if named else ''}, train one side: "
-            f"covey.wrappers.one_side(env, {example!r}) lists that side's agents and acts for the others (at "
-            "random, or by a model of theirs you pass as others=).",
+            + ". POCA trains all of the env's agents as one cooperative group with one shared policy. "
+            + advice,
             fixes,
-            example,
+            None if one_side else example,
+            "; and ".join(problems),
         )
     check_observation_space(obs_spaces[agents[0]])
     check_action_space(act_spaces[agents[0]])
@@ -300,6 +340,7 @@ class GroupVecEnv:
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict)):
             raise _api_error("reset()", f"returned {returned(out)}, not (observations, infos)")
         observations = out[0]
+        check_possible_agents(self.envs[e], self.agent_ids)
         if not self.envs[e].agents:
             raise ValueError(
                 "The env has no agents after reset(): a group needs at least one live agent to act. "
@@ -322,6 +363,13 @@ class GroupVecEnv:
                 "reset() or step()",
                 f"lists agent {agent!r}, which is not one of possible_agents {self.agent_ids}. Every agent that "
                 "may act must be in possible_agents",
+            )
+        if isinstance(obs, dict) and self.flat_dict is None:
+            raise _api_error(
+                "reset() or step()",
+                f"gave agent {agent!r} a dict observation (keys {list(obs)}), but observation_space({agent!r}) = "
+                f"{self.observation_space} is no spaces.Dict: declare it as a gymnasium.spaces.Dict of those keys "
+                "(e.g. the observation and an action mask), or return the observation alone",
             )
         try:
             stored = self._stored(obs, agent)
@@ -394,10 +442,24 @@ class GroupVecEnv:
             if self._unsettled[e]:
                 self._settle(e, left, truncated, final_obs, env_done)
                 continue
-            acting = [agent for agent in env.agents if self._mask[e, self.slot[agent]]]  # live after the last step
+            listed = list(env.agents)
+            acting = [agent for agent in listed if self._mask[e, self.slot[agent]]]  # live after the last step
             action_dict = {agent: actions[e, self.slot[agent]] for agent in acting}
             self._unsettled[e] = True  # until its observations and mask are the env's again
-            out = env.step(action_dict)
+            try:
+                out = env.step(action_dict)
+            except KeyError as exc:  # an env reading the action of an agent it ended but still lists, most likely
+                ended = [agent for agent in listed if agent not in action_dict]
+                key = exc.args[0] if len(exc.args) == 1 else None
+                if any(agent is key or (type(agent) is type(key) and agent == key) for agent in ended):
+                    raise _api_error(
+                        "step()",
+                        f"raised KeyError({key!r}), for an agent that terminated or truncated in an earlier step of "
+                        "this episode but is still in env.agents (reading its action, most likely): covey sends "
+                        "actions to the live agents only, as PettingZoo's API has them. Take an agent out of "
+                        "self.agents in the step that ends it (or read actions with actions.get(agent))",
+                    ) from exc
+                raise
             if len(out) != 5:
                 raise _api_error("step()", f"returned {len(out)} values, not 5")
             observations, rew, term, trunc, agent_infos = out
@@ -736,7 +798,7 @@ def make_group_env(env: Any, n_envs: int | None) -> GroupVecEnv:
 
 def is_env_maker(env: Any) -> bool:
     """Whether ``env`` makes envs (a function or a class) rather than being one (a ParallelEnv or AEC instance)."""
-    return isinstance(env, type) or (callable(env) and not is_parallel_env(env) and not hasattr(env, "agent_iter"))
+    return isinstance(env, type) or (callable(env) and not is_parallel_env(env) and not is_aec_env(env))
 
 
 def make_one_env(env: Any) -> tuple[Any, bool]:

@@ -11,7 +11,8 @@ from pettingzoo.utils.wrappers import BaseParallelWrapper
 
 
 class OneSideEnv(BaseParallelWrapper):
-    """A PettingZoo parallel env that lists only ``team``'s agents; the env's other agents act by ``others``.
+    """A PettingZoo parallel env that lists only ``team``'s agents; the env's other agents act by ``others``. An AEC
+    env is taken in its parallel form (PettingZoo's ``aec_to_parallel``), as POCA takes one.
 
     ``others`` is None (uniformly random actions, drawn from a generator that ``reset(seed=...)`` seeds), a
     model with SB3's ``predict`` that takes ``{agent: observation}`` (a trained POCA model of the other side,
@@ -28,6 +29,9 @@ class OneSideEnv(BaseParallelWrapper):
     """
 
     def __init__(self, env: Any, team: str | Iterable[Any], others: Any = None, deterministic: bool = True) -> None:
+        from covey.wrappers.group_env import as_parallel
+
+        env = as_parallel(env)  # an AEC env (simple_tag_v3.env()) as its parallel form, as POCA takes it
         super().__init__(env)
         every = list(env.possible_agents)
         if isinstance(team, str) and team in every:  # one agent's id: that agent, not those it prefixes
@@ -101,7 +105,7 @@ class OneSideEnv(BaseParallelWrapper):
 
 
 def one_side(env: Any, team: str | Iterable[Any], others: Any = None, deterministic: bool = True) -> OneSideEnv:
-    """``env`` (a PettingZoo parallel env of opposing sides, such as mpe2's simple_tag) as one side's env:
+    """``env`` (a PettingZoo parallel or AEC env of opposing sides, such as mpe2's simple_tag) as one side's env:
     ``team`` (agent ids, one agent's id, or the prefix they share, e.g. ``"adversary"``) is what POCA trains as a
     group, and the other agents act by ``others`` (None: at random; a model with ``predict``; a function): see
     :class:`OneSideEnv`."""
