@@ -179,6 +179,20 @@ def space_mismatch_advice(ours: spaces.Space, theirs: spaces.Space) -> str:
     """What to do about an env whose space is not the model's: where only a Box's bounds differ, the weights fit
     the env's space, which ``load``'s ``custom_objects`` can give the model."""
     box = isinstance(ours, spaces.Box) and isinstance(theirs, spaces.Box)
+    if (
+        box
+        and is_image_space(ours)
+        and is_image_space(theirs)
+        and channels_last(ours.shape) != channels_last(theirs.shape)
+    ):
+        h, w, c = ours.shape if channels_last(ours.shape) else (*ours.shape[1:], ours.shape[0])
+        if theirs.shape in ((c, h, w), (h, w, c)):
+            move = "0, -1" if channels_last(ours.shape) else "-1, 0"
+            return (
+                f"The env's images keep their channels on the other side ({theirs.shape}) of the model's "
+                f"({ours.shape}): move them in the env, e.g. with SuperSuit's observation_lambda_v0(env, lambda obs, "
+                f"space: np.moveaxis(obs, {move}), lambda space: gymnasium.spaces.Box(0, 255, {ours.shape}, np.uint8))."
+            )
     if box and (ours.shape, ours.dtype) == (theirs.shape, theirs.dtype):
         return (
             "Only the bounds differ: if the model should act in this env anyway, load it with the env's space, "

@@ -1785,3 +1785,51 @@ def test_pocas_arguments_follow_sb3_ppos_order_and_its_load_takes_sb3s(tmp_path)
     )
     loaded = POCA.load(tmp_path / "m", EarlyExitEnv, "cpu", None, False, True)
     assert loaded.device.type == "cpu" and loaded.n_steps == 8
+
+
+class LayoutTeam(ParallelEnv):
+    """Two agents observing 36x36x3 uint8 images (channels first with ``chw=True``), episodes of 4 steps."""
+
+    metadata = {"name": "layout_team_v0"}
+
+    def __init__(self, chw: bool = False):
+        self.possible_agents = ["a", "b"]
+        self.shape = (3, 36, 36) if chw else (36, 36, 3)
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 255, self.shape, np.uint8)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.t, self.agents = 0, list(self.possible_agents)
+        return {a: np.full(self.shape, 7 * self.t, np.uint8) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        obs = {a: np.full(self.shape, 7 * self.t, np.uint8) for a in self.agents}
+        done = {a: self.t >= 4 for a in self.agents}
+        rewards = {a: float(actions[a]) for a in self.agents}
+        if self.t >= 4:
+            self.agents = []
+        return obs, rewards, done, {a: False for a in done}, {a: {} for a in done}
+
+
+def test_a_team_loaded_with_images_in_the_other_layout_is_told_how_to_move_them(tmp_path):
+    model = POCA("CnnPolicy", LayoutTeam, n_steps=8, batch_size=8, seed=0)
+    model.save(tmp_path / "team")
+    with pytest.raises(ValueError, match=r"keep their channels on the other side \(\(3, 36, 36\)\)") as info:
+        POCA.load(tmp_path / "team.zip", env=lambda: LayoutTeam(chw=True))
+    assert "np.moveaxis(obs, 0, -1)" in str(info.value)
+
+    def moved():  # as the error says
+        return supersuit.observation_lambda_v0(
+            LayoutTeam(chw=True),
+            lambda obs, space: np.moveaxis(obs, 0, -1),
+            lambda space: spaces.Box(0, 255, (36, 36, 3), np.uint8),
+        )
+
+    loaded = POCA.load(tmp_path / "team.zip", env=moved)
+    loaded.learn(8)
+    assert loaded.num_timesteps == 8

@@ -810,3 +810,31 @@ def test_to_sb3_model_refuses_channel_last_float_images_which_sb3s_cnn_cannot_re
     first = SpaceEnv(spaces.Box(0, 1, (3, 36, 36), np.float32), spaces.Discrete(3))
     model = covey.PPO("CnnPolicy", first, n_steps=16, batch_size=16, policy_kwargs=dict(normalize_images=False))
     assert model.to_sb3_model().observation_space.shape == (3, 36, 36)  # channels first: SB3's counterpart
+
+
+def test_sac_of_discrete_actions_with_a_start_is_refused_without_advice_on_sb3s_model_of_it():
+    """SB3 has no SAC of Discrete actions: the refusal came after a warning on how to use SB3's model of these
+    weights (its actions from 0), which does not exist."""
+    env = SpaceEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(3, start=5))
+    model = covey.SAC("MlpPolicy", env, buffer_size=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning before the refusal
+        for convert in (model.to_sb3_model, model.get_sb3_parameters):
+            with pytest.raises(ValueError, match=r"SB3's SAC has Box actions only; this model's are Discrete\(3"):
+                convert()
+    ppo = covey.PPO("MlpPolicy", env, n_steps=16, batch_size=16)  # which SB3 has: the warning stays
+    with pytest.warns(UserWarning, match=r"has a start, which SB3 ignores"):
+        ppo.get_sb3_parameters()
+
+
+def test_saving_an_actor_alone_names_the_files_covey_writes():
+    """SB3's SAC actor (a BasePolicy) has save; covey's actor, also POCA's model.policy, failed with a bare
+    AttributeError."""
+    from envs import EarlyExitEnv
+
+    for actor in (
+        covey.SAC("MlpPolicy", "Pendulum-v1", buffer_size=100).actor,
+        covey.POCA("MlpPolicy", EarlyExitEnv, n_steps=8, batch_size=8).policy,
+    ):
+        with pytest.raises(NotImplementedError, match=r"covey writes no file of an actor alone .*model.save\(path\)"):
+            actor.save("actor.zip")

@@ -1,6 +1,7 @@
 """The scale-free critic: symlog/two-hot maths by hand, gradient isolation, the EMA regularizer."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -203,3 +204,23 @@ def test_poca_uses_the_twohot_head_and_the_ema(tmp_path):
     loaded = POCA.load(tmp_path / "poca.zip")
     for p, q in zip(loaded.critic_ema.model.parameters(), model.critic_ema.model.parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_two_hot_settings_without_the_two_hot_head_are_warned_of():
+    """num_buckets and bucket_range were taken without value_head='twohot' and ignored silently, where
+    observation_clip without normalize_observations is refused."""
+    from covey import POCA
+    from covey.envs import EarlyExitEnv
+
+    makers = [
+        lambda kw: PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, policy_kwargs=kw),
+        lambda kw: SAC("MlpPolicy", "Pendulum-v1", buffer_size=100, policy_kwargs=kw),
+        lambda kw: POCA("MlpPolicy", EarlyExitEnv, n_steps=8, batch_size=8, policy_kwargs=kw),
+    ]
+    for make in makers:
+        with pytest.warns(UserWarning, match=r"num_buckets and bucket_range shape the two-hot critic, but value_head="):
+            make(dict(num_buckets=11, bucket_range=(-5, 5)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            model = make(dict(value_head="twohot", num_buckets=11))
+        assert any(getattr(m, "num_buckets", None) == 11 for m in model.critic.modules())

@@ -1624,6 +1624,8 @@ class BaseAgent:
         optimizer's state is ``ent_coef_optimizer``, as in SB3. A Discrete or MultiDiscrete action space with a
         ``start`` is warned of: SB3's model acts from 0 (each action covey's minus the start)."""
         self._sb3_class()
+        # SB3's networks of these settings, or the reason it has none, before a warning on how to use them
+        template = None if self._sb3_policy_class is not None else self._sb3_template()
         start = action_start(self.action_space)
         if start is not None:
             warn_user(
@@ -1634,7 +1636,6 @@ class BaseAgent:
         groups = self.get_parameters()
         if self._sb3_policy_class is not None:  # an SB3 policy class: SB3's names and order already
             return {name: groups[name] for name in ("policy", *self._sb3_optimizers) if name in groups}
-        template = self._sb3_template()
         template_state = template.state_dict()
         out = {"policy": to_sb3(self.agent_name, groups["policy"], template_state, self._flat_image())}
         for name in self._sb3_optimizers:

@@ -242,6 +242,12 @@ class PolicyConfig:
                 f"policy_kwargs bucket_range={bounds!r} is invalid: pass two finite numbers (low, high) with low < "
                 "high, in symlog space, e.g. (-20, 20)."
             )
+        unused = [key for key in ("num_buckets", "bucket_range") if key in given]
+        if unused and self.value_head != "twohot":
+            warn_user(
+                f"policy_kwargs {' and '.join(unused)} shape the two-hot critic, but value_head={self.value_head!r}: "
+                "they are ignored. Set value_head='twohot' to use them, or remove them."
+            )
         coef = self.critic_ema_coef
         if isinstance(coef, bool) or not isinstance(coef, numbers.Real) or not (math.isfinite(coef) and coef >= 0):
             raise ValueError(f"policy_kwargs critic_ema_coef={coef!r} is invalid: it must be a finite number >= 0.")
@@ -708,6 +714,15 @@ class Actor(PolicyMethods, ReadOnlyViews, SB3FeatureNames, nn.Module):
 
     def set_training_mode(self, mode: bool) -> None:
         self.train(mode)
+
+    def save(self, path: Any) -> None:
+        """SB3's ``BasePolicy.save`` (SAC's ``model.actor.save``, POCA's ``model.policy.save``): covey writes no
+        file of an actor alone, so this names the files it writes instead."""
+        raise NotImplementedError(
+            f"covey writes no file of an actor alone (save({path!r})): save the model, model.save(path), which holds "
+            "the actor and loads back with its class's load (POCA's critic needs the group, so a team is saved "
+            "whole); a PPO or SAC policy also saves alone, model.policy.save(path)."
+        )
 
     def predict(
         self,
