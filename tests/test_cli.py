@@ -128,6 +128,9 @@ def test_train_from_config_writes_the_run_folder(ppo_run):
         if r.get("eval/mean_reward")
     ]
     assert logged == [(int(r["timesteps"]), float(r["mean_return"])) for r in evaluations]
+    # with SB3's EvalCallback's mean episode length (a CartPole episode's return is its length)
+    lengths = [float(r["eval/mean_ep_length"]) for r in read_rows(ppo_run / "progress.csv") if r["eval/mean_reward"]]
+    assert lengths == [reward for _, reward in logged]
     # in a row of its own: the updates' train/* stay on the rollouts' rows, one point per step in every curve
     rows = read_rows(ppo_run / "progress.csv")
     assert all(not r["train/value_loss"] and not r["rollout/ep_rew_mean"] for r in rows if r["eval/mean_reward"])
@@ -159,6 +162,9 @@ def test_train_short_form_for_poca(poca_run):
     assert steps and steps == sorted(steps) and steps[-1] >= 1500
     evaluations = read_rows(poca_run / "evaluations.csv")
     assert len(evaluations) >= 2
+    # SB3's EvalCallback's keys: simple_spread's episodes last max_cycles steps
+    rows = [r for r in read_rows(poca_run / "progress.csv") if r.get("eval/mean_reward")]
+    assert len(rows) == len(evaluations) and all(float(r["eval/mean_ep_length"]) == 25.0 for r in rows)
     assert list((poca_run / "checkpoints").glob("step_*.zip"))
     model = load(poca_run / "model.zip")
     assert type(model).__name__ == "POCA" and len(model.agent_ids) == 3 and model.num_timesteps >= 1500

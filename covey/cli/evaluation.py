@@ -21,10 +21,12 @@ class Evaluator:
     rewards before any reward wrapper). POCA: ``covey.evaluation.evaluate_group``'s group return, of the env's
     own rewards too (:class:`~covey.wrappers.rewards.OwnRewards`).
     The env is re-seeded with ``seed`` before every evaluation, so evaluations compare like with like.
+    ``mean_length`` is the last evaluation's mean episode length (SB3's ``EvalCallback`` logs it).
     """
 
     def __init__(self, cfg: RunConfig, episodes: int, deterministic: bool, seed: int) -> None:
         self.cfg, self.episodes, self.deterministic, self.seed = cfg, episodes, deterministic, seed
+        self.mean_length = float("nan")
         self._venv = None if cfg.is_group else build_env(cfg, n_envs=1)
         self._make = env_fn(cfg, scoring=True) if cfg.is_group else None
 
@@ -34,16 +36,23 @@ class Evaluator:
             from covey.evaluation import evaluate_group
 
             result = evaluate_group(model, self._make, self.episodes, self.deterministic, self.seed)
+            self.mean_length = float(result["episode_length"])
             return float(result["group_return"]), float(result["group_return_std"])
         from stable_baselines3.common.evaluation import evaluate_policy
 
         if model is None:
             model = RandomPolicy(self._venv.action_space, self.seed)
         self._venv.seed(self.seed)
-        mean, std = evaluate_policy(
-            model, self._venv, n_eval_episodes=self.episodes, deterministic=self.deterministic, warn=False
+        returns, lengths = evaluate_policy(
+            model,
+            self._venv,
+            n_eval_episodes=self.episodes,
+            deterministic=self.deterministic,
+            warn=False,
+            return_episode_rewards=True,
         )
-        return float(mean), float(std)
+        self.mean_length = float(np.mean(lengths))
+        return float(np.mean(returns)), float(np.std(returns))
 
     def close(self) -> None:
         if self._venv is not None:

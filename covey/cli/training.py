@@ -338,6 +338,7 @@ def evaluate_and_log(run: Run, model: Any) -> None:
         d.clear()
     logger.record("eval/mean_reward", mean)
     logger.record("eval/std_reward", std)
+    logger.record("eval/mean_ep_length", run.evaluator.mean_length)  # as SB3's EvalCallback
     logger.record("time/total_timesteps", step, exclude="tensorboard")
     logger.dump(step=step)
     for d, values in zip((logger.name_to_value, logger.name_to_count, logger.name_to_excluded), held):
@@ -346,8 +347,8 @@ def evaluate_and_log(run: Run, model: Any) -> None:
 
 class EvaluationCallback(BaseCallback):
     """Evaluate every ``eval_freq`` env steps and at the end; rows go to evaluations.csv, values to the logger
-    (``eval/mean_reward``, ``eval/std_reward``, written in a log row of the evaluation's step, as SB3's
-    ``EvalCallback`` writes them), the best model to ``checkpoints/best_model.zip``.
+    (``eval/mean_reward``, ``eval/std_reward``, ``eval/mean_ep_length``, written in a log row of the evaluation's
+    step, as SB3's ``EvalCallback`` writes them), the best model to ``checkpoints/best_model.zip``.
 
     It acts at the start of a rollout, after the last update: the model evaluated at step N is the one
     trained on exactly N env steps.
