@@ -442,22 +442,23 @@ class GroupVecEnv:
             if self._unsettled[e]:
                 self._settle(e, left, truncated, final_obs, env_done)
                 continue
-            listed = list(env.agents)
-            acting = [agent for agent in listed if self._mask[e, self.slot[agent]]]  # live after the last step
+            acting = [agent for agent in env.agents if self._mask[e, self.slot[agent]]]  # live after the last step
             action_dict = {agent: actions[e, self.slot[agent]] for agent in acting}
             self._unsettled[e] = True  # until its observations and mask are the env's again
             try:
                 out = env.step(action_dict)
-            except KeyError as exc:  # an env reading the action of an agent it ended but still lists, most likely
-                ended = [agent for agent in listed if agent not in action_dict]
+            except KeyError as exc:  # an env reading the action of an agent it ended, most likely
+                # the agents of this episode that have ended (the mask is still the last step's)
+                ended = [self.agent_ids[s] for s in np.flatnonzero(self._ep_seen[e] & ~self._mask[e])]
                 key = exc.args[0] if len(exc.args) == 1 else None
                 if any(agent is key or (type(agent) is type(key) and agent == key) for agent in ended):
                     raise _api_error(
                         "step()",
                         f"raised KeyError({key!r}), for an agent that terminated or truncated in an earlier step of "
-                        "this episode but is still in env.agents (reading its action, most likely): covey sends "
-                        "actions to the live agents only, as PettingZoo's API has them. Take an agent out of "
-                        "self.agents in the step that ends it (or read actions with actions.get(agent))",
+                        "this episode (reading its action, most likely, as an env that still lists it in "
+                        "env.agents does): covey sends actions to the live agents only, as PettingZoo's API has "
+                        "them. Take an agent out of self.agents in the step that ends it (or read actions with "
+                        "actions.get(agent))",
                     ) from exc
                 raise
             if len(out) != 5:
