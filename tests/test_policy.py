@@ -845,6 +845,50 @@ def test_policy_load_names_the_right_class_and_copies_save_as_their_own(tmp_path
     torch.testing.assert_close(other.actor.distribution_params(obs), expected)
 
 
+def _linear_schedule(initial_value):  # the nested function of SB3's docs, which pickle cannot take
+    def func(progress_remaining):
+        return progress_remaining * initial_value
+
+    return func
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC"])
+def test_policy_pickles_whatever_the_learning_rate_schedule(agent):
+    """pickle and torch.save take SB3's policy with any learning_rate (it holds no schedule); covey's policy
+    pickles its model's settings, so a schedule pickle cannot take stays behind: the copy predicts as the
+    original, trains at the file's value of the schedule and says so at its first learn."""
+    import io
+    import pickle
+
+    if agent == "PPO":  # with a clip_range schedule that pickle takes, which travels with the copy
+        model = PPO("MlpPolicy", "CartPole-v1", learning_rate=_linear_schedule(3e-4), **FAST)
+        model.clip_range = _picklable_schedule
+    else:
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=_linear_schedule(3e-4), learning_starts=8, seed=0)
+    obs = model.observation_space.sample()[None]
+    expected = model.policy.predict(obs, deterministic=True)[0]
+    copies = [pickle.loads(pickle.dumps(model.policy))]
+    file = io.BytesIO()
+    torch.save(model.policy, file)
+    file.seek(0)
+    copies.append(torch.load(file, weights_only=False))
+    for other in copies:
+        np.testing.assert_array_equal(other.predict(obs, deterministic=True)[0], expected)
+        assert other._model.config.learning_rate == pytest.approx(3e-4)  # the file's value, a number
+        if agent == "PPO":
+            assert other._model.config.clip_range is _picklable_schedule
+    copy_model = copies[0]._model
+    copy_model.set_env(make_vec_env("CartPole-v1" if agent == "PPO" else "Pendulum-v1", n_envs=1, seed=0))
+    with pytest.warns(UserWarning, match="schedules that are functions") as record:
+        copy_model.learn(32)
+    told = [str(w.message) for w in record if "schedules that are functions" in str(w.message)]
+    assert "learning_rate=0.0003, constant" in told[0] and "clip_range" not in told[0]
+
+
+def _picklable_schedule(progress_remaining):
+    return 0.1 + 0.1 * progress_remaining
+
+
 def test_sb3_policy_classes_pick_the_networks():
     """SB3 scripts pass policy classes: stable_baselines3.sac.MlpPolicy is SACPolicy; covey's own aliases."""
     from stable_baselines3.ppo import CnnPolicy as SB3PPOCnn

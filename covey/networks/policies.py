@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,14 @@ def _widths(trunk: nn.Module) -> list[int]:
     return [m.out_features for m in trunk if isinstance(m, nn.Linear)]
 
 
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:  # pickle raises AttributeError, TypeError or PicklingError for what it cannot take
+        return False
+    return True
+
+
 class _PolicyBase(PolicyMethods, ReadOnlyViews, nn.Module):
     """What SB3's ``BasePolicy`` offers on every policy: predict, tensors, modes, ``save`` and ``load``, with
     :class:`~covey.networks.actor_critic.PolicyMethods` (action scaling, vectors)."""
@@ -101,7 +110,12 @@ class _PolicyBase(PolicyMethods, ReadOnlyViews, nn.Module):
             return super().__reduce_ex__(protocol)
         from covey.agents.base import _policy_of_snapshot
 
-        return _policy_of_snapshot, (type(self._model), self._model._snapshot(with_env=False))
+        snapshot = self._model._snapshot(with_env=False)
+        # SB3's policy holds no schedule, so pickle and torch.save take it whatever the model's learning rate is.
+        # A schedule pickle cannot take (a nested function, as in SB3's docs) stays behind: the copy trains on at
+        # the file's value of it, as a loaded model does, and warns so at its first learn.
+        snapshot["schedules"] = {k: f for k, f in snapshot["schedules"].items() if _pickles(f)}
+        return _policy_of_snapshot, (type(self._model), snapshot)
 
     def __deepcopy__(self, memo: dict) -> _PolicyBase:
         if self._model is None:
