@@ -89,3 +89,28 @@ def test_covey_submodules_are_reached_after_a_plain_import_as_the_readme_writes_
     assert result.returncode == 0, result.stderr
     assert "module 'covey' has no attribute 'no_such_module'" in result.stdout
     assert "covey.agents.load(" in README.read_text()
+
+
+def test_the_docstring_examples_run_as_written_without_warnings() -> None:
+    """The ``>>>`` examples in covey's docstrings give the output they show, and warn of nothing: an example
+    that a user copies should not teach a setting that covey warns against."""
+    import doctest
+    import importlib
+    import pkgutil
+    import warnings
+
+    import covey
+
+    failures: list[str] = []
+    examples = 0
+    for info in pkgutil.walk_packages(covey.__path__, "covey."):
+        if info.name == "covey.__main__":  # importing it runs the command line
+            continue
+        for test in doctest.DocTestFinder().find(importlib.import_module(info.name)):
+            examples += len(test.examples)
+            runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                runner.run(test, out=failures.append)
+    assert examples >= 40  # the docstrings' examples were found
+    assert not failures, "".join(failures)

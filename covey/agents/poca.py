@@ -113,7 +113,7 @@ class POCA(BaseAgent):
 
     >>> from covey import POCA
     >>> from covey.envs import EarlyExitEnv
-    >>> model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, seed=0).learn(32)
+    >>> model = POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0).learn(32)
     >>> sorted(model.predict(EarlyExitEnv().reset(seed=0)[0], deterministic=True)[0])
     ['agent_0', 'agent_1', 'agent_2']
     """
