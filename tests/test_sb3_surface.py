@@ -1516,6 +1516,48 @@ def test_each_learn_closes_the_last_learns_tensorboard_writer(tmp_path):
     assert len(glob.glob(str(tmp_path / "PPO_1" / "events.out.tfevents.*"))) == 5  # the run goes on in its folder
 
 
+@pytest.mark.parametrize("agent", ["PPO", "SAC"])
+def test_a_collected_models_tensorboard_writer_is_closed(tmp_path, agent):
+    """A sweep that builds, trains and drops a model per trial with tensorboard_log set leaves no TensorBoard
+    writer thread behind (SB3 leaves one per model): the logger a model's learn made closes when the model is
+    collected. A model still in use keeps its logger open, and a logger the script set is the script's."""
+    import gc
+    import threading
+
+    def make():
+        if agent == "PPO":
+            return PPO("MlpPolicy", "CartPole-v1", tensorboard_log=str(tmp_path), **FAST)
+        return SAC("MlpPolicy", "Pendulum-v1", tensorboard_log=str(tmp_path), learning_starts=8, batch_size=8)
+
+    gc.collect()  # models of earlier tests, whose writers close as they are collected
+    threads = threading.active_count()
+    for _ in range(3):
+        model = make()
+        model.learn(16)
+        del model
+        gc.collect()
+    assert threading.active_count() == threads
+    kept = make().learn(16)
+    kept.learn(16)  # the first learn's writer is closed here, the second's stays open
+    gc.collect()
+    assert threading.active_count() == threads + 1
+    kept.logger.record("custom/after_learn", 1.0)
+    kept.logger.dump(kept.num_timesteps)  # a script may still log after learn
+    custom = configure(str(tmp_path / "own"), ["tensorboard"])
+    mine = make()
+    mine.set_logger(custom)
+    mine.learn(16)
+    del mine
+    gc.collect()
+    custom.record("custom/later", 2.0)
+    custom.dump(0)  # the script's logger is left open
+    assert threading.active_count() == threads + 2
+    custom.close()
+    del kept
+    gc.collect()
+    assert threading.active_count() == threads
+
+
 # ---------------------------------------------------------------------------- 6. SB3 policy classes
 def test_sb3_policy_classes(tmp_path):
     from stable_baselines3.common.policies import ActorCriticPolicy

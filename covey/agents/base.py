@@ -21,6 +21,7 @@ import random
 import time
 import types
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -1229,6 +1230,10 @@ class BaseAgent:
                 # leaves one more of them open per learn call
                 self._logger.close()
             self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
+            # and the last one's when the model is collected (a sweep's deleted models kept one thread each)
+            if (finalizer := _LOGGER_FINALIZERS.pop(self, None)) is not None:
+                finalizer.detach()
+            _LOGGER_FINALIZERS[self] = weakref.finalize(self, self._logger.close)
         self._list_settings()
         return self._total_timesteps, self._init_callback(callback, progress_bar)
 
@@ -2264,6 +2269,8 @@ class _TensorAttribute:
 
 
 _COPIED_OPTIMIZERS = "_policy_optimizers"
+# model -> what closes the logger its last learn made, once the model is collected
+_LOGGER_FINALIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """The ``custom_objects`` key by which a copy (:func:`_rebuild_agent`) gives load the classes and settings of a user's
 SB3 policy's optimizers, which a script may have replaced: the file's optimizer states are theirs."""
 
