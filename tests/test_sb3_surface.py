@@ -1519,8 +1519,8 @@ def test_each_learn_closes_the_last_learns_tensorboard_writer(tmp_path):
 @pytest.mark.parametrize("agent", ["PPO", "SAC"])
 def test_a_collected_models_tensorboard_writer_is_closed(tmp_path, agent):
     """A sweep that builds, trains and drops a model per trial with tensorboard_log set leaves no TensorBoard
-    writer thread behind (SB3 leaves one per model): the logger a model's learn made closes when the model is
-    collected. A model still in use keeps its logger open, and a logger the script set is the script's."""
+    writer thread behind (SB3 leaves one per model): the logger a model's learn made closes once nothing holds it
+    (the model collected). A model still in use keeps its logger open, as does a script that holds the logger."""
     import gc
     import threading
 
@@ -1543,6 +1543,20 @@ def test_a_collected_models_tensorboard_writer_is_closed(tmp_path, agent):
     assert threading.active_count() == threads + 1
     kept.logger.record("custom/after_learn", 1.0)
     kept.logger.dump(kept.num_timesteps)  # a script may still log after learn
+    # SB3's way to go on in one TensorBoard run after a reload: the logger outlives the model that made it
+    held = make()
+    held.learn(16)
+    logger = held.logger
+    del held
+    gc.collect()
+    reloaded = make()
+    reloaded.set_logger(logger)
+    reloaded.learn(16)
+    logger.record("custom/after_reload", 1.0)
+    logger.dump(reloaded.num_timesteps)
+    del reloaded, logger
+    gc.collect()
+    assert threading.active_count() == threads + 1
     custom = configure(str(tmp_path / "own"), ["tensorboard"])
     mine = make()
     mine.set_logger(custom)

@@ -1230,10 +1230,8 @@ class BaseAgent:
                 # leaves one more of them open per learn call
                 self._logger.close()
             self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
-            # and the last one's when the model is collected (a sweep's deleted models kept one thread each)
-            if (finalizer := _LOGGER_FINALIZERS.pop(self, None)) is not None:
-                finalizer.detach()
-            _LOGGER_FINALIZERS[self] = weakref.finalize(self, self._logger.close)
+            # and this one once nothing can write to it any more (a sweep's dropped models kept a thread each)
+            weakref.finalize(self._logger, _close_outputs, list(self._logger.output_formats))
         self._list_settings()
         return self._total_timesteps, self._init_callback(callback, progress_bar)
 
@@ -2269,8 +2267,6 @@ class _TensorAttribute:
 
 
 _COPIED_OPTIMIZERS = "_policy_optimizers"
-# model -> what closes the logger its last learn made, once the model is collected
-_LOGGER_FINALIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """The ``custom_objects`` key by which a copy (:func:`_rebuild_agent`) gives load the classes and settings of a user's
 SB3 policy's optimizers, which a script may have replaced: the file's optimizer states are theirs."""
 
@@ -2417,6 +2413,12 @@ def _setting(name: str) -> property:
         self._set_setting(name, value)
 
     return property(get, set, doc=f"The ``{name}`` hyperparameter (``model.config.{name}``).")
+
+
+def _close_outputs(output_formats: list) -> None:
+    """What ``Logger.close`` does, for a logger that is gone: its files and TensorBoard writer's thread."""
+    for output in output_formats:
+        output.close()
 
 
 def _rebuild_agent(cls: type, snapshot: dict[str, Any]) -> BaseAgent:

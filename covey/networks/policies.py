@@ -112,8 +112,9 @@ class _PolicyBase(PolicyMethods, ReadOnlyViews, nn.Module):
 
         snapshot = self._model._snapshot(with_env=False)
         # SB3's policy holds no schedule, so pickle and torch.save take it whatever the model's learning rate is.
-        # A schedule pickle cannot take (a nested function, as in SB3's docs) stays behind: the copy trains on at
-        # the file's value of it, as a loaded model does, and warns so at its first learn.
+        # A schedule pickle cannot take (a nested function, as in SB3's docs) stays behind, for cloudpickle too
+        # (which could take it; the pickler is not known here): the copy trains on at the value the model's file
+        # keeps for it, as a loaded model does, and warns so at its first learn.
         snapshot["schedules"] = {k: f for k, f in snapshot["schedules"].items() if _pickles(f)}
         return _policy_of_snapshot, (type(self._model), snapshot)
 
