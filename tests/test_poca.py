@@ -1833,3 +1833,24 @@ def test_a_team_loaded_with_images_in_the_other_layout_is_told_how_to_move_them(
     loaded = POCA.load(tmp_path / "team.zip", env=moved)
     loaded.learn(8)
     assert loaded.num_timesteps == 8
+
+
+def test_whole_floats_are_taken_for_the_copies_and_the_critics_width():
+    """``n_envs=8.0`` or ``attention_width=64.0``, as a YAML file or ``1e1`` writes them, are the ints, as PPO's
+    whole-number settings are; a fraction is named."""
+    model = POCA(
+        "MlpPolicy",
+        EarlyExitEnv,
+        n_envs=2.0,
+        n_steps=16,
+        batch_size=32,
+        seed=0,
+        policy_kwargs=dict(attention_width=16.0, attention_heads=2.0),
+    )
+    assert (model.n_envs, model.attention_width, model.attention_heads) == (2, 16, 2)
+    assert type(model.attention_width) is int and model.critic.attention.n_heads == 2
+    assert model.learn(32).num_timesteps == 32
+    with pytest.raises(ValueError, match=r"n_envs=2.5 is invalid: it must be an int >= 1"):
+        POCA("MlpPolicy", EarlyExitEnv, n_envs=2.5)
+    with pytest.raises(ValueError, match=r"policy_kwargs attention_width=16.5 is invalid"):
+        POCA("MlpPolicy", EarlyExitEnv, policy_kwargs=dict(attention_width=16.5))

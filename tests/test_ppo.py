@@ -500,6 +500,83 @@ def test_hyperparameters_that_are_no_numbers_are_refused_at_the_constructor(agen
             cls("MlpPolicy", env, policy_kwargs={key: value})
 
 
+@pytest.mark.parametrize("agent", ["PPO", "SAC", "POCA"])
+def test_a_schedule_that_returns_no_step_size_or_clip_range_is_named_at_learn(agent):
+    """A schedule's value was taken as it came: a learning rate that turned negative mid-run trained on as gradient
+    ascent (SB3 too), text failed inside Adam, a clip range of None after the first rollout. Each is named at the
+    start of learn or at the update that reads it; a schedule that decays to 0, as RL-Zoo's lin_ do, trains, and a
+    last rollout past the budget reads it at 0 (SB3 reads SB3's documented linear schedule below 0 there)."""
+    import covey
+
+    cls = getattr(covey, agent)
+    env = {"PPO": "CartPole-v1", "SAC": "Pendulum-v1", "POCA": EarlyExitEnv}[agent]
+    small = {"SAC": dict(learning_starts=16)}.get(agent, dict(n_steps=32, batch_size=32, n_epochs=1))
+    model = cls("MlpPolicy", env, learning_rate=lambda p: "x" if p < 1 else 1e-3, seed=0, **small)
+    with pytest.raises(ValueError, match=rf"{agent}: the learning_rate schedule returned 'x' at progress_remaining="):
+        model.learn(128)
+    with pytest.raises(ValueError, match=r"learning_rate schedule returned 'x' at progress_remaining=1: it must"):
+        cls("MlpPolicy", env, learning_rate=lambda p: "x", seed=0, **small)  # the optimizer's first step size
+    model = cls("MlpPolicy", env, learning_rate=lambda p: 1e-3 if p > 0.5 else -1e-3, seed=0, **small)
+    with pytest.raises(ValueError, match=r"returned -0.001 at progress_remaining=0.\d+: it must return a finite"):
+        model.learn(128)
+    assert all(group["lr"] >= 0 for opt in model._optimizers().values() for group in opt.param_groups)
+    schedules = {"learning_rate": lambda p: 1e-3 * p}
+    if agent != "SAC":
+        schedules["clip_range"] = lambda p: 0.2 * p
+    model = cls("MlpPolicy", env, seed=0, **schedules, **small).learn(100)  # PPO, POCA: 128 steps, to progress -0.28
+    assert model.logger.name_to_value["train/learning_rate"] == 0.0  # read at 0 at the last update, not below it
+    if agent != "SAC":
+        assert model.logger.name_to_value["train/clip_range"] == 0.0
+    if agent == "SAC":
+        return
+    for name, value in (("clip_range", None), ("clip_range", -0.2)) + (
+        (("clip_range_vf", float("nan")),) * (agent == "PPO")
+    ):
+        model = cls("MlpPolicy", env, seed=0, **small, **{name: lambda p, v=value: v})
+        with pytest.raises(ValueError, match=rf"the {name} schedule returned {re.escape(repr(value))} at progress_r"):
+            model.learn(64)
+        assert model.num_timesteps == 0  # named at the start of learn, before a rollout
+
+
+@pytest.mark.parametrize("agent", ["PPO", "SAC", "POCA"])
+def test_switches_take_true_or_false_not_text(agent):
+    """``use_sde="no"`` turned gSDE on, ``normalize_advantage="False"`` normalized (SB3 reads them so too): a
+    switch takes True, False, 0 or 1 (NumPy's bool too) and is kept as a bool."""
+    import covey
+
+    cls = getattr(covey, agent)
+    env = {"PPO": "CartPole-v1", "SAC": "Pendulum-v1", "POCA": EarlyExitEnv}[agent]
+    name = {"PPO": "normalize_advantage", "SAC": "use_sde", "POCA": "groupmate_rewards"}[agent]
+    for value in ("False", "no", None, 2):
+        with pytest.raises(ValueError, match=rf"{agent}: {name}={value!r} is invalid: it must be True or False"):
+            cls("MlpPolicy", env, **{name: value})
+    for value, kept in ((0, False), (1, True), (np.bool_(False), False), (True, True)):
+        model = cls("MlpPolicy", env, **{name: value})
+        assert getattr(model.config, name) is kept
+
+
+def test_load_takes_the_files_policy_kwargs_and_a_number_of_copies_as_sb3s_does(tmp_path):
+    """SB3's load takes policy_kwargs equal to the file's (and refuses others by name) and sets n_envs; covey
+    called both unknown keywords."""
+    policy_kwargs = dict(net_arch=dict(pi=[32], vf=[16]), activation_fn=torch.nn.ReLU, ortho_init=False)
+    PPO("MlpPolicy", "CartPole-v1", policy_kwargs=policy_kwargs, n_steps=64, batch_size=64).save(tmp_path / "m.zip")
+    loaded = PPO.load(tmp_path / "m.zip", policy_kwargs=dict(policy_kwargs))
+    assert loaded.policy_kwargs["net_arch"] == {"pi": [32], "vf": [16]}
+    with pytest.raises(
+        ValueError, match=r"policy_kwargs=\{'net_arch': \[64\]\} differ from the file's, .*'pi': \[32\]"
+    ):
+        PPO.load(tmp_path / "m.zip", policy_kwargs=dict(net_arch=[64]))
+    loaded = PPO.load(tmp_path / "m.zip", n_envs=4.0)  # the copies it is to run, as SB3 sets the attribute
+    assert loaded.n_envs == 4 and loaded.rollout_buffer.n_envs == 4
+    loaded.set_env(make_vec_env("CartPole-v1", n_envs=4))
+    assert loaded.learn(256).num_timesteps == 256
+    with pytest.raises(ValueError, match=r"n_envs=4, but the env has 2 copies: the model runs the env's copies"):
+        PPO.load(tmp_path / "m.zip", env=make_vec_env("CartPole-v1", n_envs=2), n_envs=4)
+    assert PPO.load(tmp_path / "m.zip", env=make_vec_env("CartPole-v1", n_envs=2), n_envs=2).n_envs == 2
+    with pytest.raises(ValueError, match=r"PPO.load: n_envs=0 is invalid: it must be an int >= 1"):
+        PPO.load(tmp_path / "m.zip", n_envs=0)
+
+
 def test_load_with_mismatched_env_names_both_spaces(tmp_path):
     PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32).save(tmp_path / "m.zip")
     with pytest.raises(ValueError, match=r"Observation spaces do not match.*Box.*\(4,\).*Box.*\(3,\)"):

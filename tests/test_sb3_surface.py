@@ -1973,7 +1973,7 @@ def test_poca_n_envs_of_the_wrong_kind_is_named():
     from covey import POCA
     from covey.envs import EarlyExitEnv
 
-    for n_envs in (2.0, 0, True):
+    for n_envs in (2.5, 0, True):  # a whole float (2.0) is the int, as in the hyperparameters
         with pytest.raises(ValueError, match=rf"n_envs={n_envs!r} is invalid: it must be an int >= 1"):
             POCA("MlpPolicy", EarlyExitEnv, n_envs=n_envs)
 

@@ -115,11 +115,18 @@ def require_numbers(config: Any, agent: str) -> None:
     ``Schedule`` that holds no number (nor, for a schedule, a function), e.g. a string read from a file. A whole
     float in an ``int`` field (``buffer_size=1e6``, as YAML files write it) becomes the int; another is named.
     A NumPy scalar in any field (``np.random.choice([64, 128])``, ``np.float32(0.99)``, ``np.bool_``) becomes the
-    Python number or bool it holds, which a model file's JSON can hold."""
+    Python number or bool it holds, which a model file's JSON can hold. A ``bool`` field takes True, False, 0 or 1
+    (``use_sde="no"`` would have read as True)."""
     for f in dataclasses.fields(config):
         if isinstance(getattr(config, f.name), np.generic):
             setattr(config, f.name, getattr(config, f.name).item())
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        if kind == "bool":
+            value = getattr(config, f.name)
+            if not (isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))):
+                raise ValueError(f"{agent}: {f.name}={value!r} is invalid: it must be True or False.")
+            setattr(config, f.name, bool(value))
+            continue
         if kind not in ("int", "float", "Schedule"):
             continue
         value = getattr(config, f.name)
@@ -208,6 +215,26 @@ def as_schedule(value: float | Callable[[float], float]) -> Callable[[float], fl
     if callable(value):
         return value
     return ConstantSchedule(value)
+
+
+def scheduled(schedule: Callable[[float], float], progress: float, agent: str, name: str) -> float:
+    """``schedule(progress)`` as a float, or a ValueError naming the setting where it is no finite number >= 0 (a
+    negative step size would climb the loss, a negative clip range invert the clipping). A run's last rollout may
+    overshoot its budget, taking the progress remaining below 0 (SB3's count, which the model keeps): the schedule
+    is read at 0 there, its end, where SB3 reads SB3's documented ``progress_remaining * initial_value`` past its
+    end, to a negative step size."""
+    progress = min(max(progress, 0.0), 1.0)
+    value = schedule(progress)
+    try:  # as SB3's FloatSchedule reads it: what float() takes (a NumPy or torch scalar too), but text or a bool
+        number = None if isinstance(value, (str, bytes, bool, np.bool_)) else float(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not (math.isfinite(number) and number >= 0):
+        raise ValueError(
+            f"{agent}: the {name} schedule returned {value!r} at progress_remaining={progress:g}: it must return a "
+            "finite number >= 0 at every progress from 1 (the start of learn) to 0 (its end)."
+        )
+    return number
 
 
 def schedule_to_json(schedule: Callable[[float], float], progress: float) -> float | dict[str, Any]:
@@ -1206,6 +1233,7 @@ class BaseAgent:
             )
         self._warn_schedule_stand_ins()
         self._warn_normalized_entities()
+        self._check_schedules()
         raise_heap_thresholds()
         self.start_time = time.time_ns()
         if self.ep_info_buffer.maxlen != self.stats_window_size or reset_num_timesteps:
@@ -1353,13 +1381,21 @@ class BaseAgent:
         trainer = getattr(self, "_sb3_trainer", None)  # a user's SB3 policy class acts from 0: into the space
         return (actions if trainer is None else trainer.shifted(actions)), state
 
+    def _check_schedules(self) -> None:
+        """Each schedule's value at the start of a run (:func:`scheduled`), so that one returning no number fails
+        at ``learn``, not after the first rollout; each update checks the value it reads too."""
+        for key in self.schedule_keys:
+            schedule = self.lr_schedule if key == "learning_rate" else getattr(self, key, None)
+            if schedule is not None:
+                scheduled(schedule, 1.0, type(self).__name__, key)
+
     def _update_learning_rate(self, optimizers: Any = None) -> float:
         """Set every optimizer's step size (``optimizers``' only, an optimizer or a list, where given: SB3's
         signature) from the schedule at the current progress, and log it as ``train/learning_rate``, as SB3 does;
         returns it. Called once per update, it also relinks the parameters with their flat buffers (a user's
         ``module.zero_grad()`` sets their gradients to None; SB3's ``policy.load_from_vector`` replaces their
         data)."""
-        lr = self.lr_schedule(self._current_progress_remaining)
+        lr = scheduled(self.lr_schedule, self._current_progress_remaining, type(self).__name__, "learning_rate")
         if optimizers is None:
             optimizers = list(self._optimizers().values())
         elif not isinstance(optimizers, (list, tuple)):
@@ -1513,7 +1549,8 @@ class BaseAgent:
             if "foreach" not in kwargs and "fused" not in kwargs and params:
                 kwargs["fused"] = True
         flat = FlatParameters(params)
-        return flat.attach(optimizer_class([flat.data], lr=self.lr_schedule(1.0), **kwargs))
+        lr = scheduled(self.lr_schedule, 1.0, type(self).__name__, "learning_rate")
+        return flat.attach(optimizer_class([flat.data], lr=lr, **kwargs))
 
     # ------------------------------------------------------------------ observation statistics
     def _normalizes_observations(self) -> bool:
@@ -2156,6 +2193,23 @@ class BaseAgent:
         hyper.update({k: v for k, v in (settings.get("subclass_arguments") or {}).items() if k in takes})
         settable = {*hyper, *outside, *settings.get("unread", [])}
         hyper.update({k: v for k, v in custom_objects.items() if k in settable})
+        kwargs = dict(kwargs)
+        if "policy_kwargs" in kwargs:  # as SB3: taken where they are the file's, refused where they differ
+            asked = _as_lists(policy_kwargs_dict(kwargs.pop("policy_kwargs")))
+            stored = _as_lists({k: v for k, v in policy_kwargs.items() if k in asked or k != "use_sde"})
+            if asked != stored:
+                raise ValueError(
+                    f"policy_kwargs={asked!r} differ from the file's, {stored!r}: the model's networks are the file's. "
+                    "Load without policy_kwargs; to set one the file could not keep (an activation class of your "
+                    "own, say), pass custom_objects={'policy_kwargs': {...}}."
+                )
+        # SB3 sets the attribute: the copies the model is to run (POCA's constructor takes n_envs itself)
+        n_envs = kwargs.pop("n_envs", None) if "n_envs" not in takes else None
+        if n_envs is not None:
+            if whole_number(n_envs):
+                n_envs = int(n_envs)
+            if not (isinstance(n_envs, int) and n_envs >= 1):
+                raise ValueError(f"{cls.__name__}.load: n_envs={n_envs!r} is invalid: it must be an int >= 1.")
         # SB3 sets any keyword as an attribute; covey takes the constructor's (e.g. SAC's action_noise)
         constructor = set(inspect.signature(cls.__init__).parameters) - {"self", "policy", "env", "_init_setup_model"}
         unknown = sorted(set(kwargs) - set(hyper) - set(outside) - (constructor - {"device", "policy_kwargs"}))
@@ -2216,10 +2270,15 @@ class BaseAgent:
         )
         model.verbose = verbose
         model.observation_space, model.action_space = observation_space, action_space
-        model.n_envs = settings.get("n_envs", 1)
+        model.n_envs = n_envs or settings.get("n_envs", 1)
         model._restore_settings(settings)
         if env is not None:
             venv = model._fit_image_layout(model._wrap_env(env))
+            if n_envs is not None and venv.num_envs != n_envs:
+                raise ValueError(
+                    f"{cls.__name__}.load: n_envs={n_envs}, but the env has {venv.num_envs} copies: the model runs "
+                    "the env's copies. Drop n_envs, or pass an env with that many copies."
+                )
             model._check_spaces(venv.observation_space, venv.action_space)
             model._attach_env(venv)
             model._last_obs = None
@@ -2264,6 +2323,15 @@ class _TensorAttribute:
                 current.copy_(saved)
         else:
             setattr(self.owner, self.name, saved.clone().to(current.device))
+
+
+def _as_lists(value: Any) -> Any:
+    """``value`` with its tuples as lists, inside dicts and lists too (a model file keeps a tuple as a list)."""
+    if isinstance(value, dict):
+        return {key: _as_lists(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(item) for item in value]
+    return value
 
 
 _COPIED_OPTIMIZERS = "_policy_optimizers"

@@ -11,7 +11,7 @@ import torch
 from gymnasium import spaces
 from stable_baselines3.common.utils import explained_variance
 
-from covey.agents.base import BaseAgent, Schedule, warn_batch_size
+from covey.agents.base import BaseAgent, Schedule, scheduled, warn_batch_size, whole_number
 from covey.agents.ppo import (
     OnPolicyConfig,
     WeightWatch,
@@ -179,6 +179,9 @@ class POCA(BaseAgent):
         self.attention_heads = kwargs.pop("attention_heads", 4)
         for key in ("attention_width", "attention_heads"):
             value = getattr(self, key)
+            if whole_number(value):  # a whole float, as a YAML file writes it, is the int
+                value = int(value)
+                setattr(self, key, value)
             if not positive_int(value):
                 raise ValueError(f"policy_kwargs {key}={value!r} is invalid: it must be an int >= 1.")
         self.attention_width, self.attention_heads = int(self.attention_width), int(self.attention_heads)
@@ -198,6 +201,8 @@ class POCA(BaseAgent):
                 "policy_kwargs squash_output=True applies to PPO with use_sde=True; POCA has no state-dependent "
                 "exploration (its Box actions are clipped to the bounds): remove squash_output."
             )
+        if whole_number(n_envs):
+            n_envs = int(n_envs)
         if n_envs is not None and not positive_int(n_envs):
             raise ValueError(
                 f"n_envs={n_envs!r} is invalid: it must be an int >= 1 (the env copies), or None for one copy of an "
@@ -733,7 +738,7 @@ class POCA(BaseAgent):
         progress = self._current_progress_remaining
         self._relink_parameters()
         self._update_learning_rate(list(self._optimizers().values()))
-        clip_range = self.clip_range(progress)
+        clip_range = scheduled(self.clip_range, progress, type(self).__name__, "clip_range")
         self.actor.set_training_mode(True)
         self.critic.train(True)
         history: list[dict[str, torch.Tensor]] = []

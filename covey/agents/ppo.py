@@ -21,6 +21,7 @@ from covey.agents.base import (
     merge_parameter_groups,
     require,
     require_numbers,
+    scheduled,
     set_train_mode,
     warn_batch_size,
 )
@@ -1128,8 +1129,10 @@ class PPO(BaseAgent):
         progress = self._current_progress_remaining
         self._relink_parameters()
         self._update_learning_rate(self.policy.optimizer)  # SB3's call, which a subclass's override takes
-        clip_range = self.clip_range(progress)
-        clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
+        name = type(self).__name__
+        clip_range = scheduled(self.clip_range, progress, name, "clip_range")
+        vf = self.clip_range_vf
+        clip_range_vf = None if vf is None else scheduled(vf, progress, name, "clip_range_vf")
         self._set_training_mode(True)
         if self._manual is not None and not has_hooks(self.actor, self.critic):
             early_stop = print_early_stop if self.verbose >= 1 else None
