@@ -119,16 +119,17 @@ def _play(
 
 def _reward_sum(rewards: dict) -> float:
     """The step's rewards summed over agents (an error that names the first reward that is no number)."""
-    try:
-        return float(sum(float(r) for r in rewards.values()))
-    except (TypeError, ValueError) as exc:
-        agent, reward = next((a, r) for a, r in rewards.items() if not _is_number(r))
-        raise _api_error("step()", _not_a_reward(agent, reward)) from exc
+    for agent, reward in rewards.items():
+        if not _is_number(reward):
+            raise _api_error("step()", _not_a_reward(agent, reward))
+    return float(sum(float(r) for r in rewards.values()))
 
 
 def _is_number(value: Any) -> bool:
+    if np.ndim(value) != 0:  # before float(): NumPy before 2.4 makes an array of one element a float
+        return False
     try:
         float(value)
     except (TypeError, ValueError):
         return False
-    return np.ndim(value) == 0
+    return True

@@ -10,7 +10,8 @@ SAC's squashed mean is rescaled from [-1, 1] to the bounds.
 Graph inputs (batch dimension dynamic):
 
 - Box observations: ``float32`` (``uint8`` for uint8 images, scaled inside the graph as covey's encoder does; a
-  uint8 Box that is not an image, such as an Atari RAM, is ``float32`` as ``predict`` takes it);
+  uint8 Box that is not an image, such as an Atari RAM, is ``float32`` as ``predict`` takes it; so is a
+  ``float64`` Box, such as MuJoCo's: pass ``obs.astype(np.float32)``, which ``predict`` does for you);
   Discrete and MultiDiscrete: ``int64``; MultiBinary: ``int8`` (the dtypes the env gives, or float32 for Box);
 - a Dict observation: one input per key, named after the key;
 - recurrent actors also take ``state_h`` (and ``state_c`` for an LSTM), each ``(1, batch, hidden)``, and

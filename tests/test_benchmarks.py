@@ -6,6 +6,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 import torch
@@ -342,6 +343,10 @@ def test_poca_width_smoke():
         assert number(row["per-agent return (median [min, max])"]) <= 0  # simple_spread rewards are <= 0
 
 
+@pytest.mark.skipif(
+    tuple(int(p) for p in version("supersuit").split(".")[:2]) < (3, 11),
+    reason="SuperSuit 3.10's concat_vec_envs_v1 fails with num_cpus > 0 itself (missing obs_space, act_space)",
+)
 def test_poca_processes_smoke():
     """Each learner trains with its copies in one process and in two; covey's two runs are one run, step for step,
     so their returns agree exactly (the script checks and says so)."""

@@ -39,6 +39,7 @@ class CountEnv(gym.Env):
         return self.bumps
 
 
+GYMNASIUM = tuple(int(part) for part in gym.__version__.split(".")[:2])
 MODES = [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP, gym.vector.AutoresetMode.DISABLED]
 
 
@@ -248,7 +249,19 @@ class LengthLog(gym.Wrapper):
         return out
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(
+            mode,
+            marks=pytest.mark.skipif(
+                mode == gym.vector.AutoresetMode.SAME_STEP and GYMNASIUM < (1, 4),
+                reason="Gymnasium before 1.4 counts same-step episodes wrong in RecordEpisodeStatistics itself",
+            ),
+        )
+        for mode in MODES
+    ],
+)
 def test_a_vector_record_episode_statistics_gives_the_true_episodes(mode):
     """Gymnasium's vector RecordEpisodeStatistics, under a reward wrapper: the episodes logged, and those in the
     wrapper's own queues (which scripts read), are the copies' own in every autoreset mode. With next-step or no

@@ -32,7 +32,10 @@ def _pettingzoo_module(spec: str) -> Any | None:
     """The object named by ``module:name`` when it makes PettingZoo envs (has ``parallel_env``), else None."""
     module_name, _, name = spec.partition(":")
     module = _import(module_name, spec)
-    target = getattr(module, name, None)
+    try:
+        target = getattr(module, name, None)
+    except (ImportError, AssertionError):  # PettingZoo before 1.27 raises these for a name its package lacks
+        target = None
     if target is None:
         try:
             target = importlib.import_module(f"{module_name}.{name}")

@@ -262,8 +262,8 @@ class GroupVecEnv:
     >>> from covey.envs import EarlyExitEnv
     >>> venv = GroupVecEnv([EarlyExitEnv, EarlyExitEnv])
     >>> obs, mask = venv.reset(seed=0)
-    >>> obs.shape[:2], mask.all()
-    ((2, 3), np.True_)
+    >>> obs.shape[:2], bool(mask.all())
+    ((2, 3), True)
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]]) -> None:
@@ -485,8 +485,8 @@ class GroupVecEnv:
                         "there. PettingZoo's API gives every agent that acted a reward (0.0 where it earned none)."
                     )
                 try:
-                    if reward is None:
-                        raise TypeError("None")
+                    if reward is None or (isinstance(reward, (np.ndarray, list, tuple)) and np.ndim(reward)):
+                        raise TypeError("no number")  # NumPy before 2.4 stores an array of one element silently
                     rewards[e, s] = reward
                 except (TypeError, ValueError) as exc:
                     raise _api_error("step()", _not_a_reward(agent, reward)) from exc

@@ -97,6 +97,9 @@ class FastVecEnv(DummyVecEnv):
                     info["terminal_observation"] = np.copy(obs) if isinstance(obs, np.ndarray) else copy.deepcopy(obs)
                     obs, self.reset_infos[i] = env.reset()
                 self._save_obs(i, obs)
+                if isinstance(reward, (np.ndarray, list, tuple)) and np.ndim(reward):
+                    # NumPy before 2.4 stores an array of one element as its number, silently
+                    raise ValueError(reward_problem(f"{type(env.unwrapped).__name__}.step()", reward))
                 self.buf_rews[i] = reward
                 self.buf_dones[i] = done
                 infos.append(info)
@@ -174,15 +177,20 @@ def env_api_problem(env: gym.Env, call: str, action: Any = None) -> str | None:
     if call == "step" and not isinstance(out[4], dict):
         return _info_problem(name, out[4])
     if call == "step" and (np.ndim(out[1]) != 0 or isinstance(out[1], (str, bytes, type(None)))):
-        shape = f" of shape {np.shape(out[1])}" if np.ndim(out[1]) else ""
-        return (
-            f"{name} returned the reward {out[1]!r}{shape}, where one float belongs (for an array of one element, "
-            f"float(reward) or reward.item() in the env or a wrapper). {GYMNASIUM_API}"
-        )
+        return reward_problem(name, out[1])
     problem = observation_problem(out[0], env.observation_space)
     if problem is not None:
         return f"{name} returned an observation {problem}. {GYMNASIUM_API}"
     return None
+
+
+def reward_problem(name: str, reward: Any) -> str:
+    """The error for a reward that is no number, returned by the call ``name``."""
+    shape = f" of shape {np.shape(reward)}" if np.ndim(reward) else ""
+    return (
+        f"{name} returned the reward {reward!r}{shape}, where one float belongs (for an array of one element, "
+        f"float(reward) or reward.item() in the env or a wrapper). {GYMNASIUM_API}"
+    )
 
 
 def returned(out: Any) -> str:
