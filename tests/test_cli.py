@@ -1076,3 +1076,24 @@ def test_the_fix_for_a_config_whose_wrapped_team_differs_keeps_the_configs_wrapp
     (tmp_path / "fixed.yaml").write_text(config.replace(config.splitlines()[-1], f"wrappers: {fix}"))
     result = covey("check", "fixed.yaml", cwd=tmp_path, check=False)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("error", [ImportError, AssertionError])
+def test_an_env_name_a_package_lacks_is_the_clis_error_whatever_the_package_raises(monkeypatch, error):
+    """PettingZoo before 1.27 answers a name its package lacks (``knights_archers_zombies_v11`` on 1.24) from its
+    module ``__getattr__`` with an ImportError or an AssertionError, not the AttributeError that ``getattr``'s
+    default catches: the spec was a traceback, where it is the CLI's error naming it."""
+    import types
+
+    from covey.cli.envs import parallel_env_factory
+
+    package = types.ModuleType("old_zoo")
+    package.__path__ = []  # a package, as pettingzoo.butterfly is
+
+    def missing(name):
+        raise error(f"cannot import name {name!r}")
+
+    package.__getattr__ = missing
+    monkeypatch.setitem(sys.modules, "old_zoo", package)
+    with pytest.raises(CLIError, match=r"'old_zoo:kaz_v11' is not a PettingZoo env: old_zoo.kaz_v11 has no"):
+        parallel_env_factory("old_zoo:kaz_v11")
