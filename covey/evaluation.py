@@ -15,6 +15,7 @@ from covey.wrappers.group_env import (
     check_possible_agents,
     make_one_env,
 )
+from covey.wrappers.vec_env import not_a_scalar
 
 
 def evaluate_group(
@@ -126,7 +127,7 @@ def _reward_sum(rewards: dict) -> float:
 
 
 def _is_number(value: Any) -> bool:
-    if np.ndim(value) != 0:  # before float(): NumPy before 2.4 makes an array of one element a float
+    if not_a_scalar(value):  # before float(): NumPy before 2.4 makes an array of one element a float
         return False
     try:
         float(value)

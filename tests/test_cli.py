@@ -1097,3 +1097,27 @@ def test_an_env_name_a_package_lacks_is_the_clis_error_whatever_the_package_rais
     monkeypatch.setitem(sys.modules, "old_zoo", package)
     with pytest.raises(CLIError, match=r"'old_zoo:kaz_v11' is not a PettingZoo env: old_zoo.kaz_v11 has no"):
         parallel_env_factory("old_zoo:kaz_v11")
+
+
+def test_an_env_module_that_fails_on_its_own_dependency_is_named_with_it(monkeypatch, tmp_path):
+    """PettingZoo's packages import an env module when its name is read: one that is there but lacks a dependency
+    (pygame, Box2D) names the missing package, not "is not a PettingZoo env"."""
+    package = tmp_path / "depzoo"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import importlib\n\ndef __getattr__(name):\n    return importlib.import_module(f'{__name__}.{name}')\n"
+    )
+    (package / "thing_v1.py").write_text("import not_installed_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from covey.cli.config import parse_schedule
+    from covey.cli.envs import parallel_env_factory
+
+    with pytest.raises(
+        CLIError, match=r"Cannot import depzoo.thing_v1 .*No module named 'not_installed_dependency_xyz'"
+    ):
+        parallel_env_factory("depzoo:thing_v1")
+    with pytest.raises(CLIError, match=r"'depzoo:other_v1' is not a PettingZoo env"):
+        parallel_env_factory("depzoo:other_v1")
+    with pytest.raises(CLIError, match=r"learning_rate='lin_-0.001' is invalid"):  # a schedule below 0 from the start
+        parse_schedule("learning_rate", "lin_-0.001")
+    assert parse_schedule("learning_rate", "lin_+1e-3") == 1e-3

@@ -1070,6 +1070,7 @@ def test_sac_bf16_matmuls_warns_at_learn_where_bfloat16_products_are_slow(monkey
     """Where PyTorch has no fast bfloat16 CPU products (AVX2 CPUs), ``learn`` with ``bf16_matmuls=True`` warns
     and names the fix; float32 models never warn, and neither does building or loading a model."""
     monkeypatch.setattr(linear_module, "fast_bfloat16_products", lambda: fast)
+    monkeypatch.setattr(linear_module, "bfloat16_product_speedup", lambda: 2.0)  # where fast: faster, as with AMX
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         bf16 = SAC("MlpPolicy", "Pendulum-v1", learning_starts=20, batch_size=8, seed=0, bf16_matmuls=True)
@@ -1085,6 +1086,38 @@ def test_sac_bf16_matmuls_warns_at_learn_where_bfloat16_products_are_slow(monkey
         assert slow[0].category is UserWarning and slow[0].filename == __file__  # points at the learn call
         assert "no fast bfloat16 matrix products" in message and "Use bf16_matmuls=False" in message
         assert torch.backends.cpu.get_cpu_capability() in message
+
+
+@pytest.mark.cpu
+def test_sac_bf16_matmuls_warns_at_learn_where_oneDNNs_bfloat16_products_are_no_faster(monkeypatch):
+    """oneDNN may take bfloat16 with no kernel faster than float32's (a virtual machine's Intel Xeon that showed
+    AVX-512 BF16 but no AMX ran SAC's bf16 gradient steps 1.6x slower): ``learn`` measures a product once and
+    warns with the factor it found."""
+    monkeypatch.setattr(linear_module, "fast_bfloat16_products", lambda: True)
+    for speedup, warned in ((0.625, True), (1.9, False)):
+        monkeypatch.setattr(linear_module, "bfloat16_product_speedup", lambda speedup=speedup: speedup)
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=20, batch_size=8, seed=0, bf16_matmuls=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.learn(25)
+        slow = [str(w.message) for w in caught if "bf16_matmuls" in str(w.message)]
+        assert len(slow) == warned
+        if warned:
+            assert "a 256x256x256 bfloat16 matrix product takes 1.6x the time of a float32 one" in slow[0]
+            assert "Use bf16_matmuls=False" in slow[0]
+
+
+def test_bfloat16_product_speedup_is_measured_once_and_draws_nothing_from_torchs_generator():
+    """A positive factor, measured once per process (cached: each learn reads it again), on matrices of its own
+    generator: a seeded run's draws are the same whether or not its learn measured it first."""
+    linear_module.bfloat16_product_speedup.cache_clear()
+    torch.manual_seed(5)
+    first = linear_module.bfloat16_product_speedup()
+    drawn = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(3), drawn)
+    assert first > 0 and linear_module.bfloat16_product_speedup() == first
+    assert linear_module.bfloat16_product_speedup.cache_info().hits == 1
 
 
 def test_fast_bfloat16_products_follows_pytorchs_onednn_check(monkeypatch):

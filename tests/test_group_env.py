@@ -1842,3 +1842,22 @@ def test_mixed_spaces_name_the_largest_side_and_inside_one_side_do_not_suggest_i
     padded = GroupVecEnv([lambda: supersuit.pad_action_space_v0(one_side(simple_world_comm_v3.parallel_env(), team))])
     obs, mask = padded.reset(seed=0)
     assert mask.shape == (1, 4) and mask.all()
+
+
+@pytest.mark.parametrize("reward", [np.array([1.0], np.float32), [1.0, [2.0]]], ids=["array", "ragged"])
+def test_a_reward_that_is_no_number_is_named_in_evaluations_and_the_clis_reward_tap(reward):
+    """evaluate_group and the CLI's RewardTap (what a run's evaluations score) made an array of one element a
+    float (NumPy before 2.4 silently); a ragged list failed inside NumPy."""
+    from covey.wrappers.rewards import RewardTap
+
+    class ListReward(ScriptedEnv):
+        def step(self, actions):
+            observations, rewards, terminations, truncations, infos = super().step(actions)
+            return observations, {a: reward for a in rewards}, terminations, truncations, infos
+
+    with pytest.raises(ValueError, match=r"gave agent 'a' the reward .*, which is not a number"):
+        evaluate_group(None, ListReward, n_eval_episodes=1)
+    tap = RewardTap(ListReward())
+    tap.reset(seed=0)
+    with pytest.raises(ValueError, match=r"gave agent 'a' the reward .*, which is not a number"):
+        tap.step({agent: 0 for agent in tap.agents})

@@ -563,7 +563,7 @@ def test_load_takes_the_files_policy_kwargs_and_a_number_of_copies_as_sb3s_does(
     loaded = PPO.load(tmp_path / "m.zip", policy_kwargs=dict(policy_kwargs))
     assert loaded.policy_kwargs["net_arch"] == {"pi": [32], "vf": [16]}
     with pytest.raises(
-        ValueError, match=r"policy_kwargs=\{'net_arch': \[64\]\} differ from the file's, .*'pi': \[32\]"
+        ValueError, match=r"PPO.load: policy_kwargs net_arch=\[64\] differ from the file's \(net_arch=\{'pi': \[32\]"
     ):
         PPO.load(tmp_path / "m.zip", policy_kwargs=dict(net_arch=[64]))
     loaded = PPO.load(tmp_path / "m.zip", n_envs=4.0)  # the copies it is to run, as SB3 sets the attribute
@@ -573,8 +573,37 @@ def test_load_takes_the_files_policy_kwargs_and_a_number_of_copies_as_sb3s_does(
     with pytest.raises(ValueError, match=r"n_envs=4, but the env has 2 copies: the model runs the env's copies"):
         PPO.load(tmp_path / "m.zip", env=make_vec_env("CartPole-v1", n_envs=2), n_envs=4)
     assert PPO.load(tmp_path / "m.zip", env=make_vec_env("CartPole-v1", n_envs=2), n_envs=2).n_envs == 2
-    with pytest.raises(ValueError, match=r"PPO.load: n_envs=0 is invalid: it must be an int >= 1"):
-        PPO.load(tmp_path / "m.zip", n_envs=0)
+    for bad in (0, True, 2.5):
+        with pytest.raises(ValueError, match=rf"PPO.load: n_envs={bad!r} is invalid: it must be an int >= 1"):
+            PPO.load(tmp_path / "m.zip", n_envs=bad)
+
+
+def test_load_takes_policy_kwargs_as_sb3_wrote_them_and_poca_the_copies_asked_for(tmp_path):
+    """SB3's SAC writes use_sde into its policy_kwargs, and an sb3-contrib RecurrentPPO file's memory size is read
+    off its weights: a script that passes its SB3 model's policy_kwargs again loads. POCA.load(path, n_envs=4)
+    runs 4 copies, where it kept the file's."""
+    import stable_baselines3 as sb3
+    from sb3_contrib import RecurrentPPO
+
+    from covey import POCA, SAC
+
+    sb3_sac = sb3.SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(net_arch=[32, 32]))
+    sb3_sac.save(tmp_path / "sac.zip")
+    assert "use_sde" in sb3_sac.policy_kwargs
+    assert SAC.load(tmp_path / "sac.zip", policy_kwargs=sb3_sac.policy_kwargs).policy_kwargs["net_arch"] == [32, 32]
+    with pytest.raises(ValueError, match=r"SAC.load: policy_kwargs net_arch=\[64\] differ from the file's \(net_arch="):
+        SAC.load(tmp_path / "sac.zip", policy_kwargs=dict(net_arch=[64]))
+    with pytest.raises(ValueError, match=r"policy_kwargs log_std_init=-1 differ from the file's \(no log_std_init\)"):
+        SAC.load(tmp_path / "sac.zip", policy_kwargs=dict(net_arch=[32, 32], log_std_init=-1))
+    recurrent = RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=32, batch_size=32, policy_kwargs={})
+    recurrent.save(tmp_path / "recurrent.zip")
+    loaded = PPO.load(tmp_path / "recurrent.zip", policy_kwargs=recurrent.policy_kwargs)
+    assert loaded.policy.actor.memory.hidden_size == 256  # read off the weights, beside the asked policy_kwargs
+    POCA("MlpPolicy", EarlyExitEnv, n_envs=2, n_steps=16, batch_size=32, seed=0).save(tmp_path / "poca.zip")
+    poca = POCA.load(tmp_path / "poca.zip", n_envs=4)
+    assert poca.n_envs == 4 and poca.rollout_buffer.n_envs == 4
+    poca.set_env(EarlyExitEnv)
+    assert poca.env.num_envs == 4 and poca.learn(64).num_timesteps == 64
 
 
 def test_load_with_mismatched_env_names_both_spaces(tmp_path):

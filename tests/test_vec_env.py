@@ -706,3 +706,19 @@ def test_an_off_space_observation_a_vecenv_copied_is_named_as_the_envs_at_its_ep
     env = DummyVecEnv([lambda: gym.wrappers.TimeLimit(BroadcastableObsEnv((1,), at_step=True), 4)])
     with pytest.raises(ValueError, match=r"the env returns observations of another shape.*check_env\(env\)"):
         PPO("MlpPolicy", env, n_steps=8, batch_size=8).learn(16)
+
+
+@pytest.mark.parametrize("reward", [np.array([1.0], np.float32), [1.0], [1.0, [2.0]]], ids=["array", "list", "ragged"])
+def test_a_reward_that_is_no_number_is_named_a_list_and_a_ragged_one_too(reward):
+    """A reward array of one element was named only where NumPy (2.4 and newer) refused to make it a float;
+    NumPy before 2.4 stored it silently. A list is named too, and a ragged one, whose shape NumPy's own error
+    was about."""
+
+    class ListReward(OffApiEnv):
+        def step(self, action):
+            obs, _, terminated, truncated, info = super().step(action)
+            return obs, reward, terminated, truncated, info
+
+    env = ListReward("none")
+    with pytest.raises(ValueError, match=r"ListReward\.step\(\) returned the reward .*, where one float belongs"):
+        PPO("MlpPolicy", env, n_steps=8, batch_size=8).learn(16)

@@ -2195,20 +2195,23 @@ class BaseAgent:
         hyper.update({k: v for k, v in custom_objects.items() if k in settable})
         kwargs = dict(kwargs)
         if "policy_kwargs" in kwargs:  # as SB3: taken where they are the file's, refused where they differ
-            asked = _as_lists(policy_kwargs_dict(kwargs.pop("policy_kwargs")))
-            stored = _as_lists({k: v for k, v in policy_kwargs.items() if k in asked or k != "use_sde"})
-            if asked != stored:
+            asked, stored = _as_lists(policy_kwargs_dict(kwargs.pop("policy_kwargs"))), _as_lists(policy_kwargs)
+            # use_sde is the agent's argument (SB3's SAC also writes it into its policy_kwargs)
+            differ = [key for key in asked if key != "use_sde" and (key not in stored or asked[key] != stored[key])]
+            if differ:
+                file_values = ", ".join(f"{key}={stored[key]!r}" if key in stored else f"no {key}" for key in differ)
                 raise ValueError(
-                    f"policy_kwargs={asked!r} differ from the file's, {stored!r}: the model's networks are the file's. "
-                    "Load without policy_kwargs; to set one the file could not keep (an activation class of your "
-                    "own, say), pass custom_objects={'policy_kwargs': {...}}."
+                    f"{cls.__name__}.load: policy_kwargs {', '.join(f'{k}={asked[k]!r}' for k in differ)} differ from "
+                    f"the file's ({file_values}): the model's networks are the file's. Load without policy_kwargs; to "
+                    "set one the file could not keep (an activation class of your own, say), pass "
+                    "custom_objects={'policy_kwargs': {...}}."
                 )
         # SB3 sets the attribute: the copies the model is to run (POCA's constructor takes n_envs itself)
         n_envs = kwargs.pop("n_envs", None) if "n_envs" not in takes else None
         if n_envs is not None:
             if whole_number(n_envs):
                 n_envs = int(n_envs)
-            if not (isinstance(n_envs, int) and n_envs >= 1):
+            if isinstance(n_envs, (bool, np.bool_)) or not (isinstance(n_envs, int) and n_envs >= 1):
                 raise ValueError(f"{cls.__name__}.load: n_envs={n_envs!r} is invalid: it must be an int >= 1.")
         # SB3 sets any keyword as an attribute; covey takes the constructor's (e.g. SAC's action_noise)
         constructor = set(inspect.signature(cls.__init__).parameters) - {"self", "policy", "env", "_init_setup_model"}
@@ -2270,7 +2273,7 @@ class BaseAgent:
         )
         model.verbose = verbose
         model.observation_space, model.action_space = observation_space, action_space
-        model.n_envs = n_envs or settings.get("n_envs", 1)
+        model.n_envs = n_envs or getattr(model, "_requested_n_envs", None) or settings.get("n_envs", 1)
         model._restore_settings(settings)
         if env is not None:
             venv = model._fit_image_layout(model._wrap_env(env))

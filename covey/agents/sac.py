@@ -90,7 +90,9 @@ class SACConfig:
     bfloat16 as autocast rounds them; otherwise the networks run under bfloat16 autocast, with float32
     outputs. Faster gradient steps on a CPU with bfloat16 units (where a 256x256 product takes half the
     float32 time or less), at bfloat16's 8-bit mantissa in those layers. Many times slower on a CPU whose
-    PyTorch has no fast bfloat16 products (AVX2 x86 CPUs): ``learn`` warns there."""
+    PyTorch has no fast bfloat16 products (AVX2 x86 CPUs), and slower where oneDNN has no bfloat16 kernel
+    faster than float32's (an Intel Xeon whose virtual machine showed AVX-512 BF16 without AMX): ``learn``
+    warns in both cases (it times one product for the second)."""
     use_sde: bool = False
     """Generalized state-dependent exploration for Box actions (the noise a linear function of the state)."""
     sde_sample_freq: int = -1
@@ -1013,6 +1015,26 @@ class SAC(BaseAgent):
                     "truncate_last_traj=False."
                 )
 
+    def _warn_slow_bfloat16(self) -> None:
+        """Warn where bf16_matmuls=True slows this CPU's gradient steps down: PyTorch has no oneDNN bfloat16
+        products here, or has them without a kernel faster than float32's (measured once per process)."""
+        if not linear.fast_bfloat16_products():
+            warn_user(
+                "SAC(bf16_matmuls=True): this CPU has no fast bfloat16 matrix products (PyTorch multiplies "
+                "bfloat16 in oneDNN only with AVX-512 or Arm's bfloat16 instructions; its CPU capability here is "
+                f"{torch.backends.cpu.get_cpu_capability()}), so each gradient step's bfloat16 products run in a "
+                "fallback loop, tens of times slower than in float32. Use bf16_matmuls=False on this machine."
+            )
+            return
+        speedup = linear.bfloat16_product_speedup()
+        if speedup < 1.0:
+            warn_user(
+                f"SAC(bf16_matmuls=True): on this CPU a 256x256x256 bfloat16 matrix product takes {1 / speedup:.1f}x "
+                "the time of a float32 one (its oneDNN has no fast bfloat16 kernel here: on x86, AMX or AMD's "
+                "AVX-512 BF16 units make one), so the gradient steps run slower, not faster. Use "
+                "bf16_matmuls=False on this machine."
+            )
+
     # ------------------------------------------------------------------ training loop
     def learn(
         self,
@@ -1024,13 +1046,8 @@ class SAC(BaseAgent):
         progress_bar: bool = False,
     ) -> SAC:
         """Collect and train until ``total_timesteps`` env steps (over all envs); returns self."""
-        if self.config.bf16_matmuls and self.device.type == "cpu" and not linear.fast_bfloat16_products():
-            warn_user(
-                "SAC(bf16_matmuls=True): this CPU has no fast bfloat16 matrix products (PyTorch multiplies "
-                "bfloat16 in oneDNN only with AVX-512 or Arm's bfloat16 instructions; its CPU capability here is "
-                f"{torch.backends.cpu.get_cpu_capability()}), so each gradient step's bfloat16 products run in a "
-                "fallback loop, tens of times slower than in float32. Use bf16_matmuls=False on this machine."
-            )
+        if self.config.bf16_matmuls and self.device.type == "cpu":
+            self._warn_slow_bfloat16()
         if self.replay_buffer is not None and not isinstance(self.replay_buffer, ReplayBuffer):
             kind = type(self.replay_buffer)
             raise TypeError(

@@ -418,7 +418,7 @@ def _check_type(key: str, value: Any, annotation: str, cls: type) -> Any:
 
 def parse_schedule(key: str, text: str) -> float:
     """``lin_<initial>``: a value falling linearly from ``initial`` to 0 over the run (RL-Zoo's notation)."""
-    match = re.fullmatch(r"lin_([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)", text.strip())
+    match = re.fullmatch(r"lin_(\+?[0-9.]+(?:[eE][-+]?[0-9]+)?)", text.strip())
     if match is None:
         raise CLIError(
             f"{key}={text!r} is invalid: expected a number or a linear schedule written lin_<initial value>, "

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -34,14 +35,27 @@ def _pettingzoo_module(spec: str) -> Any | None:
     module = _import(module_name, spec)
     try:
         target = getattr(module, name, None)
-    except (ImportError, AssertionError):  # PettingZoo before 1.27 raises these for a name its package lacks
-        target = None
-    if target is None:
-        try:
+        if target is None:
             target = importlib.import_module(f"{module_name}.{name}")
-        except ImportError:
+    except (ImportError, AssertionError) as err:
+        # PettingZoo's packages import an env module on attribute access: a name the package lacks raises there
+        # (an ImportError or, before 1.27, an AssertionError); an env module that is there may fail on a
+        # dependency of its own, which the user installs
+        if not _has_submodule(module_name, name):
             return None
+        raise CLIError(
+            f"Cannot import {module_name}.{name} for env {spec!r} ({type(err).__name__}: {err}). Install what it "
+            'needs (e.g. `pip install "pettingzoo[sisl,butterfly]"` for PettingZoo\'s families).'
+        ) from err
     return target if callable(getattr(target, "parallel_env", None)) else None
+
+
+def _has_submodule(module_name: str, name: str) -> bool:
+    """Whether the package ``module_name`` has a module ``name``, found without importing it."""
+    try:
+        return importlib.util.find_spec(f"{module_name}.{name}") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def parallel_env_factory(spec: str) -> Callable[..., Any]:

@@ -26,7 +26,7 @@ from covey.networks.encoders import FlatDict
 from covey.networks.obs import discrete_range_problem
 from covey.spaces import check_action_space, check_observation_space
 from covey.warning import warn_user
-from covey.wrappers.vec_env import own_info, returned
+from covey.wrappers.vec_env import not_a_scalar, own_info, returned, shape_words
 
 PETTINGZOO_API = (
     "covey's POCA steps PettingZoo parallel envs (the API of PettingZoo 1.22 and newer): reset(seed=None, "
@@ -485,7 +485,7 @@ class GroupVecEnv:
                         "there. PettingZoo's API gives every agent that acted a reward (0.0 where it earned none)."
                     )
                 try:
-                    if reward is None or (isinstance(reward, (np.ndarray, list, tuple)) and np.ndim(reward)):
+                    if reward is None or not_a_scalar(reward):
                         raise TypeError("no number")  # NumPy before 2.4 stores an array of one element silently
                     rewards[e, s] = reward
                 except (TypeError, ValueError) as exc:
@@ -706,10 +706,10 @@ def _check_step_dicts(observations: Any, rewards: Any, terminations: Any, trunca
 
 def _not_a_reward(agent: Any, reward: Any) -> str:
     """The problem :func:`_api_error` names for a reward that is no number."""
-    shape = f" of shape {np.shape(reward)}" if np.ndim(reward) else ""
     return (
-        f"gave agent {agent!r} the reward {reward!r}{shape}, which is not a number: a PettingZoo env's rewards are "
-        "one float per agent (for an array of one element, float(reward) or reward.item() in the env or a wrapper)"
+        f"gave agent {agent!r} the reward {reward!r}{shape_words(reward)}, which is not a number: a PettingZoo env's "
+        "rewards are one float per agent (for an array of one element, float(reward) or reward.item() in the env or "
+        "a wrapper)"
     )
 
 

@@ -7,6 +7,9 @@ from typing import Any
 
 from pettingzoo.utils.wrappers import BaseParallelWrapper
 
+from covey.wrappers.group_env import _api_error, _not_a_reward
+from covey.wrappers.vec_env import not_a_scalar
+
 
 class RewardTap(BaseParallelWrapper):
     """Adds up the rewards the env under it pays, per agent, until :meth:`take` (a wrapper above it may step it
@@ -23,6 +26,8 @@ class RewardTap(BaseParallelWrapper):
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
         out = self.env.step(actions)
         for agent, reward in out[1].items():
+            if not_a_scalar(reward):  # NumPy before 2.4 makes an array of one element a float, silently
+                raise _api_error("step()", _not_a_reward(agent, reward))
             self.paid[agent] = self.paid.get(agent, 0.0) + float(reward)
         return out
 

@@ -84,7 +84,7 @@ class FastVecEnv(DummyVecEnv):
 
     def step_wait(self):
         infos = []
-        i = 0
+        i, no_number = 0, None
         try:
             for i, env in enumerate(self.envs):
                 obs, reward, terminated, truncated, info = env.step(self.actions[i])
@@ -97,9 +97,9 @@ class FastVecEnv(DummyVecEnv):
                     info["terminal_observation"] = np.copy(obs) if isinstance(obs, np.ndarray) else copy.deepcopy(obs)
                     obs, self.reset_infos[i] = env.reset()
                 self._save_obs(i, obs)
-                if isinstance(reward, (np.ndarray, list, tuple)) and np.ndim(reward):
-                    # NumPy before 2.4 stores an array of one element as its number, silently
-                    raise ValueError(reward_problem(f"{type(env.unwrapped).__name__}.step()", reward))
+                if not_a_scalar(reward):  # NumPy before 2.4 stores an array of one element, silently
+                    no_number = reward_problem(f"{type(env.unwrapped).__name__}.step()", reward)
+                    break
                 self.buf_rews[i] = reward
                 self.buf_dones[i] = done
                 infos.append(info)
@@ -113,6 +113,8 @@ class FastVecEnv(DummyVecEnv):
                 if problem is not None:
                     raise ValueError(problem) from exc
             raise
+        if no_number is not None:
+            raise ValueError(no_number)
         return self._obs_from_buf(), self.buf_rews.copy(), self.buf_dones.copy(), infos
 
     def _explain(self, exc: Exception, call: str) -> None:
@@ -176,7 +178,7 @@ def env_api_problem(env: gym.Env, call: str, action: Any = None) -> str | None:
         return _reset_info_problem(out[1])
     if call == "step" and not isinstance(out[4], dict):
         return _info_problem(name, out[4])
-    if call == "step" and (np.ndim(out[1]) != 0 or isinstance(out[1], (str, bytes, type(None)))):
+    if call == "step" and (not_a_scalar(out[1]) or isinstance(out[1], (str, bytes, type(None)))):
         return reward_problem(name, out[1])
     problem = observation_problem(out[0], env.observation_space)
     if problem is not None:
@@ -184,12 +186,25 @@ def env_api_problem(env: gym.Env, call: str, action: Any = None) -> str | None:
     return None
 
 
+def not_a_scalar(value: Any) -> bool:
+    """Whether ``value`` is a list, a tuple or an array of one or more dimensions: no reward, where NumPy before 2.4
+    stores an array of one element as its number, silently (cheap: a type check first)."""
+    return isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim > 0)
+
+
+def shape_words(value: Any) -> str:
+    """ " of shape (1,)" for an array (or a list NumPy reads as one), "" for a scalar or a ragged list."""
+    try:
+        return f" of shape {np.shape(value)}" if np.ndim(value) else ""
+    except ValueError:  # a ragged list, which NumPy reads as no array
+        return ""
+
+
 def reward_problem(name: str, reward: Any) -> str:
     """The error for a reward that is no number, returned by the call ``name``."""
-    shape = f" of shape {np.shape(reward)}" if np.ndim(reward) else ""
     return (
-        f"{name} returned the reward {reward!r}{shape}, where one float belongs (for an array of one element, "
-        f"float(reward) or reward.item() in the env or a wrapper). {GYMNASIUM_API}"
+        f"{name} returned the reward {reward!r}{shape_words(reward)}, where one float belongs (for an array of one "
+        f"element, float(reward) or reward.item() in the env or a wrapper). {GYMNASIUM_API}"
     )
 
 
