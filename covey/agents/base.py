@@ -2193,7 +2193,6 @@ class BaseAgent:
         hyper.update({k: v for k, v in (settings.get("subclass_arguments") or {}).items() if k in takes})
         settable = {*hyper, *outside, *settings.get("unread", [])}
         hyper.update({k: v for k, v in custom_objects.items() if k in settable})
-        kwargs = dict(kwargs)
         if "policy_kwargs" in kwargs:  # as SB3: taken where they are the file's, refused where they differ
             asked, stored = _as_lists(policy_kwargs_dict(kwargs.pop("policy_kwargs"))), _as_lists(policy_kwargs)
             # use_sde is the agent's argument (SB3's SAC also writes it into its policy_kwargs)

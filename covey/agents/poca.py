@@ -179,9 +179,8 @@ class POCA(BaseAgent):
         self.attention_heads = kwargs.pop("attention_heads", 4)
         for key in ("attention_width", "attention_heads"):
             value = getattr(self, key)
-            if whole_number(value):  # a whole float, as a YAML file writes it, is the int
+            if whole_number(value):  # a whole float, as a YAML file writes it, is the int (set below)
                 value = int(value)
-                setattr(self, key, value)
             if not positive_int(value):
                 raise ValueError(f"policy_kwargs {key}={value!r} is invalid: it must be an int >= 1.")
         self.attention_width, self.attention_heads = int(self.attention_width), int(self.attention_heads)

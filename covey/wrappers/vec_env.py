@@ -178,7 +178,8 @@ def env_api_problem(env: gym.Env, call: str, action: Any = None) -> str | None:
         return _reset_info_problem(out[1])
     if call == "step" and not isinstance(out[4], dict):
         return _info_problem(name, out[4])
-    if call == "step" and (not_a_scalar(out[1]) or isinstance(out[1], (str, bytes, type(None)))):
+    reward = out[1] if call == "step" else 0.0  # a list first: np.ndim of a ragged one raises
+    if not_a_scalar(reward) or np.ndim(reward) != 0 or isinstance(reward, (str, bytes, type(None))):
         return reward_problem(name, out[1])
     problem = observation_problem(out[0], env.observation_space)
     if problem is not None:
