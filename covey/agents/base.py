@@ -51,7 +51,13 @@ from covey import sb3_files, serialization
 from covey.agents.sb3_policy import action_start, build_policy, class_path, optimizer_owners, sb3_policy_class
 from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
-from covey.networks.actor_critic import LSTM_POLICIES, ParameterMismatchError, policy_kwargs_dict, policy_name
+from covey.networks.actor_critic import (
+    LSTM_POLICIES,
+    ParameterMismatchError,
+    policy_kwargs_dict,
+    policy_name,
+    positive_int,
+)
 from covey.networks.encoders import FlattenEncoder, NatureCNN, NormalizedEncoder
 from covey.networks.sb3_names import move_optimizer_state, to_sb3
 from covey.spaces import (
@@ -2210,7 +2216,7 @@ class BaseAgent:
         if n_envs is not None:
             if whole_number(n_envs):
                 n_envs = int(n_envs)
-            if isinstance(n_envs, (bool, np.bool_)) or not (isinstance(n_envs, int) and n_envs >= 1):
+            if not positive_int(n_envs):
                 raise ValueError(f"{cls.__name__}.load: n_envs={n_envs!r} is invalid: it must be an int >= 1.")
         # SB3 sets any keyword as an attribute; covey takes the constructor's (e.g. SAC's action_noise)
         constructor = set(inspect.signature(cls.__init__).parameters) - {"self", "policy", "env", "_init_setup_model"}
