@@ -344,11 +344,15 @@ def _as_feed(obs: np.ndarray | dict[str, np.ndarray], input_names: list[str]) ->
 
 
 def compare_actions(expected: np.ndarray, got: np.ndarray, discrete: bool) -> tuple[bool, float]:
-    """(match, max abs difference) of two action batches; discrete actions must be equal."""
+    """(match, max abs difference) of two action batches; discrete actions must be equal. Continuous ones may
+    differ by a rounding of the coarser of the two float types (float16 actions, which ``predict`` rounds to,
+    against a network's float32)."""
     expected = np.asarray(expected)
     got = np.asarray(got)
     if expected.shape != got.shape:
         return False, float("inf")
+    floats = [np.finfo(a.dtype).eps for a in (expected, got) if np.issubdtype(a.dtype, np.floating)]
+    atol = max([CONTINUOUS_ATOL, *floats])
     expected, got = expected.astype(np.float64), got.astype(np.float64)
     both_nan = np.isnan(expected) & np.isnan(got)  # an overflowing network gives NaN in both: that is agreement
     if expected.size == 0 or both_nan.all():
@@ -357,7 +361,7 @@ def compare_actions(expected: np.ndarray, got: np.ndarray, discrete: bool) -> tu
     if math.isnan(diff):
         return False, math.inf
     scale = max(1.0, float(np.max(np.abs(expected[~both_nan]))))
-    return (diff == 0.0 if discrete else diff <= CONTINUOUS_ATOL * scale), diff
+    return (diff == 0.0 if discrete else diff <= atol * scale), diff
 
 
 def _as_actor_input(obs: np.ndarray | dict[str, np.ndarray], actor: nn.Module) -> np.ndarray | dict[str, np.ndarray]:

@@ -99,11 +99,22 @@ def check_action_space(space: spaces.Space, supported: tuple[type, ...] = ACTION
         names = ", ".join(cls.__name__ for cls in supported)
         hint = ""
         if isinstance(space, (spaces.Dict, spaces.Tuple)):
+            parts = (
+                "Discrete parts as one MultiDiscrete, Box parts as one Box"
+                if spaces.MultiDiscrete in supported
+                else "Box parts as one Box (this agent takes one Box or one Discrete; PPO takes Discrete parts as "
+                "one MultiDiscrete)"
+            )
             hint = (
                 f" Wrap the env so that its {type(space).__name__} of actions is one space, and split each action "
-                "back into its parts there: Discrete parts as one MultiDiscrete, Box parts as one Box."
+                f"back into its parts there: {parts}."
             )
         raise ValueError(f"Unsupported action space {space}. This agent supports: {names}.{hint}")
+    if isinstance(space, (spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary)) and int(np.prod(space.shape)) == 0:
+        raise ValueError(
+            f"The action space {space} holds no numbers (a dimension of size 0): there is no action to learn. Give "
+            "the env an action space of one number or more."
+        )
 
 
 def check_finite_bounds(space: spaces.Space, needs: str) -> None:

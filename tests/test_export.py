@@ -180,6 +180,21 @@ def test_sac_with_wide_action_bounds_verifies_within_float32s_relative_rounding(
     assert result["verified"] and result["max_abs_diff"] < 1e-5 * 1000
 
 
+def test_float16_actions_verify_within_a_float16_rounding_of_the_graphs_float32(tmp_path):
+    """predict rounds a float16 action space's actions to float16, the graph gives float32: a rounding apart (up to
+    about 5e-4 at 1), which an absolute 1e-5 refused as a graph that does not act as the model."""
+    from covey.export import compare_actions
+
+    env = SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Box(-1.0, 1.0, (2,), np.float16))
+    model = SAC("MlpPolicy", env, learning_starts=8, batch_size=8, seed=0)
+    result = export_onnx(model, tmp_path / "half.onnx", n_samples=256)
+    assert result["verified"] and 0 < result["max_abs_diff"] < 1e-3
+    exact = np.linspace(-1, 1, 101, dtype=np.float32)
+    assert compare_actions(exact.astype(np.float16), exact, discrete=False)[0]
+    assert not compare_actions(exact.astype(np.float16), exact + 2e-3, discrete=False)[0]  # 2 roundings apart
+    assert not compare_actions(exact, exact + 2e-4, discrete=False)[0]  # float32 on both sides: 1e-5 as before
+
+
 @pytest.mark.cpu
 def test_ppo_with_squashed_sde_rescales_to_the_bounds(tmp_path):
     """PPO with use_sde and squash_output=True: the graph squashes the mean and rescales it to the bounds (not

@@ -429,6 +429,80 @@ def test_supersuits_black_death_is_named_with_the_masking_it_undoes():
         assert len([x for x in w if "black_death_v3" in str(x.message)]) == 1
 
 
+class MixedSpacesEnv(ParallelEnv):
+    """Two agents of the given action (and observation) spaces; only the spaces are read."""
+
+    metadata = {"name": "mixed_spaces_v0"}
+
+    def __init__(self, actions, observations=None):
+        self.possible_agents = [f"a_{i}" for i in range(len(actions))]
+        self.actions = actions
+        self.observations = observations or [spaces.Box(-1, 1, (3,), np.float32)] * len(actions)
+
+    def observation_space(self, agent):
+        return self.observations[self.possible_agents.index(agent)]
+
+    def action_space(self, agent):
+        return self.actions[self.possible_agents.index(agent)]
+
+
+@pytest.mark.parametrize(
+    "actions, observations, message",
+    [
+        (
+            [spaces.Discrete(3), spaces.Box(-1, 1, (2,), np.float32)],
+            None,
+            r"make their action spaces equal in a wrapper of your own \(SuperSuit's pad_action_space_v0 cannot make a "
+            r"Box and a Discrete one space\)",
+        ),
+        (
+            [spaces.Box(-1, 1, (2,), np.float32), spaces.Box(-2, 2, (2,), np.float32)],
+            None,
+            r"pad_action_space_v0 widens the bounds to the widest agent's, so an agent would be sent actions outside",
+        ),
+        (
+            [spaces.Box(0.5, 1, (2,), np.float32), spaces.Box(0.5, 1, (3,), np.float32)],
+            None,
+            r"pad_action_space_v0 widens the bounds",  # a_1's third action padded from a_0's side with 0
+        ),
+        (
+            [spaces.Box(-1, 1, (1,)), spaces.Box(np.array([-1, -5]), np.array([1, 5])), spaces.Box(-1, 1, (3,))],
+            None,
+            r"pad_action_space_v0 widens the bounds",  # a_2's second action, by a_1's, which a_0's does not meet
+        ),
+        (
+            [spaces.Discrete(3, start=1), spaces.Discrete(3)],
+            None,
+            r"pad_action_space_v0 makes a Discrete from 0, and these start elsewhere",
+        ),
+        (
+            [spaces.Discrete(3)] * 2,
+            [spaces.Discrete(3), spaces.Discrete(4)],
+            r"pad_observations_v0 gives a Discrete observation's space in place of the observation",
+        ),
+        (
+            [spaces.Discrete(3), spaces.Discrete(4)],
+            [spaces.Dict({"x": spaces.Box(-1, 1, (2,))}), spaces.Dict({"x": spaces.Box(-1, 1, (3,))})],
+            r"make their action spaces equal with SuperSuit's pad_action_space_v0\(env\), and make their observation "
+            r"spaces equal in a wrapper of your own \(SuperSuit's pad_observations_v0 pads Box and Discrete spaces",
+        ),
+    ],
+    ids=["discrete-and-box", "box-bounds", "box-padding", "three-agents", "discrete-start", "discrete-obs", "dict-obs"],
+)
+def test_supersuits_padding_is_advised_only_where_it_keeps_each_agent_to_its_space(actions, observations, message):
+    """The advised pad_action_space_v0 and pad_observations_v0 failed with SuperSuit's AssertionError on a Discrete
+    and a Box or on Dict observations, and on Box actions of other bounds or a Discrete with a start padded into
+    one space whose actions fall outside an agent's own."""
+    with pytest.raises(MixedSpacesError, match=message) as info:
+        check_group_spaces(MixedSpacesEnv(actions, observations))
+    padded = [w for w in ("pad_observations_v0", "pad_action_space_v0") if f"SuperSuit's {w}(env)" in str(info.value)]
+    assert info.value.wrappers == padded
+    # where the shapes alone differ, padding keeps each agent to its own: advised as before
+    wider = MixedSpacesEnv([spaces.Box(-1, 1, (2,), np.float32), spaces.Box(-1, 1, (3,), np.float32)])
+    with pytest.raises(MixedSpacesError, match=r"make their spaces equal, e.g. with SuperSuit's pad_action_space_v0"):
+        check_group_spaces(wider)
+
+
 def test_agents_differing_in_both_spaces_get_both_fixes_in_one_error():
     with pytest.raises(MixedSpacesError) as info:
         GroupVecEnv([simple_speaker_listener_v4.parallel_env])
@@ -718,6 +792,120 @@ def test_an_env_off_the_parallel_api_gets_an_error_that_names_the_fault_and_the_
         venv.step(np.zeros((2, 3), dtype=np.int64))
     assert "(observations, rewards, terminations, truncations, infos)" in str(info.value)
     assert "parallel_api_test" in str(info.value)
+
+
+class LeavesOffApiEnv(ScriptedEnv):
+    """ScriptedEnv (a terminates at step 3) whose step breaks the API where agents leave: ``fault``."""
+
+    def __init__(self, fault: str):
+        super().__init__()
+        self.fault = fault
+
+    def step(self, actions):
+        observations, rewards, terminations, truncations, infos = super().step(actions)
+        if self.fault == "final observation of shape (1,)" and self.t == 3:
+            observations["a"] = np.array([7.0], np.float32)  # NumPy broadcast it into a's slot as [7, 7, 7]
+        elif self.fault == "final observation of shape (5,)" and self.t == 3:
+            observations["a"] = np.zeros(5, np.float32)  # NumPy's "could not broadcast" came out bare
+        elif self.fault == "a reward None to an agent that ended" and self.t == 4:
+            rewards["a"] = None  # Python's TypeError from the episode return's sum
+        elif self.fault == "a reward array to an agent that ended" and self.t == 4:
+            rewards["a"] = np.array([1.0, 2.0])
+        elif self.fault == "a final observation of text" and self.t == 3:
+            observations["a"] = np.array(["x", "y", "z"])
+        elif self.fault == "an observation of text" and self.t == 1:
+            observations["b"] = np.array(["x", "y", "z"])
+        elif self.fault == "left without flags" and self.t == 2:
+            self.agents.remove("b")  # terminations and truncations both False: read as the group's true end
+        return observations, rewards, terminations, truncations, infos
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        (
+            "final observation of shape (1,)",
+            r"step\(\) gave agent 'a' a final observation \(in the step that ended it\) of shape \(1,\) that "
+            r"does not fit observation_space\('a'\) = Box\(-100.0, 100.0, \(3,\), float32\)",
+        ),
+        ("final observation of shape (5,)", r"gave agent 'a' a final observation .* of shape \(5,\) that does not"),
+        ("a final observation of text", r"gave agent 'a' a final observation .* of shape \(3,\) that does not fit"),
+        ("an observation of text", r"gave agent 'b' an observation of shape \(3,\) that does not fit .*could not"),
+        ("a reward None to an agent that ended", r"step\(\) gave agent 'a' the reward None, which is not a number"),
+        ("a reward array to an agent that ended", r"gave agent 'a' the reward array\(.*\) of shape \(2,\), which is"),
+        (
+            "left without flags",
+            r"step\(\) took agent 'b' out of env.agents with its terminations and truncations flags both False",
+        ),
+    ],
+)
+def test_an_agent_leaving_off_the_api_is_named(fault, message):
+    """Where an agent leaves, its final observation, a later reward paid to it and its flags are checked as a live
+    agent's are: each trained on silently (a (1,) observation spread over the slot, an agent gone without a flag
+    taken for the group's true end) or failed with NumPy's or Python's error from inside the group env."""
+    venv = GroupVecEnv([lambda: LeavesOffApiEnv(fault)])
+    venv.reset(seed=0)
+    with pytest.raises(ValueError, match=message) as info:
+        for _ in range(4):
+            venv.step(np.zeros((1, 3), np.int64))
+    assert "parallel_api_test" in str(info.value)
+
+
+def test_an_env_keeping_to_the_api_where_agents_leave_steps_on_with_their_final_observations():
+    """The checks above refuse nothing that keeps to the API: a's final observation is its own, a later reward
+    paid to it as a NumPy number counts in the group return, as the live agents' do."""
+
+    class RewardAfterLeaving(ScriptedEnv):
+        def step(self, actions):
+            observations, rewards, terminations, truncations, infos = super().step(actions)
+            if self.t == 4:
+                rewards["a"] = np.float32(2.5)
+            return observations, rewards, terminations, truncations, infos
+
+    venv = GroupVecEnv([RewardAfterLeaving])
+    venv.reset(seed=0)
+    total = 0.0
+    for t in range(1, 6):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the reward paid to an agent that ended is warned of
+            step = venv.step(np.zeros((1, 3), np.int64))
+        total += float(step.rewards.sum())
+        if t == 3:
+            assert step.left[0].tolist() == [True, False, False]
+            np.testing.assert_array_equal(step.final_observations[0, 0], [1, 3, 7])
+    assert step.env_done[0]
+    assert step.infos[0]["episode"]["r"] == pytest.approx(total + 2.5)
+
+
+def test_an_action_mask_in_the_infos_is_warned_of_once_and_render_mode_is_the_envs():
+    """A mask in the infos was never read, without a word (one in Dict observations is warned of); and SB3's
+    VecEnv attribute render_mode was missing (get_attr('render_mode') had it)."""
+
+    class MaskInInfos(ScriptedEnv):
+        def step(self, actions):
+            out = super().step(actions)
+            for info in out[4].values():
+                info["action_mask"] = np.array([1, 0, 1], np.int8)
+            return out
+
+    venv = GroupVecEnv([MaskInInfos])
+    venv.reset(seed=0)
+    with pytest.warns(UserWarning, match=r"infos hold an 'action_mask', but covey's policies do not mask") as w:
+        venv.step(np.zeros((1, 3), np.int64))
+        venv.step(np.zeros((1, 3), np.int64))
+    assert len([x for x in w if "action_mask" in str(x.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plain = GroupVecEnv([ScriptedEnv])
+        plain.reset(seed=0)
+        plain.step(np.zeros((1, 3), np.int64))
+    assert plain.render_mode is None
+    drawn = GroupVecEnv([lambda: simple_spread_v3.parallel_env(render_mode="rgb_array")])
+    assert drawn.render_mode == "rgb_array" == drawn.get_attr("render_mode")[0]
+    subproc = SubprocGroupVecEnv([lambda: simple_spread_v3.parallel_env(render_mode="rgb_array")], n_processes=1)
+    assert subproc.render_mode == "rgb_array"
+    for env in (drawn, subproc):
+        env.close()
 
 
 def test_evaluate_group_names_a_reward_that_is_no_number():

@@ -375,6 +375,27 @@ def test_unsupported_action_space_is_named():
     assert "Wrap the env" not in str(err.value)  # no composite space to take apart
 
 
+@pytest.mark.parametrize("agent", ["PPO", "SAC", "POCA"])
+def test_an_action_space_of_no_numbers_is_refused_at_the_constructor(agent):
+    """A Box of shape (0,) was taken, and learn and predict then failed with NumPy's "cannot reshape array of size
+    0"."""
+    import covey
+
+    empty = spaces.Box(-1, 1, (0,), np.float32)
+    if agent == "POCA":
+        from covey.envs import EarlyExitEnv
+
+        class NoActions(EarlyExitEnv):
+            def action_space(self, agent):
+                return empty
+
+        env = NoActions
+    else:
+        env = SpaceEnv(spaces.Box(-1, 1, (2,), np.float32), empty)
+    with pytest.raises(ValueError, match=r"The action space Box\(.*\(0,\), float32\) holds no numbers"):
+        getattr(covey, agent)("MlpPolicy", env)
+
+
 def test_predict_with_wrong_shape_says_what_it_expected():
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32)
     with pytest.raises(ValueError, match=r"shape \(3,\).*expects a single observation of shape \(4,\)"):

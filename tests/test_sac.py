@@ -1146,7 +1146,7 @@ def test_training_waits_for_a_buffer_it_can_sample(tmp_path):
 @pytest.mark.parametrize(
     "action_space, message",
     [
-        (spaces.Box(-3, 3, (1,), np.int64), r"SAC's Box actions are continuous, the env's are int64"),
+        (spaces.Box(-3, 3, (1,), np.int64), r"SAC's Box actions are continuous, the action space is int64"),
         (
             spaces.Box(np.array([-1.0, 0.5], np.float32), np.array([1.0, 0.5], np.float32)),
             r"high <= low at \(flat\) index \[1\]",
@@ -1160,6 +1160,29 @@ def test_sac_refuses_action_spaces_it_cannot_act_in_at_the_constructor(action_sp
     single Discrete action (an IndexError in the first gradient step) are named when the model is built."""
     with pytest.raises(ValueError, match=message):
         SAC("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (2,), np.float32), action_space))
+
+
+def test_an_sb3_sac_file_of_integer_box_actions_is_refused_at_load_as_at_the_constructor(tmp_path):
+    """SB3's SAC builds on an int64 Box (its replay buffer then stores the actions cut to integers); covey's
+    constructor refuses it, and its load without an env took the file and acted in integers cut toward zero."""
+    import stable_baselines3
+
+    env = SpaceEnv(spaces.Box(-1, 1, (2,), np.float32), spaces.Box(-3, 3, (2,), np.int64))
+    stable_baselines3.SAC("MlpPolicy", env, buffer_size=100, seed=0).save(tmp_path / "sb3_sac")
+    for kwargs in ({}, {"env": env}):
+        with pytest.raises(ValueError, match=r"SAC's Box actions are continuous, the action space is int64"):
+            SAC.load(tmp_path / "sb3_sac", **kwargs)
+
+
+def test_sacs_advice_for_a_composite_action_space_names_spaces_it_takes():
+    """SAC's refusal of a Tuple of actions advised "Discrete parts as one MultiDiscrete", which SAC refuses next."""
+    tuple_space = spaces.Tuple((spaces.Discrete(2), spaces.Box(-1, 1, (1,), np.float32)))
+    with pytest.raises(ValueError, match=r"Unsupported action space Tuple.*This agent supports: Box, Discrete") as err:
+        SAC("MlpPolicy", SpaceEnv(spaces.Box(-1, 1, (2,), np.float32), tuple_space))
+    assert "Box parts as one Box (this agent takes one Box or one Discrete; PPO takes Discrete parts as one" in str(
+        err.value
+    )
+    assert "Discrete parts as one MultiDiscrete, Box parts" not in str(err.value)
 
 
 def test_the_temperature_steps_with_sb3s_adam_whatever_optimizer_the_networks_take():

@@ -812,6 +812,78 @@ def test_to_sb3_model_refuses_channel_last_float_images_which_sb3s_cnn_cannot_re
     assert model.to_sb3_model().observation_space.shape == (3, 36, 36)  # channels first: SB3's counterpart
 
 
+@pytest.mark.parametrize(
+    "name, observation_space, message",
+    [
+        (
+            "PPO",
+            spaces.Discrete(3, start=1),
+            r"The observation space is Discrete\(3, start=1\), whose values start at 1",
+        ),
+        ("SAC", spaces.Discrete(4, start=-2), r"whose values start at -2: SB3's preprocessing one-hots them from 0"),
+        ("PPO", spaces.MultiDiscrete([2, 3], start=[1, 0]), r"MultiDiscrete\(\[2 3\], start=\[1 0\]\), whose"),
+        ("PPO", spaces.Dict({"k": spaces.Discrete(2, start=3)}), r"Observation key 'k' is Discrete\(2, start=3\)"),
+        (
+            "PPO",
+            spaces.MultiDiscrete([[2, 3], [2, 2]]),
+            r"of shape \(2, 2\): SB3's preprocessing takes a MultiDiscrete of",
+        ),
+        (
+            "SAC",
+            spaces.Box(-1, 1, (), np.float32),
+            r"is Box\(-1.0, 1.0, \(\), float32\): SB3's networks take a Box of one",
+        ),
+        ("PPO", spaces.Dict({"v": spaces.Box(-1, 1, (3,), np.float32)}), r"SB3's MlpPolicy takes no Dict observations"),
+        ("PPO", spaces.Box(-1, 1, (3,), np.float32), r"SB3's MultiInputPolicy takes Dict observations only"),
+        ("PPO", spaces.Box(0, 255, (6, 3, 7), np.uint8), r"an image whose smallest axis is the middle one: SB3 takes"),
+    ],
+    ids=[
+        "discrete-start",
+        "negative-start",
+        "multidiscrete-start",
+        "dict-key-start",
+        "2d-nvec",
+        "box-0d",
+        "dict-mlp",
+        "box-multiinput",
+        "image-middle-axis",
+    ],
+)
+def test_to_sb3_model_refuses_observations_sb3s_policy_reads_otherwise(name, observation_space, message, tmp_path):
+    """covey's encoders read these observations; SB3's model of the weights one-hotted a start from 0 (acting
+    otherwise, in silence, or failing in its predict), failed on a () Box in its predict, or on a Dict under
+    MlpPolicy. Refused at the conversion, and so by covey export --sb3 before it writes a file."""
+    from covey.cli.commands import _export_sb3
+    from covey.cli.config import CLIError
+
+    policy = "MultiInputPolicy" if "MultiInputPolicy takes" in message or "key" in message else "MlpPolicy"
+    action_space = spaces.Discrete(3) if name == "PPO" else spaces.Box(-1, 1, (2,), np.float32)
+    kwargs = dict(n_steps=16, batch_size=16) if name == "PPO" else dict(buffer_size=100)
+    model = getattr(covey, name)(policy, SpaceEnv(observation_space, action_space), seed=0, **kwargs)
+    for convert in (model.to_sb3_model, model.get_sb3_parameters):
+        with pytest.raises(ValueError, match=message + r".*, for a model SB3 has a counterpart of\."):
+            convert()
+    with pytest.raises(CLIError, match=message):
+        _export_sb3(model, tmp_path / "m.zip", tmp_path / "m_sb3.zip")
+    assert not (tmp_path / "m_sb3.zip").exists()
+
+
+def test_to_sb3_model_of_observations_sb3_reads_as_covey_acts_as_covey():
+    """The refusals above leave alone what SB3 reads as covey does: Discrete and MultiDiscrete observations from 0,
+    Dict observations under MultiInputPolicy."""
+    for policy, observation_space in (
+        ("MlpPolicy", spaces.Discrete(5)),
+        ("MlpPolicy", spaces.MultiDiscrete([2, 3])),
+        ("MultiInputPolicy", spaces.Dict({"k": spaces.Discrete(3), "v": spaces.Box(-1, 1, (2,), np.float32)})),
+    ):
+        env = SpaceEnv(observation_space, spaces.Discrete(3))
+        model = _perturbed(covey.PPO(policy, env, n_steps=16, batch_size=16, seed=0))
+        sb3_model = model.to_sb3_model()
+        obs = [env.observation_space.sample() for _ in range(32)]
+        for ob in obs:
+            assert sb3_model.predict(ob, deterministic=True)[0] == model.predict(ob, deterministic=True)[0], policy
+
+
 def test_sac_of_discrete_actions_with_a_start_is_refused_without_advice_on_sb3s_model_of_it():
     """SB3 has no SAC of Discrete actions: the refusal came after a warning on how to use SB3's model of these
     weights (its actions from 0), which does not exist."""

@@ -48,7 +48,14 @@ from torch.nn.modules import module as _module_module
 from torch.optim import optimizer as _optimizer_module
 
 from covey import sb3_files, serialization
-from covey.agents.sb3_policy import action_start, build_policy, class_path, optimizer_owners, sb3_policy_class
+from covey.agents.sb3_policy import (
+    action_start,
+    build_policy,
+    class_path,
+    optimizer_owners,
+    sb3_observation_problem,
+    sb3_policy_class,
+)
 from covey.agents.sb3_policy import wrap_env as sb3_wrap_env
 from covey.heap import raise_heap_thresholds
 from covey.networks.actor_critic import (
@@ -1777,6 +1784,9 @@ class BaseAgent:
                 f"{sb3_class.__name__} has no {name}: weights go to its {', '.join(sb3_class.policy_aliases)}."
             )
         space = self._sb3_observation_space()
+        problem = sb3_observation_problem(self.observation_space, name)
+        if problem is not None:
+            raise ValueError(f"{problem}, for a model SB3 has a counterpart of.")
         unmoved = [m for m in self.policy.modules() if isinstance(m, NatureCNN) and m.channels_last and not m.pixels]
         if unmoved:
             raise ValueError(

@@ -452,6 +452,35 @@ def discount(batch: ReplayBatch, gamma: float) -> torch.Tensor | float:
     return gamma if batch.discounts is None else batch.discounts
 
 
+def check_sac_actions(space: spaces.Space) -> None:
+    """Raise where SAC cannot act in ``space``: MultiDiscrete or MultiBinary actions, a Box of integers (SB3's SAC
+    takes one, and its replay buffer stores the float actions in the space's dtype, cut to -1, 0 or 1), infinite
+    bounds or bounds that leave no room, a single Discrete action."""
+    if isinstance(space, spaces.MultiDiscrete | spaces.MultiBinary):
+        raise NotImplementedError(
+            f"SAC does not support the action space {space}: it supports Box (continuous) and "
+            "Discrete actions. Use PPO for MultiDiscrete and MultiBinary actions."
+        )
+    check_finite_bounds(space, "SAC")
+    if isinstance(space, spaces.Box) and not np.issubdtype(space.dtype, np.floating):
+        raise ValueError(
+            f"SAC's Box actions are continuous, the action space is {space.dtype} ({space}). Give the env a float "
+            "Box and round the actions in an ActionWrapper, or use Discrete / MultiDiscrete actions (SAC takes "
+            "Discrete; PPO both)."
+        )
+    if isinstance(space, spaces.Box) and np.any(np.asarray(space.high) <= np.asarray(space.low)):
+        fixed = np.flatnonzero(np.asarray(space.high) <= np.asarray(space.low)).tolist()
+        raise ValueError(
+            f"SAC scales its actions into the Box bounds, and {space} has high <= low at (flat) index "
+            f"{fixed}: an action that cannot vary. Leave that dimension out of the action space (an "
+            "ActionWrapper can fill it in)."
+        )
+    if isinstance(space, spaces.Discrete) and space.n < 2:
+        raise ValueError(
+            f"SAC got {space}: a single action, nothing to choose or learn. Give the env two actions or more."
+        )
+
+
 class SAC(BaseAgent):
     """Soft Actor-Critic with the Stable-Baselines3 interface, for Box and Discrete actions.
 
@@ -618,30 +647,7 @@ class SAC(BaseAgent):
                 f"{self._sb3_policy_class.__name__} is an SB3 SACPolicy, which acts in Box spaces only (SB3's SAC has "
                 f"no discrete actions); the env's are {env.action_space}. Use a policy name for covey's discrete SAC."
             )
-        if isinstance(env.action_space, spaces.MultiDiscrete | spaces.MultiBinary):
-            raise NotImplementedError(
-                f"SAC does not support the action space {env.action_space}: it supports Box (continuous) and "
-                "Discrete actions. Use PPO for MultiDiscrete and MultiBinary actions."
-            )
-        check_finite_bounds(env.action_space, "SAC")
-        space = env.action_space
-        if isinstance(space, spaces.Box) and not np.issubdtype(space.dtype, np.floating):
-            raise ValueError(
-                f"SAC's Box actions are continuous, the env's are {space.dtype} ({space}). Give the env a float Box "
-                "and round the actions in an ActionWrapper, or use Discrete / MultiDiscrete actions (SAC takes "
-                "Discrete; PPO both)."
-            )
-        if isinstance(space, spaces.Box) and np.any(np.asarray(space.high) <= np.asarray(space.low)):
-            fixed = np.flatnonzero(np.asarray(space.high) <= np.asarray(space.low)).tolist()
-            raise ValueError(
-                f"SAC scales its actions into the Box bounds, and {space} has high <= low at (flat) index "
-                f"{fixed}: an action that cannot vary. Leave that dimension out of the action space (an "
-                "ActionWrapper can fill it in)."
-            )
-        if isinstance(space, spaces.Discrete) and space.n < 2:
-            raise ValueError(
-                f"SAC got {space}: a single action, nothing to choose or learn. Give the env two actions or more."
-            )
+        check_sac_actions(env.action_space)
         if self.action_noise is not None and not isinstance(env.action_space, spaces.Box):
             raise ValueError(
                 f"action_noise applies to Box actions, the env's are {env.action_space}: SAC explores Discrete "
@@ -662,6 +668,7 @@ class SAC(BaseAgent):
 
     def _setup_model(self) -> None:
         self._require_spaces()
+        check_sac_actions(self.action_space)  # a loaded file's too, without an env
         self.set_random_seed(self.seed)
         self.discrete = isinstance(self.action_space, spaces.Discrete)
         if self._sb3_policy_class is not None:

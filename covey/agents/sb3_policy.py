@@ -23,7 +23,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.sac.policies import SACPolicy
 
 from covey.networks.obs import ObsTensor
-from covey.spaces import check_finite_bounds
+from covey.spaces import check_finite_bounds, is_image_space
 
 _OWN_PACKAGES = ("stable_baselines3", "sb3_contrib")
 POLICY_BASES = {"PPO": ActorCriticPolicy, "SAC": SACPolicy}
@@ -115,16 +115,60 @@ def action_start(space: spaces.Space) -> np.ndarray | None:
 def check_observation_starts(space: spaces.Space, policy_name: str) -> None:
     """Refuse Discrete and MultiDiscrete observations (a Dict's keys too) with a ``start`` for a user's SB3 policy
     class: SB3's preprocessing one-hots the values from 0 and fails mid-``learn`` on them."""
-    parts = space.spaces.items() if isinstance(space, spaces.Dict) else [(None, space)]
-    for key, sub in parts:
+    for where, sub in _observation_parts(space):
         if isinstance(sub, (spaces.Discrete, spaces.MultiDiscrete)) and np.any(sub.start != 0):
-            where = "The observation space" if key is None else f"Observation key {key!r}"
             raise ValueError(
                 f"{where} is {sub}, whose values start at {sub.start}: SB3's preprocessing, which {policy_name} "
                 "runs, one-hots them from 0 and fails on them. Shift the observations to start at 0 in a "
                 "wrapper of the env (gymnasium.wrappers.TransformObservation), or use a policy name "
                 "('MlpPolicy'), whose encoder reads the space's start."
             )
+
+
+def _observation_parts(space: spaces.Space) -> list[tuple[str, spaces.Space]]:
+    """``space``'s parts, each with its name in words: a Dict's keys, or the space itself."""
+    if isinstance(space, spaces.Dict):
+        return [(f"Observation key {key!r}", sub) for key, sub in space.spaces.items()]
+    return [("The observation space", space)]
+
+
+def sb3_observation_problem(space: spaces.Space, policy_name: str) -> str | None:
+    """Why SB3's policy ``policy_name`` (built by :meth:`~covey.agents.base.BaseAgent.to_sb3_model`) would not
+    read observations of ``space`` as covey's networks of the same name read them, or None. SB3's preprocessing
+    one-hots Discrete values from 0 and flattens a MultiDiscrete's nvec as one row; its MlpPolicy takes no Dict and
+    its MultiInputPolicy nothing else."""
+    wants_dict = policy_name.startswith("MultiInput")
+    if isinstance(space, spaces.Dict) != wants_dict:
+        if wants_dict:
+            return f"SB3's {policy_name} takes Dict observations only, and these are {space}: train with 'MlpPolicy'"
+        return (
+            f"SB3's {policy_name} takes no Dict observations ({space}): train with 'MultiInputPolicy' (SB3's "
+            "policy for them)"
+        )
+    for where, sub in _observation_parts(space):
+        if isinstance(sub, (spaces.Discrete, spaces.MultiDiscrete)) and np.any(sub.start != 0):
+            return (
+                f"{where} is {sub}, whose values start at {sub.start}: SB3's preprocessing one-hots them from 0 "
+                "(other inputs, or an error in its predict). Shift the observations to start at 0 in a wrapper of "
+                "the env (gymnasium.wrappers.TransformObservation) and train on them"
+            )
+        if isinstance(sub, spaces.MultiDiscrete) and sub.nvec.ndim > 1:
+            return (
+                f"{where} is {sub}, of shape {sub.shape}: SB3's preprocessing takes a MultiDiscrete of one "
+                "dimension. Flatten it in a wrapper of the env (a MultiDiscrete of nvec.flatten()) and train on that"
+            )
+        if is_image_space(sub) and int(np.argmin(sub.shape)) == 1:
+            return (
+                f"{where} is {sub}, an image whose smallest axis is the middle one: SB3 takes it for channels last "
+                "and moves its axes (VecTransposeImage), covey's networks read it as it is. Give the env images "
+                "with the channels first or last"
+            )
+        if isinstance(sub, spaces.Box) and (sub.shape == () or int(np.prod(sub.shape)) == 0):
+            return (
+                f"{where} is {sub}: SB3's networks take a Box of one or more numbers in one dimension or more. "
+                "Give the env a Box of shape (1,) for one number (or leave out an empty one)"
+            )
+    return None
 
 
 class SB3PolicyTrainer:

@@ -51,7 +51,8 @@ def check_finite(
         if index is not None:
             where = f" ({locate(index)})" if locate is not None else ""
             raise ValueError(
-                f"The env returned NaN or infinite {name} {when}{where}; training on them would turn the weights "
+                f"The env returned NaN or infinite {name} {when}{where} (or numbers beyond float32's range, "
+                f"about 3.4e38, which float32 storage makes infinite); training on them would turn the weights "
                 f"into NaN. {advice}"
             )
 

@@ -167,7 +167,7 @@ def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
         raise ValueError("The env has no possible_agents: a group needs at least one agent.")
     obs_spaces = {a: env.observation_space(a) for a in agents}
     act_spaces = {a: env.action_space(a) for a in agents}
-    problems, fixes = [], []
+    problems, fixes, padded, unpadded = [], [], [], []
     for kind, by_agent, fix in (
         ("observation", obs_spaces, "pad_observations_v0"),
         ("action", act_spaces, "pad_action_space_v0"),
@@ -179,21 +179,30 @@ def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
                 f"one {kind} space, but {agents[0]!r} has {first} and "
                 + ", ".join(f"{a!r} has {by_agent[a]}" for a in odd)
             )
-            fixes.append(fix)
+            why_not = _padding_problem(kind, fix, [first, *(by_agent[a] for a in odd)])
+            if why_not is None:
+                fixes.append(fix)
+                padded.append(f"make their {kind} spaces equal with SuperSuit's {fix}(env)")
+            else:
+                unpadded.append(f"make their {kind} spaces equal in a wrapper of your own ({why_not})")
     if problems:
         sides = _name_groups(agents)
         # the largest side (the first of equals) as the example: a team of one is seldom the side to train
         example = max(sides, key=sides.__getitem__) if len(sides) > 1 else str(agents[0])
         named = ", ".join(f"{prefix!r} ({n})" for prefix, n in sides.items()) if len(sides) > 1 else ""
-        pad = f"make their spaces equal, e.g. with SuperSuit's {' and '.join(f + '(env)' for f in fixes)}"
+        pad = (
+            ", and ".join(padded + unpadded)
+            if unpadded
+            else f"make their spaces equal, e.g. with SuperSuit's {' and '.join(f + '(env)' for f in fixes)}"
+        )
         from covey.wrappers.one_side import OneSideEnv
 
         one_side = any(isinstance(inner, OneSideEnv) for inner in _wrapped(env))
         if one_side:
+            around = "" if unpadded else " around one_side's env (pad_action_space_v0(one_side(env, team)), say)"
             advice = (
-                f"The env is one side already (covey.wrappers.one_side): its team's agents differ, so {pad} around "
-                "one_side's env (pad_action_space_v0(one_side(env, team)), say), or pass one_side a team whose agents "
-                "share their spaces."
+                f"The env is one side already (covey.wrappers.one_side): its team's agents differ, so {pad}{around}, "
+                "or pass one_side a team whose agents share their spaces."
             )
         else:
             advice = (
@@ -214,6 +223,49 @@ def check_group_spaces(env: Any) -> tuple[spaces.Space, spaces.Space]:
     check_observation_space(obs_spaces[agents[0]])
     check_action_space(act_spaces[agents[0]])
     return obs_spaces[agents[0]], act_spaces[agents[0]]
+
+
+def _padding_problem(kind: str, fix: str, differing: list[spaces.Space]) -> str | None:
+    """Why SuperSuit's ``fix`` cannot make the ``differing`` spaces one that keeps each agent to its own, or None:
+    it pads Box and Discrete spaces of one class only, widens Box bounds to the widest (an agent would be sent
+    actions outside its own) and gives a Discrete no start."""
+    classes = {type(space) for space in differing}
+    if not classes <= {spaces.Box, spaces.Discrete}:
+        return f"SuperSuit's {fix} pads Box and Discrete spaces only"
+    if len(classes) > 1:
+        return f"SuperSuit's {fix} cannot make a Box and a Discrete one space"
+    if isinstance(differing[0], spaces.Discrete):
+        if kind == "observation":  # SuperSuit 3.11's pad_observations_v0 returns the space as the observation
+            return f"SuperSuit's {fix} gives a Discrete observation's space in place of the observation"
+        if any(space.start != 0 for space in differing):
+            return f"SuperSuit's {fix} makes a Discrete from 0, and these start elsewhere"
+        return None
+    if len({space.dtype for space in differing}) > 1 or len({len(space.shape) for space in differing}) > 1:
+        return f"SuperSuit's {fix} pads Boxes of one dtype and one number of dimensions only"
+    if kind == "action":
+        low, high = _padded_bounds(differing)
+        for space in differing:
+            own = tuple(slice(0, n) for n in space.shape)
+            if not (np.array_equal(low[own], space.low) and np.array_equal(high[own], space.high)):
+                return (
+                    f"SuperSuit's {fix} widens the bounds to the widest agent's, so an agent would be sent actions "
+                    "outside its own: scale every agent's actions to one set of bounds"
+                )
+    return None
+
+
+def _padded_bounds(boxes: list[spaces.Box]) -> tuple[np.ndarray, np.ndarray]:
+    """The bounds of the one Box SuperSuit's padding makes of ``boxes`` (of one number of dimensions): each padded
+    to the largest shape, its low with min(0, its lowest), its high with max(1e-5, its highest), and the widest
+    of them taken."""
+    shape = tuple(np.max([box.shape for box in boxes], axis=0))
+
+    def padded(bound: np.ndarray, fill: float) -> np.ndarray:
+        return np.pad(bound, [(0, n - m) for n, m in zip(shape, bound.shape)], constant_values=fill)
+
+    low = np.min([padded(box.low, min(0.0, float(box.low.min()))) for box in boxes], axis=0)
+    high = np.max([padded(box.high, max(1e-5, float(box.high.max()))) for box in boxes], axis=0)
+    return low, high
 
 
 def _name_groups(agents: list[Any]) -> dict[str, int]:
@@ -278,6 +330,7 @@ class GroupVecEnv:
             )
         first = self.envs[0]
         self.observation_space, self.action_space = check_group_spaces(first)
+        self.render_mode = getattr(first, "render_mode", None)  # SB3's VecEnv attribute, from the first env
         warn_of_black_death(first)
         self.agent_ids: list[str] = list(first.possible_agents)
         for env in self.envs[1:]:
@@ -288,7 +341,7 @@ class GroupVecEnv:
         # Dict observations are stored flat, one float32 vector per slot (the networks unflatten them)
         self.flat_dict = FlatDict(self.observation_space) if isinstance(self.observation_space, spaces.Dict) else None
         self._discrete = _has_discrete(self.observation_space)  # observations one-hot encoded: checked for range
-        self._warned_unused_rewards = self._warned_missing_reward = False  # each warned of once
+        self._warned_unused_rewards = self._warned_missing_reward = self._warned_info_mask = False  # each once
         self._live = [LiveAgents() for _ in self.envs]
         stored = self.observation_space if self.flat_dict is None else self.flat_dict.flat_space
         self.obs_shape, self.obs_dtype = tuple(stored.shape), _storage_dtype(stored)
@@ -371,22 +424,7 @@ class GroupVecEnv:
                 f"{self.observation_space} is no spaces.Dict: declare it as a gymnasium.spaces.Dict of those keys "
                 "(e.g. the observation and an action mask), or return the observation alone",
             )
-        try:
-            stored = self._stored(obs, agent)
-            if np.shape(stored) != self._obs.shape[2:]:  # NumPy would broadcast a (1,) observation, silently
-                raise ValueError(f"shape {np.shape(stored)}, not {self._obs.shape[2:]}")
-            if self._discrete:  # a one-hot encoding would read a value outside the space as the nearest one
-                problem = discrete_range_problem(obs, self.observation_space)
-                if problem is not None:
-                    raise ValueError(problem)
-            self._obs[e, s] = stored
-        except ValueError as exc:
-            shape = "" if self.flat_dict is not None else f" of shape {np.shape(obs)}"
-            raise _api_error(
-                "reset() or step()",
-                f"gave agent {agent!r} an observation{shape} that does not fit "
-                f"observation_space({agent!r}) = {self.observation_space} ({exc})",
-            ) from exc
+        self._fit(obs, agent, self._obs, (e, s))
         self._mask[e, s] = True
 
     def _put_all(self, e: int, agents: Sequence[str], observations: dict, call: str) -> None:
@@ -403,8 +441,27 @@ class GroupVecEnv:
                 f"(observations for {list(observations)}). Every agent in env.agents needs one",
             ) from exc
 
-    def _stored(self, obs: Any, agent: str) -> Any:
-        return obs if self.flat_dict is None else self.flat_dict.flatten(obs, repr(agent))
+    def _fit(self, obs: Any, agent: str, into: np.ndarray, index: tuple[int, int], final: bool = False) -> None:
+        """Store ``agent``'s observation at ``into[index]`` as a slot holds it (a Dict's flattened); an error that
+        names the agent where it does not fit the observation space (``final``: the last observation of an agent
+        that left)."""
+        try:
+            stored = obs if self.flat_dict is None else self.flat_dict.flatten(obs, repr(agent))
+            if np.shape(stored) != self._obs.shape[2:]:  # NumPy would broadcast a (1,) observation, silently
+                raise ValueError(f"shape {np.shape(stored)}, not {self._obs.shape[2:]}")
+            if self._discrete:  # a one-hot encoding would read a value outside the space as the nearest one
+                problem = discrete_range_problem(obs, self.observation_space)
+                if problem is not None:
+                    raise ValueError(problem)
+            into[index] = stored  # NumPy's error for what is no number, named below
+        except ValueError as exc:
+            shape = "" if self.flat_dict is not None else f" of shape {np.shape(obs)}"
+            which = "a final observation (in the step that ended it)" if final else "an observation"
+            raise _api_error(
+                "step()" if final else "reset() or step()",
+                f"gave agent {agent!r} {which}{shape} that does not fit "
+                f"observation_space({agent!r}) = {self.observation_space} ({exc})",
+            ) from exc
 
     def step(self, actions: np.ndarray) -> GroupStep:
         """Step every copy with ``actions`` ``(n_envs, n_slots, ...)`` (entries of absent slots are ignored)."""
@@ -470,6 +527,16 @@ class GroupVecEnv:
                 agent: own_info(info) if isinstance(info, dict) else copy.deepcopy(info)
                 for agent, info in agent_infos.items()
             }
+            if (  # looked for in each episode's first step
+                not self._warned_info_mask
+                and self._ep_length[e] == 0
+                and any(isinstance(info, dict) and "action_mask" in info for info in agent_infos.values())
+            ):
+                self._warned_info_mask = True
+                warn_user(
+                    "The env's infos hold an 'action_mask', but covey's policies do not mask actions: actions it "
+                    "forbids can be chosen. Make forbidden actions harmless in the env (e.g. a no-op)."
+                )
             self._ep_length[e] += 1
             # Read once: on wrapped PettingZoo envs every read walks the wrapper chain. An agent the step
             # terminated or truncated is gone even where the env still lists it (PettingZoo's API removes it).
@@ -484,23 +551,30 @@ class GroupVecEnv:
                         f"The env's step() gave no reward for {agent!r}, which acted in this step: it trains on 0 "
                         "there. PettingZoo's API gives every agent that acted a reward (0.0 where it earned none)."
                     )
-                try:
-                    if reward is None or not_a_scalar(reward):
-                        raise TypeError("no number")  # NumPy before 2.4 stores an array of one element silently
-                    rewards[e, s] = reward
-                except (TypeError, ValueError) as exc:
-                    raise _api_error("step()", _not_a_reward(agent, reward)) from exc
+                rewards[e, s] = _reward_number(agent, reward)
                 terminated[e, s] = bool(term[agent])
                 truncated[e, s] = bool(trunc[agent]) and not terminated[e, s]
                 if agent not in still:
+                    if not (terminated[e, s] or truncated[e, s]):
+                        raise _api_error(
+                            "step()",
+                            f"took agent {agent!r} out of env.agents with its terminations and truncations flags "
+                            "both False. An agent leaves with one of them True: terminations for a true end (no "
+                            "bootstrap), truncations for a time limit or other cut (its return bootstraps from the "
+                            "group's value)",
+                        )
                     # The agent is gone: keep its last observation for the (posthumous) bootstrap.
                     left[e, s] = True
                     last = observations.get(agent)
-                    final_obs[e, s] = self._obs[e, s] if last is None else self._stored(last, agent)
+                    if last is None:
+                        final_obs[e, s] = self._obs[e, s]
+                    else:
+                        self._fit(last, agent, final_obs, (e, s), final=True)
             self._ep_return[e] += rewards[e]
             if not rew.keys() <= action_dict.keys():  # rewards of agents that did not act (one that just joined)
                 for agent, r in rew.items():
                     if agent not in action_dict:
+                        r = _reward_number(agent, r)
                         if agent in self.slot:
                             self._ep_return[e, self.slot[agent]] += r
                         else:  # a key that is no agent's: the group return still counts what the env paid
@@ -702,6 +776,18 @@ def _check_step_dicts(observations: Any, rewards: Any, terminations: Any, trunca
         if text is not None:
             flag = flags[text]
             raise _api_error("step()", f"gave agent {text!r} the {name} flag {flag!r}: a string, not a bool")
+
+
+def _reward_number(agent: Any, reward: Any) -> float:
+    """``reward`` as a float, or the error that names ``agent`` and a reward that is no number."""
+    if type(reward) is float:  # most envs' (a step's cost: once per agent)
+        return reward
+    try:
+        if reward is None or not_a_scalar(reward):
+            raise TypeError("no number")  # NumPy before 2.4 reads an array of one element as its number, silently
+        return float(reward)
+    except (TypeError, ValueError) as exc:
+        raise _api_error("step()", _not_a_reward(agent, reward)) from exc
 
 
 def _not_a_reward(agent: Any, reward: Any) -> str:
@@ -923,6 +1009,7 @@ class SubprocGroupVecEnv(GroupVecEnv):
         self.local = None if n_processes is None else GroupVecEnv(env_fns[: self.starts[1]])
         probe = self.local.envs[0] if self.local is not None else as_parallel(env_fns[0]())
         self.observation_space, self.action_space = check_group_spaces(probe)
+        self.render_mode = getattr(probe, "render_mode", None)
         if self.local is None:  # the local block's GroupVecEnv looked already
             warn_of_black_death(probe)
         self.agent_ids = list(probe.possible_agents)
