@@ -173,15 +173,24 @@ def test_train_short_form_for_poca(poca_run):
 
 def test_a_run_in_process_closes_its_logs(tmp_path):
     """covey.cli.main run in a Python process (covey demo trains twice in one) leaves no TensorBoard writer thread
-    behind and progress.csv closed."""
+    behind and progress.csv closed, and gives torch back the caller's thread count (the run's torch_threads=1
+    stayed set)."""
     import threading
+
+    import torch
 
     from covey.cli import main
 
     args = ["train", str(CONFIGS / "ppo_cartpole.yaml"), "--set", "timesteps=512", "eval_episodes=0"]
     assert main([*args, "--run-dir", str(tmp_path / "first")]) == 0  # imports and first-use threads settle here
     threads = threading.active_count()
-    assert main([*args, "--run-dir", str(tmp_path / "second")]) == 0
+    callers = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        assert main([*args, "--run-dir", str(tmp_path / "second")]) == 0
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(callers)
     assert threading.active_count() == threads
     assert read_rows(tmp_path / "second" / "progress.csv")
 

@@ -2336,6 +2336,67 @@ def test_forward_hooks_record_a_layers_output_before_its_relu(name):
 
 
 @pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_sb3s_compiled_policy_line_keeps_the_policy_with_a_warning(name, tmp_path):
+    """SB3's docs compile the policy (model.policy = th.compile(model.policy)). covey took the compiled module in
+    silence, never called it, and saved its weights under "_orig_mod." names, which load refused."""
+    import covey
+
+    env_id, kwargs = ("CartPole-v1", FAST) if name == "PPO" else ("Pendulum-v1", dict(learning_starts=16, seed=0))
+    model = getattr(covey, name)("MlpPolicy", env_id, **kwargs)
+    policy = model.policy
+    with pytest.warns(UserWarning, match=r"torch.compile\(model.policy\) keeps the policy uncompiled"):
+        model.policy = torch.compile(model.policy)
+    assert model.policy is policy and vars(model)["policy"] is policy
+    model.learn(32)
+    model.save(tmp_path / "model")
+    loaded = getattr(covey, name).load(tmp_path / "model")
+    obs = np.zeros(loaded.observation_space.shape, np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.policy = policy  # any other module is set as it is
+
+
+@pytest.mark.parametrize("name", ["PPO", "PPO-lstm", "SAC", "POCA"])
+def test_activations_a_forward_hook_keeps_while_acting_are_ordinary_tensors_as_in_sb3(name):
+    """SB3 acts under torch.no_grad; covey acted under torch.inference_mode, whose tensors a probe trained on kept
+    activations ("Inference tensors cannot be saved for backward") or an in-place edit of them refused. With a
+    forward hook registered, covey acts under no_grad too, in rollouts and in predict."""
+    import covey
+    from covey.envs import EarlyExitEnv
+
+    if name.startswith("PPO"):
+        kwargs = dict(policy_kwargs=dict(memory=dict(kind="lstm"))) if name == "PPO-lstm" else {}
+        model, obs = covey.PPO("MlpPolicy", "CartPole-v1", **FAST, **kwargs), np.zeros(4, np.float32)
+    elif name == "SAC":
+        model, obs = covey.SAC("MlpPolicy", "Pendulum-v1", learning_starts=16, batch_size=16), np.zeros(3, np.float32)
+    else:
+        model = covey.POCA("MlpPolicy", EarlyExitEnv, n_steps=32, batch_size=32, n_epochs=1)
+        obs = np.zeros(model.observation_space.shape, np.float32)
+    layer = next(m for m in model.actor.modules() if isinstance(m, torch.nn.Linear))
+    kept = []
+
+    def keep(module, inputs, output):
+        if not torch.is_grad_enabled():  # acting (training's passes record gradients)
+            kept.append((torch.is_inference_mode_enabled(), output))
+
+    layer.register_forward_hook(keep)
+    whole = []  # a hook on model.actor itself runs in acting too (PPO's and POCA's rollouts skipped it)
+    model.actor.register_forward_hook(lambda *args: whole.append(torch.is_grad_enabled()))
+    model.learn(32)
+    if name != "PPO-lstm":  # a memory's steps run through its layers (their hooks run)
+        assert len(whole) >= 2 and not any(whole)
+    model.predict(obs, deterministic=True)
+    assert len(kept) >= 2
+    for inference, output in kept:
+        assert not inference and not output.is_inference()
+    probe = torch.nn.Linear(layer.out_features, 1)
+    probe(torch.cat([output.reshape(-1, layer.out_features) for _, output in kept])).sum().backward()  # a probe
+    assert probe.weight.grad is not None
+    kept[-1][1].div_(2.0)  # and an in-place edit takes them
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
 @pytest.mark.parametrize("kind", ["register_hook", "register_post_accumulate_grad_hook"])
 def test_gradient_hooks_on_parameters_act_in_training_as_in_sb3(name, kind):
     """A gradient hook on a parameter (clipping or masking a gradient, wandb's watch counting them) acts in

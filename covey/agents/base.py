@@ -781,8 +781,36 @@ def _optimizer_parameter_names(module: torch.nn.Module, optimizer: torch.optim.O
     return order
 
 
+class _PolicyAttribute:
+    """``model.policy``, kept in the model's ``__dict__`` as a plain attribute is. Set to a ``torch.compile`` of
+    the policy (SB3's docs do that to speed up training), it keeps the policy itself, with a warning: covey acts and
+    trains through its own passes over the policy's layers, which would never call the compiled module, and a
+    compiled module's weights are saved under other names (``_orig_mod.``), which ``load`` would refuse."""
+
+    def __get__(self, model: Any, owner: type | None = None) -> Any:
+        if model is None:
+            return self
+        try:
+            return model.__dict__["policy"]
+        except KeyError:
+            raise AttributeError(f"{type(model).__name__!r} object has no attribute 'policy'") from None
+
+    def __set__(self, model: Any, policy: Any) -> None:
+        compiled = getattr(policy, "_orig_mod", None) if type(policy).__name__ == "OptimizedModule" else None
+        if isinstance(compiled, torch.nn.Module):
+            warn_user(
+                "model.policy = torch.compile(model.policy) keeps the policy uncompiled: covey acts and trains "
+                "through its own passes over the policy's layers (on these small networks torch.compile measured "
+                "no faster: benchmarks/RESULTS.md), which would never call the compiled module. Leave the line out."
+            )
+            policy = compiled
+        model.__dict__["policy"] = policy
+
+
 class BaseAgent:
     """learn/predict/save/load shared by covey's agents; see :class:`covey.PPO` for a user's view."""
+
+    policy = _PolicyAttribute()
 
     agent_name: ClassVar[str] = "Base"
     has_memory: ClassVar[bool] = True

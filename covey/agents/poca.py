@@ -32,6 +32,7 @@ from covey.networks.actor_critic import (
     PolicyConfig,
     build_poca_networks,
     check_state,
+    forward_hooks_in,
     memory_settings,
     policy_kwargs_dict,
     positive_int,
@@ -562,6 +563,9 @@ class POCA(BaseAgent):
         earlier = _GroupEvaluated(rollout_buffer.n_steps * rollout_buffer.n_envs)
         n_envs, n_slots = env.n_envs, env.n_slots
         dtype = obs_dtype(self._stored_space)
+        # a forward hook keeps ordinary tensors, as in SB3 (looked for once a rollout)
+        hooked = forward_hooks_in(actor)
+        mode, act = (torch.no_grad, actor) if hooked else (torch.inference_mode, actor.act)  # the actor's own hook runs
         for n_steps in range(self.config.n_steps):
             obs = torch.as_tensor(self._last_obs, dtype=dtype)  # (E, S, *obs_shape)
             flat_obs = obs.reshape(n_envs * n_slots, *obs.shape[2:])  # all slots at once
@@ -570,8 +574,8 @@ class POCA(BaseAgent):
                     actor, flat_obs, self._last_episode_starts, self._last_slot_starts, n_steps
                 )
             else:
-                with torch.inference_mode():
-                    action_tensor = actor.act(flat_obs)
+                with mode():
+                    action_tensor = act(flat_obs)
             actions = action_tensor.cpu().numpy().reshape(n_envs, n_slots, *self.action_space.shape)
             clipped_actions = actor.to_env_actions(actions).reshape(actions.shape)
             present = self._last_mask

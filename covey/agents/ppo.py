@@ -1023,7 +1023,7 @@ class PPO(BaseAgent):
             return actions
         if self.recurrent is not None:
             return self.recurrent.act(actor, obs_tensor, self._last_episode_starts, step)
-        with torch.inference_mode():
+        with torch.no_grad() if self._hooked else torch.inference_mode():  # a hook keeps ordinary tensors, as in SB3
             if self._manual is not None and not self._hooked:
                 return self._manual.act(obs_tensor)
             if self._evaluate_while_acting:
@@ -1031,7 +1031,7 @@ class PPO(BaseAgent):
                 action_tensor = actor.head.sample(params)
                 acted.append((raw, actor.head.log_prob(params, action_tensor)))
                 return action_tensor
-            return actor.act(obs_tensor)
+            return actor(obs_tensor) if self._hooked else actor.act(obs_tensor)  # a hook on the actor runs
 
     @torch.no_grad()
     def _evaluate_rollout(

@@ -40,7 +40,7 @@ from covey.buffers.finite import check_discrete_observations, check_finite, chec
 from covey.buffers.her import HER_KWARGS, HerReplayBuffer, goal_strategy
 from covey.buffers.replay import ReplayBatch, ReplayBuffer, file_layout, file_returns, read_buffer_file
 from covey.networks import linear
-from covey.networks.actor_critic import PolicyConfig, build_sac_networks, policy_kwargs_dict
+from covey.networks.actor_critic import PolicyConfig, acting_mode, build_sac_networks, policy_kwargs_dict
 from covey.networks.distributions import SquashedGaussianHead, SquashedStateDependentHead
 from covey.networks.ema import CriticEMA, ema_regularizer, polyak_update
 from covey.networks.mlp import ManualMLP
@@ -1175,7 +1175,7 @@ class SAC(BaseAgent):
             actions = self.policy.unscale_action(buffer_actions)
         else:
             obs = batch_to_tensor(self._last_obs, self.observation_space, self.device)
-            with torch.inference_mode():  # through the actor's call, SB3's, which a forward hook on it sees
+            with acting_mode(actor):  # through the actor's call, SB3's, which a forward hook on it sees
                 buffer_actions = actor(obs).cpu().numpy()
             actions = actor.to_env_actions(buffer_actions)
         if action_noise is not None:

@@ -250,8 +250,11 @@ def _add_set(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit code (2: bad input, 130: interrupted, 143: stopped by SIGTERM)."""
+    """Run the command line; returns the exit code (2: bad input, 130: interrupted, 143: stopped by SIGTERM).
+    Called from Python, it gives torch back the thread count it found (a run sets its ``torch_threads``)."""
     args = build_parser().parse_args(argv)
+    torch = sys.modules.get("torch")  # imported already: the caller's threads to give back
+    threads = None if torch is None else torch.get_num_threads()
     try:
         return int(args.func(args))
     except CLIError as err:
@@ -260,3 +263,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ncovey: interrupted.", file=sys.stderr)
         return 130
+    finally:
+        if threads is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)

@@ -456,6 +456,21 @@ def _forward_hooked(module: nn.Module) -> bool:
     )
 
 
+def acting_mode(*modules: nn.Module) -> torch.autograd.grad_mode.no_grad | torch.inference_mode:
+    """The mode to act in: ``torch.inference_mode`` (the cheaper), or ``torch.no_grad`` where a forward hook is
+    registered on a submodule of ``modules`` (or on every module), as SB3 acts. A tensor a hook keeps is then an
+    ordinary one, which autograd (a probe trained on activations) and in-place operations take: an inference
+    tensor is refused by both."""
+    return torch.no_grad() if forward_hooks_in(*modules) else torch.inference_mode()
+
+
+def forward_hooks_in(*modules: nn.Module) -> bool:
+    """Whether a forward hook is registered on a submodule of ``modules``, or on every module."""
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for module in modules for m in module.modules())
+
+
 class WarnsOnHook:
     """A module on which SB3 users register forward hooks that covey's acting or training would not run (or would
     not run as SB3 runs them): registering one first calls ``_warn_unused_hook``, which says where to hook instead."""
@@ -742,7 +757,7 @@ class Actor(PolicyMethods, ReadOnlyViews, SB3FeatureNames, nn.Module):
         obs, batched = self.obs_to_tensor(observation)
         if self.memory is not None:
             return self._predict_recurrent(obs, batched, state, episode_start, deterministic)
-        with torch.inference_mode():  # through the call, as SB3's policy calls its actor: a forward hook sees it
+        with torch.no_grad():  # as SB3's (a tensor a hook keeps is no inference tensor), through the actor's call
             actions = self(obs, deterministic).cpu().numpy()
         actions = self.to_env_actions(actions)
         return (actions if batched else actions.squeeze(axis=0)), state
@@ -763,7 +778,7 @@ class Actor(PolicyMethods, ReadOnlyViews, SB3FeatureNames, nn.Module):
             raise ValueError(
                 f"episode_start must be a bool or have shape ({batch},) (or ({batch}, 1)), got {starts.shape}."
             )
-        with torch.inference_mode():
+        with torch.no_grad():
             params, state_t = self.forward_step(obs, state_t, torch.as_tensor(starts, device=self.device))
             actions = self.head.sample(params, deterministic).cpu().numpy()
         actions = self.to_env_actions(actions)
