@@ -197,7 +197,7 @@ def _example_inputs(actor: nn.Module, space: spaces.Space, batch: int) -> tuple[
     """Zeros of the graph's input shapes and dtypes (batch > 1: torch.export specializes sizes 0 and 1)."""
     args = [torch.from_numpy(np.zeros((batch, *_input_shape(s)), dtype=_input_dtype(s))) for s in _obs_spaces(space)]
     if actor.memory is not None:
-        args += [torch.zeros(1, batch, actor.memory.hidden_size) for _ in range(actor.memory.n_state)]
+        args += list(actor.memory.initial_state(batch))
         args.append(torch.zeros(batch, dtype=torch.bool))
     return tuple(args)
 

@@ -2335,6 +2335,85 @@ def test_forward_hooks_record_a_layers_output_before_its_relu(name):
     torch.testing.assert_close(recorded[0], expected)
 
 
+@pytest.mark.parametrize("name", ["PPO-lstm", "POCA", "POCA-lstm"])
+def test_a_float64_default_set_after_the_model_is_built_leaves_it_acting_and_training(name):
+    """torch.set_default_dtype(torch.float64) after the model is built: SB3 (and sb3-contrib's RecurrentPPO) go on
+    in float32, as covey's PPO and SAC did; a memory's first state and POCA's and the memories' runtime tensors
+    took the new default, and acting or the update failed with torch's dtype mismatch."""
+    import covey
+    from covey.envs import EarlyExitEnv
+
+    lstm = dict(policy_kwargs=dict(memory=dict(kind="lstm"))) if name.endswith("lstm") else {}
+    if name.startswith("PPO"):
+        model, obs = covey.PPO("MlpPolicy", "CartPole-v1", **FAST, **lstm), np.zeros(4, np.float32)
+    else:
+        model = covey.POCA("MlpPolicy", EarlyExitEnv, n_steps=32, batch_size=32, n_epochs=1, seed=0, **lstm)
+        obs = {agent: np.zeros(model.observation_space.shape, np.float32) for agent in EarlyExitEnv().possible_agents}
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model.learn(64)
+        model.predict(obs, deterministic=True)
+    finally:
+        torch.set_default_dtype(default)
+    weights = list(model.actor.parameters())
+    assert all(p.dtype == torch.float32 and bool(torch.isfinite(p).all()) for p in weights)
+
+
+@pytest.mark.parametrize("name", ["PPO", "PPO-lstm", "SAC-discrete", "POCA"])
+def test_learn_inside_inference_mode_trains_as_inside_no_grad(name):
+    """learn() inside the caller's torch.no_grad() trains; inside torch.inference_mode() the configurations that
+    train through autograd (a memory, Discrete SAC, POCA) failed with torch's "element 0 of tensors does not
+    require grad", while the others trained."""
+    import covey
+    from covey.envs import EarlyExitEnv
+
+    if name.startswith("PPO"):
+        lstm = dict(policy_kwargs=dict(memory=dict(kind="lstm"))) if name == "PPO-lstm" else {}
+        model = covey.PPO("MlpPolicy", "CartPole-v1", **FAST, **lstm)
+    elif name == "SAC-discrete":
+        model = covey.SAC("MlpPolicy", "CartPole-v1", learning_starts=16, batch_size=16, seed=0)
+    else:
+        model = covey.POCA("MlpPolicy", EarlyExitEnv, n_steps=32, batch_size=32, n_epochs=1, seed=0)
+    before = [p.detach().clone() for p in model.actor.parameters()]
+    with torch.inference_mode():
+        model.learn(64)
+    assert torch.is_inference_mode_enabled() is False
+    assert not all(torch.equal(b, p) for b, p in zip(before, model.actor.parameters(), strict=True))
+
+
+class HugeRewards(gym.Env):
+    """Rewards of 3e38, whose returns overflow float32: the critic's loss turns NaN in the first update."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = spaces.Box(-1, 1, (1,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.ones(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.ones(3, np.float32) * self.t, 3e38, False, self.t >= 10, {}
+
+
+@pytest.mark.parametrize("name", ["PPO", "SAC"])
+def test_anomaly_detection_names_the_operation_that_gave_nan_before_the_weights_take_it(name):
+    """torch.autograd.detect_anomaly() is how SB3 users find a NaN: SB3 raises at the operation, before the
+    optimizer's step. covey's hand-written passes never ran autograd, so its checks were skipped, the step wrote
+    NaN into the weights and covey's own divergence check said so after the fact."""
+    import covey
+
+    kwargs = dict(n_steps=32, batch_size=32, n_epochs=1) if name == "PPO" else dict(learning_starts=10, batch_size=16)
+    model = getattr(covey, name)("MlpPolicy", HugeRewards(), seed=0, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's warning that anomaly detection slows training
+        with torch.autograd.detect_anomaly(), pytest.raises(RuntimeError, match=r"Function '\w+' returned nan values"):
+            model.learn(96 if name == "PPO" else 40)
+    assert all(bool(torch.isfinite(p).all()) for p in model.policy.parameters())
+
+
 @pytest.mark.parametrize("name", ["PPO", "SAC"])
 def test_sb3s_compiled_policy_line_keeps_the_policy_with_a_warning(name, tmp_path):
     """SB3's docs compile the policy (model.policy = th.compile(model.policy)). covey took the compiled module in

@@ -335,9 +335,11 @@ def has_hooks(*modules: torch.nn.Module) -> bool:
     """Whether a forward or backward hook is registered on a submodule of ``modules`` (or on every module), or a
     gradient hook on one of their parameters (``p.register_hook``: a gradient clipped or masked, wandb's
     ``watch``): the hand-written passes, which call no module and write the gradients themselves, would skip it,
-    so training takes the modules' own then, through autograd."""
+    so training takes the modules' own then, through autograd. So it does where autograd's anomaly detection is on
+    (``torch.autograd.set_detect_anomaly(True)``), whose checks (the operation that gave a NaN, before the
+    optimizer's step) the hand-written passes would skip."""
     global_hooks = (getattr(_module_module, "_global" + name, None) for name in _MODULE_HOOKS)
-    if any(global_hooks):
+    if any(global_hooks) or torch.is_anomaly_enabled():
         return True
     if any(getattr(m, name, None) for module in modules for m in module.modules() for name in _MODULE_HOOKS):
         return True
@@ -1335,7 +1337,8 @@ class BaseAgent:
             self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
             if log_interval is not None and iteration % log_interval == 0:
                 self.dump_logs(iteration)
-            with torch.enable_grad():  # whatever grad mode an interrupt inside a no_grad block left the process in
+            # whatever grad mode the caller's code (or an interrupt inside a no_grad block) left the process in
+            with torch.inference_mode(False), torch.enable_grad():
                 self.train()
             self._check_weights_finite(after_update=True)
             if self._normalizes_observations():  # the next rollout acts on them; this one's update did not move

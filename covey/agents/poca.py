@@ -992,7 +992,7 @@ class _GroupEvaluated(_Evaluated):
         super().__init__()
         self.baselines: list[torch.Tensor] = []
         self.entropies: list[torch.Tensor] = []
-        self.continuing = torch.zeros(n)
+        self.continuing = torch.zeros(n, dtype=torch.float32)
 
 
 def _chunked(fn, *tensors: torch.Tensor):

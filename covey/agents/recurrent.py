@@ -18,6 +18,8 @@ from covey.networks.attention import POCACritic
 from covey.networks.memory import State
 from covey.networks.obs import batch_to_tensor
 
+F32 = torch.float32  # the memories' and log-probs' dtype, whatever torch's default dtype is now
+
 
 def _step_observations(buffer: RolloutBuffer, t: int):
     """The observations of every env at step ``t`` of ``buffer`` (a dict of them for Dict observations)."""
@@ -52,8 +54,8 @@ class RecurrentRollout:
         self.n_steps, self.n_envs = n_steps, n_envs
         self.actor_state = actor.memory.initial_state(n_envs)
         self.critic_state = critic.memory.initial_state(n_envs)
-        self.actor_states = torch.zeros(n_steps, n_envs, actor.memory.n_state, actor.memory.hidden_size)
-        self.critic_states = torch.zeros(n_steps, n_envs, critic.memory.n_state, critic.memory.hidden_size)
+        self.actor_states = torch.zeros(n_steps, n_envs, actor.memory.n_state, actor.memory.hidden_size, dtype=F32)
+        self.critic_states = torch.zeros(n_steps, n_envs, critic.memory.n_state, critic.memory.hidden_size, dtype=F32)
         self.episode_starts = np.zeros((n_steps, n_envs), dtype=bool)
         self.sequences = Sequences(self.episode_starts, sequence_length)
 
@@ -139,7 +141,7 @@ class RecurrentRollout:
         obs = seq.gather(buffer.flat_observations(), rows)
         params = actor.forward_sequences(obs, seq.initial_states(self.actor_states, rows), valid)
         log_prob, _ = actor.evaluate_params(params[valid], seq.gather(buffer.flat_actions(), rows)[valid])
-        out = torch.zeros(self.n_steps * self.n_envs)
+        out = torch.zeros(self.n_steps * self.n_envs, dtype=F32)
         out[seq.flat_index(rows)] = log_prob
         return out.reshape(self.n_steps, self.n_envs)
 
@@ -241,8 +243,10 @@ class GroupRecurrentRollout:
         self.n_steps, self.n_envs, self.n_slots = n_steps, n_envs, n_slots
         self.sequence_length = sequence_length
         self.reset_memories(actor, critic)
-        self.actor_states = torch.zeros(n_steps, n_envs, n_slots, actor.memory.n_state, actor.memory.hidden_size)
-        self.critic_states = torch.zeros(n_steps, n_envs, critic.memory.n_state, critic.memory.hidden_size)
+        self.actor_states = torch.zeros(
+            n_steps, n_envs, n_slots, actor.memory.n_state, actor.memory.hidden_size, dtype=F32
+        )
+        self.critic_states = torch.zeros(n_steps, n_envs, critic.memory.n_state, critic.memory.hidden_size, dtype=F32)
         self.episode_starts = np.zeros((n_steps, n_envs), dtype=bool)
         self.slot_starts = np.zeros((n_steps, n_envs, n_slots), dtype=bool)
         self.sequences = Sequences(self.episode_starts, sequence_length)
@@ -334,9 +338,9 @@ class GroupRecurrentRollout:
         seq = self.sequences
         rows = np.arange(seq.n_sequences)
         log_prob, _, mask = self._actor_outputs(actor, buf, rows)
-        full = torch.zeros(seq.n_sequences, self.sequence_length, self.n_slots)
+        full = torch.zeros(seq.n_sequences, self.sequence_length, self.n_slots, dtype=F32)
         full[mask] = log_prob
-        out = torch.zeros(self.n_steps * self.n_envs, self.n_slots)
+        out = torch.zeros(self.n_steps * self.n_envs, self.n_slots, dtype=F32)
         out[seq.flat_index(rows)] = full[seq.valid_tensor(rows)]
         buf.log_probs_tensor = out.reshape(*time_major, self.n_slots)
         return head.value(last).numpy(), entropy

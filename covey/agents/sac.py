@@ -1096,7 +1096,7 @@ class SAC(BaseAgent):
             if self.num_timesteps > cfg.learning_starts and self.replay_buffer.can_sample():
                 gradient_steps = cfg.gradient_steps if cfg.gradient_steps >= 0 else rollout.episode_timesteps
                 if gradient_steps > 0:
-                    with torch.enable_grad():  # as in on-policy learning (covey.agents.base)
+                    with torch.inference_mode(False), torch.enable_grad():  # as in on-policy learning (agents.base)
                         self.train(gradient_steps, cfg.batch_size)
                     self._check_weights_finite(after_update=True)
         callback.on_training_end()

@@ -63,12 +63,12 @@ class GroupRolloutBuffer:
         self.rewards = np.zeros(lead, dtype=np.float32)
         self.ended = np.zeros(lead, dtype=bool)
         self.group_terminal = np.zeros((n_steps, n_envs), dtype=bool)
-        self.values_tensor = torch.zeros((n_steps, n_envs))
-        self.continuing_values = torch.zeros((n_steps, n_envs))
-        self.baselines_tensor = torch.zeros(lead)
-        self.log_probs_tensor = torch.zeros(lead)
-        self.returns_tensor = torch.zeros(lead)
-        self.advantages_tensor = torch.zeros(lead)
+        self.values_tensor = torch.zeros((n_steps, n_envs), dtype=torch.float32)
+        self.continuing_values = torch.zeros((n_steps, n_envs), dtype=torch.float32)
+        self.baselines_tensor = torch.zeros(lead, dtype=torch.float32)
+        self.log_probs_tensor = torch.zeros(lead, dtype=torch.float32)
+        self.returns_tensor = torch.zeros(lead, dtype=torch.float32)
+        self.advantages_tensor = torch.zeros(lead, dtype=torch.float32)
         self.gamma, self.gae_lambda = 0.99, 0.95  # those of the last compute_returns
         self.pos = 0
         self.td_error_abs = 0.0

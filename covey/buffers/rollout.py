@@ -173,7 +173,7 @@ class RolloutBuffer:
         self.truncation_values = np.zeros((n_steps, n_envs), dtype=np.float32)
         # the last rollout's may be inference tensors, or read by a callback still
         self.values_tensor, self.log_probs_tensor, self.advantages_tensor, self.returns_tensor = (
-            torch.zeros(n_steps, n_envs, device=device) for _ in range(4)
+            torch.zeros(n_steps, n_envs, dtype=torch.float32, device=device) for _ in range(4)
         )
 
     # SB3's fields, as NumPy arrays

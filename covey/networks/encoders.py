@@ -66,7 +66,7 @@ class OneHotEncoder(Encoder):
         # into it rather than indexing out of range; a present agent's value is always inside.
         value = obs.long().reshape(obs.shape[0], len(self.starts)) - self.starts
         idx = torch.minimum(value.clamp_(min=0), self.highest) + self.offsets  # (B, n_components)
-        out = torch.zeros(obs.shape[0], self.out_dim, device=obs.device)
+        out = torch.zeros(obs.shape[0], self.out_dim, dtype=torch.float32, device=obs.device)
         return out.scatter_(1, idx, 1.0)  # (B, out_dim)
 
 

@@ -32,7 +32,8 @@ class Memory(nn.Module):
         return 2 if self.kind == "lstm" else 1
 
     def initial_state(self, batch: int, device: torch.device | str = "cpu") -> State:
-        return tuple(torch.zeros(1, batch, self.hidden_size, device=device) for _ in range(self.n_state))
+        dtype = self.cell.weight_hh.dtype  # the cell's, whatever torch's default dtype is now
+        return tuple(torch.zeros(1, batch, self.hidden_size, dtype=dtype, device=device) for _ in range(self.n_state))
 
     def _cell(self, x: torch.Tensor, state: State) -> State:
         if self.kind == "lstm":
