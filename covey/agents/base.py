@@ -808,6 +808,25 @@ class _PolicyAttribute:
             policy = compiled
         model.__dict__["policy"] = policy
 
+    def __delete__(self, model: Any) -> None:
+        try:
+            del model.__dict__["policy"]
+        except KeyError:
+            raise AttributeError("policy") from None
+
+
+def outside_inference_mode(learn: Callable) -> Callable:
+    """``learn`` run outside the caller's ``torch.inference_mode()`` (as inside its ``torch.no_grad()``): the
+    buffers a rollout fills and the updates' tensors are ordinary ones, which autograd can save for backward;
+    acting enters inference mode itself, step by step."""
+
+    @functools.wraps(learn)
+    def outside(*args: Any, **kwargs: Any) -> Any:
+        with torch.inference_mode(False):
+            return learn(*args, **kwargs)
+
+    return outside
+
 
 class BaseAgent:
     """learn/predict/save/load shared by covey's agents; see :class:`covey.PPO` for a user's view."""
@@ -1310,6 +1329,7 @@ class BaseAgent:
         """Counts of a subclass's own that start again with ``num_timesteps`` (at once: a reset of the env cut
         short afterwards leaves them agreeing)."""
 
+    @outside_inference_mode
     def _learn_on_policy(
         self,
         total_timesteps: int,
@@ -1338,7 +1358,7 @@ class BaseAgent:
             if log_interval is not None and iteration % log_interval == 0:
                 self.dump_logs(iteration)
             # whatever grad mode the caller's code (or an interrupt inside a no_grad block) left the process in
-            with torch.inference_mode(False), torch.enable_grad():
+            with torch.enable_grad():
                 self.train()
             self._check_weights_finite(after_update=True)
             if self._normalizes_observations():  # the next rollout acts on them; this one's update did not move

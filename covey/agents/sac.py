@@ -31,6 +31,7 @@ from covey.agents.base import (
     Schedule,
     has_hooks,
     merge_parameter_groups,
+    outside_inference_mode,
     require,
     require_numbers,
     set_train_mode,
@@ -1043,6 +1044,7 @@ class SAC(BaseAgent):
             )
 
     # ------------------------------------------------------------------ training loop
+    @outside_inference_mode
     def learn(
         self,
         total_timesteps: int,
@@ -1096,7 +1098,7 @@ class SAC(BaseAgent):
             if self.num_timesteps > cfg.learning_starts and self.replay_buffer.can_sample():
                 gradient_steps = cfg.gradient_steps if cfg.gradient_steps >= 0 else rollout.episode_timesteps
                 if gradient_steps > 0:
-                    with torch.inference_mode(False), torch.enable_grad():  # as in on-policy learning (agents.base)
+                    with torch.enable_grad():  # as in on-policy learning (covey.agents.base)
                         self.train(gradient_steps, cfg.batch_size)
                     self._check_weights_finite(after_update=True)
         callback.on_training_end()
