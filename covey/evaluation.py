@@ -9,13 +9,11 @@ import numpy as np
 
 from covey.wrappers.group_env import (
     LiveAgents,
-    _api_error,
-    _not_a_reward,
+    _reward_number,
     check_group_spaces,
     check_possible_agents,
     make_one_env,
 )
-from covey.wrappers.vec_env import not_a_scalar
 
 
 def evaluate_group(
@@ -120,17 +118,4 @@ def _play(
 
 def _reward_sum(rewards: dict) -> float:
     """The step's rewards summed over agents (an error that names the first reward that is no number)."""
-    for agent, reward in rewards.items():
-        if not _is_number(reward):
-            raise _api_error("step()", _not_a_reward(agent, reward))
-    return float(sum(float(r) for r in rewards.values()))
-
-
-def _is_number(value: Any) -> bool:
-    if not_a_scalar(value):  # before float(): NumPy before 2.4 makes an array of one element a float
-        return False
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+    return float(sum(_reward_number(agent, reward) for agent, reward in rewards.items()))

@@ -7,8 +7,7 @@ from typing import Any
 
 from pettingzoo.utils.wrappers import BaseParallelWrapper
 
-from covey.wrappers.group_env import _api_error, _not_a_reward
-from covey.wrappers.vec_env import not_a_scalar
+from covey.wrappers.group_env import _reward_number
 
 
 class RewardTap(BaseParallelWrapper):
@@ -26,9 +25,7 @@ class RewardTap(BaseParallelWrapper):
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
         out = self.env.step(actions)
         for agent, reward in out[1].items():
-            if not_a_scalar(reward):  # NumPy before 2.4 makes an array of one element a float, silently
-                raise _api_error("step()", _not_a_reward(agent, reward))
-            self.paid[agent] = self.paid.get(agent, 0.0) + float(reward)
+            self.paid[agent] = self.paid.get(agent, 0.0) + _reward_number(agent, reward)
         return out
 
     def take(self) -> dict[Any, float]:
